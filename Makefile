@@ -1,0 +1,38 @@
+# The two commands of the README: `make serve` and `make test`. Both set up what they need.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: install serve test lint typecheck pytest openapi bench clean
+
+install: $(STAMP)
+
+# Torch goes in first and pinned: on a machine without CUDA this takes the CPU wheel on local
+# disk; letting pip resolve "torch" itself would pull a CUDA build of several GB.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==$(TORCH_VERSION)
+	$(PIP) install -q -e ".[dev]"
+	touch $(STAMP)
+
+serve: install
+	$(PY) -m worker.benchmark --steps 100
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+pytest: install
+	$(VENV)/bin/pytest
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

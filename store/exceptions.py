@@ -1,0 +1,61 @@
+"""Domain errors of the store. The service maps each to one HTTP status in one place.
+
+Messages are written for the user who will read them: say what is wrong and what to do.
+"""
+
+
+class TrainctlError(Exception):
+    """Base of every error trainctl raises on purpose."""
+
+
+class NotFound(TrainctlError):
+    """Something the caller named does not exist (HTTP 404)."""
+
+
+class Conflict(TrainctlError):
+    """The request is valid but clashes with current state (HTTP 409)."""
+
+
+class InvalidRequest(TrainctlError):
+    """The request itself is wrong (HTTP 422)."""
+
+
+class RunNotFound(NotFound):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} does not exist")
+
+
+class CheckpointNotFound(NotFound):
+    pass
+
+
+class ExperimentBusy(Conflict):
+    def __init__(self, experiment: str, run_id: str) -> None:
+        super().__init__(
+            f"experiment {experiment!r} already has an active train run ({run_id}); "
+            "cancel it or wait for it to finish"
+        )
+
+
+class CheckpointProtected(Conflict):
+    pass
+
+
+class RunNotCancellable(Conflict):
+    pass
+
+
+class InvalidName(InvalidRequest):
+    pass
+
+
+class UnknownPreset(InvalidRequest):
+    pass
+
+
+class CheckpointCorrupt(TrainctlError):
+    """A checkpoint on disk fails its manifest or does not match what loads it."""
+
+
+class LeaseLost(TrainctlError):
+    """A worker wrote to a run it no longer owns (its lease expired and was reaped)."""

@@ -1,0 +1,185 @@
+"""Model configurations and the registry of named presets.
+
+The config lives here, without torch, so that the API can validate a spec (unknown preset,
+seq_len above the model's maximum) without importing the worker; `worker.model` builds a
+module from it. A checkpoint's metadata holds `ModelConfig.to_dict()`, and
+`ModelConfig.from_dict` rebuilds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from store.exceptions import InvalidRequest, UnknownPreset
+
+# Fields that change how a model runs, not what it computes: two configs that differ only in
+# these load each other's checkpoints.
+RUNTIME_FIELDS = frozenset({"use_checkpoint_per_layer", "use_compile", "compile_mode"})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 64_000
+    """Size of the token vocabulary; the tied embedding and head have this many rows."""
+    d_model: int = 768
+    """Width of the residual stream."""
+    n_layers: int = 12
+    """Number of transformer blocks."""
+    n_heads: int = 12
+    """Query heads per attention layer; head_dim = d_model / n_heads."""
+    n_kv_heads: int = 4
+    """Key/value heads (grouped-query attention); must divide n_heads."""
+    ffn_hidden: int = 2048
+    """Hidden width of the SwiGLU MLP."""
+    max_seq_len: int = 4096
+    """Longest sequence the RoPE tables are built for."""
+    rope_theta: float = 10_000.0
+    """RoPE base frequency."""
+    logit_softcap: float = 15.0
+    """Logits are squashed to (-cap, cap) with cap * tanh(logits / cap); 0 disables."""
+    norm_eps: float = 1e-6
+    """Epsilon of every RMSNorm."""
+    qk_norm: bool = True
+    """RMSNorm on queries and keys per head before RoPE (stabilises attention logits)."""
+    mtp_depth: int = 0
+    """Extra multi-token-prediction heads: head k predicts the token k+1 positions ahead."""
+    mtp_loss_weights: tuple[float, ...] = ()
+    """Loss weight of each MTP head; empty means 0.3 for each."""
+    init_std: float = 0.02
+    """Standard deviation of the weight initialisation."""
+    use_checkpoint_per_layer: bool = False
+    """Recompute each block's activations in backward (activation checkpointing)."""
+    use_compile: bool = False
+    """Compile the model with torch.compile."""
+    compile_mode: str = "default"
+    """torch.compile mode: default, reduce-overhead or max-autotune."""
+
+    def __post_init__(self) -> None:
+        positive = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
+                    "ffn_hidden", "max_seq_len")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise InvalidRequest(f"model {name} must be positive, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise InvalidRequest(
+                f"model d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        if (self.d_model // self.n_heads) % 2:
+            raise InvalidRequest("model head_dim (d_model / n_heads) must be even for RoPE")
+        if self.n_heads % self.n_kv_heads:
+            raise InvalidRequest(
+                f"model n_heads ({self.n_heads}) must be divisible by n_kv_heads "
+                f"({self.n_kv_heads})"
+            )
+        if self.mtp_depth < 0:
+            raise InvalidRequest(f"model mtp_depth must be >= 0, got {self.mtp_depth}")
+        if self.mtp_loss_weights and len(self.mtp_loss_weights) != self.mtp_depth:
+            raise InvalidRequest(
+                f"model mtp_loss_weights has {len(self.mtp_loss_weights)} entries "
+                f"but mtp_depth is {self.mtp_depth}"
+            )
+        if self.compile_mode not in ("default", "reduce-overhead", "max-autotune"):
+            raise InvalidRequest(f"model compile_mode {self.compile_mode!r} is not a known mode")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def mtp_weights(self) -> tuple[float, ...]:
+        return self.mtp_loss_weights or (0.3,) * self.mtp_depth
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["mtp_loss_weights"] = list(self.mtp_loss_weights)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InvalidRequest(f"unknown model config field(s): {', '.join(unknown)}")
+        values = dict(data)
+        if "mtp_loss_weights" in values:
+            values["mtp_loss_weights"] = tuple(values["mtp_loss_weights"])
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise InvalidRequest(f"unknown model config field(s): {', '.join(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def architecture(self) -> dict[str, Any]:
+        """What the weights depend on: the config without its runtime switches."""
+        return {k: v for k, v in self.to_dict().items() if k not in RUNTIME_FIELDS}
+
+    def param_counts(self) -> dict[str, int]:
+        """Parameter counts by kind, computed from the shapes (no torch needed).
+
+        `matmul` counts every weight used in a matrix multiply once per use per token:
+        the block matrices plus the tied head (the embedding lookup is not a matmul).
+        """
+        d, hd = self.d_model, self.head_dim
+        attn = d * d * 2 + d * self.n_kv_heads * hd * 2  # wq, wo, wk, wv
+        mlp = 3 * d * self.ffn_hidden
+        norms = 2 * d + (2 * hd if self.qk_norm else 0)
+        per_layer = attn + mlp + norms
+        mtp = self.mtp_depth * (d * d + d)
+        embedding = self.vocab_size * d
+        total = embedding + self.n_layers * per_layer + d + mtp
+        matmul = self.n_layers * (attn + mlp) + embedding
+        return {"total": total, "embedding": embedding, "matmul": matmul}
+
+
+@dataclass
+class PresetRegistry:
+    _presets: dict[str, ModelConfig] = field(default_factory=dict)
+    _docs: dict[str, str] = field(default_factory=dict)
+
+    def register(self, name: str, config: ModelConfig, doc: str) -> None:
+        if name in self._presets:
+            raise ValueError(f"model preset {name!r} is already registered")
+        self._presets[name] = config
+        self._docs[name] = doc
+
+    def get(self, name: str) -> ModelConfig:
+        try:
+            return self._presets[name]
+        except KeyError:
+            raise UnknownPreset(
+                f"unknown model preset {name!r}; valid presets: {', '.join(self.names())}"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._presets)
+
+    def doc(self, name: str) -> str:
+        self.get(name)
+        return self._docs[name]
+
+
+PRESETS = PresetRegistry()
+register_preset = PRESETS.register
+get_preset = PRESETS.get
+
+register_preset(
+    "tiny",
+    ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                ffn_hidden=192, max_seq_len=512),
+    "About 0.2 M parameters, byte-level vocabulary (512): unit tests and CPU smoke runs.",
+)
+register_preset(
+    "small",
+    ModelConfig(vocab_size=64_000, d_model=768, n_layers=12, n_heads=12, n_kv_heads=4,
+                ffn_hidden=2048, max_seq_len=4096),
+    "About 125 M parameters (GPT-2-small sized), vocabulary 64,000, sequence 4096.",
+)
+register_preset(
+    "base",
+    ModelConfig(vocab_size=64_000, d_model=1024, n_layers=24, n_heads=16, n_kv_heads=4,
+                ffn_hidden=3840, max_seq_len=4096),
+    "About 410 M dense parameters, vocabulary 64,000, sequence 4096: the GPU benchmark model.",
+)
