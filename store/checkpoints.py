@@ -1,0 +1,586 @@
+"""The checkpoint store: layout, manifests, listing, latest/best, retention and safe paths.
+
+Layout: ``<root>/<experiment>/<tag>/`` holding ``model.safetensors``, ``optimizer.pt``,
+``metadata.json`` and ``manifest.json`` (written last). A tag is ``step_<N>``, ``best`` or a
+user tag. This module knows nothing of torch: the worker writes the files into a folder from
+`CheckpointStore.staging_dir`, calls `write_manifest`, then `CheckpointStore.commit`.
+
+A checkpoint is *complete* when its manifest parses and every listed file exists with the
+listed size. Readers only ever see complete checkpoints, so a crash mid-save can never become
+"latest". Hidden folders (``.staging-*``, ``.trash-*``) are never listed; `cleanup` removes or
+restores them.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Set
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from store.exceptions import (
+    CheckpointCorrupt,
+    CheckpointNotFound,
+    CheckpointProtected,
+    InvalidName,
+    InvalidRequest,
+)
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+METADATA_FILE = "metadata.json"
+MANIFEST_FILE = "manifest.json"
+STEP_PREFIX = "step_"
+BEST_TAG = "best"
+LATEST_REF = "latest"
+STAGING_PREFIX = ".staging-"
+TRASH_PREFIX = ".trash-"
+MANIFEST_VERSION = 1
+
+_CHUNK = 1 << 20
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_NAME_RE = re.compile(_NAME_PATTERN)
+# Canonical step tags only: "step_007" would be a second name for step 7.
+_STEP_RE = re.compile(rf"^{STEP_PREFIX}(0|[1-9][0-9]*)$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+# A trash folder that remembers its tag came from `commit` replacing that tag; `delete` uses a
+# tagless trash name so that `cleanup` never resurrects a checkpoint the user deleted.
+_TAGGED_TRASH_RE = re.compile(rf"^{re.escape(TRASH_PREFIX)}(?P<tag>.+)-[0-9a-f]{{32}}$")
+
+Protected = Set[tuple[str, str]]
+
+
+# --- names ---------------------------------------------------------------------------------
+
+
+def validate_name(kind: str, value: str) -> str:
+    """Return `value` if it is a safe experiment or tag name, else raise `InvalidName`.
+
+    Names become path components, so anything that could climb out of the store or hide
+    among the store's own dot-folders is refused.
+    """
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or ".." in value:
+        raise InvalidName(
+            f"invalid {kind} name {value!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            f"starting with a letter or digit and without '..' (pattern {_NAME_PATTERN})"
+        )
+    return value
+
+
+def _is_plain_file_name(name: object) -> bool:
+    """True for a name that can be listed in a manifest: one path component, not hidden."""
+    return (
+        isinstance(name, str)
+        and name != MANIFEST_FILE
+        and _NAME_RE.fullmatch(name) is not None
+        and ".." not in name
+    )
+
+
+def step_tag(step: int) -> str:
+    """The tag of the checkpoint saved at `step`."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return f"{STEP_PREFIX}{step}"
+
+
+def parse_step(tag: str) -> int | None:
+    """The step of a ``step_<N>`` tag, or None for ``best`` and user tags."""
+    match = _STEP_RE.fullmatch(tag)
+    return int(match.group(1)) if match else None
+
+
+# --- files and manifests -------------------------------------------------------------------
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks so multi-GB weights never sit in memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a file's data to disk (a rename is only durable if the data under it is)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries to disk, making renames and new files in it durable."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON so that readers see either the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_manifest(
+    folder: Path, names: builtins.list[str], hashes: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Fsync and describe each named file, then write ``manifest.json`` last, atomically.
+
+    `hashes` lets a writer that already hashed a file while writing it skip a second read.
+    Every file is fsynced here, so the caller need not: once the manifest exists, the bytes
+    it describes are on disk.
+    """
+    hashes = hashes or {}
+    files = []
+    for name in names:
+        if not _is_plain_file_name(name):
+            raise InvalidName(f"cannot list {name!r} in a manifest: not a plain file name")
+        path = folder / name
+        fsync_file(path)
+        sha = hashes.get(name) or sha256_file(path)
+        files.append({"name": name, "size": path.stat().st_size, "sha256": sha})
+    manifest = {"version": MANIFEST_VERSION, "files": files}
+    _write_json_atomic(folder / MANIFEST_FILE, manifest)
+    return manifest
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointCorrupt(f"{path}: file is missing") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointCorrupt(f"{path}: cannot be read as JSON ({exc})") from None
+
+
+def _check_manifest_shape(path: Path, manifest: Any) -> dict[str, Any]:
+    """Refuse manifests we did not write: an entry like ``../x`` must never be served."""
+    if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION:
+        raise CheckpointCorrupt(f"{path}: not a version {MANIFEST_VERSION} manifest")
+    files = manifest.get("files")
+    if not isinstance(files, builtins.list):
+        raise CheckpointCorrupt(f"{path}: 'files' is not a list")
+    seen: set[str] = set()
+    for entry in files:
+        ok = (
+            isinstance(entry, dict)
+            and _is_plain_file_name(entry.get("name"))
+            and type(entry.get("size")) is int
+            and entry["size"] >= 0
+            and isinstance(entry.get("sha256"), str)
+            and _SHA256_RE.fullmatch(entry["sha256"]) is not None
+        )
+        if not ok or entry["name"] in seen:
+            raise CheckpointCorrupt(f"{path}: bad or duplicate file entry {entry!r}")
+        seen.add(entry["name"])
+    return manifest
+
+
+def verify_manifest(folder: Path, *, deep: bool = True) -> dict[str, Any]:
+    """Check a checkpoint folder against its manifest; return the manifest.
+
+    Shallow (`deep=False`) checks presence and sizes: cheap enough for every listing, and it
+    catches a truncated or half-copied file. Deep also re-hashes, which catches bit rot.
+    """
+    path = folder / MANIFEST_FILE
+    manifest = _check_manifest_shape(path, _read_json(path))
+    for entry in manifest["files"]:
+        file = folder / entry["name"]
+        if not file.is_file():
+            raise CheckpointCorrupt(f"{file}: listed in the manifest but missing")
+        size = file.stat().st_size
+        if size != entry["size"]:
+            raise CheckpointCorrupt(
+                f"{file}: size {size} bytes, manifest says {entry['size']} (truncated?)"
+            )
+        if deep and sha256_file(file) != entry["sha256"]:
+            raise CheckpointCorrupt(f"{file}: sha256 does not match the manifest")
+    return manifest
+
+
+# --- checkpoint info -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What the store knows about one complete checkpoint (manifest + metadata.json)."""
+
+    experiment: str
+    tag: str
+    step: int | None
+    token_count: int | None
+    best_loss: float | None
+    run_id: str | None
+    created_at: str | None
+    """ISO 8601, as the writer recorded it in metadata.json."""
+    size_bytes: int
+    """Sum of the manifest's file sizes."""
+    files: builtins.list[dict[str, Any]]
+    """The manifest's entries: ``{name, size, sha256}``."""
+    path: Path
+
+    def to_public(self) -> dict[str, Any]:
+        """The API shape: everything but the server-side path."""
+        return {
+            "experiment": self.experiment,
+            "tag": self.tag,
+            "step": self.step,
+            "token_count": self.token_count,
+            "best_loss": self.best_loss,
+            "run_id": self.run_id,
+            "created_at": self.created_at,
+            "size_bytes": self.size_bytes,
+            "files": [dict(f) for f in self.files],
+        }
+
+
+def _typed(meta: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    """A metadata field if it has the expected type, else None (bool is not an int here)."""
+    value = meta.get(key)
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
+def _load_info(experiment: str, tag: str, folder: Path) -> CheckpointInfo:
+    """Read a checkpoint folder; raise `CheckpointCorrupt` if it is not complete."""
+    manifest = verify_manifest(folder, deep=False)
+    meta = _read_json(folder / METADATA_FILE)
+    if not isinstance(meta, dict):
+        raise CheckpointCorrupt(f"{folder / METADATA_FILE}: not a JSON object")
+    step = _typed(meta, "step", int)
+    best_loss = _typed(meta, "best_loss", (int, float))
+    return CheckpointInfo(
+        experiment=experiment,
+        tag=tag,
+        step=step if step is not None else parse_step(tag),
+        token_count=_typed(meta, "token_count", int),
+        best_loss=float(best_loss) if best_loss is not None else None,
+        run_id=_typed(meta, "run_id", str),
+        created_at=_typed(meta, "created_at", str),
+        size_bytes=sum(f["size"] for f in manifest["files"]),
+        files=manifest["files"],
+        path=folder,
+    )
+
+
+def _created_key(info: CheckpointInfo) -> tuple[float, float, int, str]:
+    """Sort key for "most recently created": metadata created_at, then the manifest mtime."""
+    mtime = (info.path / MANIFEST_FILE).stat().st_mtime
+    created = mtime
+    if info.created_at:
+        try:
+            stamp = datetime.fromisoformat(info.created_at)
+            created = (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
+        except ValueError:
+            pass  # an unparseable stamp is no worse than a missing one: fall back to mtime
+    return (created, mtime, info.step if info.step is not None else -1, info.tag)
+
+
+def _visible_dirs(folder: Path) -> builtins.list[Path]:
+    """Real (non-symlink) sub-folders whose names are valid store names, sorted by name."""
+    if not folder.is_dir():
+        return []
+    return sorted(
+        p
+        for p in folder.iterdir()
+        if not p.is_symlink() and p.is_dir() and _NAME_RE.fullmatch(p.name) and ".." not in p.name
+    )
+
+
+def _discard(path: Path) -> None:
+    """Remove a hidden folder. It is already invisible, so a failure is logged, not raised:
+    `cleanup` will retry it at the next start."""
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        logger.warning("could not remove %s; cleanup will retry", path, exc_info=True)
+
+
+# --- the store -----------------------------------------------------------------------------
+
+
+class CheckpointStore:
+    """All reads and writes of ``<root>/<experiment>/<tag>/`` go through here."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def experiment_dir(self, experiment: str) -> Path:
+        return self.root / validate_name("experiment", experiment)
+
+    def experiments(self) -> builtins.list[str]:
+        """Names of experiment folders, sorted (they may hold no complete checkpoint yet)."""
+        return [p.name for p in _visible_dirs(self.root)]
+
+    # --- writing ---
+
+    def staging_dir(self, experiment: str, tag: str) -> Path:
+        """A fresh hidden folder beside the final one, so `commit` is a same-folder rename."""
+        validate_name("tag", tag)
+        if tag == LATEST_REF:
+            raise InvalidName(
+                f"{LATEST_REF!r} is reserved for the newest checkpoint; pick another tag"
+            )
+        exp_dir = self.experiment_dir(experiment)
+        exp_dir.mkdir(parents=True, exist_ok=True)
+        staging = exp_dir / f"{STAGING_PREFIX}{tag}-{uuid.uuid4().hex}"
+        staging.mkdir()
+        return staging
+
+    def commit(self, staging: Path, experiment: str, tag: str) -> Path:
+        """Make a staged checkpoint visible as `tag`, replacing an existing one atomically.
+
+        Two renames are needed when `tag` exists (POSIX cannot rename over a non-empty
+        folder); a crash between them leaves a tagged trash folder that `cleanup` puts back.
+        """
+        exp_dir = self.experiment_dir(experiment)
+        validate_name("tag", tag)
+        if staging.parent.resolve() != exp_dir.resolve():
+            raise ValueError(f"{staging} is not a staging folder of experiment {experiment!r}")
+        verify_manifest(staging, deep=False)
+        final = exp_dir / tag
+        trash = None
+        if final.exists() or final.is_symlink():
+            trash = exp_dir / f"{TRASH_PREFIX}{tag}-{uuid.uuid4().hex}"
+            os.rename(final, trash)
+        os.rename(staging, final)
+        fsync_dir(exp_dir)
+        if trash is not None:
+            _discard(trash)
+        return final
+
+    def cleanup(self, experiment: str | None = None) -> builtins.list[Path]:
+        """Remove leftover staging folders and finish interrupted commits and deletes.
+
+        Returns the hidden folders it removed or restored. Run it at start, before claiming
+        runs: a staging folder of a save in progress would be removed too. Pass `experiment`
+        to touch only the experiment this process is about to train.
+        """
+        names = [experiment] if experiment is not None else self.experiments()
+        handled: builtins.list[Path] = []
+        for name in names:
+            exp_dir = self.experiment_dir(name)
+            if not exp_dir.is_dir():
+                continue
+            for entry in sorted(exp_dir.iterdir()):
+                if entry.is_dir() and not entry.is_symlink() and self._clean_entry(entry):
+                    handled.append(entry)
+        return handled
+
+    def _clean_entry(self, entry: Path) -> bool:
+        if entry.name.startswith(STAGING_PREFIX):
+            _discard(entry)
+            return True
+        if not entry.name.startswith(TRASH_PREFIX):
+            return False
+        match = _TAGGED_TRASH_RE.fullmatch(entry.name)
+        final = entry.parent / match.group("tag") if match else None
+        if final is not None and not final.exists() and self._is_complete(entry):
+            os.rename(entry, final)
+            fsync_dir(entry.parent)
+            logger.warning("restored %s from %s (a commit was interrupted)", final, entry.name)
+        else:
+            _discard(entry)
+        return True
+
+    @staticmethod
+    def _is_complete(folder: Path) -> bool:
+        try:
+            verify_manifest(folder, deep=False)
+        except CheckpointCorrupt:
+            return False
+        return True
+
+    # --- reading ---
+
+    def list(self, experiment: str | None = None) -> builtins.list[CheckpointInfo]:
+        """Complete checkpoints, sorted by experiment, then step (None last), then tag."""
+        names = [experiment] if experiment is not None else self.experiments()
+        infos = []
+        for name in names:
+            for folder in _visible_dirs(self.experiment_dir(name)):
+                try:
+                    infos.append(_load_info(name, folder.name, folder))
+                except CheckpointCorrupt:
+                    continue  # incomplete or damaged: invisible by design
+        infos.sort(key=lambda i: (i.experiment, i.step is None, i.step or 0, i.tag))
+        return infos
+
+    def get(self, experiment: str, tag: str) -> CheckpointInfo:
+        exp_dir = self.experiment_dir(experiment)
+        validate_name("tag", tag)
+        if not exp_dir.is_dir() or exp_dir.is_symlink():
+            raise CheckpointNotFound(f"experiment {experiment!r} does not exist in the store")
+        folder = exp_dir / tag
+        try:
+            if folder.is_symlink() or not folder.is_dir():
+                raise CheckpointCorrupt(f"{folder}: not a folder")
+            return _load_info(experiment, tag, folder)
+        except CheckpointCorrupt:
+            raise CheckpointNotFound(
+                f"no complete checkpoint {tag!r} in experiment {experiment!r}"
+            ) from None
+
+    def latest(self, experiment: str | None = None) -> CheckpointInfo:
+        """Highest complete ``step_*`` of an experiment; across experiments, the newest one."""
+        info = self.latest_or_none(experiment)
+        if info is None:
+            where = f" for experiment {experiment!r}" if experiment is not None else "s"
+            raise CheckpointNotFound(f"no checkpoint{where} yet")
+        return info
+
+    def latest_or_none(self, experiment: str | None = None) -> CheckpointInfo | None:
+        if experiment is None:
+            return max(self.list(), key=_created_key, default=None)
+        steps = [i for i in self.list(experiment) if parse_step(i.tag) is not None]
+        return max(steps, key=lambda i: parse_step(i.tag) or 0, default=None)
+
+    def best(self, experiment: str | None = None) -> CheckpointInfo:
+        """The ``best`` tag of an experiment; across experiments, the lowest best_loss."""
+        if experiment is not None:
+            return self.get(experiment, BEST_TAG)
+        bests = [i for i in self.list() if i.tag == BEST_TAG and i.best_loss is not None]
+        if not bests:
+            raise CheckpointNotFound("no best checkpoint yet in any experiment")
+        return min(bests, key=lambda i: (i.best_loss, i.experiment))
+
+    def resolve(self, experiment: str, ref: str) -> CheckpointInfo:
+        """``latest``, ``best`` or a tag → the checkpoint it names."""
+        if ref == LATEST_REF:
+            return self.latest(experiment)
+        return self.get(experiment, ref)
+
+    def resolve_file(self, experiment: str, tag: str, name: str) -> Path:
+        """The on-disk path of one file of a checkpoint, for download.
+
+        Only ``manifest.json`` and names the manifest lists are servable, matched exactly;
+        user text is never joined to a path before that match. The real path must then sit
+        directly in the checkpoint folder inside the store, so a planted symlink fails.
+        """
+        if not isinstance(name, str) or not name or any(c in name for c in "/\\\x00"):
+            raise InvalidName(f"invalid file name {name!r}: give a bare file name, no path")
+        info = self.get(experiment, tag)
+        allowed = [f["name"] for f in info.files] + [MANIFEST_FILE]
+        if name not in allowed:
+            raise CheckpointNotFound(
+                f"checkpoint {tag!r} of experiment {experiment!r} has no file {name!r}; "
+                f"it has: {', '.join(allowed)}"
+            )
+        path = info.path / name
+        real = Path(os.path.realpath(path))
+        root = Path(os.path.realpath(self.root))
+        folder = Path(os.path.realpath(info.path))
+        if path.is_symlink() or real.parent != folder or not real.is_relative_to(root):
+            raise CheckpointNotFound(
+                f"file {name!r} of checkpoint {tag!r} in experiment {experiment!r} "
+                "is not a regular file inside the store"
+            )
+        return real
+
+    # --- deleting ---
+
+    def delete(
+        self, experiment: str, tag: str, *, protected: Protected = frozenset()
+    ) -> CheckpointInfo:
+        """Delete a checkpoint. It is renamed away first, so it vanishes from listings at once
+        and a half-removed folder is never seen."""
+        info = self.get(experiment, tag)
+        if (experiment, tag) in protected:
+            raise CheckpointProtected(
+                f"checkpoint {tag!r} of experiment {experiment!r} is in use by a queued or "
+                "running run; cancel that run or wait for it to finish, then delete it"
+            )
+        self._remove(info)
+        return info
+
+    def prune(
+        self,
+        experiment: str,
+        *,
+        keep_last: int,
+        keep_best: bool = True,
+        dry_run: bool = False,
+        protected: Protected = frozenset(),
+    ) -> dict[str, builtins.list[CheckpointInfo]]:
+        """Delete ``step_*`` checkpoints older than the newest `keep_last`.
+
+        Returns ``{"deleted": [...], "kept": [...]}``, both lists of `CheckpointInfo`; "kept"
+        holds every complete checkpoint of the experiment that remains. Never deleted: the
+        latest step (even with keep_last=0, since resume needs it), ``best`` and user tags
+        (only ``step_*`` is pruned), the step that ``best`` was copied from when `keep_best`,
+        and anything in `protected`. With `dry_run` nothing is removed.
+        """
+        if type(keep_last) is not int or keep_last < 0:
+            raise InvalidRequest(f"keep_last must be an integer >= 0, got {keep_last!r}")
+        if not self.experiment_dir(experiment).is_dir():
+            raise CheckpointNotFound(f"experiment {experiment!r} does not exist in the store")
+        infos = self.list(experiment)
+        doomed = self._prune_candidates(experiment, infos, keep_last, keep_best, protected)
+        if not dry_run:
+            for info in doomed:
+                self._remove(info)
+        doomed_tags = {i.tag for i in doomed}
+        return {"deleted": doomed, "kept": [i for i in infos if i.tag not in doomed_tags]}
+
+    def _prune_candidates(
+        self,
+        experiment: str,
+        infos: builtins.list[CheckpointInfo],
+        keep_last: int,
+        keep_best: bool,
+        protected: Protected,
+    ) -> builtins.list[CheckpointInfo]:
+        steps = sorted(
+            (i for i in infos if parse_step(i.tag) is not None),
+            key=lambda i: parse_step(i.tag) or 0,
+            reverse=True,
+        )
+        best = next((i for i in infos if i.tag == BEST_TAG), None)
+        best_step = best.step if keep_best and best is not None else None
+        return [
+            i
+            for i in steps[max(keep_last, 1) :]
+            if (experiment, i.tag) not in protected
+            and (best_step is None or parse_step(i.tag) != best_step)
+        ]
+
+    @staticmethod
+    def _remove(info: CheckpointInfo) -> None:
+        """Rename to a tagless trash name (so `cleanup` never restores it), then remove."""
+        trash = info.path.parent / f"{TRASH_PREFIX}{uuid.uuid4().hex}"
+        try:
+            os.rename(info.path, trash)
+        except FileNotFoundError:
+            return  # someone else removed it first: the outcome we wanted
+        fsync_dir(info.path.parent)
+        _discard(trash)
+
+    def retain(
+        self, experiment: str, max_keep: int, protected: Protected = frozenset()
+    ) -> builtins.list[CheckpointInfo]:
+        """Retention after a save (seed ``max_keep``): prune keeping best; return the deleted."""
+        return self.prune(experiment, keep_last=max_keep, keep_best=True, protected=protected)[
+            "deleted"
+        ]
