@@ -59,3 +59,10 @@ class CheckpointCorrupt(TrainctlError):
 
 class LeaseLost(TrainctlError):
     """A worker wrote to a run it no longer owns (its lease expired and was reaped)."""
+
+
+class WorkerNotFound(NotFound):
+    """A worker reported in under an id that is not registered (it was deregistered)."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__(f"worker {worker_id!r} is not registered; register it again")

@@ -1,0 +1,199 @@
+"""The run database: schema, engine setup and transaction helpers.
+
+SQLite is the embedded default and PostgreSQL the multi-node one; everything here is written
+once for both. The SQLite-specific parts are confined to connection setup: WAL so readers never
+block the writer, a busy timeout so several processes (the service and its workers) wait for
+the write lock instead of failing, and `BEGIN IMMEDIATE` for write transactions so two writers
+serialise at BEGIN rather than both reading and then colliding when they upgrade their locks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    and_,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.types import TypeDecorator
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+"""How long a SQLite connection waits for another process's write lock before giving up."""
+
+# Execution option read by the SQLite `begin` listener: which kind of BEGIN to emit.
+_SQLITE_BEGIN_OPTION = "trainctl_sqlite_begin"
+
+# SQLite's INTEGER PRIMARY KEY is the rowid (auto-assigned); BIGINT would not be. PostgreSQL
+# gets a 64-bit identity column.
+_ID_INT = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that is always timezone-aware UTC in Python.
+
+    PostgreSQL stores `timestamptz`; SQLite has no timezone support and would hand back naive
+    values, so on SQLite we store naive UTC (which also sorts correctly as text) and re-attach
+    UTC on the way out.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: trainctl stores timezone-aware UTC")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+metadata = MetaData()
+
+runs = Table(
+    "runs",
+    metadata,
+    # `seq` orders runs created in the same microsecond and is the cursor's tie-breaker;
+    # `id` is the opaque public identifier.
+    Column("seq", _ID_INT, primary_key=True, autoincrement=True),
+    Column("id", String(32), nullable=False, unique=True),
+    Column("kind", String(16), nullable=False),
+    Column("experiment", String(200), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("spec", JSON, nullable=False),
+    Column("step", Integer, nullable=False, default=0),
+    Column("total_steps", Integer, nullable=True),
+    Column("result", JSON, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("worker_id", String(100), nullable=True),
+    Column("attempt", Integer, nullable=False, default=1),
+    Column("max_attempts", Integer, nullable=False),
+    Column("cancel_requested", Boolean, nullable=False, default=False),
+    Column("lease_expires_at", UTCDateTime, nullable=True),
+    # NULLs are distinct in unique constraints on both SQLite and PostgreSQL.
+    Column("idempotency_key", String(200), nullable=True, unique=True),
+    Column("depends_on", JSON, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("started_at", UTCDateTime, nullable=True),
+    Column("finished_at", UTCDateTime, nullable=True),
+    Index("ix_runs_state_created", "state", "created_at", "seq"),
+    Index("ix_runs_created", "created_at", "seq"),
+    Index("ix_runs_experiment", "experiment"),
+    Index("ix_runs_worker", "worker_id"),
+)
+
+# The database itself enforces "one active train run per experiment", so two services
+# enqueueing at once (PostgreSQL, READ COMMITTED) cannot both pass the application check.
+_ACTIVE_TRAIN = and_(runs.c.kind == "train", runs.c.state.in_(["queued", "running"]))
+Index(
+    "uq_runs_one_active_train",
+    runs.c.experiment,
+    unique=True,
+    sqlite_where=_ACTIVE_TRAIN,
+    postgresql_where=_ACTIVE_TRAIN,
+)
+
+run_events = Table(
+    "run_events",
+    metadata,
+    # Clients resume streams with Last-Event-ID, so ids must never be reused; on SQLite that
+    # takes AUTOINCREMENT (a plain rowid may reuse the highest id after a delete).
+    Column("id", _ID_INT, primary_key=True, autoincrement=True),
+    Column("run_id", String(32), ForeignKey("runs.id"), nullable=False),
+    Column("type", String(16), nullable=False),
+    Column("data", JSON, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Index("ix_run_events_run", "run_id", "id"),
+    sqlite_autoincrement=True,
+)
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("id", String(100), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("device", String(100), nullable=False),
+    Column("info", JSON, nullable=False),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("last_seen_at", UTCDateTime, nullable=False),
+)
+
+
+def build_engine(url: str, **kwargs: Any) -> Engine:
+    """Create an engine for `url`; SQLite engines get WAL, a busy timeout and BEGIN control."""
+    engine = create_engine(url, **kwargs)
+    if engine.dialect.name == "sqlite":
+        _configure_sqlite(engine)
+    return engine
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    """Apply SQLAlchemy's documented recipe for taking over BEGIN from the sqlite3 driver.
+
+    Python's sqlite3 (before 3.12's `autocommit` attribute) begins transactions lazily, only
+    before a DML statement, so a read-then-write is not atomic. We switch its transaction
+    handling off (`isolation_level = None`) and emit BEGIN ourselves.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            # Busy timeout first: switching to WAL needs a lock another process may hold.
+            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get(_SQLITE_BEGIN_OPTION, "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+@contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """A short transaction that writes: committed on success, rolled back on error.
+
+    On SQLite it starts with BEGIN IMMEDIATE, taking the write lock up front, so everything
+    read inside it is still true when it commits (this is what makes check-then-insert and
+    claim atomic across processes). Other databases ignore the option.
+    """
+    with engine.connect() as conn:
+        conn.execution_options(**{_SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+        with conn.begin():
+            yield conn
+
+
+@contextmanager
+def read_transaction(engine: Engine) -> Iterator[Connection]:
+    """A read-only transaction: one consistent snapshot, never blocks or is blocked in WAL."""
+    with engine.connect() as conn, conn.begin():
+        yield conn

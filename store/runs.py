@@ -1,0 +1,749 @@
+"""The durable run queue and event log.
+
+The service enqueues runs and reads them; workers claim runs, report progress and events, and
+finish them. Every worker write is *fenced*: it names the run, the worker and the attempt, and
+only lands while the run is still running under that worker and attempt. A worker whose lease
+expired and whose run was reaped (requeued or failed) therefore gets `LeaseLost` instead of
+overwriting what happened after it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import builtins
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, Row, and_, func, insert, literal, or_, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from store.db import (
+    UTCDateTime,
+    build_engine,
+    metadata,
+    read_transaction,
+    run_events,
+    runs,
+    workers,
+    write_transaction,
+)
+from store.exceptions import (
+    Conflict,
+    ExperimentBusy,
+    InvalidRequest,
+    LeaseLost,
+    RunNotCancellable,
+    RunNotFound,
+    WorkerNotFound,
+)
+
+RUN_KINDS = ("train", "validate", "benchmark")
+RUN_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+ACTIVE_STATES = frozenset({"queued", "running"})
+EVENT_TYPES = ("state", "metrics", "log")
+
+Checkpoint = tuple[str, str]
+"""A checkpoint a run depends on: (experiment, tag)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run as stored. `to_public()` is the shape clients see (DESIGN, "A run")."""
+
+    id: str
+    kind: str
+    experiment: str
+    state: str
+    spec: dict[str, Any]
+    progress: dict[str, int | None]
+    result: dict[str, Any] | None
+    error: str | None
+    worker_id: str | None
+    attempt: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    # Internals: the queue needs them, clients do not.
+    max_attempts: int
+    cancel_requested: bool
+    lease_expires_at: datetime | None
+    idempotency_key: str | None
+    depends_on: list[Checkpoint]
+
+    def to_public(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "experiment": self.experiment,
+            "state": self.state,
+            "spec": self.spec,
+            "progress": dict(self.progress),
+            "result": self.result,
+            "error": self.error,
+            "worker_id": self.worker_id,
+            "attempt": self.attempt,
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+        }
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of a run's event log; `id` increases across the whole log."""
+
+    id: int
+    run_id: str
+    type: str
+    data: dict[str, Any]
+    created_at: datetime
+
+    def to_public(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "run_id": self.run_id,
+            "type": self.type,
+            "data": self.data,
+            "created_at": _iso(self.created_at),
+        }
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A registered worker process; `current_run_id` is the run it is executing, if any."""
+
+    id: str
+    host: str
+    pid: int
+    device: str
+    info: dict[str, Any]
+    started_at: datetime
+    last_seen_at: datetime
+    current_run_id: str | None
+
+    def to_public(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "host": self.host,
+            "pid": self.pid,
+            "device": self.device,
+            "info": self.info,
+            "started_at": _iso(self.started_at),
+            "last_seen_at": _iso(self.last_seen_at),
+            "current_run_id": self.current_run_id,
+        }
+
+
+class RunStore:
+    """Runs, their events and the workers, in one SQL database (SQLite or PostgreSQL).
+
+    Every method is one short transaction, so the service and several worker processes can
+    share the database. Close the store (or use it as a context manager) to release its pool.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.engine = build_engine(url)
+
+    def create_all(self) -> None:
+        """Create the tables that do not exist yet."""
+        with write_transaction(self.engine) as conn:
+            metadata.create_all(conn)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ---- the service side: submit, read, cancel -------------------------------------------
+
+    def enqueue(
+        self,
+        kind: str,
+        experiment: str,
+        spec: dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        max_attempts: int = 3,
+        depends_on: Iterable[Checkpoint] = (),
+    ) -> Run:
+        """Add a queued run, or return the run an earlier request with the same key created.
+
+        Raises `Conflict` when the idempotency key was used for a different request and
+        `ExperimentBusy` when a train run is enqueued while the experiment has an active one.
+        """
+        if kind not in RUN_KINDS:
+            raise ValueError(f"unknown run kind {kind!r}; expected one of {RUN_KINDS}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        values = {
+            "kind": kind,
+            "experiment": experiment,
+            "spec": _as_json(spec),
+            "max_attempts": max_attempts,
+            "idempotency_key": idempotency_key,
+            "depends_on": [[exp, tag] for exp, tag in depends_on],
+        }
+        try:
+            return self._enqueue_once(values)
+        except IntegrityError:
+            # A concurrent request inserted the same key or an active train run between our
+            # check and our insert (possible on PostgreSQL); checking again now explains why.
+            return self._enqueue_once(values)
+
+    def _enqueue_once(self, values: dict[str, Any]) -> Run:
+        with write_transaction(self.engine) as conn:
+            key = values["idempotency_key"]
+            if key is not None:
+                existing = _fetch_one(conn, runs.c.idempotency_key == key)
+                if existing is not None:
+                    return _replay(existing, values)
+            if values["kind"] == "train":
+                active = _active_train_row(conn, values["experiment"])
+                if active is not None:
+                    raise ExperimentBusy(values["experiment"], active.id)
+            run_id = uuid.uuid4().hex
+            conn.execute(
+                insert(runs).values(
+                    id=run_id, state="queued", created_at=_utcnow(), cancel_requested=False,
+                    step=0, attempt=1, **values,
+                )
+            )  # fmt: skip
+            return _run_from_row(_require_row(conn, run_id))
+
+    def get(self, run_id: str) -> Run:
+        with read_transaction(self.engine) as conn:
+            return _run_from_row(_require_row(conn, run_id))
+
+    def list(
+        self,
+        *,
+        kind: str | None = None,
+        state: str | None = None,
+        experiment: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[builtins.list[Run], str | None]:
+        """Runs newest first, `limit` at a time; pass the returned cursor to get the next page.
+
+        Keyset pagination (not OFFSET): a page stays correct while new runs are enqueued.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        conditions: builtins.list[ColumnElement[bool]] = []
+        if kind is not None:
+            conditions.append(runs.c.kind == kind)
+        if state is not None:
+            conditions.append(runs.c.state == state)
+        if experiment is not None:
+            conditions.append(runs.c.experiment == experiment)
+        if cursor is not None:
+            created_at, seq = _decode_cursor(cursor)
+            conditions.append(
+                or_(
+                    runs.c.created_at < created_at,
+                    and_(runs.c.created_at == created_at, runs.c.seq < seq),
+                )
+            )
+        query = (
+            select(runs)
+            .where(*conditions)
+            .order_by(runs.c.created_at.desc(), runs.c.seq.desc())
+            .limit(limit + 1)  # one extra row tells us whether another page exists
+        )
+        with read_transaction(self.engine) as conn:
+            rows = conn.execute(query).all()
+        page = rows[:limit]
+        next_cursor = (
+            _encode_cursor(page[-1].created_at, page[-1].seq) if len(rows) > limit else None
+        )
+        return [_run_from_row(row) for row in page], next_cursor
+
+    def request_cancel(self, run_id: str) -> Run:
+        """Cancel a queued run now; ask the worker of a running run to stop at a step boundary."""
+        with write_transaction(self.engine) as conn:
+            row = _require_row(conn, run_id, lock=True)
+            if row.state in TERMINAL_STATES:
+                raise RunNotCancellable(
+                    f"run {run_id} is already {row.state}; only queued or running runs "
+                    "can be cancelled"
+                )
+            if row.state == "queued":
+                return self._transition(
+                    conn, row, "cancelled", "cancelled before it started", finished=True
+                )
+            if not row.cancel_requested:
+                conn.execute(update(runs).where(runs.c.id == run_id).values(cancel_requested=True))
+                _insert_event(conn, run_id, "state", _state_data(
+                    row, "running", "cancel requested; the worker stops at the next step"
+                ) | {"cancel_requested": True})  # fmt: skip
+            return _run_from_row(_require_row(conn, run_id))
+
+    def is_cancel_requested(self, run_id: str) -> bool:
+        with read_transaction(self.engine) as conn:
+            return bool(_require_row(conn, run_id).cancel_requested)
+
+    def active_train_run(self, experiment: str) -> Run | None:
+        """The queued or running train run of `experiment`; there is at most one."""
+        with read_transaction(self.engine) as conn:
+            row = _active_train_row(conn, experiment)
+        return None if row is None else _run_from_row(row)
+
+    def protected_checkpoints(self) -> set[Checkpoint]:
+        """Checkpoints that queued or running runs still need; retention must keep them."""
+        query = select(runs.c.depends_on).where(runs.c.state.in_(ACTIVE_STATES))
+        with read_transaction(self.engine) as conn:
+            lists = conn.execute(query).scalars().all()
+        return {(exp, tag) for depends_on in lists for exp, tag in depends_on}
+
+    # ---- the worker side: claim, report, finish ---------------------------------------------
+
+    def claim(self, worker_id: str, lease_seconds: float) -> Run | None:
+        """Give the oldest queued run to `worker_id`, or return None when the queue is empty.
+
+        One UPDATE whose WHERE re-checks `state = 'queued'` moves the run, so two claimers can
+        never both get it: SQLite serialises them with BEGIN IMMEDIATE; PostgreSQL locks the
+        chosen row and lets other claimers skip it (FOR UPDATE SKIP LOCKED).
+        """
+        now = _utcnow()
+        oldest_queued = (
+            select(runs.c.id)
+            .where(runs.c.state == "queued")
+            .order_by(runs.c.created_at, runs.c.seq)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        )
+        statement = (
+            update(runs)
+            .where(runs.c.id == oldest_queued, runs.c.state == "queued")
+            .values(
+                state="running",
+                worker_id=worker_id,
+                started_at=func.coalesce(runs.c.started_at, literal(now, UTCDateTime())),
+                lease_expires_at=now + timedelta(seconds=lease_seconds),
+            )
+            .returning(*runs.c)
+        )
+        with write_transaction(self.engine) as conn:
+            row = conn.execute(statement).one_or_none()
+            if row is None:
+                return None
+            _insert_event(
+                conn, row.id, "state", _state_data(row, "queued", f"claimed by {worker_id}")
+            )
+        return _run_from_row(row)
+
+    def heartbeat(self, run_id: str, worker_id: str, attempt: int, lease_seconds: float) -> None:
+        """Extend the lease; raises `LeaseLost` when the run is no longer this worker's."""
+        lease = _utcnow() + timedelta(seconds=lease_seconds)
+        with write_transaction(self.engine) as conn:
+            _fenced_update(conn, run_id, worker_id, attempt, lease_expires_at=lease)
+
+    def set_progress(
+        self, run_id: str, worker_id: str, attempt: int, step: int, total_steps: int | None
+    ) -> None:
+        with write_transaction(self.engine) as conn:
+            _fenced_update(conn, run_id, worker_id, attempt, step=step, total_steps=total_steps)
+
+    def append_event(
+        self,
+        run_id: str,
+        type: str,
+        data: dict[str, Any],
+        *,
+        worker_id: str | None = None,
+        attempt: int | None = None,
+    ) -> int:
+        """Append an event and return its id. A worker passes its id and attempt to be fenced."""
+        if type not in EVENT_TYPES:
+            raise ValueError(f"unknown event type {type!r}; expected one of {EVENT_TYPES}")
+        if (worker_id is None) != (attempt is None):
+            raise ValueError("pass worker_id and attempt together, or neither")
+        with write_transaction(self.engine) as conn:
+            if worker_id is not None and attempt is not None:
+                _require_owned(conn, run_id, worker_id, attempt)
+            else:
+                _require_row(conn, run_id)
+            return _insert_event(conn, run_id, type, _as_json(data))
+
+    def events(
+        self, run_id: str, *, after_id: int = 0, limit: int = 1000, type: str | None = None
+    ) -> builtins.list[Event]:
+        """Events of a run with id > `after_id`, oldest first (what a resuming stream needs)."""
+        conditions = [run_events.c.run_id == run_id, run_events.c.id > after_id]
+        if type is not None:
+            conditions.append(run_events.c.type == type)
+        query = select(run_events).where(*conditions).order_by(run_events.c.id).limit(limit)
+        with read_transaction(self.engine) as conn:
+            _require_row(conn, run_id)
+            rows = conn.execute(query).all()
+        return [Event(r.id, r.run_id, r.type, r.data, r.created_at) for r in rows]
+
+    def finish(
+        self,
+        run_id: str,
+        worker_id: str,
+        attempt: int,
+        state: str,
+        *,
+        result: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> Run:
+        """Record how the run ended; raises `LeaseLost` when it is no longer this worker's."""
+        if state not in TERMINAL_STATES:
+            raise ValueError(f"a run finishes as one of {sorted(TERMINAL_STATES)}, not {state!r}")
+        with write_transaction(self.engine) as conn:
+            row = _fenced_update(
+                conn, run_id, worker_id, attempt,
+                state=state, result=None if result is None else _as_json(result), error=error,
+                finished_at=_utcnow(), lease_expires_at=None,
+            )  # fmt: skip
+            reason = error or f"finished by {worker_id}"
+            _insert_event(conn, run_id, "state", _state_data(row, "running", reason))
+        return _run_from_row(row)
+
+    def requeue(self, run_id: str, worker_id: str, attempt: int, reason: str) -> Run:
+        """Give a running run back to the queue (a worker shutting down gracefully).
+
+        The attempt is not used up: the run did not fail. A run whose cancel was requested is
+        cancelled instead, since nobody wants it to run again.
+        """
+        with write_transaction(self.engine) as conn:
+            row = _require_owned(conn, run_id, worker_id, attempt)
+            if row.cancel_requested:
+                return self._transition(
+                    conn, row, "cancelled", f"{reason}; cancel was requested", finished=True
+                )
+            return self._transition(conn, row, "queued", reason, worker_id=None)
+
+    # ---- recovery: runs whose worker is gone -------------------------------------------------
+
+    def reap_expired(self, now: datetime | None = None) -> builtins.list[Run]:
+        """Requeue (or fail, when out of attempts) every running run whose lease has expired."""
+        now = now or _utcnow()
+        expired = runs.c.lease_expires_at < now
+        with write_transaction(self.engine) as conn:
+            rows = _running_rows(conn, expired)
+            return [
+                self._recover(
+                    conn,
+                    row,
+                    requeue_cause=f"lease expired (worker {row.worker_id} stopped heartbeating)",
+                    fail_cause=f"worker {row.worker_id} stopped heartbeating (lease expired)",
+                    now=now,
+                )
+                for row in rows
+            ]
+
+    def fail_worker_runs(self, worker_id: str, reason: str) -> builtins.list[Run]:
+        """Recover every running run of a worker known to be dead, as `reap_expired` would."""
+        now = _utcnow()
+        with write_transaction(self.engine) as conn:
+            rows = _running_rows(conn, runs.c.worker_id == worker_id)
+            return [
+                self._recover(conn, row, requeue_cause=reason, fail_cause=reason, now=now)
+                for row in rows
+            ]
+
+    def _recover(
+        self, conn: Connection, row: Row[Any], *, requeue_cause: str, fail_cause: str, now: datetime
+    ) -> Run:
+        """Requeue a run whose worker is gone while attempts remain; fail it otherwise."""
+        if row.cancel_requested:
+            return self._transition(
+                conn,
+                row,
+                "cancelled",
+                f"{fail_cause}; cancel was requested",
+                finished=True,
+                now=now,
+            )
+        if row.attempt < row.max_attempts:
+            next_attempt = row.attempt + 1
+            reason = f"{requeue_cause}; requeued, attempt {next_attempt} of {row.max_attempts}"
+            return self._transition(
+                conn, row, "queued", reason, worker_id=None, attempt=next_attempt, now=now
+            )
+        error = (
+            f"{fail_cause} and no attempts remain ({row.max_attempts} of {row.max_attempts} used)"
+        )
+        return self._transition(conn, row, "failed", error, error=error, finished=True, now=now)
+
+    def _transition(
+        self,
+        conn: Connection,
+        row: Row[Any],
+        state: str,
+        reason: str,
+        *,
+        finished: bool = False,
+        now: datetime | None = None,
+        **values: Any,
+    ) -> Run:
+        """Move `row` to `state` if it is still as read (same state, worker and attempt).
+
+        The callers read the row in the same write transaction, so the guard only matters on
+        PostgreSQL when a row was not locked; losing the race there means another writer
+        already moved the run, which `LeaseLost` reports.
+        """
+        now = now or _utcnow()
+        if finished:
+            values["finished_at"] = now
+        if state != "running":
+            values["lease_expires_at"] = None
+        moved = conn.execute(
+            update(runs)
+            .where(
+                runs.c.id == row.id,
+                runs.c.state == row.state,
+                runs.c.attempt == row.attempt,
+                _same_worker(row.worker_id),
+            )
+            .values(state=state, **values)
+            .returning(*runs.c)
+        ).one_or_none()
+        if moved is None:
+            raise LeaseLost(f"run {row.id} changed while it was being moved to {state}; retry")
+        _insert_event(conn, row.id, "state", _state_data(moved, row.state, reason))
+        return _run_from_row(moved)
+
+    # ---- workers -----------------------------------------------------------------------------
+
+    def register_worker(
+        self, worker_id: str, *, host: str, pid: int, device: str, info: dict[str, Any]
+    ) -> None:
+        """Record a worker process; registering an id again replaces its record (a restart)."""
+        now = _utcnow()
+        values = {"host": host, "pid": pid, "device": device, "info": _as_json(info)}
+        values |= {"started_at": now, "last_seen_at": now}
+        with write_transaction(self.engine) as conn:
+            # Update-then-insert instead of a dialect-specific upsert: the write transaction
+            # makes it atomic on SQLite; on PostgreSQL a racing insert fails loudly.
+            updated = conn.execute(update(workers).where(workers.c.id == worker_id).values(values))
+            if updated.rowcount == 0:
+                conn.execute(insert(workers).values(id=worker_id, **values))
+
+    def worker_heartbeat(self, worker_id: str) -> None:
+        """Mark the worker alive now; raises `WorkerNotFound` if it was deregistered."""
+        statement = update(workers).where(workers.c.id == worker_id).values(last_seen_at=_utcnow())
+        with write_transaction(self.engine) as conn:
+            if conn.execute(statement).rowcount == 0:
+                raise WorkerNotFound(worker_id)
+
+    def list_workers(self) -> builtins.list[Worker]:
+        running = select(runs.c.worker_id, runs.c.id).where(runs.c.state == "running")
+        with read_transaction(self.engine) as conn:
+            rows = conn.execute(select(workers).order_by(workers.c.started_at)).all()
+            current = {worker: run for worker, run in conn.execute(running)}
+        return [
+            Worker(
+                r.id,
+                r.host,
+                r.pid,
+                r.device,
+                r.info,
+                r.started_at,
+                r.last_seen_at,
+                current.get(r.id),
+            )
+            for r in rows
+        ]
+
+    def deregister_worker(self, worker_id: str) -> None:
+        """Forget a worker (it exited). Its running runs are recovered by `fail_worker_runs`."""
+        with write_transaction(self.engine) as conn:
+            conn.execute(workers.delete().where(workers.c.id == worker_id))
+
+
+# ---- helpers: rows, fencing, events, cursors ------------------------------------------------
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _as_json(value: dict[str, Any]) -> dict[str, Any]:
+    """The value as it will come back from a JSON column (tuples become lists, and so on).
+
+    Normalising before storing lets an idempotent replay compare like with like, and rejects
+    values JSON cannot hold here, with a clear error, rather than inside the driver.
+    """
+    try:
+        normalised: dict[str, Any] = json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"value is not JSON-serialisable: {exc}") from exc
+    return normalised
+
+
+def _run_from_row(row: Row[Any]) -> Run:
+    return Run(
+        id=row.id,
+        kind=row.kind,
+        experiment=row.experiment,
+        state=row.state,
+        spec=row.spec,
+        progress={"step": row.step, "total_steps": row.total_steps},
+        result=row.result,
+        error=row.error,
+        worker_id=row.worker_id,
+        attempt=row.attempt,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        max_attempts=row.max_attempts,
+        cancel_requested=bool(row.cancel_requested),
+        lease_expires_at=row.lease_expires_at,
+        idempotency_key=row.idempotency_key,
+        depends_on=[(exp, tag) for exp, tag in row.depends_on],
+    )
+
+
+def _replay(existing: Row[Any], values: dict[str, Any]) -> Run:
+    """The run an idempotent retry refers to, if the retry asks for the same thing."""
+    body = ("kind", "experiment", "spec", "depends_on")
+    if any(getattr(existing, name) != values[name] for name in body):
+        raise Conflict(
+            f"idempotency key {values['idempotency_key']!r} was already used for a different "
+            f"request (run {existing.id}); use a new key for a new run"
+        )
+    return _run_from_row(existing)
+
+
+def _fetch_one(
+    conn: Connection, condition: ColumnElement[bool], *, lock: bool = False
+) -> Row[Any] | None:
+    query = select(runs).where(condition)
+    if lock:
+        query = query.with_for_update()
+    return conn.execute(query).one_or_none()
+
+
+def _require_row(conn: Connection, run_id: str, *, lock: bool = False) -> Row[Any]:
+    row = _fetch_one(conn, runs.c.id == run_id, lock=lock)
+    if row is None:
+        raise RunNotFound(run_id)
+    return row
+
+
+def _active_train_row(conn: Connection, experiment: str) -> Row[Any] | None:
+    condition = and_(
+        runs.c.kind == "train",
+        runs.c.experiment == experiment,
+        runs.c.state.in_(ACTIVE_STATES),
+    )
+    return conn.execute(select(runs).where(condition).limit(1)).one_or_none()
+
+
+def _running_rows(conn: Connection, condition: ColumnElement[bool]) -> Sequence[Row[Any]]:
+    """Running runs matching `condition`, locked; rows another reaper holds are skipped."""
+    query = (
+        select(runs)
+        .where(runs.c.state == "running", condition)
+        .order_by(runs.c.created_at, runs.c.seq)
+        .with_for_update(skip_locked=True)
+    )
+    return conn.execute(query).all()
+
+
+def _same_worker(worker_id: str | None) -> ColumnElement[bool]:
+    return runs.c.worker_id.is_(None) if worker_id is None else runs.c.worker_id == worker_id
+
+
+def _owned(run_id: str, worker_id: str, attempt: int) -> ColumnElement[bool]:
+    """The fence: the run is running under this worker and this attempt."""
+    return and_(
+        runs.c.id == run_id,
+        runs.c.worker_id == worker_id,
+        runs.c.attempt == attempt,
+        runs.c.state == "running",
+    )
+
+
+def _fenced_update(
+    conn: Connection, run_id: str, worker_id: str, attempt: int, **values: Any
+) -> Row[Any]:
+    """Update a run only if `worker_id` still owns `attempt` of it; else raise `LeaseLost`."""
+    statement = (
+        update(runs).where(_owned(run_id, worker_id, attempt)).values(**values).returning(*runs.c)
+    )
+    row = conn.execute(statement).one_or_none()
+    if row is None:
+        raise _lease_lost(conn, run_id, worker_id, attempt)
+    return row
+
+
+def _require_owned(conn: Connection, run_id: str, worker_id: str, attempt: int) -> Row[Any]:
+    """Read and lock the run if `worker_id` still owns `attempt` of it; else raise `LeaseLost`.
+
+    The lock (PostgreSQL) or the write transaction (SQLite) keeps a reaper from moving the run
+    before the caller's write commits.
+    """
+    row = _fetch_one(conn, _owned(run_id, worker_id, attempt), lock=True)
+    if row is None:
+        raise _lease_lost(conn, run_id, worker_id, attempt)
+    return row
+
+
+def _lease_lost(conn: Connection, run_id: str, worker_id: str, attempt: int) -> Exception:
+    """Explain why a fenced write was refused, so the worker's log says what happened."""
+    row = _fetch_one(conn, runs.c.id == run_id)
+    if row is None:
+        return RunNotFound(run_id)
+    return LeaseLost(
+        f"worker {worker_id} no longer owns run {run_id} (attempt {attempt}): the run is now "
+        f"{row.state}, attempt {row.attempt}, worker {row.worker_id or 'none'}; "
+        "stop working on it"
+    )
+
+
+def _state_data(row: Row[Any], previous: str, reason: str) -> dict[str, Any]:
+    return {
+        "state": row.state,
+        "previous": previous,
+        "reason": reason,
+        "attempt": row.attempt,
+        "worker_id": row.worker_id,
+    }
+
+
+def _insert_event(conn: Connection, run_id: str, type: str, data: dict[str, Any]) -> int:
+    result = conn.execute(
+        insert(run_events).values(run_id=run_id, type=type, data=data, created_at=_utcnow())
+    )
+    event_id = result.inserted_primary_key[0] if result.inserted_primary_key else None
+    assert isinstance(event_id, int), "the database did not return the new event's id"
+    return event_id
+
+
+def _encode_cursor(created_at: datetime, seq: int) -> str:
+    raw = json.dumps([created_at.isoformat(), seq]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, int]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_text, seq = json.loads(raw)
+        created_at = datetime.fromisoformat(created_text)
+        if created_at.tzinfo is None or not isinstance(seq, int):
+            raise ValueError("cursor fields have the wrong types")
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(
+            f"invalid cursor {cursor!r}: pass the next_cursor of a previous page unchanged"
+        ) from exc
+    return created_at, seq
