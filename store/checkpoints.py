@@ -580,7 +580,11 @@ class CheckpointStore:
     def retain(
         self, experiment: str, max_keep: int, protected: Protected = frozenset()
     ) -> builtins.list[CheckpointInfo]:
-        """Retention after a save (seed ``max_keep``): prune keeping best; return the deleted."""
-        return self.prune(experiment, keep_last=max_keep, keep_best=True, protected=protected)[
+        """Retention after a save (seed ``max_keep``); return the deleted.
+
+        Exactly `max_keep` step checkpoints stay (plus protected ones): the ``best`` folder is
+        its own copy and is never pruned, so the step it was copied from need not be kept.
+        """
+        return self.prune(experiment, keep_last=max_keep, keep_best=False, protected=protected)[
             "deleted"
         ]

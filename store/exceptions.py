@@ -16,8 +16,12 @@ class Conflict(TrainctlError):
     """The request is valid but clashes with current state (HTTP 409)."""
 
 
-class InvalidRequest(TrainctlError):
-    """The request itself is wrong (HTTP 422)."""
+class InvalidRequest(TrainctlError, ValueError):
+    """The request itself is wrong (HTTP 422).
+
+    Also a ValueError, so that raised inside a pydantic validator it becomes a validation
+    error that names the field.
+    """
 
 
 class RunNotFound(NotFound):

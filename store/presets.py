@@ -57,8 +57,15 @@ class ModelConfig:
     """torch.compile mode: default, reduce-overhead or max-autotune."""
 
     def __post_init__(self) -> None:
-        positive = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
-                    "ffn_hidden", "max_seq_len")
+        positive = (
+            "vocab_size",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "ffn_hidden",
+            "max_seq_len",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise InvalidRequest(f"model {name} must be positive, got {getattr(self, name)}")
@@ -167,19 +174,40 @@ get_preset = PRESETS.get
 
 register_preset(
     "tiny",
-    ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                ffn_hidden=192, max_seq_len=512),
+    ModelConfig(
+        vocab_size=512,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_hidden=192,
+        max_seq_len=512,
+    ),
     "About 0.2 M parameters, byte-level vocabulary (512): unit tests and CPU smoke runs.",
 )
 register_preset(
     "small",
-    ModelConfig(vocab_size=64_000, d_model=768, n_layers=12, n_heads=12, n_kv_heads=4,
-                ffn_hidden=2048, max_seq_len=4096),
+    ModelConfig(
+        vocab_size=64_000,
+        d_model=768,
+        n_layers=12,
+        n_heads=12,
+        n_kv_heads=4,
+        ffn_hidden=2048,
+        max_seq_len=4096,
+    ),
     "About 125 M parameters (GPT-2-small sized), vocabulary 64,000, sequence 4096.",
 )
 register_preset(
     "base",
-    ModelConfig(vocab_size=64_000, d_model=1024, n_layers=24, n_heads=16, n_kv_heads=4,
-                ffn_hidden=3840, max_seq_len=4096),
+    ModelConfig(
+        vocab_size=64_000,
+        d_model=1024,
+        n_layers=24,
+        n_heads=16,
+        n_kv_heads=4,
+        ffn_hidden=3840,
+        max_seq_len=4096,
+    ),
     "About 410 M dense parameters, vocabulary 64,000, sequence 4096: the GPU benchmark model.",
 )

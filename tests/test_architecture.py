@@ -1,0 +1,40 @@
+"""The walls of the house (DESIGN.md): each package imported in a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FORBIDDEN = {
+    "service": {"torch", "worker"},
+    "store": {"torch", "fastapi", "starlette", "service", "worker"},
+    "worker": {"fastapi", "starlette", "service"},
+}
+
+
+def modules_of(package: str) -> list[str]:
+    path = REPO / package
+    return [package] + [
+        f"{package}.{m.name}" for m in pkgutil.iter_modules([str(path)]) if m.name != "__main__"
+    ]
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_never_imports_what_its_wall_forbids(package: str) -> None:
+    code = (
+        "import importlib, json, sys\n"
+        f"for m in {modules_of(package)!r}: importlib.import_module(m)\n"
+        "print(json.dumps(sorted({n.split('.')[0] for n in sys.modules})))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(json.loads(proc.stdout))
+    assert not (loaded & FORBIDDEN[package]), f"{package} imports {loaded & FORBIDDEN[package]}"

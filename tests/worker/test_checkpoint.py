@@ -1,0 +1,164 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from store.checkpoints import MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, CheckpointStore
+from worker.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
+from worker.exceptions import CheckpointCorrupt, CheckpointMismatch
+from worker.model import GPT, build_model
+from worker.optim import build_optimizers
+from worker.schedule import WSDScheduler, build_scheduler
+
+Parts = tuple[GPT, torch.optim.Optimizer, torch.optim.Optimizer, WSDScheduler]
+
+
+def make_parts(**overrides: object) -> Parts:
+    model = build_model("tiny", seed=0, **overrides)
+    muon, adamw = build_optimizers(model)
+    return model, muon, adamw, build_scheduler([muon, adamw], 100)
+
+
+def train_a_little(parts: Parts, steps: int = 3) -> None:
+    model, muon, adamw, sched = parts
+    x = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+    for _ in range(steps):
+        loss, _ = model.loss(x, x)
+        loss.backward()
+        muon.step()
+        adamw.step()
+        muon.zero_grad()
+        adamw.zero_grad()
+        sched.step()
+
+
+def save(parts: Parts, root: Path, step: int, **kw: object) -> Path:
+    model, muon, adamw, sched = parts
+    return save_checkpoint(model, muon, adamw, sched, step, step * 100, 2.5, root / "exp", **kw)  # type: ignore[arg-type]
+
+
+def test_save_then_load_restores_model_optimizers_and_schedule(tmp_path: Path) -> None:
+    parts = make_parts()
+    train_a_little(parts)
+    path = save(parts, tmp_path, 3, data_position=3, run_id="r1")
+    assert sorted(p.name for p in path.iterdir()) == sorted(
+        ["model.safetensors", "optimizer.pt", "metadata.json", "manifest.json"]
+    )
+    fresh = make_parts()
+    meta = load_checkpoint(*fresh, path)
+    assert (meta["step"], meta["token_count"], meta["data_position"]) == (3, 300, 3)
+    assert meta["run_id"] == "r1" and meta["model_config"]["d_model"] == 64
+    assert {"torch", "python", "trainctl"} <= set(meta["versions"])
+    for a, b in zip(parts[0].parameters(), fresh[0].parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert fresh[3].lrs() == parts[3].lrs()
+    assert fresh[1].state_dict()["state"].keys() == parts[1].state_dict()["state"].keys()
+
+
+def test_weights_are_saved_in_the_master_dtype_unless_bf16_is_asked(tmp_path: Path) -> None:
+    parts = make_parts()
+    master = load_file(str(save(parts, tmp_path, 1) / MODEL_FILE))
+    exported = load_file(str(save(parts, tmp_path, 2, dtype=torch.bfloat16) / MODEL_FILE))
+    assert master["tok_emb.weight"].dtype == torch.float32
+    assert exported["tok_emb.weight"].dtype == torch.bfloat16
+
+
+def test_retention_keeps_max_keep_and_never_deletes_best_or_newest(tmp_path: Path) -> None:
+    parts = make_parts()
+    save(parts, tmp_path, 1, max_keep=2)
+    save(parts, tmp_path, 2, max_keep=2, tag="best")
+    for step in (2, 3, 4, 5):
+        save(parts, tmp_path, step, max_keep=2)
+    tags = sorted(p.name for p in (tmp_path / "exp").iterdir())
+    assert tags == ["best", "step_4", "step_5"]
+    assert find_latest_checkpoint(tmp_path / "exp") == tmp_path / "exp" / "step_5"
+
+
+def test_a_flipped_byte_is_caught_by_the_manifest(tmp_path: Path) -> None:
+    parts = make_parts()
+    path = save(parts, tmp_path, 1)
+    data = bytearray((path / OPTIMIZER_FILE).read_bytes())
+    data[-10] ^= 0xFF
+    (path / OPTIMIZER_FILE).write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorrupt, match=r"optimizer\.pt"):
+        load_checkpoint(*make_parts(), path)
+
+
+def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = save(make_parts(), tmp_path, 1)
+    (path / MODEL_FILE).unlink()
+    with pytest.raises(CheckpointCorrupt, match=r"model\.safetensors"):
+        load_checkpoint(*make_parts(), path)
+
+
+def test_loading_into_a_different_model_names_the_difference(tmp_path: Path) -> None:
+    path = save(make_parts(), tmp_path, 1)
+    with pytest.raises(CheckpointMismatch, match="n_layers: checkpoint 2 vs model 3"):
+        load_checkpoint(*make_parts(n_layers=3), path)
+
+
+def test_runtime_switches_do_not_block_loading(tmp_path: Path) -> None:
+    path = save(make_parts(), tmp_path, 1)
+    load_checkpoint(*make_parts(use_checkpoint_per_layer=True), path)
+
+
+CRASH_SCRIPT = """
+import os, sys, torch
+from pathlib import Path
+from tests.worker.test_checkpoint import make_parts, save
+root = Path(sys.argv[1])
+parts = make_parts()
+save(parts, root, 1)
+# Die for real (no cleanup, no exception handling) once the weights of step 2 are written
+# and the optimizer file is about to be.
+torch.save = lambda *a, **k: os._exit(9)
+save(parts, root, 2)
+"""
+
+
+def test_a_crash_between_the_files_of_a_save_leaves_no_visible_checkpoint(
+    tmp_path: Path,
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASH_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 9, proc.stderr
+    store = CheckpointStore(tmp_path)
+    assert [c.tag for c in store.list("exp")] == ["step_1"]
+    staged = [p for p in (tmp_path / "exp").iterdir() if p.name.startswith(".staging-")]
+    assert staged and (staged[0] / MODEL_FILE).exists()  # the half-written save is hidden
+    assert not (staged[0] / MANIFEST_FILE).exists()
+    assert find_latest_checkpoint(tmp_path / "exp") == tmp_path / "exp" / "step_1"
+    meta = load_checkpoint(*make_parts(), tmp_path / "exp" / "step_1")
+    assert meta["step"] == 1
+    store.cleanup("exp")
+    assert sorted(p.name for p in (tmp_path / "exp").iterdir()) == ["step_1"]
+
+
+def test_optimizer_state_is_loaded_with_weights_only(tmp_path: Path) -> None:
+    import pickle
+
+    path = save(make_parts(), tmp_path, 1)
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (exec, (f"open({str(marker)!r}, 'w').write('x')",))
+
+    (path / OPTIMIZER_FILE).write_bytes(pickle.dumps({"muon": Evil(), "adamw": {}}, protocol=2))
+    from store.checkpoints import write_manifest
+
+    write_manifest(path, ["model.safetensors", "optimizer.pt", "metadata.json"])
+    with pytest.raises(CheckpointCorrupt, match="refusing to unpickle"):
+        load_checkpoint(*make_parts(), path)
+    assert not marker.exists()
+    json.loads((path / "metadata.json").read_text())

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from store.checkpoints import CheckpointStore
+from store.specs import TrainSpec, resolve_train
+from worker.exceptions import NonFiniteLoss
+from worker.train import Trainer, train
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def spec(**kw: Any) -> TrainSpec:
+    return resolve_train(TrainSpec(**kw), cuda_available=False, data_roots=[])
+
+
+def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path: Path) -> None:
+    s = spec(
+        experiment="text",
+        steps=300,
+        checkpoint_every=100,
+        val_batches=4,
+        batch={"micro_batch_size": 8, "seq_len": 128},
+    )
+    val: list[float] = []
+    first: list[float] = []
+    result = train(
+        s,
+        tmp_path,
+        on_metrics=lambda m: (
+            val.append(m["val_loss"]) if m["type"] == "val" else first.append(m["loss"])
+        ),
+    )
+    uniform = math.log(512)
+    print(
+        f"text training: first loss {first[0]:.3f}, final val loss {val[-1]:.3f}, "
+        f"uniform {uniform:.3f}"
+    )
+    assert first[0] > uniform - 0.5
+    assert val[-1] < uniform - 3.0  # far below: ~2.5 nats on Python source
+    assert result["best_loss"] == min(val)
+    tags = [c.tag for c in CheckpointStore(tmp_path).list("text")]
+    assert {"best", "step_300"} <= set(tags)
+
+
+def test_metrics_report_each_optimizer_lr_and_data_wait(tmp_path: Path) -> None:
+    metrics: list[dict[str, Any]] = []
+    train(spec(steps=3, data={"source": "synthetic"}), tmp_path, on_metrics=metrics.append)
+    step = next(m for m in metrics if m["type"] == "train")
+    assert {
+        "loss",
+        "lr_muon",
+        "lr_adamw",
+        "grad_norm",
+        "tokens_per_sec",
+        "data_wait_sec",
+        "data_wait_frac",
+    } <= set(step)
+    assert step["lr_muon"] / step["lr_adamw"] == pytest.approx(0.02 / 3e-4)
+
+
+def test_the_stop_flag_ends_at_a_step_boundary_with_a_checkpoint(tmp_path: Path) -> None:
+    steps: list[int] = []
+    result = train(
+        spec(experiment="e", steps=50, checkpoint_every=100),
+        tmp_path,
+        on_metrics=lambda m: steps.append(m["step"]),
+        should_stop=lambda: len(steps) >= 7,
+    )
+    assert result["stopped"] and result["step"] == 7
+    assert CheckpointStore(tmp_path).latest("e").step == 7
+
+
+def test_a_non_finite_loss_stops_the_run_and_never_saves_nan(tmp_path: Path) -> None:
+    trainer = Trainer(spec(experiment="nan", steps=20, checkpoint_every=5), tmp_path)
+
+    def poison(m: dict[str, Any]) -> None:
+        if m["type"] == "train" and m["step"] == 6:  # diverge after step_5 is on disk
+            with torch.no_grad():
+                trainer.parts.model.final_norm.weight.fill_(float("nan"))
+
+    trainer.on_metrics = poison
+    with pytest.raises(NonFiniteLoss, match="at step 7: the update was not applied"):
+        trainer.run()
+    infos = CheckpointStore(tmp_path).list("nan")
+    assert [i.tag for i in infos if i.tag.startswith("step_")] == ["step_5"]
+    for info in infos:
+        weights = load_file(str(info.path / "model.safetensors"))
+        assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+def run_script(s: TrainSpec, root: Path, stop_after: int | None = None) -> list[dict[str, Any]]:
+    args = [sys.executable, "-m", "tests.worker.train_script", s.model_dump_json(), str(root)]
+    if stop_after is not None:
+        args.append(str(stop_after))
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def test_resume_in_a_fresh_process_is_bit_identical(tmp_path: Path) -> None:
+    common = dict(
+        steps=24,
+        checkpoint_every=8,
+        val_batches=2,
+        batch={"micro_batch_size": 4, "seq_len": 64, "grad_accum_steps": 2},
+    )
+    straight = run_script(spec(experiment="straight", **common), tmp_path)
+    first = run_script(spec(experiment="resumed", **common), tmp_path, stop_after=10)
+    assert [r["step"] for r in first] == list(range(1, 11))
+    second = run_script(spec(experiment="resumed", resume_from="latest", **common), tmp_path)
+    assert [r["step"] for r in second] == list(range(11, 25))
+    assert [r["loss"] for r in first + second] == [r["loss"] for r in straight]
+    a = load_file(str(tmp_path / "straight" / "step_24" / "model.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "step_24" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -1,0 +1,249 @@
+"""Saving and loading training state on the checkpoint store layout (see store.checkpoints).
+
+A save writes every file into a hidden staging folder, writes the manifest last, fsyncs and
+renames the folder into place: a checkpoint is visible complete or not at all. Weights are
+saved in the master dtype so a resumed run continues the interrupted one exactly; bf16 is an
+export option. Optimizer state is loaded with weights_only=True: a checkpoint is data, never
+code.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import platform
+from collections.abc import Set
+from datetime import UTC, datetime
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+import safetensors
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from store.checkpoints import (
+    METADATA_FILE,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    CheckpointStore,
+    step_tag,
+    verify_manifest,
+    write_manifest,
+)
+from worker.exceptions import CheckpointCorrupt, CheckpointMismatch
+from worker.schedule import WSDScheduler
+
+FORMAT_VERSION = 1
+
+
+def _fsync_write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def versions() -> dict[str, str]:
+    def version_of(dist: str) -> str:
+        try:
+            return importlib_metadata.version(dist)
+        except importlib_metadata.PackageNotFoundError:
+            return "unknown"
+
+    return {
+        "trainctl": version_of("trainctl"),
+        "torch": torch.__version__,
+        "safetensors": safetensors.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def capture_rng_state() -> dict[str, Any]:
+    def b64(t: torch.Tensor) -> str:
+        return base64.b64encode(t.numpy().tobytes()).decode()
+
+    state: dict[str, Any] = {"torch": b64(torch.get_rng_state())}
+    if torch.cuda.is_available():
+        state["cuda"] = [b64(s) for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    def tensor(s: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+
+    torch.set_rng_state(tensor(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensor(s) for s in state["cuda"]])
+
+
+def model_state(model: nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, t in model.state_dict().items():
+        t = t.detach()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        out[name] = t.cpu().contiguous()
+    return out
+
+
+def save_checkpoint(
+    model: nn.Module,
+    muon_opt: torch.optim.Optimizer,
+    adamw_opt: torch.optim.Optimizer,
+    scheduler: WSDScheduler | None,
+    step: int,
+    token_count: int,
+    best_loss: float | None,
+    save_dir: str | Path,
+    max_keep: int | None = 3,
+    tag: str | None = None,
+    *,
+    data_position: int = 0,
+    run_id: str | None = None,
+    dtype: torch.dtype | None = None,
+    protected: Set[tuple[str, str]] = frozenset(),
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Save into `save_dir/<tag>` (tag defaults to step_<step>) and return the folder.
+
+    `save_dir` is an experiment folder of the store: `<data>/checkpoints/<experiment>`.
+    `dtype=None` keeps the master dtype; `torch.bfloat16` exports a smaller, lossy copy.
+    Retention (`max_keep` step checkpoints) runs only after the new one is committed.
+    """
+    save_dir = Path(save_dir)
+    store, experiment = CheckpointStore(save_dir.parent), save_dir.name
+    tag = tag or step_tag(step)
+    config = getattr(model, "config", None)
+    metadata = {
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "token_count": token_count,
+        "best_loss": best_loss,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "model_config": config.to_dict() if config is not None else None,
+        "data_position": data_position,
+        "rng": capture_rng_state(),
+        "run_id": run_id,
+        "experiment": experiment,
+        "tag": tag,
+        "dtype": str(dtype or next(model.parameters()).dtype).removeprefix("torch."),
+        "created_at": datetime.now(UTC).isoformat(),
+        "versions": versions(),
+        **(extra or {}),
+    }
+    staging = store.staging_dir(experiment, tag)
+    save_file(model_state(model, dtype), str(staging / MODEL_FILE))
+    _fsync(staging / MODEL_FILE)
+    with open(staging / OPTIMIZER_FILE, "wb") as f:
+        torch.save({"muon": muon_opt.state_dict(), "adamw": adamw_opt.state_dict()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_write(staging / METADATA_FILE, json.dumps(metadata, indent=2).encode())
+    write_manifest(staging, [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE])
+    final = store.commit(staging, experiment, tag)
+    if max_keep is not None:
+        store.retain(experiment, max_keep, protected=set(protected))
+    return final
+
+
+def read_metadata(load_dir: str | Path) -> dict[str, Any]:
+    path = Path(load_dir) / METADATA_FILE
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise CheckpointCorrupt(
+            f"checkpoint {load_dir}: cannot read {METADATA_FILE}: {exc}"
+        ) from exc
+
+
+def check_compatible(model: nn.Module, metadata: dict[str, Any], load_dir: str | Path) -> None:
+    config = getattr(model, "config", None)
+    saved = metadata.get("model_config")
+    if config is None or saved is None:
+        return
+    from store.presets import ModelConfig
+
+    ours, theirs = config.architecture(), ModelConfig.from_dict(saved).architecture()
+    diff = sorted(k for k in ours if ours[k] != theirs.get(k))
+    if diff:
+        details = ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs model {ours[k]!r}" for k in diff)
+        raise CheckpointMismatch(
+            f"checkpoint {load_dir} was saved by a different model ({details})"
+        )
+
+
+def load_checkpoint(
+    model: nn.Module,
+    muon_opt: torch.optim.Optimizer | None,
+    adamw_opt: torch.optim.Optimizer | None,
+    scheduler: WSDScheduler | None,
+    load_dir: str | Path,
+    device: torch.device | str = "cpu",
+    strict: bool = True,
+) -> dict[str, Any]:
+    """Restore model, optimizers and scheduler from a checkpoint folder; return its metadata.
+
+    The manifest is verified first (sizes and sha256), so a truncated or altered file is an
+    error here rather than a silently wrong model. RNG state and the data position are in the
+    returned metadata (`restore_rng_state(meta["rng"])`, `meta["data_position"]`).
+    """
+    load_dir = Path(load_dir)
+    verify_manifest(load_dir, deep=True)
+    metadata = read_metadata(load_dir)
+    check_compatible(model, metadata, load_dir)
+    params = dict(model.named_parameters())
+    state = load_file(str(load_dir / MODEL_FILE), device=str(device))
+    for name, t in state.items():
+        target = params.get(name)
+        if target is not None and t.dtype != target.dtype:
+            state[name] = t.to(target.dtype)
+    try:
+        model.load_state_dict(state, strict=strict)
+    except RuntimeError as exc:
+        raise CheckpointMismatch(
+            f"checkpoint {load_dir}: weights do not fit the model: {exc}"
+        ) from exc
+    if muon_opt is not None or adamw_opt is not None:
+        opt_state = load_optimizer_state(load_dir, device)
+        if muon_opt is not None:
+            muon_opt.load_state_dict(opt_state["muon"])
+        if adamw_opt is not None:
+            adamw_opt.load_state_dict(opt_state["adamw"])
+    if scheduler is not None and metadata.get("scheduler"):
+        scheduler.load_state_dict(metadata["scheduler"])
+    return metadata
+
+
+def load_optimizer_state(load_dir: Path, device: torch.device | str) -> dict[str, Any]:
+    try:
+        state = torch.load(load_dir / OPTIMIZER_FILE, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointCorrupt(
+            f"checkpoint {load_dir}: {OPTIMIZER_FILE} holds objects other than tensors and "
+            f"plain data; refusing to unpickle it ({exc})"
+        ) from exc
+    if not isinstance(state, dict) or not {"muon", "adamw"} <= state.keys():
+        raise CheckpointCorrupt(f"checkpoint {load_dir}: {OPTIMIZER_FILE} lacks muon/adamw state")
+    return state
+
+
+def find_latest_checkpoint(save_dir: str | Path) -> Path | None:
+    """The highest complete step_* checkpoint of an experiment folder, or None."""
+    save_dir = Path(save_dir)
+    if not save_dir.is_dir():
+        return None
+    info = CheckpointStore(save_dir.parent).latest_or_none(save_dir.name)
+    return info.path if info is not None else None

@@ -1,0 +1,226 @@
+"""A decoder-only language model: tied embeddings, RMSNorm, RoPE, grouped-query attention
+with QK-norm, SwiGLU, logit softcap and optional multi-token-prediction heads.
+
+Configs and the preset registry live in `store.presets` (no torch), so the API can validate
+a spec without importing this module; they are re-exported here for the worker's callers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from store.presets import PRESETS, ModelConfig, get_preset, register_preset
+
+__all__ = ["GPT", "PRESETS", "ModelConfig", "build_model", "get_preset", "register_preset"]
+
+IGNORE_INDEX = -100
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    t = torch.arange(max_seq_len, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq)  # (T, hd/2)
+    return freqs.cos(), freqs.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (B, nh, T, hd); rotate pairs (x1, x2) of the two halves of the head dimension.
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads
+        )
+        return cast(torch.Tensor, self.wo(y.transpose(1, 2).reshape(B, T, -1)))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w_gate = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
+        self.w_up = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
+        self.w_down = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, self.w_down(F.silu(self.w_gate(x)) * self.w_up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class MTPHead(nn.Module):
+    """Predicts the token `depth` positions beyond the next one from the final hidden state.
+
+    It shares the tied embedding as its output matrix, so each depth adds only d² + d.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, self.proj(self.norm(h)))
+
+
+class GPT(nn.Module):
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mtp_heads = nn.ModuleList(MTPHead(cfg) for _ in range(cfg.mtp_depth))
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        # Not persistent: they are a function of the config, which the checkpoint records.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = self.config.init_std
+        # Residual output projections are scaled down with depth (GPT-2) so the residual
+        # stream's variance does not grow with the number of layers.
+        resid_std = std / math.sqrt(2 * self.config.n_layers)
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p)
+            elif name.endswith(("wo.weight", "w_down.weight")):
+                nn.init.normal_(p, 0.0, resid_std)
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        T = idx.shape[1]
+        if T > self.config.max_seq_len:
+            raise ValueError(
+                f"sequence length {T} exceeds the model's max_seq_len {self.config.max_seq_len}"
+            )
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        x = self.tok_emb(idx)  # (B, T, C)
+        for block in self.blocks:
+            if self.config.use_checkpoint_per_layer and self.training:
+                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin)
+        return cast(torch.Tensor, self.final_norm(x))
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(h, self.tok_emb.weight)  # tied head: (B, T, vocab)
+        cap = self.config.logit_softcap
+        if cap > 0:
+            logits = cap * torch.tanh(logits / cap)
+        return logits
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits of the next token at every position: (B, T) -> (B, T, vocab)."""
+        return self.head(self.hidden(idx))
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training loss (next-token plus weighted MTP losses) and the next-token loss alone."""
+        h = self.hidden(idx)
+        main = cross_entropy(self.head(h), targets)
+        total = main
+        for depth, (mtp, weight) in enumerate(
+            zip(self.mtp_heads, self.config.mtp_weights(), strict=True), start=1
+        ):
+            # Head `depth` at position t predicts targets[t + depth]; the last positions
+            # have no such target and are ignored.
+            shifted = torch.full_like(targets, IGNORE_INDEX)
+            shifted[:, :-depth] = targets[:, depth:]
+            total = total + weight * cross_entropy(self.head(mtp(h)), shifted)
+        return total, main
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX
+    )
+
+
+def resolve_config(config: ModelConfig | str | dict[str, Any], **overrides: Any) -> ModelConfig:
+    if isinstance(config, str):
+        config = get_preset(config)
+    elif isinstance(config, dict):
+        config = ModelConfig.from_dict(config)
+    return config.replace(**overrides) if overrides else config
+
+
+def build_model(
+    config: ModelConfig | str | dict[str, Any],
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int | None = None,
+    **overrides: Any,
+) -> GPT:
+    """Build a model from a preset name, a config, or a config dict (a checkpoint's metadata).
+
+    `seed` makes initialisation reproducible without touching the global RNG stream.
+    """
+    cfg = resolve_config(config, **overrides)
+    if seed is None:
+        model = GPT(cfg)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = GPT(cfg)
+    model.to(device=device, dtype=dtype)
+    if cfg.use_compile:
+        # In place (nn.Module.compile), so state_dict keys stay free of "_orig_mod.".
+        model.compile(mode=None if cfg.compile_mode == "default" else cfg.compile_mode)
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
