@@ -96,7 +96,7 @@ def run_benchmark(
     for i in range(spec.warmup_steps):
         step()
         if on_step:
-            on_step({"phase": "warmup", "step": i + 1, "total_steps": spec.warmup_steps})
+            on_step({"kind": "warmup", "step": i + 1, "total_steps": spec.warmup_steps})
     times: list[float] = []
     tokens_per_step = B * T * accum
     for i in range(spec.steps):
@@ -106,7 +106,7 @@ def run_benchmark(
         if on_step:
             on_step(
                 {
-                    "phase": "measure",
+                    "kind": "measure",
                     "step": i + 1,
                     "total_steps": spec.steps,
                     "loss": loss,

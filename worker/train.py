@@ -264,7 +264,7 @@ class Trainer:
             self.state.best_loss = val["loss"]
         self.on_metrics(
             {
-                "type": "val",
+                "kind": "val",
                 "step": self.state.step,
                 "val_loss": val["loss"],
                 "val_ppl": val["ppl"],
@@ -297,7 +297,7 @@ class Trainer:
                 wait_total += wait
                 self.on_metrics(
                     {
-                        "type": "train",
+                        "kind": "train",
                         "step": s.step,
                         "total_steps": spec.steps,
                         **metrics,

@@ -38,7 +38,7 @@ def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path
         s,
         tmp_path,
         on_metrics=lambda m: (
-            val.append(m["val_loss"]) if m["type"] == "val" else first.append(m["loss"])
+            val.append(m["val_loss"]) if m["kind"] == "val" else first.append(m["loss"])
         ),
     )
     uniform = math.log(512)
@@ -56,7 +56,7 @@ def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path
 def test_metrics_report_each_optimizer_lr_and_data_wait(tmp_path: Path) -> None:
     metrics: list[dict[str, Any]] = []
     train(spec(steps=3, data={"source": "synthetic"}), tmp_path, on_metrics=metrics.append)
-    step = next(m for m in metrics if m["type"] == "train")
+    step = next(m for m in metrics if m["kind"] == "train")
     assert {
         "loss",
         "lr_muon",
@@ -85,7 +85,7 @@ def test_a_non_finite_loss_stops_the_run_and_never_saves_nan(tmp_path: Path) -> 
     trainer = Trainer(spec(experiment="nan", steps=20, checkpoint_every=5), tmp_path)
 
     def poison(m: dict[str, Any]) -> None:
-        if m["type"] == "train" and m["step"] == 6:  # diverge after step_5 is on disk
+        if m["kind"] == "train" and m["step"] == 6:  # diverge after step_5 is on disk
             with torch.no_grad():
                 trainer.parts.model.final_norm.weight.fill_(float("nan"))
 

@@ -20,7 +20,7 @@ def main() -> None:
     state = {"step": 0}
 
     def on_metrics(m: dict) -> None:
-        if m["type"] == "train":
+        if m["kind"] == "train":
             state["step"] = m["step"]
             print(json.dumps({"step": m["step"], "loss": m["loss"]}), flush=True)
 

@@ -1,0 +1,58 @@
+"""Service settings from the environment (TRAINCTL_ prefix), read once per process."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TRAINCTL_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Address the API binds.")
+    port: int = Field(8000, ge=0, le=65535, description="Port the API binds.")
+    data_dir: Path = Field(Path("data"), description="SQLite file, checkpoints and logs.")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL of the run queue; default SQLite in data_dir."
+    )
+    workers: int | None = Field(
+        None, ge=0, le=64, description="Local worker processes; default one per GPU, one on CPU."
+    )
+    api_token: SecretStr | None = Field(None, description="Bearer token required when set.")
+    data_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Folders specs may read training data from (os.pathsep-separated).",
+    )
+    lease_seconds: float = Field(30.0, gt=0, le=3600, description="Run lease of a worker.")
+    heartbeat_seconds: float = Field(5.0, gt=0, le=600, description="Worker heartbeat period.")
+    reap_seconds: float = Field(2.0, gt=0, le=600, description="How often leases are checked.")
+    max_attempts: int = Field(3, ge=1, le=100, description="Attempts per run before it fails.")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body accepted.")
+
+    @field_validator("data_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [p for p in v.split(":") if p]
+        return v
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir.resolve() / 'trainctl.db'}"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.data_dir / "checkpoints"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()
