@@ -190,7 +190,10 @@ def resume_source(store: CheckpointStore, spec: TrainSpec) -> CheckpointInfo | N
                 f"resume_from='latest' but experiment {spec.experiment!r} has no checkpoint yet"
             )
         return info
-    return store.get(spec.experiment, spec.resume_from)
+    try:
+        return store.get(spec.experiment, spec.resume_from)
+    except CheckpointNotFound as exc:
+        raise CheckpointNotFound(f"cannot resume from {spec.resume_from!r}: {exc}") from exc
 
 
 def maybe_resume(parts: TrainParts, store: CheckpointStore, spec: TrainSpec) -> TrainState:

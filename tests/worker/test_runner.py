@@ -1,0 +1,194 @@
+"""The worker process, for real: `python -m worker` against a SQLite run store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from store.checkpoints import CheckpointStore
+from store.runs import Run, RunStore
+from store.specs import (
+    BenchmarkSpec,
+    TrainSpec,
+    ValidateSpec,
+    resolve_benchmark,
+    resolve_train,
+    resolve_validate,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def poll(predicate: Callable[[], Any], timeout: float = 120.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Iterator[RunStore]:
+    store = RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}")
+    store.create_all()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "worker",
+                "--data-dir",
+                str(tmp_path),
+                "--heartbeat-seconds",
+                "0.5",
+                "--poll-seconds",
+                "0.1",
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def enqueue_train(runs: RunStore, **kw: Any) -> Run:
+    spec = resolve_train(TrainSpec(**kw), cuda_available=False, data_roots=[])
+    return runs.enqueue("train", spec.experiment, spec.model_dump(mode="json"))
+
+
+def wait_state(runs: RunStore, run: Run, states: tuple[str, ...] = TERMINAL) -> Run:
+    return poll(lambda: (r := runs.get(run.id)).state in states and r, what=f"run in {states}")
+
+
+def wait_step(runs: RunStore, run: Run, step: int) -> None:
+    poll(lambda: (runs.get(run.id).progress["step"] or 0) >= step, what=f"step {step}")
+
+
+def test_the_worker_runs_each_kind_to_success(
+    runs: RunStore, tmp_path: Path, start_worker: Callable[[], Any]
+) -> None:
+    bench = resolve_benchmark(
+        BenchmarkSpec(steps=3, warmup_steps=1, batch={"micro_batch_size": 2, "seq_len": 64}),
+        cuda_available=False,
+    )
+    b = runs.enqueue("benchmark", "benchmark", bench.model_dump(mode="json"))
+    t = enqueue_train(runs, experiment="demo", steps=20, checkpoint_every=10)
+    start_worker()
+    assert wait_state(runs, b).result["tokens_per_sec"] > 0  # type: ignore[index]
+    assert wait_state(runs, t).state == "succeeded"
+    val = resolve_validate(
+        ValidateSpec(checkpoint="demo/step_20", num_batches=2),
+        cuda_available=False,
+        data_roots=[],
+        max_seq_len=512,
+    )
+    v = wait_state(runs, runs.enqueue("validate", "demo", val.model_dump(mode="json")))
+    assert v.state == "succeeded", v.error
+    assert v.result and v.result["checkpoint"]["tag"] == "step_20"
+    assert {"loss", "ppl", "n_tokens"} <= set(v.result)
+    kinds = {e.data.get("kind") for e in runs.events(t.id, type="metrics")}
+    assert {"train", "val"} <= kinds
+
+
+def test_a_failed_run_records_its_reason_and_the_worker_keeps_serving(
+    runs: RunStore, start_worker: Callable[[], Any]
+) -> None:
+    bad = enqueue_train(runs, experiment="x", steps=5, resume_from="step_999")
+    good = enqueue_train(runs, experiment="y", steps=3)
+    start_worker()
+    failed = wait_state(runs, bad)
+    assert failed.state == "failed" and "step_999" in (failed.error or "")
+    assert wait_state(runs, good).state == "succeeded"
+
+
+def test_cancel_stops_a_train_run_at_a_step_boundary_after_a_checkpoint(
+    runs: RunStore, tmp_path: Path, start_worker: Callable[[], Any]
+) -> None:
+    run = enqueue_train(runs, experiment="c", steps=100_000, checkpoint_every=100_000)
+    start_worker()
+    wait_step(runs, run, 3)
+    runs.request_cancel(run.id)
+    done = wait_state(runs, run)
+    assert done.state == "cancelled"
+    assert done.result and 3 <= done.result["step"] < 100_000
+    latest = CheckpointStore(tmp_path / "checkpoints").latest("c")
+    assert latest.step == done.result["step"] and latest.run_id == run.id
+
+
+def test_sigterm_checkpoints_and_requeues_then_a_new_worker_resumes(
+    runs: RunStore, tmp_path: Path, start_worker: Callable[[], Any]
+) -> None:
+    run = enqueue_train(runs, experiment="s", steps=100_000, checkpoint_every=100_000)
+    proc = start_worker()
+    wait_step(runs, run, 3)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    requeued = runs.get(run.id)
+    assert requeued.state == "queued" and requeued.attempt == 1
+    saved = CheckpointStore(tmp_path / "checkpoints").latest("s")
+    assert saved.run_id == run.id and saved.step is not None and saved.step >= 3
+    start_worker()
+    poll(
+        lambda: any(
+            f"resuming from {saved.tag}" in e.data["message"]
+            for e in runs.events(run.id, type="log")
+        ),
+        what="resume log",
+    )
+    wait_step(runs, run, saved.step + 1)
+    runs.request_cancel(run.id)
+    assert wait_state(runs, run).state == "cancelled"
+
+
+def test_kill_9_mid_run_is_reaped_and_resumed_from_the_runs_own_checkpoint(
+    runs: RunStore, tmp_path: Path, start_worker: Callable[[], Any]
+) -> None:
+    run = enqueue_train(runs, experiment="k", steps=100_000, checkpoint_every=5)
+    proc = start_worker()
+    store = CheckpointStore(tmp_path / "checkpoints")
+    poll(lambda: store.latest_or_none("k"), what="a checkpoint")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert runs.get(run.id).state == "running"  # until its lease runs out
+    reaped = runs.reap_expired(now=datetime.now(UTC) + timedelta(minutes=5))
+    assert [r.id for r in reaped] == [run.id]
+    assert runs.get(run.id).state == "queued" and runs.get(run.id).attempt == 2
+    saved = store.latest("k")
+    start_worker()
+    poll(
+        lambda: any(
+            "attempt 2: resuming from" in e.data["message"] for e in runs.events(run.id, type="log")
+        ),
+        what="resume log",
+    )
+    wait_step(runs, run, (saved.step or 0) + 1)
+    runs.request_cancel(run.id)
+    done = wait_state(runs, run)
+    assert done.state == "cancelled" and done.attempt == 2

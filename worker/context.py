@@ -1,0 +1,123 @@
+"""What an executing run may do: report events and progress, and learn that it must stop.
+
+Every write is fenced by (run id, worker id, attempt) in the store. Once the lease is lost
+(the supervisor reaped the run), writes raise LeaseLost; the context then turns quiet and
+asks the run to stop, because the run belongs to someone else now.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Literal
+
+from store.exceptions import LeaseLost
+from store.runs import Run, RunStore
+
+log = logging.getLogger("trainctl.worker")
+StopReason = Literal["cancel", "shutdown", "lease_lost"]
+PROGRESS_INTERVAL = 0.5  # seconds between progress writes; metrics are all kept
+CANCEL_POLL_INTERVAL = 0.5
+
+
+class RunContext:
+    def __init__(self, run: Run, runs: RunStore, worker_id: str, shutdown: threading.Event) -> None:
+        self.run, self.runs, self.worker_id = run, runs, worker_id
+        self.shutdown = shutdown
+        self.lease_lost = threading.Event()
+        self._cancelled = False
+        self._last_cancel_check = 0.0
+        self._last_progress = 0.0
+
+    @property
+    def attempt(self) -> int:
+        return self.run.attempt
+
+    def _fenced(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.lease_lost.is_set():
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except LeaseLost as exc:
+            log.warning("run %s: lease lost, stopping: %s", self.run.id, exc)
+            self.lease_lost.set()
+            return None
+
+    def log(self, message: str, level: str = "info") -> None:
+        log.log(logging.getLevelName(level.upper()), "run %s: %s", self.run.id, message)
+        self._fenced(
+            self.runs.append_event,
+            self.run.id,
+            "log",
+            {"level": level, "message": message},
+            worker_id=self.worker_id,
+            attempt=self.attempt,
+        )
+
+    def metrics(self, data: dict[str, Any]) -> None:
+        self._fenced(
+            self.runs.append_event,
+            self.run.id,
+            "metrics",
+            data,
+            worker_id=self.worker_id,
+            attempt=self.attempt,
+        )
+        if "step" in data and "total_steps" in data:
+            self.progress(int(data["step"]), int(data["total_steps"]))
+
+    def progress(self, step: int, total_steps: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or step >= total_steps or now - self._last_progress >= PROGRESS_INTERVAL:
+            self._last_progress = now
+            self._fenced(
+                self.runs.set_progress, self.run.id, self.worker_id, self.attempt, step, total_steps
+            )
+
+    def cancel_requested(self) -> bool:
+        now = time.monotonic()
+        if not self._cancelled and now - self._last_cancel_check >= CANCEL_POLL_INTERVAL:
+            self._last_cancel_check = now
+            self._cancelled = bool(self._fenced(self.runs.is_cancel_requested, self.run.id))
+        return self._cancelled
+
+    def should_stop(self) -> bool:
+        return self.stop_reason() is not None
+
+    def stop_reason(self) -> StopReason | None:
+        if self.lease_lost.is_set():
+            return "lease_lost"
+        if self.shutdown.is_set():
+            return "shutdown"
+        if self.cancel_requested():
+            return "cancel"
+        return None
+
+    def heartbeat(self, lease_seconds: float) -> None:
+        self._fenced(self.runs.heartbeat, self.run.id, self.worker_id, self.attempt, lease_seconds)
+
+
+class Heartbeat:
+    """Extends the run's lease from a thread while the main thread trains."""
+
+    def __init__(self, ctx: RunContext, interval: float, lease_seconds: float) -> None:
+        self.ctx, self.interval, self.lease_seconds = ctx, interval, lease_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="trainctl-heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.ctx.heartbeat(self.lease_seconds)
+                self.ctx.runs.worker_heartbeat(self.ctx.worker_id)
+            except Exception:  # a database hiccup: log it, the next beat retries
+                log.exception("heartbeat of run %s failed", self.ctx.run.id)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)

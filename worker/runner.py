@@ -1,0 +1,170 @@
+"""The worker process: register, claim runs one at a time, execute, report, repeat.
+
+Started by the service's supervisor (one per GPU) or by hand on another node
+(`python -m worker`) against the same database and checkpoint storage. SIGTERM stops it
+gracefully: a train run checkpoints at the next step boundary and goes back to the queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+import traceback
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import torch
+
+from store.exceptions import LeaseLost, WorkerNotFound
+from store.runs import Run, RunStore
+from worker.context import Heartbeat, RunContext
+from worker.executor import Outcome, execute
+
+log = logging.getLogger("trainctl.worker")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    database_url: str
+    data_dir: Path
+    worker_id: str
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 5.0
+    poll_seconds: float = 0.5
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.data_dir / "checkpoints"
+
+
+def parse_config(argv: list[str] | None = None) -> WorkerConfig:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="python -m worker", description=__doc__)
+    p.add_argument("--data-dir", default=env("TRAINCTL_DATA_DIR", "data"))
+    p.add_argument("--database-url", default=env("TRAINCTL_DATABASE_URL"))
+    p.add_argument("--worker-id", default=env("TRAINCTL_WORKER_ID"))
+    p.add_argument(
+        "--lease-seconds", type=float, default=float(env("TRAINCTL_LEASE_SECONDS", "30"))
+    )
+    p.add_argument(
+        "--heartbeat-seconds", type=float, default=float(env("TRAINCTL_HEARTBEAT_SECONDS", "5"))
+    )
+    p.add_argument("--poll-seconds", type=float, default=0.5)
+    args = p.parse_args(argv)
+    data_dir = Path(args.data_dir).resolve()
+    url = args.database_url or f"sqlite:///{data_dir / 'trainctl.db'}"
+    worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return WorkerConfig(
+        url, data_dir, worker_id, args.lease_seconds, args.heartbeat_seconds, args.poll_seconds
+    )
+
+
+def device_info() -> tuple[str, dict[str, object]]:
+    info: dict[str, object] = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        return "cuda", info
+    return "cpu", info
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig, runs: RunStore | None = None) -> None:
+        self.config = config
+        self.runs = runs or RunStore(config.database_url)
+        self.shutdown = threading.Event()
+
+    def register(self) -> None:
+        device, info = device_info()
+        self.runs.register_worker(
+            self.config.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            device=device,
+            info=info,
+        )
+
+    def install_signal_handlers(self) -> None:
+        def stop(signum: int, frame: FrameType | None) -> None:
+            log.info("signal %d: finishing the current step, then stopping", signum)
+            self.shutdown.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+
+    def serve_forever(self) -> None:
+        self.runs.create_all()
+        self.register()
+        self.config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        log.info("worker %s ready (%s)", self.config.worker_id, self.config.database_url)
+        since_beat = 0.0
+        while not self.shutdown.is_set():
+            run = self.runs.claim(self.config.worker_id, self.config.lease_seconds)
+            if run is not None:
+                self.run_one(run)
+                continue
+            if self.shutdown.wait(self.config.poll_seconds):
+                break
+            since_beat += self.config.poll_seconds
+            if since_beat >= self.config.heartbeat_seconds:
+                since_beat = 0.0
+                self.beat()
+        self.runs.deregister_worker(self.config.worker_id)
+        log.info("worker %s stopped", self.config.worker_id)
+
+    def beat(self) -> None:
+        try:
+            self.runs.worker_heartbeat(self.config.worker_id)
+        except WorkerNotFound:
+            self.register()  # declared dead while idle (e.g. a long GC pause): come back
+
+    def run_one(self, run: Run) -> None:
+        ctx = RunContext(run, self.runs, self.config.worker_id, self.shutdown)
+        ctx.log(f"started on worker {self.config.worker_id} (attempt {run.attempt})")
+        try:
+            with Heartbeat(ctx, self.config.heartbeat_seconds, self.config.lease_seconds):
+                outcome = execute(ctx, self.config.checkpoint_dir)
+        except Exception as exc:
+            self.fail(ctx, exc)
+            return
+        self.report(ctx, outcome)
+
+    def fail(self, ctx: RunContext, exc: Exception) -> None:
+        log.error("run %s failed:\n%s", ctx.run.id, traceback.format_exc())
+        error = str(exc) or type(exc).__name__
+        ctx.log(f"failed: {type(exc).__name__}: {error}", level="error")
+        try:
+            self.runs.finish(ctx.run.id, self.config.worker_id, ctx.attempt, "failed", error=error)
+        except LeaseLost:
+            log.warning("run %s failed after its lease was lost; not recorded", ctx.run.id)
+
+    def report(self, ctx: RunContext, outcome: Outcome) -> None:
+        run_id, wid, attempt = ctx.run.id, self.config.worker_id, ctx.attempt
+        try:
+            if outcome.state == "requeue":
+                self.runs.requeue(run_id, wid, attempt, outcome.reason)
+            elif outcome.state in ("succeeded", "cancelled"):
+                self.runs.finish(run_id, wid, attempt, outcome.state, result=outcome.result)
+            else:
+                log.warning("run %s: %s; leaving it to its new owner", run_id, outcome.reason)
+        except LeaseLost:
+            log.warning("run %s ended after its lease was lost; not recorded", run_id)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = parse_config(argv)
+    worker = Worker(config)
+    worker.install_signal_handlers()
+    try:
+        worker.serve_forever()
+    finally:
+        worker.runs.close()
+    return 0
