@@ -1,0 +1,50 @@
+"""`python -m service`: serve the API (and supervise local workers) with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import sys
+
+import uvicorn
+
+from service.app import create_app
+from service.settings import get_settings
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve anywhere
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m service", description=__doc__)
+    parser.add_argument("--host", help="bind address (default: TRAINCTL_HOST, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default: TRAINCTL_PORT, 8000)")
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback host without TRAINCTL_API_TOKEN",
+    )
+    args = parser.parse_args(argv)
+    settings = get_settings()
+    host = args.host or settings.host
+    port = args.port if args.port is not None else settings.port
+    if not is_loopback(host) and settings.api_token is None and not args.insecure:
+        print(
+            f"refusing to serve on {host} without TRAINCTL_API_TOKEN: anyone who can reach it "
+            "could run jobs and delete checkpoints; set a token, bind 127.0.0.1, or pass "
+            "--insecure",
+            file=sys.stderr,
+        )
+        return 2
+    uvicorn.run(create_app(settings), host=host, port=port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The FastAPI application: stores opened in the lifespan, routers, error handlers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service.deps import AUTH
+from service.errors import install_error_handlers
+from service.routes import checkpoints, runs, system
+from service.routing import operation_id
+from service.settings import Settings, get_settings
+from service.supervisor import Supervisor, default_worker_count
+from store.checkpoints import CheckpointStore
+from store.runs import RunStore
+
+log = logging.getLogger("trainctl.service")
+
+DESCRIPTION = """\
+Submit **train**, **validate** and **benchmark** runs, follow them (server-sent events,
+metrics, logs) and manage the checkpoints they write. When the server has a
+`TRAINCTL_API_TOKEN`, every endpoint but `/healthz` needs `Authorization: Bearer <token>`.
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app. Without `settings`, they come from the environment (`get_settings`)."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = RunStore(settings.db_url)
+        store.create_all()
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        ckpts = CheckpointStore(settings.checkpoint_dir)
+        # Before any worker starts: a staging folder now is a save that died with its worker.
+        for path in ckpts.cleanup():
+            log.warning("cleaned up %s (left by an interrupted save or delete)", path)
+        app.state.runs, app.state.checkpoints = store, ckpts
+        supervisor = None
+        if default_worker_count(settings)[0] > 0:
+            supervisor = Supervisor(settings, store)
+            supervisor.start()
+        app.state.supervisor = supervisor
+        try:
+            yield
+        finally:
+            if supervisor is not None:
+                supervisor.stop()
+            store.close()
+
+    app = FastAPI(
+        title="trainctl",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        max_body_size=settings.max_body_bytes,
+        generate_unique_id_function=operation_id,
+    )
+    app.dependency_overrides[get_settings] = lambda: settings
+    install_error_handlers(app)
+    app.include_router(runs.router, dependencies=[AUTH])
+    app.include_router(checkpoints.router, dependencies=[AUTH])
+    app.include_router(system.router, dependencies=[AUTH])
+    app.include_router(system.public_router)
+    return app

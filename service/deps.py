@@ -1,0 +1,58 @@
+"""Dependencies the routes declare: settings, the two stores, and the bearer-token check.
+
+The stores live on `app.state` (the lifespan opens them); tests replace any of these with
+`app.dependency_overrides`.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from service.settings import Settings, get_settings
+from store.checkpoints import CheckpointStore
+from store.runs import RunStore
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_runs(request: Request) -> RunStore:
+    runs: RunStore = request.app.state.runs
+    return runs
+
+
+def get_checkpoints(request: Request) -> CheckpointStore:
+    ckpts: CheckpointStore = request.app.state.checkpoints
+    return ckpts
+
+
+RunsDep = Annotated[RunStore, Depends(get_runs)]
+CheckpointsDep = Annotated[CheckpointStore, Depends(get_checkpoints)]
+
+# auto_error=False: we answer a missing token ourselves, with 401 and a message (FastAPI's own
+# answer differs between versions); declaring the scheme still documents it in OpenAPI.
+_bearer = HTTPBearer(auto_error=False, description="TRAINCTL_API_TOKEN, when the server sets one.")
+
+
+def require_token(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """Let the request through if no token is configured or it carries the right one."""
+    if settings.api_token is None:
+        return
+    expected = settings.api_token.get_secret_value().encode()
+    given = credentials.credentials.encode() if credentials is not None else b""
+    # compare_digest: the time taken must not reveal how much of the token was right.
+    if credentials is None or not hmac.compare_digest(given, expected):
+        raise HTTPException(
+            status_code=status.HTTP_401_UNAUTHORIZED,
+            detail="missing or wrong API token: send 'Authorization: Bearer <TRAINCTL_API_TOKEN>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+AUTH = Depends(require_token)

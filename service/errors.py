@@ -1,0 +1,121 @@
+"""The one place where errors become HTTP responses.
+
+Domain errors carry messages written for users (store.exceptions); here each class gets its
+status. Validation errors get a `detail` that names every bad field in one readable string,
+plus the raw pydantic `errors` for programs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from store.exceptions import (
+    CheckpointCorrupt,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    TrainctlError,
+)
+
+log = logging.getLogger("trainctl.service")
+
+# Most specific first: the first class an error is an instance of decides its status.
+STATUS_BY_ERROR: tuple[tuple[type[TrainctlError], int], ...] = (
+    (NotFound, 404),
+    (Conflict, 409),
+    (InvalidRequest, 422),
+    # The checkpoint exists but is damaged or does not fit: the store's state, not the request.
+    (CheckpointCorrupt, 409),
+)
+
+
+def status_for(exc: TrainctlError) -> int:
+    return next((code for cls, code in STATUS_BY_ERROR if isinstance(exc, cls)), 500)
+
+
+def describe_errors(errors: Sequence[Any]) -> str:
+    """'body.steps: Input should be greater than or equal to 1; body.model.preset: ...'."""
+    return "; ".join(_describe(error) for error in errors) or "invalid request"
+
+
+def _describe(error: Any) -> str:
+    loc = [str(part) for part in error.get("loc", ())]
+    msg = str(error.get("msg", "invalid value"))
+    if error.get("type") == "json_invalid":
+        # loc is ("body", <character offset>) for a body that is not JSON at all.
+        problem = (error.get("ctx") or {}).get("error", "not valid JSON")
+        where = f" at character {loc[1]}" if len(loc) > 1 else ""
+        return f"body: invalid JSON{where}: {problem}"
+    return f"{'.'.join(loc) or 'request'}: {msg}"
+
+
+def _validation_response(errors: Sequence[Any]) -> JSONResponse:
+    # `input` can hold whatever the client sent (bytes, huge bodies): keep loc/msg/type/ctx.
+    raw = [{k: v for k, v in e.items() if k not in ("input", "url")} for e in errors]
+    return JSONResponse(
+        status_code=422,
+        content={"detail": describe_errors(errors), "errors": jsonable_encoder(raw)},
+    )
+
+
+async def handle_request_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return _validation_response(exc.errors())
+
+
+async def handle_pydantic_validation(request: Request, exc: Exception) -> JSONResponse:
+    """A model validated inside the service (not at the edge) failed: still the client's input."""
+    assert isinstance(exc, ValidationError)
+    return _validation_response(exc.errors())
+
+
+async def handle_domain_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, TrainctlError)
+    code = status_for(exc)
+    if code >= 500:
+        log.error("unmapped domain error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse(status_code=code, content={"detail": str(exc)})
+
+
+async def handle_database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    log.error("run database unavailable on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse(
+        status_code=503,
+        content={"detail": "the run database cannot be queried; try again shortly"},
+        headers={"Retry-After": "5"},
+    )
+
+
+async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's own answer, except that "Not Found" for an unknown path says which path."""
+    assert isinstance(exc, StarletteHTTPException)
+    detail = exc.detail
+    if exc.status_code == 404 and detail == "Not Found":
+        detail = (
+            f"no endpoint matches {request.method} {request.url.path}; names in a path must be "
+            "single segments without '/' or '..' (see /docs for the endpoints)"
+        )
+    elif exc.status_code == 405 and detail == "Method Not Allowed":
+        allowed = (exc.headers or {}).get("Allow", "")
+        detail = f"{request.method} is not allowed on {request.url.path}; allowed: {allowed}"
+    return JSONResponse(
+        status_code=exc.status_code, content={"detail": detail}, headers=exc.headers
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, handle_request_validation)
+    app.add_exception_handler(ValidationError, handle_pydantic_validation)
+    app.add_exception_handler(TrainctlError, handle_domain_error)
+    app.add_exception_handler(OperationalError, handle_database_unavailable)
+    app.add_exception_handler(StarletteHTTPException, handle_http_error)

@@ -1,0 +1,100 @@
+"""Checkpoints: list, find latest/best, read, download (file or tar), delete, prune."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Response
+
+from service import files, retention
+from service.deps import CheckpointsDep, RunsDep
+from service.routing import SummaryRoute
+from service.schemas import CheckpointPublic, CheckpointsPublic, PruneRequest, PruneResult
+
+router = APIRouter(route_class=SummaryRoute, prefix="/checkpoints", tags=["checkpoints"])
+
+ExperimentFilter = Annotated[
+    str | None, Query(max_length=128, description="Only this experiment; default: all.")
+]
+
+
+@router.get("", response_model=CheckpointsPublic)
+def list_checkpoints(ckpts: CheckpointsDep, experiment: ExperimentFilter = None) -> dict[str, Any]:
+    """List complete checkpoints, by experiment and step."""
+    return {"items": [i.to_public() for i in ckpts.list(experiment)], "next_cursor": None}
+
+
+@router.get("/latest", response_model=CheckpointPublic)
+def read_latest_checkpoint(
+    ckpts: CheckpointsDep, experiment: ExperimentFilter = None
+) -> dict[str, Any]:
+    """Read the highest step of an experiment, or the newest checkpoint of all."""
+    return ckpts.latest(experiment).to_public()
+
+
+@router.get("/best", response_model=CheckpointPublic)
+def read_best_checkpoint(
+    ckpts: CheckpointsDep, experiment: ExperimentFilter = None
+) -> dict[str, Any]:
+    """Read the 'best' checkpoint of an experiment, or the lowest-loss one of all."""
+    return ckpts.best(experiment).to_public()
+
+
+@router.post("/prune", response_model=PruneResult)
+def prune_checkpoints(body: PruneRequest, runs: RunsDep, ckpts: CheckpointsDep) -> dict[str, Any]:
+    """Delete old step checkpoints; never the latest, best or ones runs need."""
+    return retention.prune_checkpoints(
+        runs,
+        ckpts,
+        body.experiment,
+        keep_last=body.keep_last,
+        keep_best=body.keep_best,
+        dry_run=body.dry_run,
+    )
+
+
+@router.get("/{experiment}/{tag}", response_model=CheckpointPublic)
+def read_checkpoint(experiment: str, tag: str, ckpts: CheckpointsDep) -> dict[str, Any]:
+    """Read one checkpoint: metadata and its files' sizes and sha256."""
+    return ckpts.get(experiment, tag).to_public()
+
+
+@router.get(
+    "/{experiment}/{tag}/files/{name:path}",
+    response_class=Response,
+    responses={
+        200: {"description": "The file; Range requests get 206.",
+              "content": {"application/octet-stream": {}}},
+        206: {"description": "The requested byte range."},
+        304: {"description": "If-None-Match matched the ETag (the file's sha256)."},
+        416: {"description": "The range is outside the file."},
+    },
+)  # fmt: skip
+def download_checkpoint_file(
+    experiment: str,
+    tag: str,
+    name: str,
+    ckpts: CheckpointsDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """Download one file of a checkpoint (Range requests; ETag = sha256)."""
+    return files.checkpoint_file_response(ckpts, experiment, tag, name, if_none_match)
+
+
+@router.get(
+    "/{experiment}/{tag}/archive",
+    response_class=Response,
+    responses={200: {"description": "A tar of `<tag>/<file>` members.",
+                     "content": {"application/x-tar": {}}}},
+)  # fmt: skip
+def download_checkpoint_archive(experiment: str, tag: str, ckpts: CheckpointsDep) -> Response:
+    """Download a whole checkpoint as a streamed tar."""
+    return files.checkpoint_archive_response(ckpts, experiment, tag)
+
+
+@router.delete("/{experiment}/{tag}", response_model=CheckpointPublic)
+def delete_checkpoint(
+    experiment: str, tag: str, runs: RunsDep, ckpts: CheckpointsDep
+) -> dict[str, Any]:
+    """Delete a checkpoint unless a queued or running run needs it."""
+    return retention.delete_checkpoint(runs, ckpts, experiment, tag).to_public()

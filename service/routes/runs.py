@@ -1,0 +1,177 @@
+"""Runs: submit, list, read, cancel, and follow their events, metrics and logs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Query, Response, status
+from fastapi.responses import PlainTextResponse, StreamingResponse
+
+from service import history, sse, submit
+from service.deps import CheckpointsDep, RunsDep, SettingsDep
+from service.routing import SummaryRoute
+from service.schemas import (
+    EventPublic,
+    LogsPublic,
+    MetricsPublic,
+    RunKind,
+    RunPublic,
+    RunsPublic,
+    RunState,
+)
+from store.runs import Run
+from store.specs import BenchmarkSpec, TrainSpec, ValidateSpec
+
+router = APIRouter(route_class=SummaryRoute, prefix="/runs", tags=["runs"])
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        max_length=200,
+        description="Retrying with the same key and body returns the first run, not a new one.",
+    ),
+]
+ACCEPTED: dict[int | str, dict[str, Any]] = {
+    202: {"description": "Queued. `Location` is the run's URL."}
+}
+
+
+def _accepted(run: Run, response: Response) -> dict[str, Any]:
+    response.headers["Location"] = f"/runs/{run.id}"
+    return run.to_public()
+
+
+@router.post("/train", status_code=status.HTTP_202_ACCEPTED, response_model=RunPublic,
+             responses=ACCEPTED)  # fmt: skip
+def create_train_run(
+    spec: TrainSpec,
+    response: Response,
+    settings: SettingsDep,
+    runs: RunsDep,
+    ckpts: CheckpointsDep,
+    idempotency_key: IdempotencyKey = None,
+) -> dict[str, Any]:
+    """Queue a train run; the stored spec has every default resolved."""
+    run = submit.submit_train(
+        spec, settings=settings, runs=runs, ckpts=ckpts, idempotency_key=idempotency_key
+    )
+    return _accepted(run, response)
+
+
+@router.post("/validate", status_code=status.HTTP_202_ACCEPTED, response_model=RunPublic,
+             responses=ACCEPTED)  # fmt: skip
+def create_validate_run(
+    spec: ValidateSpec,
+    response: Response,
+    settings: SettingsDep,
+    runs: RunsDep,
+    ckpts: CheckpointsDep,
+    idempotency_key: IdempotencyKey = None,
+) -> dict[str, Any]:
+    """Queue a validation of a checkpoint, pinned now to a concrete experiment/tag."""
+    run = submit.submit_validate(
+        spec, settings=settings, runs=runs, ckpts=ckpts, idempotency_key=idempotency_key
+    )
+    return _accepted(run, response)
+
+
+@router.post("/benchmark", status_code=status.HTTP_202_ACCEPTED, response_model=RunPublic,
+             responses=ACCEPTED)  # fmt: skip
+def create_benchmark_run(
+    spec: BenchmarkSpec,
+    response: Response,
+    settings: SettingsDep,
+    runs: RunsDep,
+    idempotency_key: IdempotencyKey = None,
+) -> dict[str, Any]:
+    """Queue a throughput benchmark."""
+    run = submit.submit_benchmark(
+        spec, settings=settings, runs=runs, idempotency_key=idempotency_key
+    )
+    return _accepted(run, response)
+
+
+@router.get("", response_model=RunsPublic)
+def list_runs(
+    runs: RunsDep,
+    kind: RunKind | None = None,
+    state: RunState | None = None,
+    experiment: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=1000)] = None,
+) -> dict[str, Any]:
+    """List runs, newest first, a page at a time."""
+    page, next_cursor = runs.list(
+        kind=kind, state=state, experiment=experiment, limit=limit, cursor=cursor
+    )
+    return {"items": [run.to_public() for run in page], "next_cursor": next_cursor}
+
+
+@router.get("/{run_id}", response_model=RunPublic)
+def read_run(run_id: str, runs: RunsDep) -> dict[str, Any]:
+    """Read one run."""
+    return runs.get(run_id).to_public()
+
+
+@router.post("/{run_id}/cancel", response_model=RunPublic)
+def cancel_run(run_id: str, runs: RunsDep) -> dict[str, Any]:
+    """Cancel a queued run now, or ask a running one to stop at the next step."""
+    return runs.request_cancel(run_id).to_public()
+
+
+@router.get(
+    "/{run_id}/events",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "Server-sent events; each `data` is an EventPublic. A final "
+            "`event: end` frame follows the last event of a finished run.",
+            "content": {sse.MEDIA_TYPE: {"schema": EventPublic.model_json_schema()}},
+        }
+    },
+)
+def stream_run_events(
+    run_id: str,
+    runs: RunsDep,
+    last_event_id: Annotated[
+        int | None, Header(ge=0, description="Resume after this event id.")
+    ] = None,
+    after: Annotated[int | None, Query(ge=0, description="Like Last-Event-ID.")] = None,
+) -> StreamingResponse:
+    """Stream a run's events (SSE), resumable with Last-Event-ID, until the run finishes."""
+    runs.get(run_id)  # an unknown run is a 404 before the stream starts
+    start = last_event_id if last_event_id is not None else after or 0
+    return StreamingResponse(
+        sse.stream_events(runs, run_id, start), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
+    )
+
+
+@router.get(
+    "/{run_id}/metrics",
+    response_model=MetricsPublic,
+    responses={200: {"content": {"text/csv": {}}}},
+)
+def read_run_metrics(
+    run_id: str,
+    runs: RunsDep,
+    kind: Annotated[str | None, Query(description="train, val, warmup or measure.")] = None,
+    format: Literal["json", "csv"] = "json",
+) -> Any:
+    """Read a run's metrics history (JSON, or CSV with ?format=csv)."""
+    rows = history.metric_rows(runs, run_id, kind)
+    if format == "csv":
+        return PlainTextResponse(history.metrics_csv(rows), media_type="text/csv")
+    return {"items": rows}
+
+
+@router.get(
+    "/{run_id}/logs",
+    response_model=LogsPublic,
+    responses={200: {"content": {"text/plain": {}}}},
+)
+def read_run_logs(run_id: str, runs: RunsDep, format: Literal["json", "text"] = "json") -> Any:
+    """Read a run's log lines (JSON, or plain text with ?format=text)."""
+    entries = history.log_entries(runs, run_id)
+    if format == "text":
+        return PlainTextResponse(history.logs_text(entries))
+    return {"items": entries}

@@ -1,0 +1,49 @@
+"""The service itself: its workers, liveness and readiness."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fastapi import APIRouter
+
+from service.deps import RunsDep, SettingsDep
+from service.routing import SummaryRoute
+from service.schemas import HealthPublic, ReadinessPublic, WorkersPublic
+
+# Liveness stays open (no token) so that probes and load balancers need no secret; it says
+# nothing about the runs.
+public_router = APIRouter(route_class=SummaryRoute, tags=["system"])
+router = APIRouter(route_class=SummaryRoute, tags=["system"])
+
+
+@public_router.get("/healthz", response_model=HealthPublic)
+def read_health() -> dict[str, Any]:
+    """Liveness: the process answers."""
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    response_model=ReadinessPublic,
+    responses={503: {"description": "The run database cannot be queried."}},
+)
+def read_readiness(settings: SettingsDep, runs: RunsDep) -> dict[str, Any]:
+    """Readiness: the run database answers; how many workers are alive."""
+    alive = [w for w in runs.list_workers() if _is_alive(w.last_seen_at, settings.lease_seconds)]
+    return {"status": "ready", "database": "ok", "workers_alive": len(alive)}
+
+
+@router.get("/workers", response_model=WorkersPublic)
+def list_workers(settings: SettingsDep, runs: RunsDep) -> dict[str, Any]:
+    """List registered workers, their device and current run."""
+    return {
+        "items": [
+            w.to_public() | {"alive": _is_alive(w.last_seen_at, settings.lease_seconds)}
+            for w in runs.list_workers()
+        ]
+    }
+
+
+def _is_alive(last_seen_at: datetime, lease_seconds: float) -> bool:
+    return datetime.now(UTC) - last_seen_at <= timedelta(seconds=lease_seconds)

@@ -1,0 +1,150 @@
+"""Response (and non-spec request) models of the API.
+
+Run specs are the request models of the submit routes and live in `store.specs`; everything
+here describes what the API sends back (DESIGN, "Shapes clients rely on"), so the OpenAPI
+schema documents it and FastAPI checks each response against it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from store.specs import Name
+
+RunKind = Literal["train", "validate", "benchmark"]
+RunState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+EventType = Literal["state", "metrics", "log"]
+
+
+class ProgressPublic(BaseModel):
+    step: int = Field(description="Optimizer steps done (measured steps for a benchmark).")
+    total_steps: int | None = Field(description="Steps the run will take, once known.")
+
+
+class RunPublic(BaseModel):
+    id: str
+    kind: RunKind
+    experiment: str = Field(description="Train: the spec's; validate: the checkpoint's.")
+    state: RunState
+    spec: dict[str, Any] = Field(description="The resolved spec: every default filled in.")
+    progress: ProgressPublic
+    result: dict[str, Any] | None = Field(description="Set when the run succeeded.")
+    error: str | None = Field(description="Why the run failed, in words.")
+    worker_id: str | None
+    attempt: int = Field(
+        description="1 on the first try; grows when a dead worker's run is requeued."
+    )
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class RunsPublic(BaseModel):
+    items: list[RunPublic]
+    next_cursor: str | None = Field(
+        description="Pass as ?cursor= for the next page; null at the end."
+    )
+
+
+class EventPublic(BaseModel):
+    """One entry of a run's event log, as each SSE frame's `data` carries it."""
+
+    id: int = Field(description="Increases across the whole log; the SSE id.")
+    run_id: str
+    type: EventType
+    data: dict[str, Any]
+    created_at: datetime
+
+
+class MetricPublic(BaseModel):
+    """One metrics event: the worker's numbers (step, loss, lr_muon, ...) flattened in."""
+
+    model_config = ConfigDict(extra="allow")
+
+    event_id: int
+    created_at: datetime
+    kind: str | None = Field(None, description="train, val, warmup or measure.")
+
+
+class MetricsPublic(BaseModel):
+    items: list[MetricPublic]
+
+
+class LogPublic(BaseModel):
+    event_id: int
+    created_at: datetime
+    level: str
+    message: str
+
+
+class LogsPublic(BaseModel):
+    items: list[LogPublic]
+
+
+class FilePublic(BaseModel):
+    name: str
+    size: int
+    sha256: str
+
+
+class CheckpointPublic(BaseModel):
+    experiment: str
+    tag: str
+    step: int | None
+    token_count: int | None
+    best_loss: float | None
+    run_id: str | None
+    created_at: str | None = Field(description="ISO 8601, as the writer recorded it.")
+    size_bytes: int
+    files: list[FilePublic]
+
+
+class CheckpointsPublic(BaseModel):
+    items: list[CheckpointPublic]
+    next_cursor: str | None = Field(None, description="Always null: checkpoints fit one page.")
+
+
+class PruneRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    experiment: Name
+    keep_last: int = Field(
+        ge=0, le=1_000_000, description="step_* checkpoints to keep; the latest always stays."
+    )
+    keep_best: bool = Field(True, description="Also keep the step that 'best' was copied from.")
+    dry_run: bool = Field(False, description="Report what would be deleted; delete nothing.")
+
+
+class PruneResult(BaseModel):
+    deleted: list[CheckpointPublic]
+    kept: list[CheckpointPublic]
+    dry_run: bool
+
+
+class WorkerPublic(BaseModel):
+    id: str
+    host: str
+    pid: int
+    device: str
+    info: dict[str, Any]
+    started_at: datetime
+    last_seen_at: datetime
+    current_run_id: str | None
+    alive: bool = Field(description="Seen within the lease period.")
+
+
+class WorkersPublic(BaseModel):
+    items: list[WorkerPublic]
+
+
+class HealthPublic(BaseModel):
+    status: Literal["ok"]
+
+
+class ReadinessPublic(BaseModel):
+    status: Literal["ready"]
+    database: Literal["ok"]
+    workers_alive: int

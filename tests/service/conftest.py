@@ -1,0 +1,100 @@
+"""Fixtures: the app on a temporary data dir with no worker processes, and its stores."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from starlette.exceptions import StarletteDeprecationWarning
+
+# Starlette 1.x wants `httpx2` for its TestClient and warns (an error under our
+# filterwarnings) when it falls back to httpx, which is what this project installs. The
+# fallback works; silence only that one warning, only around the import that raises it.
+with warnings.catch_warnings():
+    warnings.filterwarnings(
+        "ignore",
+        message="Using `httpx` with `starlette.testclient`",
+        category=StarletteDeprecationWarning,
+    )
+    from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.settings import Settings
+from store.checkpoints import (
+    METADATA_FILE,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    CheckpointStore,
+    step_tag,
+    write_manifest,
+)
+from store.presets import get_preset
+from store.runs import Run, RunStore
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path, workers=0)
+
+
+@pytest.fixture
+def app(settings: Settings) -> FastAPI:
+    return create_app(settings)
+
+
+@pytest.fixture
+def client(app: FastAPI) -> Iterator[TestClient]:
+    with TestClient(app) as test_client:  # the context runs the lifespan
+        yield test_client
+
+
+@pytest.fixture
+def runs(client: TestClient) -> RunStore:
+    store: RunStore = client.app.state.runs  # type: ignore[attr-defined]
+    return store
+
+
+@pytest.fixture
+def ckpts(client: TestClient) -> CheckpointStore:
+    store: CheckpointStore = client.app.state.checkpoints  # type: ignore[attr-defined]
+    return store
+
+
+def save_checkpoint(
+    ckpts: CheckpointStore,
+    experiment: str,
+    tag: str | None = None,
+    *,
+    step: int = 10,
+    best_loss: float | None = None,
+    model_config: dict[str, Any] | None = None,
+    weights: bytes = b"weights " * 100,
+) -> Path:
+    """A complete fake checkpoint, written as the worker writes one (no torch needed)."""
+    tag = tag or step_tag(step)
+    staging = ckpts.staging_dir(experiment, tag)
+    (staging / MODEL_FILE).write_bytes(weights)
+    (staging / OPTIMIZER_FILE).write_bytes(b"optimizer state " * 10)
+    metadata = {
+        "step": step,
+        "token_count": step * 1024,
+        "best_loss": best_loss,
+        "run_id": "run-1",
+        "created_at": f"2025-01-01T00:00:{step % 60:02d}+00:00",
+        "model_config": model_config or get_preset("tiny").to_dict(),
+    }
+    (staging / METADATA_FILE).write_text(json.dumps(metadata))
+    write_manifest(staging, [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE])
+    return ckpts.commit(staging, experiment, tag)
+
+
+def finish(runs: RunStore, run_id: str, state: str = "succeeded") -> Run:
+    """Claim the oldest queued run (it must be `run_id`) and finish it, as a worker would."""
+    run = runs.claim("test-worker", lease_seconds=60)
+    assert run is not None and run.id == run_id
+    return runs.finish(run.id, "test-worker", run.attempt, state)

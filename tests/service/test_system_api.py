@@ -1,0 +1,126 @@
+"""Workers, liveness, readiness, the bearer token, and `python -m service`'s host check."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from service.__main__ import is_loopback, main
+from service.app import create_app
+from service.deps import get_runs
+from service.settings import Settings, get_settings
+from store.runs import RunStore
+
+TOKEN = "s3cret-token"
+
+
+def test_healthz_says_ok(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_readyz_reports_the_database_and_live_workers(client: TestClient, runs: RunStore) -> None:
+    runs.register_worker("w1", host="h", pid=1, device="cpu", info={})
+
+    response = client.get("/readyz")
+
+    assert response.status_code == 200
+    assert response.json() == {"status": "ready", "database": "ok", "workers_alive": 1}
+
+
+def test_readyz_is_503_when_the_database_cannot_be_queried(
+    app: FastAPI, client: TestClient, tmp_path: Path
+) -> None:
+    broken = RunStore(f"sqlite:///{tmp_path}/missing-folder/runs.db")
+    app.dependency_overrides[get_runs] = lambda: broken
+    try:
+        response = client.get("/readyz")
+    finally:
+        broken.close()
+
+    assert response.status_code == 503
+    assert "database" in response.json()["detail"]
+
+
+def test_workers_are_listed_with_whether_they_are_alive(
+    client: TestClient, runs: RunStore, settings: Settings
+) -> None:
+    runs.register_worker("w1", host="node1", pid=42, device="cuda", info={"gpu": "H100"})
+
+    items = client.get("/workers").json()["items"]
+
+    assert [(w["id"], w["device"], w["pid"], w["alive"]) for w in items] == [
+        ("w1", "cuda", 42, True)
+    ]
+    assert items[0]["current_run_id"] is None
+
+
+# --- auth -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def locked(tmp_path: Path) -> Iterator[TestClient]:
+    settings = Settings(data_dir=tmp_path, workers=0, api_token=SecretStr(TOKEN))
+    with TestClient(create_app(settings)) as test_client:
+        yield test_client
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong", f"Basic {TOKEN}", "Bearer "])
+@pytest.mark.parametrize("path", ["/runs", "/checkpoints", "/workers", "/readyz"])
+def test_without_the_right_token_every_endpoint_is_401(
+    locked: TestClient, path: str, authorization: str | None
+) -> None:
+    headers = {"Authorization": authorization} if authorization else {}
+
+    response = locked.get(path, headers=headers)
+
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert TOKEN not in response.text
+
+
+def test_submitting_without_the_token_is_401_not_a_validation_error(locked: TestClient) -> None:
+    response = locked.post("/runs/train", json={"steps": 0})
+
+    assert response.status_code == 401
+
+
+def test_with_the_token_endpoints_answer(locked: TestClient) -> None:
+    response = locked.get("/runs", headers={"Authorization": f"Bearer {TOKEN}"})
+
+    assert response.status_code == 200
+
+
+def test_healthz_needs_no_token(locked: TestClient) -> None:
+    assert locked.get("/healthz").status_code == 200
+
+
+# --- python -m service ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("::1", True), ("localhost", True), ("127.8.0.1", True),
+     ("0.0.0.0", False), ("10.0.0.5", False), ("example.org", False)],
+)  # fmt: skip
+def test_loopback_hosts_are_recognised(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_serving_beyond_loopback_without_a_token_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TRAINCTL_API_TOKEN", raising=False)
+    get_settings.cache_clear()
+
+    code = main(["--host", "0.0.0.0"])
+    get_settings.cache_clear()
+
+    assert code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "TRAINCTL_API_TOKEN" in err and "--insecure" in err
