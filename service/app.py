@@ -32,24 +32,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)  # the SQLite file goes in it
         store = RunStore(settings.db_url)
         store.create_all()
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
         ckpts = CheckpointStore(settings.checkpoint_dir)
         # Before any worker starts: a staging folder now is a save that died with its worker.
         for path in ckpts.cleanup():
             log.warning("cleaned up %s (left by an interrupted save or delete)", path)
         app.state.runs, app.state.checkpoints = store, ckpts
-        supervisor = None
-        if default_worker_count(settings)[0] > 0:
-            supervisor = Supervisor(settings, store)
-            supervisor.start()
-        app.state.supervisor = supervisor
+        app.state.supervisor = supervisor = None
         try:
+            if default_worker_count(settings)[0] > 0:
+                app.state.supervisor = supervisor = Supervisor(settings, store)
+                supervisor.start()
             yield
         finally:
             if supervisor is not None:
-                supervisor.stop()
+                supervisor.stop()  # workers checkpoint and hand their runs back first
             store.close()
 
     app = FastAPI(

@@ -124,3 +124,12 @@ def test_serving_beyond_loopback_without_a_token_is_refused(
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1
     assert "TRAINCTL_API_TOKEN" in err and "--insecure" in err
+
+
+def test_the_app_creates_a_missing_data_dir_at_startup(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "fresh" / "data", workers=0)
+
+    with TestClient(create_app(settings)) as fresh:
+        assert fresh.get("/readyz").status_code == 200
+
+    assert (settings.data_dir / "trainctl.db").is_file()
