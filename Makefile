@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install serve test lint typecheck pytest openapi bench clean
+.PHONY: install serve benchmark test lint typecheck pytest openapi clean
 
 install: $(STAMP)
 
@@ -19,8 +19,17 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[dev]"
 	touch $(STAMP)
 
+# The service with its embedded defaults: SQLite and checkpoints under ./data, one local
+# worker per GPU (one on a CPU-only node), http://127.0.0.1:8000.
 serve: install
+	$(PY) -m service
+
+benchmark: install
 	$(PY) -m worker.benchmark --steps 100
+
+# Regenerate the committed OpenAPI schema; a test fails when it drifts from the app.
+openapi: install
+	$(PY) -m service.openapi > openapi/openapi.json
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -7,6 +7,7 @@ files, and the concrete checkpoint a resume or a validation reads.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -31,6 +32,17 @@ BENCHMARK_EXPERIMENT = "benchmark"
 """Benchmarks write no checkpoints; their runs are filed under this experiment name."""
 
 
+def request_digest(kind: str, spec: BaseModel) -> str:
+    """What the client asked for, before any default is filled in."""
+    body = json.dumps([kind, spec.model_dump(mode="json", exclude_unset=True)], sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def replayed(runs: RunStore, kind: str, spec: BaseModel, key: str | None) -> Run | None:
+    """An idempotent retry gets the run it created, even if resolving now would differ."""
+    return runs.replay(key, kind, request_digest(kind, spec)) if key else None
+
+
 def submit_train(
     spec: TrainSpec,
     *,
@@ -39,6 +51,8 @@ def submit_train(
     ckpts: CheckpointStore,
     idempotency_key: str | None = None,
 ) -> Run:
+    if existing := replayed(runs, "train", spec, idempotency_key):
+        return existing
     resolved = resolve_train(
         spec,
         cuda_available=cuda_available(runs, settings.lease_seconds),
@@ -49,8 +63,7 @@ def submit_train(
         start = _resume_point(ckpts, resolved)
         resolved = resolved.model_copy(update={"resume_from": start.tag})
         depends_on.append((start.experiment, start.tag))
-    return _enqueue(runs, settings, "train", resolved.experiment, resolved, depends_on,
-                    idempotency_key)  # fmt: skip
+    return _enqueue(runs, settings, "train", spec, resolved, depends_on, idempotency_key)
 
 
 def submit_validate(
@@ -61,6 +74,8 @@ def submit_validate(
     ckpts: CheckpointStore,
     idempotency_key: str | None = None,
 ) -> Run:
+    if existing := replayed(runs, "validate", spec, idempotency_key):
+        return existing
     info = _validation_checkpoint(ckpts, spec)
     resolved = resolve_validate(
         spec,
@@ -70,8 +85,8 @@ def submit_validate(
     ).model_copy(
         update={"checkpoint": f"{info.experiment}/{info.tag}", "experiment": info.experiment}
     )
-    return _enqueue(runs, settings, "validate", info.experiment, resolved,
-                    [(info.experiment, info.tag)], idempotency_key)  # fmt: skip
+    return _enqueue(runs, settings, "validate", spec, resolved, [(info.experiment, info.tag)],
+                    idempotency_key)  # fmt: skip
 
 
 def submit_benchmark(
@@ -81,20 +96,23 @@ def submit_benchmark(
     runs: RunStore,
     idempotency_key: str | None = None,
 ) -> Run:
+    if existing := replayed(runs, "benchmark", spec, idempotency_key):
+        return existing
     resolved = resolve_benchmark(spec, cuda_available=cuda_available(runs, settings.lease_seconds))
-    return _enqueue(runs, settings, "benchmark", BENCHMARK_EXPERIMENT, resolved, [],
-                    idempotency_key)  # fmt: skip
+    return _enqueue(runs, settings, "benchmark", spec, resolved, [], idempotency_key)
 
 
 def _enqueue(
     runs: RunStore,
     settings: Settings,
     kind: str,
-    experiment: str,
+    request: BaseModel,
     resolved: BaseModel,
     depends_on: list[tuple[str, str]],
     idempotency_key: str | None,
 ) -> Run:
+    # Train runs are filed under their experiment, validations under the checkpoint's.
+    experiment = getattr(resolved, "experiment", None) or BENCHMARK_EXPERIMENT
     return runs.enqueue(
         kind,
         experiment,
@@ -102,6 +120,7 @@ def _enqueue(
         idempotency_key=idempotency_key,
         max_attempts=settings.max_attempts,
         depends_on=depends_on,
+        request_digest=request_digest(kind, request) if idempotency_key else None,
     )
 
 

@@ -96,6 +96,9 @@ runs = Table(
     Column("lease_expires_at", UTCDateTime, nullable=True),
     # NULLs are distinct in unique constraints on both SQLite and PostgreSQL.
     Column("idempotency_key", String(200), nullable=True, unique=True),
+    # sha256 of the request as the client sent it: a retry with the same key is recognised
+    # before the spec is resolved again (which may resolve differently later, e.g. "latest").
+    Column("request_digest", String(64), nullable=True),
     Column("depends_on", JSON, nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
     Column("started_at", UTCDateTime, nullable=True),

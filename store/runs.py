@@ -176,6 +176,7 @@ class RunStore:
         idempotency_key: str | None = None,
         max_attempts: int = 3,
         depends_on: Iterable[Checkpoint] = (),
+        request_digest: str | None = None,
     ) -> Run:
         """Add a queued run, or return the run an earlier request with the same key created.
 
@@ -193,6 +194,7 @@ class RunStore:
             "max_attempts": max_attempts,
             "idempotency_key": idempotency_key,
             "depends_on": [[exp, tag] for exp, tag in depends_on],
+            "request_digest": request_digest,
         }
         try:
             return self._enqueue_once(values)
@@ -220,6 +222,19 @@ class RunStore:
                 )
             )  # fmt: skip
             return _run_from_row(_require_row(conn, run_id))
+
+    def replay(self, idempotency_key: str, kind: str, request_digest: str) -> Run | None:
+        """The run an earlier request with this key created, if any (before resolving again).
+
+        Raises `Conflict` when the key was used for a different request.
+        """
+        with read_transaction(self.engine) as conn:
+            existing = _fetch_one(conn, runs.c.idempotency_key == idempotency_key)
+        if existing is None:
+            return None
+        if existing.kind != kind or existing.request_digest != request_digest:
+            raise _key_reused(idempotency_key, existing.id)
+        return _run_from_row(existing)
 
     def get(self, run_id: str) -> Run:
         with read_transaction(self.engine) as conn:
@@ -615,13 +630,20 @@ def _run_from_row(row: Row[Any]) -> Run:
 
 def _replay(existing: Row[Any], values: dict[str, Any]) -> Run:
     """The run an idempotent retry refers to, if the retry asks for the same thing."""
-    body = ("kind", "experiment", "spec", "depends_on")
+    if existing.request_digest and values["request_digest"]:
+        body: tuple[str, ...] = ("kind", "request_digest")
+    else:
+        body = ("kind", "experiment", "spec", "depends_on")
     if any(getattr(existing, name) != values[name] for name in body):
-        raise Conflict(
-            f"idempotency key {values['idempotency_key']!r} was already used for a different "
-            f"request (run {existing.id}); use a new key for a new run"
-        )
+        raise _key_reused(values["idempotency_key"], existing.id)
     return _run_from_row(existing)
+
+
+def _key_reused(key: str, run_id: str) -> Conflict:
+    return Conflict(
+        f"idempotency key {key!r} was already used for a different request (run {run_id}); "
+        "use a new key for a new run"
+    )
 
 
 def _fetch_one(

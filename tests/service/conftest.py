@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi import FastAPI
-from starlette.exceptions import StarletteDeprecationWarning
-
-# Starlette 1.x wants `httpx2` for its TestClient and warns (an error under our
-# filterwarnings) when it falls back to httpx, which is what this project installs. The
-# fallback works; silence only that one warning, only around the import that raises it.
-with warnings.catch_warnings():
-    warnings.filterwarnings(
-        "ignore",
-        message="Using `httpx` with `starlette.testclient`",
-        category=StarletteDeprecationWarning,
-    )
-    from fastapi.testclient import TestClient
+from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings

@@ -89,6 +89,21 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_same_run(client: Test
     assert again.json()["id"] == first.json()["id"]
 
 
+def test_a_retry_returns_the_original_run_even_when_latest_has_moved_on(
+    client: TestClient, ckpts: CheckpointStore
+) -> None:
+    save_checkpoint(ckpts, "exp", step=10)
+    body = {**CPU_TRAIN, "resume_from": "latest"}
+    first = submit(client, "train", body, **{"Idempotency-Key": "resume-1"})
+    save_checkpoint(ckpts, "exp", step=20)  # the run has saved since; "latest" means step_20
+
+    again = submit(client, "train", body, **{"Idempotency-Key": "resume-1"})
+
+    assert again.status_code == 202, again.json()
+    assert again.json()["id"] == first.json()["id"]
+    assert again.json()["spec"]["resume_from"] == "step_10"
+
+
 def test_reusing_an_idempotency_key_for_another_body_is_409(client: TestClient) -> None:
     submit(client, "benchmark", {"steps": 5, "device": "cpu"}, **{"Idempotency-Key": "k"})
 
