@@ -135,12 +135,12 @@ def _resume_point(ckpts: CheckpointStore, spec: TrainSpec) -> CheckpointInfo:
             f"{spec.resume_from!r} to resume from; train without resume_from, or name one of "
             "its checkpoints (GET /checkpoints?experiment=...)"
         ) from None
-    saved = _checkpoint_model(info).architecture()
-    wanted = ModelConfig.from_dict(spec.model_config_resolved).architecture()
-    differing = sorted(k for k in wanted.keys() | saved.keys() if wanted.get(k) != saved.get(k))
+    differing = _checkpoint_model(info).differences(
+        ModelConfig.from_dict(spec.model_config_resolved)
+    )
     if differing:
         details = ", ".join(
-            f"{k}: checkpoint {saved.get(k)!r} vs requested {wanted.get(k)!r}" for k in differing
+            f"{k}: checkpoint {a!r} vs requested {b!r}" for k, (a, b) in differing.items()
         )
         raise InvalidRequest(
             f"resume_from: checkpoint {info.tag!r} of experiment {info.experiment!r} was saved "

@@ -34,6 +34,7 @@ from store.checkpoints import (
     verify_manifest,
     write_manifest,
 )
+from store.presets import ModelConfig
 from worker.exceptions import CheckpointCorrupt, CheckpointMismatch
 from worker.schedule import WSDScheduler
 
@@ -174,12 +175,9 @@ def check_compatible(model: nn.Module, metadata: dict[str, Any], load_dir: str |
     saved = metadata.get("model_config")
     if config is None or saved is None:
         return
-    from store.presets import ModelConfig
-
-    ours, theirs = config.architecture(), ModelConfig.from_dict(saved).architecture()
-    diff = sorted(k for k in ours if ours[k] != theirs.get(k))
+    diff = ModelConfig.from_dict(saved).differences(config)
     if diff:
-        details = ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs model {ours[k]!r}" for k in diff)
+        details = ", ".join(f"{k}: checkpoint {a!r} vs model {b!r}" for k, (a, b) in diff.items())
         raise CheckpointMismatch(
             f"checkpoint {load_dir} was saved by a different model ({details})"
         )

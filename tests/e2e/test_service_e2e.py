@@ -11,7 +11,8 @@ from typing import Any
 
 from service.client import TrainctlClient
 from store.runs import RunStore
-from tests.e2e.conftest import Service, poll
+from tests.e2e.conftest import Service
+from tests.polling import poll
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 LONG_TRAIN = {"steps": 100_000, "checkpoint_every": 100_000}

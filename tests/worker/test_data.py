@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.polling import poll
 from worker.data import (
     AsyncDataLoader,
     Batch,
@@ -22,15 +22,6 @@ from worker.data import (
     stdlib_source_files,
     write_shard,
 )
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.001)
-    return predicate()
 
 
 def test_shard_round_trip_keeps_a_64k_vocabulary(tmp_path: Path) -> None:
@@ -129,10 +120,10 @@ def test_loader_prefetches_the_next_batch_while_the_consumer_holds_one() -> None
         batch0 = next(loader)
         assert int(batch0[0][0, 0]) == 0
         # The consumer holds batch 0 and asks for nothing; the producer moves on by itself.
-        assert wait_until(lambda: loader.produced >= 2)
+        assert poll(lambda: loader.produced >= 2, timeout=10, interval=0.001)
         assert loader.consumed == 1
         # Bounded: it never runs more than prefetch_factor ahead of the queue.
-        assert wait_until(lambda: loader.produced == 3)
+        assert poll(lambda: loader.produced == 3, timeout=10, interval=0.001)
         assert loader.produced == 3 and source.pulled <= 4
         assert [int(next(loader)[0][0, 0]) for _ in range(3)] == [1, 2, 3]
 

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,19 +23,10 @@ from store.specs import (
     resolve_train,
     resolve_validate,
 )
+from tests.polling import poll
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = ("succeeded", "failed", "cancelled")
-
-
-def poll(predicate: Callable[[], Any], timeout: float = 120.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @pytest.fixture
