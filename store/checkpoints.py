@@ -14,14 +14,17 @@ restores them.
 from __future__ import annotations
 
 import builtins
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+import stat
 import uuid
-from collections.abc import Set
+from collections.abc import Iterator, Set
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,6 +52,9 @@ TRASH_PREFIX = ".trash-"
 MANIFEST_VERSION = 1
 
 _CHUNK = 1 << 20
+# Readers re-scan an experiment when a folder vanishes under them; a few tries are plenty,
+# since each one only races the deletes that happen during one scan.
+_LIST_ATTEMPTS = 5
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _NAME_RE = re.compile(_NAME_PATTERN)
 # Canonical step tags only: "step_007" would be a second name for step 7.
@@ -207,15 +213,20 @@ def verify_manifest(folder: Path, *, deep: bool = True) -> dict[str, Any]:
     manifest = _check_manifest_shape(path, _read_json(path))
     for entry in manifest["files"]:
         file = folder / entry["name"]
-        if not file.is_file():
-            raise CheckpointCorrupt(f"{file}: listed in the manifest but missing")
-        size = file.stat().st_size
-        if size != entry["size"]:
-            raise CheckpointCorrupt(
-                f"{file}: size {size} bytes, manifest says {entry['size']} (truncated?)"
-            )
-        if deep and sha256_file(file) != entry["sha256"]:
-            raise CheckpointCorrupt(f"{file}: sha256 does not match the manifest")
+        # One stat, and a vanished file is "missing", not an OSError: the folder may be
+        # renamed away by a concurrent delete or retention at any moment between two calls.
+        try:
+            st = file.stat()
+            if not stat.S_ISREG(st.st_mode):
+                raise FileNotFoundError(file)
+            if st.st_size != entry["size"]:
+                raise CheckpointCorrupt(
+                    f"{file}: size {st.st_size} bytes, manifest says {entry['size']} (truncated?)"
+                )
+            if deep and sha256_file(file) != entry["sha256"]:
+                raise CheckpointCorrupt(f"{file}: sha256 does not match the manifest")
+        except FileNotFoundError:
+            raise CheckpointCorrupt(f"{file}: listed in the manifest but missing") from None
     return manifest
 
 
@@ -283,9 +294,15 @@ def _load_info(experiment: str, tag: str, folder: Path) -> CheckpointInfo:
     )
 
 
-def _created_key(info: CheckpointInfo) -> tuple[float, float, int, str]:
-    """Sort key for "most recently created": metadata created_at, then the manifest mtime."""
-    mtime = (info.path / MANIFEST_FILE).stat().st_mtime
+def _created_key(info: CheckpointInfo) -> tuple[float, float, int, str] | None:
+    """Sort key for "most recently created": metadata created_at, then the manifest mtime.
+
+    None when the checkpoint was deleted since it was listed (it is no candidate any more).
+    """
+    try:
+        mtime = (info.path / MANIFEST_FILE).stat().st_mtime
+    except FileNotFoundError:
+        return None
     created = mtime
     if info.created_at:
         try:
@@ -305,6 +322,25 @@ def _visible_dirs(folder: Path) -> builtins.list[Path]:
         for p in folder.iterdir()
         if not p.is_symlink() and p.is_dir() and _NAME_RE.fullmatch(p.name) and ".." not in p.name
     )
+
+
+@contextmanager
+def _renames_locked(folder: Path, *, exclusive: bool) -> Iterator[None]:
+    """Hold an flock on an experiment folder: exclusive while renaming entries in it, shared
+    while scanning it.
+
+    A scan (readdir) running while a commit and a retention rename entries can return neither
+    the new checkpoint nor the old one, so an experiment that always has a latest would list
+    none; under the lock a scan sees the folder as of one moment, and the two renames of a
+    replacing commit look like one. The lock is advisory, works across processes, is taken
+    on the folder itself (no lock file to list) and is never held while taking another.
+    """
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _discard(path: Path) -> None:
@@ -362,10 +398,11 @@ class CheckpointStore:
         verify_manifest(staging, deep=False)
         final = exp_dir / tag
         trash = None
-        if final.exists() or final.is_symlink():
-            trash = exp_dir / f"{TRASH_PREFIX}{tag}-{uuid.uuid4().hex}"
-            os.rename(final, trash)
-        os.rename(staging, final)
+        with _renames_locked(exp_dir, exclusive=True):
+            if final.exists() or final.is_symlink():
+                trash = exp_dir / f"{TRASH_PREFIX}{tag}-{uuid.uuid4().hex}"
+                os.rename(final, trash)
+            os.rename(staging, final)
         fsync_dir(exp_dir)
         if trash is not None:
             _discard(trash)
@@ -398,7 +435,8 @@ class CheckpointStore:
         match = _TAGGED_TRASH_RE.fullmatch(entry.name)
         final = entry.parent / match.group("tag") if match else None
         if final is not None and not final.exists() and self._is_complete(entry):
-            os.rename(entry, final)
+            with _renames_locked(entry.parent, exclusive=True):
+                os.rename(entry, final)
             fsync_dir(entry.parent)
             logger.warning("restored %s from %s (a commit was interrupted)", final, entry.name)
         else:
@@ -418,14 +456,32 @@ class CheckpointStore:
     def list(self, experiment: str | None = None) -> builtins.list[CheckpointInfo]:
         """Complete checkpoints, sorted by experiment, then step (None last), then tag."""
         names = [experiment] if experiment is not None else self.experiments()
-        infos = []
-        for name in names:
-            for folder in _visible_dirs(self.experiment_dir(name)):
-                try:
-                    infos.append(_load_info(name, folder.name, folder))
-                except CheckpointCorrupt:
-                    continue  # incomplete or damaged: invisible by design
+        infos = [info for name in names for info in self._list_experiment(name)]
         infos.sort(key=lambda i: (i.experiment, i.step is None, i.step or 0, i.tag))
+        return infos
+
+    def _list_experiment(self, experiment: str) -> builtins.list[CheckpointInfo]:
+        """Complete checkpoints of one experiment, from a snapshot that nothing vanished from.
+
+        A folder deleted while it is read (retention or a prune racing this reader) makes the
+        snapshot stale: a newer checkpoint may have been committed after the folder scan, and
+        returning the rest would show an experiment with no latest at all. So scan again.
+        """
+        exp_dir = self.experiment_dir(experiment)
+        if not exp_dir.is_dir():
+            return []
+        for _ in range(_LIST_ATTEMPTS):
+            infos, vanished = [], False
+            with _renames_locked(exp_dir, exclusive=False):
+                folders = _visible_dirs(exp_dir)
+            for folder in folders:
+                try:
+                    infos.append(_load_info(experiment, folder.name, folder))
+                except CheckpointCorrupt:
+                    # Incomplete or damaged: invisible by design. Gone: the snapshot is stale.
+                    vanished = vanished or not folder.exists()
+            if not vanished:
+                break
         return infos
 
     def get(self, experiment: str, tag: str) -> CheckpointInfo:
@@ -435,9 +491,11 @@ class CheckpointStore:
             raise CheckpointNotFound(f"experiment {experiment!r} does not exist in the store")
         folder = exp_dir / tag
         try:
-            if folder.is_symlink() or not folder.is_dir():
-                raise CheckpointCorrupt(f"{folder}: not a folder")
-            return _load_info(experiment, tag, folder)
+            # Locked, so that a commit replacing `tag` (two renames) is never seen half done.
+            with _renames_locked(exp_dir, exclusive=False):
+                if folder.is_symlink() or not folder.is_dir():
+                    raise CheckpointCorrupt(f"{folder}: not a folder")
+                return _load_info(experiment, tag, folder)
         except CheckpointCorrupt:
             raise CheckpointNotFound(
                 f"no complete checkpoint {tag!r} in experiment {experiment!r}"
@@ -453,7 +511,12 @@ class CheckpointStore:
 
     def latest_or_none(self, experiment: str | None = None) -> CheckpointInfo | None:
         if experiment is None:
-            return max(self.list(), key=_created_key, default=None)
+            for _ in range(_LIST_ATTEMPTS):
+                infos = self.list()
+                keyed = [(key, i) for i in infos if (key := _created_key(i)) is not None]
+                if len(keyed) == len(infos):
+                    break  # nothing was deleted while we looked: the snapshot holds the newest
+            return max(keyed, key=lambda pair: pair[0], default=(None, None))[1]
         steps = [i for i in self.list(experiment) if parse_step(i.tag) is not None]
         return max(steps, key=lambda i: parse_step(i.tag) or 0, default=None)
 
@@ -531,6 +594,11 @@ class CheckpointStore:
         latest step (even with keep_last=0, since resume needs it), ``best`` and user tags
         (only ``step_*`` is pruned), the step that ``best`` was copied from when `keep_best`,
         and anything in `protected`. With `dry_run` nothing is removed.
+
+        Concurrent saves are safe: only checkpoints of the snapshot listed at the start are
+        candidates and the newest step of that snapshot is kept, so a checkpoint committed
+        while prune runs (necessarily newer) is never deleted, and a save's staging folder is
+        never even seen.
         """
         if type(keep_last) is not int or keep_last < 0:
             raise InvalidRequest(f"keep_last must be an integer >= 0, got {keep_last!r}")
@@ -571,7 +639,8 @@ class CheckpointStore:
         """Rename to a tagless trash name (so `cleanup` never restores it), then remove."""
         trash = info.path.parent / f"{TRASH_PREFIX}{uuid.uuid4().hex}"
         try:
-            os.rename(info.path, trash)
+            with _renames_locked(info.path.parent, exclusive=True):
+                os.rename(info.path, trash)
         except FileNotFoundError:
             return  # someone else removed it first: the outcome we wanted
         fsync_dir(info.path.parent)
