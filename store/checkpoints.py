@@ -402,7 +402,12 @@ class CheckpointStore:
             if final.exists() or final.is_symlink():
                 trash = exp_dir / f"{TRASH_PREFIX}{tag}-{uuid.uuid4().hex}"
                 os.rename(final, trash)
-            os.rename(staging, final)
+            try:
+                os.rename(staging, final)
+            except OSError:
+                if trash is not None:
+                    os.rename(trash, final)  # put the old one back rather than leave a gap
+                raise
         fsync_dir(exp_dir)
         if trash is not None:
             _discard(trash)

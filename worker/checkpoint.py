@@ -10,11 +10,13 @@ code.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import pickle
 import platform
-from collections.abc import Set
+import shutil
+from collections.abc import Callable, Set
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -35,7 +37,7 @@ from store.checkpoints import (
     write_manifest,
 )
 from store.presets import ModelConfig
-from worker.exceptions import CheckpointCorrupt, CheckpointMismatch
+from worker.exceptions import CheckpointCorrupt, CheckpointMismatch, CheckpointWriteFailed
 from worker.schedule import WSDScheduler
 
 FORMAT_VERSION = 1
@@ -117,12 +119,18 @@ def save_checkpoint(
     dtype: torch.dtype | None = None,
     protected: Set[tuple[str, str]] = frozenset(),
     extra: dict[str, Any] | None = None,
+    before_commit: Callable[[], None] | None = None,
 ) -> Path:
     """Save into `save_dir/<tag>` (tag defaults to step_<step>) and return the folder.
 
     `save_dir` is an experiment folder of the store: `<data>/checkpoints/<experiment>`.
     `dtype=None` keeps the master dtype; `torch.bfloat16` exports a smaller, lossy copy.
     Retention (`max_keep` step checkpoints) runs only after the new one is committed.
+    `before_commit` runs once the files are staged, just before they become visible; what it
+    raises aborts the save (a worker checks there that it still owns its run).
+
+    Raises `CheckpointWriteFailed` when the store cannot take the files (full, read-only);
+    whatever fails, the staging folder is removed and earlier checkpoints are untouched.
     """
     save_dir = Path(save_dir)
     store, experiment = CheckpointStore(save_dir.parent), save_dir.name
@@ -145,19 +153,46 @@ def save_checkpoint(
         "versions": versions(),
         **(extra or {}),
     }
-    staging = store.staging_dir(experiment, tag)
-    save_file(model_state(model, dtype), str(staging / MODEL_FILE))
-    _fsync(staging / MODEL_FILE)
-    with open(staging / OPTIMIZER_FILE, "wb") as f:
-        torch.save({"muon": muon_opt.state_dict(), "adamw": adamw_opt.state_dict()}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    _fsync_write(staging / METADATA_FILE, json.dumps(metadata, indent=2).encode())
-    write_manifest(staging, [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE])
-    final = store.commit(staging, experiment, tag)
+    staging: Path | None = None
+    try:
+        staging = store.staging_dir(experiment, tag)
+        save_file(model_state(model, dtype), str(staging / MODEL_FILE))
+        _fsync(staging / MODEL_FILE)
+        with open(staging / OPTIMIZER_FILE, "wb") as f:
+            torch.save({"muon": muon_opt.state_dict(), "adamw": adamw_opt.state_dict()}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_write(staging / METADATA_FILE, json.dumps(metadata, indent=2).encode())
+        write_manifest(staging, [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE])
+        if before_commit is not None:
+            before_commit()
+        final = store.commit(staging, experiment, tag)
+    except BaseException as exc:
+        # The staging folder is invisible anyway, but on a full disk its bytes are what the
+        # next save (or another run) needs; cleanup at the next start is too late.
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError | safetensors.SafetensorError):
+            raise CheckpointWriteFailed(write_failure(exc, save_dir, tag)) from exc
+        raise
     if max_keep is not None:
         store.retain(experiment, max_keep, protected=set(protected))
     return final
+
+
+def write_failure(exc: BaseException, save_dir: Path, tag: str) -> str:
+    """Say which store failed and how, in words a user can act on."""
+    full = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or (
+        "No space left" in str(exc) or "quota" in str(exc).lower()
+    )
+    if full:
+        problem, advice = "full", "free space there (prune old checkpoints) or use a larger disk"
+    else:
+        problem, advice = "not writable", "check that it exists and this worker may write to it"
+    return (
+        f"checkpoint store {problem}: could not save checkpoint {save_dir.name}/{tag} in "
+        f"{save_dir}: {exc}; {advice}. Earlier checkpoints are intact."
+    )
 
 
 def read_metadata(load_dir: str | Path) -> dict[str, Any]:
