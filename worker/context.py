@@ -22,9 +22,16 @@ CANCEL_POLL_INTERVAL = 0.5
 
 
 class RunContext:
-    def __init__(self, run: Run, runs: RunStore, worker_id: str, shutdown: threading.Event) -> None:
+    def __init__(
+        self,
+        run: Run,
+        runs: RunStore,
+        worker_id: str,
+        shutdown: threading.Event,
+        lease_seconds: float = 30.0,
+    ) -> None:
         self.run, self.runs, self.worker_id = run, runs, worker_id
-        self.shutdown = shutdown
+        self.shutdown, self.lease_seconds = shutdown, lease_seconds
         self.lease_lost = threading.Event()
         self._cancelled = False
         self._last_cancel_check = 0.0
@@ -96,6 +103,22 @@ class RunContext:
 
     def heartbeat(self, lease_seconds: float) -> None:
         self._fenced(self.runs.heartbeat, self.run.id, self.worker_id, self.attempt, lease_seconds)
+
+    def confirm_lease(self) -> None:
+        """Raise LeaseLost unless this worker still owns the run, and extend the lease.
+
+        Called just before a checkpoint becomes visible: a worker that was stalled (stopped,
+        swapped out, partitioned) past its lease and reaped must not publish a checkpoint the
+        run's new attempt would resume from. Extending the lease closes the window between
+        this check and the commit.
+        """
+        if self.lease_lost.is_set():
+            raise LeaseLost(f"run {self.run.id}: this worker lost its lease; not saving")
+        try:
+            self.runs.heartbeat(self.run.id, self.worker_id, self.attempt, self.lease_seconds)
+        except LeaseLost:
+            self.lease_lost.set()
+            raise
 
 
 class Heartbeat:

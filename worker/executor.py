@@ -77,6 +77,7 @@ def execute_train(ctx: RunContext, root: Path) -> Outcome:
         on_checkpoint=on_checkpoint,
         should_stop=ctx.should_stop,
         protected=ctx.runs.protected_checkpoints,
+        before_commit=ctx.confirm_lease,
     )
     result = trainer.run()
     latest = store.latest_or_none(spec.experiment)

@@ -124,11 +124,17 @@ class Worker:
             self.register()  # declared dead while idle (e.g. a long GC pause): come back
 
     def run_one(self, run: Run) -> None:
-        ctx = RunContext(run, self.runs, self.config.worker_id, self.shutdown)
+        ctx = RunContext(
+            run, self.runs, self.config.worker_id, self.shutdown, self.config.lease_seconds
+        )
         ctx.log(f"started on worker {self.config.worker_id} (attempt {run.attempt})")
         try:
             with Heartbeat(ctx, self.config.heartbeat_seconds, self.config.lease_seconds):
                 outcome = execute(ctx, self.config.checkpoint_dir)
+        except LeaseLost as exc:
+            # Not a failure of the run: it belongs to another attempt now, which reports it.
+            log.warning("run %s: %s; leaving it to its new owner", run.id, exc)
+            return
         except Exception as exc:
             self.fail(ctx, exc)
             return

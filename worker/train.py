@@ -225,8 +225,10 @@ class Trainer:
         on_checkpoint: Callback | None = None,
         should_stop: Callable[[], bool] | None = None,
         protected: Callable[[], Set[tuple[str, str]]] | None = None,
+        before_commit: Callable[[], None] | None = None,
     ) -> None:
         self.spec, self.run_id = spec, run_id
+        self.before_commit = before_commit
         self.store = CheckpointStore(Path(checkpoint_root))
         self.on_metrics = on_metrics or (lambda m: None)
         self.on_checkpoint = on_checkpoint or (lambda m: None)
@@ -253,6 +255,7 @@ class Trainer:
             run_id=self.run_id,
             dtype=dtype,
             protected=self.protected(),
+            before_commit=self.before_commit,
         )
         self.on_checkpoint({"tag": path.name, "step": s.step, "path": str(path)})
         return path
