@@ -60,6 +60,12 @@ def test_benchmark_then_train_then_checkpoints_work_after_one_command(
 
         latest = client.latest_checkpoint()
         assert (latest["experiment"], latest["tag"], latest["step"]) == ("demo", "step_50", 50)
+
+        val = client.submit("validate", {"checkpoint": "latest", "experiment": "demo"})
+        assert val["spec"]["checkpoint"] == "demo/step_50"  # resolved when submitted
+        checked = wait_done(client, val["id"])
+        assert checked["state"] == "succeeded", checked["error"]
+        assert checked["result"]["loss"] < 6.0 and checked["result"]["n_tokens"] > 0
         entry = next(f for f in latest["files"] if f["name"] == "model.safetensors")
         dest = tmp_path / "download" / "model.safetensors"
         dest.parent.mkdir()
