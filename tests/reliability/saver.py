@@ -83,16 +83,20 @@ def save_forever(
 ) -> None:
     """Save step_<n>, n = first_step, ..., and ``best`` after every BEST_EVERY-th step, until
     killed or until `stop` is set. Raises (exit code 1) if a checkpoint it has just committed
-    is gone: being the newest, nobody may delete it."""
+    is gone: being the newest, nobody may delete it.
+
+    `ready` is set once the first checkpoint is committed: the first save of a fresh process
+    is slow (lazy imports, version lookups), and kill delays are drawn to span warm saves.
+    """
     parts, folder = build_parts(), Path(root)
     protected = list(protected)
-    ready.set()
     step = first_step
     while stop is None or not stop.is_set():
         for tag in [None, BEST_TAG] if step % BEST_EVERY == 0 else [None]:
             path = save_step(parts, folder, step, tag, protected)
             if not (path / MANIFEST_FILE).is_file():
                 raise AssertionError(f"{path.name} vanished right after it was committed")
+        ready.set()
         step += 1
 
 

@@ -93,15 +93,13 @@ def test_kill_9_at_random_moments_during_saves_never_exposes_a_broken_checkpoint
         proc = ctx.Process(target=saver.save_forever, args=(str(root), first_step, ready))
         proc.start()
         assert ready.wait(READY_TIMEOUT), "the saver process never started"
-        # Past the first save half the time: kills land in steady-state saves and in commits
-        # that replace `best`, not only in the first one.
+        # Up to three saves in: kills land in step saves, their retention and in commits
+        # that replace `best`.
         time.sleep(rng.uniform(0.0, 3.0 * save_seconds))
         proc.kill()
         proc.join()
         assert proc.exitcode == -signal.SIGKILL, "the saver died before it was killed"
         folder = store.experiment_dir(saver.EXPERIMENT)
-        if not folder.is_dir() or not store.list(saver.EXPERIMENT):
-            continue  # killed inside the very first save: nothing to check yet
         mid_save += any(n.startswith(STAGING_PREFIX) for n in hidden(folder))
         latest = assert_consistent(store)
         if previous is not None:
@@ -115,7 +113,6 @@ def test_kill_9_at_random_moments_during_saves_never_exposes_a_broken_checkpoint
             f"(a staging folder was left), {restored} interrupted commits restored, "
             f"save ~{save_seconds * 1000:.1f} ms, {time.monotonic() - started:.1f} s"
         )
-    assert previous is not None, "no save ever completed"
     assert mid_save >= 1, "no kill landed inside a save: the delays miss the saves"
 
 
