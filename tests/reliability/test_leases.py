@@ -8,132 +8,23 @@ The reaper is called with a `now` past the lease instead of sleeping through it.
 
 from __future__ import annotations
 
-import os
 import signal
-import sqlite3
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from store.checkpoints import CheckpointStore
 from store.runs import Run, RunStore
-from store.specs import TrainSpec, resolve_train
+from tests.polling import poll
+from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
 
-REPO = Path(__file__).resolve().parents[2]
-TERMINAL = ("succeeded", "failed", "cancelled")
 PAST_THE_LEASE = timedelta(minutes=5)
-
-
-def poll(predicate: Callable[[], Any], timeout: float = 120.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-class Workers:
-    """`python -m worker` processes with fixed ids, each logging to its own file."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, worker_id: str) -> subprocess.Popen[bytes]:
-        args = ["--data-dir", str(self.data_dir), "--worker-id", worker_id]
-        args += ["--heartbeat-seconds", "0.5", "--poll-seconds", "0.1"]
-        with open(self.log_path(worker_id), "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "worker", *args], cwd=REPO, stderr=log)
-        self.procs[worker_id] = proc
-        return proc
-
-    def log_path(self, worker_id: str) -> Path:
-        return self.data_dir / f"{worker_id}.log"
-
-    def log(self, worker_id: str) -> str:
-        return self.log_path(worker_id).read_text(errors="replace")
-
-    def stall(self, worker_id: str) -> None:
-        """SIGSTOP the worker, at a moment it does not hold SQLite's write lock.
-
-        A process stopped inside a write transaction would block every writer, the reaper
-        included: a property of SQLite (one writer at a time), not of leases.
-        """
-        proc = self.procs[worker_id]
-        for _ in range(100):
-            os.kill(proc.pid, signal.SIGSTOP)
-            if self._write_lock_is_free():
-                return
-            os.kill(proc.pid, signal.SIGCONT)
-            time.sleep(0.01)
-        raise AssertionError(f"{worker_id} always held the database write lock")
-
-    def _write_lock_is_free(self) -> bool:
-        conn = sqlite3.connect(self.data_dir / "trainctl.db", timeout=0.2, isolation_level=None)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("ROLLBACK")
-            return True
-        except sqlite3.OperationalError:
-            return False
-        finally:
-            conn.close()
-
-    def resume(self, worker_id: str) -> None:
-        os.kill(self.procs[worker_id].pid, signal.SIGCONT)
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)
-                proc.kill()
-            proc.wait()
-
-
-@pytest.fixture
-def runs(tmp_path: Path) -> Iterator[RunStore]:
-    store = RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}")
-    store.create_all()
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Workers]:
-    pool = Workers(tmp_path)
-    yield pool
-    pool.close()
-
-
-def enqueue_train(runs: RunStore, experiment: str, steps: int, max_attempts: int = 3) -> Run:
-    spec = TrainSpec(
-        experiment=experiment,
-        steps=steps,
-        model={"preset": "tiny"},
-        data={"source": "synthetic"},
-        batch={"micro_batch_size": 2, "seq_len": 32},
-        checkpoint_every=5,
-        val_every=1_000_000,
-        val_batches=1,
-    )
-    spec = resolve_train(spec, cuda_available=False, data_roots=[])
-    return runs.enqueue(
-        "train", experiment, spec.model_dump(mode="json"), max_attempts=max_attempts
-    )
 
 
 def wait_running(runs: RunStore, run: Run, worker_id: str, past_step: int) -> Run:
     def running() -> Run | None:
         r = runs.get(run.id)
-        ok = r.state == "running" and r.worker_id == worker_id and r.progress["step"] > past_step
+        step = r.progress["step"] or 0
+        ok = r.state == "running" and r.worker_id == worker_id and step > past_step
         return r if ok else None
 
     return poll(running, what=f"{worker_id} training run {run.id} past step {past_step}")
@@ -153,7 +44,7 @@ def test_a_stalled_worker_loses_its_run_to_the_reaper_and_is_fenced_when_it_retu
     tmp_path: Path, runs: RunStore, workers: Workers
 ) -> None:
     root = tmp_path / "checkpoints"
-    run = enqueue_train(runs, "lease", steps=1_000_000, max_attempts=2)
+    run = enqueue_tiny_train(runs, "lease", 1_000_000, checkpoint_every=5, max_attempts=2)
     workers.start("worker-a")
     wait_running(runs, run, "worker-a", past_step=5)  # step_5 is saved: there is a resume point
     workers.stall("worker-a")
@@ -191,6 +82,5 @@ def test_a_stalled_worker_loses_its_run_to_the_reaper_and_is_fenced_when_it_retu
     # Both come back to serve: B leaves (SIGTERM, graceful), and A takes the next run.
     workers.procs["worker-b"].send_signal(signal.SIGTERM)
     assert workers.procs["worker-b"].wait(timeout=60) == 0
-    nxt = enqueue_train(runs, "after", steps=3)
-    done = poll(lambda: (r := runs.get(nxt.id)).state in TERMINAL and r, what="the next run")
+    done = wait_finished(runs, enqueue_tiny_train(runs, "after", 3, checkpoint_every=3))
     assert (done.state, done.worker_id) == ("succeeded", "worker-a"), done.error

@@ -17,28 +17,23 @@ import errno
 import os
 import shutil
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 import safetensors
 
 import worker.checkpoint
 from store.checkpoints import CheckpointStore, verify_manifest
-from store.runs import Run, RunStore
-from store.specs import TrainSpec, resolve_train
+from store.runs import RunStore
 from tests.reliability import saver
+from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
 from worker.checkpoint import load_checkpoint
 from worker.exceptions import CheckpointWriteFailed
 
-REPO = Path(__file__).resolve().parents[2]
 FAULTS = Path(__file__).with_name("faults")
 EXP = saver.EXPERIMENT
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 @contextmanager
@@ -68,9 +63,9 @@ def unwritable(folder: Path) -> Iterator[str]:
         aside.rename(folder)
 
 
-def snapshot(store: CheckpointStore) -> dict[str, str]:
+def snapshot(store: CheckpointStore, experiment: str = EXP) -> dict[str, str]:
     """Tag -> manifest text: equal snapshots mean no earlier checkpoint was touched."""
-    return {c.tag: (c.path / "manifest.json").read_text() for c in store.list(EXP)}
+    return {c.tag: (c.path / "manifest.json").read_text() for c in store.list(experiment)}
 
 
 def assert_intact(store: CheckpointStore, before: dict[str, str]) -> None:
@@ -138,45 +133,8 @@ def test_an_unwritable_store_fails_the_save_clearly_and_leaves_nothing_behind(
 # --- through a real worker process --------------------------------------------------------
 
 
-def poll(predicate: Callable[[], Any], timeout: float = 120.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def enqueue_train(runs: RunStore, experiment: str, steps: int) -> Run:
-    spec = TrainSpec(
-        experiment=experiment,
-        steps=steps,
-        model={"preset": "tiny"},
-        data={"source": "synthetic"},
-        batch={"micro_batch_size": 2, "seq_len": 32},
-        checkpoint_every=2,
-        val_every=1000,
-        val_batches=1,
-    )
-    spec = resolve_train(spec, cuda_available=False, data_roots=[])
-    return runs.enqueue("train", experiment, spec.model_dump(mode="json"))
-
-
-def finished(runs: RunStore, run: Run) -> Run:
-    return poll(lambda: (r := runs.get(run.id)).state in TERMINAL and r, what=f"run {run.id}")
-
-
-@pytest.fixture
-def runs(tmp_path: Path) -> Iterator[RunStore]:
-    store = RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}")
-    store.create_all()
-    yield store
-    store.close()
-
-
 def test_a_run_whose_store_fails_ends_failed_with_the_reason_and_the_worker_serves_on(
-    tmp_path: Path, runs: RunStore
+    tmp_path: Path, runs: RunStore, workers: Workers
 ) -> None:
     root, full = tmp_path / "checkpoints", tmp_path / "store-is-full"
     env = dict(
@@ -185,38 +143,29 @@ def test_a_run_whose_store_fails_ends_failed_with_the_reason_and_the_worker_serv
         TRAINCTL_FAULT_UNDER=str(root),
         TRAINCTL_FAULT_STORE_FULL=str(full),
     )
-    args = ["--data-dir", str(tmp_path), "--heartbeat-seconds", "0.5", "--poll-seconds", "0.1"]
-    with open(tmp_path / "worker.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", *args], cwd=REPO, env=env, stderr=log
-        )
-    try:
-        first = finished(runs, enqueue_train(runs, "e", steps=4))
-        assert first.state == "succeeded", first.error
-        store = CheckpointStore(root)
-        before = {c.tag: (c.path / "manifest.json").read_text() for c in store.list("e")}
-        assert before.keys() == {"best", "step_2", "step_4"}
+    proc = workers.start("worker", env)
+    first = wait_finished(runs, enqueue_tiny_train(runs, "e", 4, checkpoint_every=2))
+    assert first.state == "succeeded", first.error
+    store = CheckpointStore(root)
+    before = snapshot(store, "e")
+    assert before.keys() == {"best", "step_2", "step_4"}
 
-        full.touch()
-        on_full = finished(runs, enqueue_train(runs, "e", steps=6))
-        full.unlink()
-        assert on_full.state == "failed"
-        assert "checkpoint store full" in (on_full.error or "")
-        assert "No space left on device" in (on_full.error or "")
+    full.touch()
+    on_full = wait_finished(runs, enqueue_tiny_train(runs, "e", 6, checkpoint_every=2))
+    full.unlink()
+    assert on_full.state == "failed"
+    assert "checkpoint store full" in (on_full.error or "")
+    assert "No space left on device" in (on_full.error or "")
 
-        with unwritable(store.experiment_dir("e")) as how:
-            on_readonly = finished(runs, enqueue_train(runs, "e", steps=6))
-        assert on_readonly.state == "failed"
-        assert "checkpoint store not writable" in (on_readonly.error or ""), how
+    with unwritable(store.experiment_dir("e")) as how:
+        on_readonly = wait_finished(runs, enqueue_tiny_train(runs, "e", 6, checkpoint_every=2))
+    assert on_readonly.state == "failed"
+    assert "checkpoint store not writable" in (on_readonly.error or ""), how
 
-        for info in store.list("e"):
-            verify_manifest(info.path, deep=True)
-        after = {c.tag: (c.path / "manifest.json").read_text() for c in store.list("e")}
-        assert after == before, "an earlier checkpoint was touched"
-        assert sorted(p.name for p in store.experiment_dir("e").iterdir()) == sorted(before)
-        assert proc.poll() is None, "the worker died"
-        last = finished(runs, enqueue_train(runs, "e2", steps=2))
-        assert last.state == "succeeded", last.error
-    finally:
-        proc.kill()
-        proc.wait()
+    for info in store.list("e"):
+        verify_manifest(info.path, deep=True)
+    assert snapshot(store, "e") == before, "an earlier checkpoint was touched"
+    assert sorted(p.name for p in store.experiment_dir("e").iterdir()) == sorted(before)
+    assert proc.poll() is None, "the worker died"
+    last = wait_finished(runs, enqueue_tiny_train(runs, "e2", 2, checkpoint_every=2))
+    assert last.state == "succeeded", last.error

@@ -12,17 +12,21 @@ import errno
 import os
 from typing import Any
 
-_UNDER = os.environ.get("TRAINCTL_FAULT_UNDER")
-_SWITCH = os.environ.get("TRAINCTL_FAULT_STORE_FULL")
 
-if _UNDER and _SWITCH:
-    _real_fsync = os.fsync
+def _inject_a_full_store(under: str, switch: str) -> None:
+    real_fsync = os.fsync
 
-    def _fsync(fd: Any) -> None:
+    def fsync(fd: Any) -> None:
         number = fd if isinstance(fd, int) else fd.fileno()
         path = os.readlink(f"/proc/self/fd/{number}")
-        if os.path.exists(_SWITCH) and path.startswith(_UNDER + os.sep):
+        if os.path.exists(switch) and path.startswith(under + os.sep):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-        _real_fsync(fd)
+        real_fsync(fd)
 
-    os.fsync = _fsync
+    os.fsync = fsync
+
+
+_UNDER = os.environ.get("TRAINCTL_FAULT_UNDER")
+_SWITCH = os.environ.get("TRAINCTL_FAULT_STORE_FULL")
+if _UNDER and _SWITCH:
+    _inject_a_full_store(_UNDER, _SWITCH)

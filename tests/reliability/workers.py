@@ -1,0 +1,108 @@
+"""Real worker processes (`python -m worker`) and tiny train runs for the reliability tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from store.runs import Run, RunStore
+from store.specs import TrainSpec, resolve_train
+from tests.polling import poll
+
+REPO = Path(__file__).resolve().parents[2]
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+class Workers:
+    """Worker processes with fixed ids on one data dir, each logging to its own file."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, worker_id: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        args = ["--data-dir", str(self.data_dir), "--worker-id", worker_id]
+        args += ["--heartbeat-seconds", "0.5", "--poll-seconds", "0.1"]
+        with open(self.log_path(worker_id), "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "worker", *args], cwd=REPO, env=env, stderr=log
+            )
+        self.procs[worker_id] = proc
+        return proc
+
+    def log_path(self, worker_id: str) -> Path:
+        return self.data_dir / f"{worker_id}.log"
+
+    def log(self, worker_id: str) -> str:
+        return self.log_path(worker_id).read_text(errors="replace")
+
+    def stall(self, worker_id: str) -> None:
+        """SIGSTOP the worker, at a moment it does not hold SQLite's write lock.
+
+        A process stopped inside a write transaction would block every writer, the reaper
+        included: a property of SQLite (one writer at a time), not of leases.
+        """
+        proc = self.procs[worker_id]
+        for _ in range(100):
+            os.kill(proc.pid, signal.SIGSTOP)
+            if self._write_lock_is_free():
+                return
+            os.kill(proc.pid, signal.SIGCONT)
+            time.sleep(0.01)
+        raise AssertionError(f"{worker_id} always held the database write lock")
+
+    def _write_lock_is_free(self) -> bool:
+        conn = sqlite3.connect(self.data_dir / "trainctl.db", timeout=0.2, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+            return True
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            conn.close()
+
+    def resume(self, worker_id: str) -> None:
+        os.kill(self.procs[worker_id].pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+            proc.wait()
+
+
+def enqueue_tiny_train(
+    runs: RunStore,
+    experiment: str,
+    steps: int,
+    *,
+    checkpoint_every: int,
+    max_attempts: int = 3,
+) -> Run:
+    """A CPU train run that takes well under a second per few steps: the tiny preset on
+    synthetic tokens, validating (and so saving ``best``) only at the end."""
+    spec = TrainSpec(
+        experiment=experiment,
+        steps=steps,
+        model={"preset": "tiny"},
+        data={"source": "synthetic"},
+        batch={"micro_batch_size": 2, "seq_len": 32},
+        checkpoint_every=checkpoint_every,
+        val_every=1_000_000,
+        val_batches=1,
+    )
+    spec = resolve_train(spec, cuda_available=False, data_roots=[])
+    return runs.enqueue(
+        "train", experiment, spec.model_dump(mode="json"), max_attempts=max_attempts
+    )
+
+
+def wait_finished(runs: RunStore, run: Run) -> Run:
+    return poll(lambda: (r := runs.get(run.id)).state in TERMINAL and r, what=f"run {run.id}")
