@@ -15,7 +15,6 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from store.checkpoints import (
     write_manifest,
 )
 from store.exceptions import CheckpointProtected
+from tests.polling import poll
 from tests.reliability import saver
 
 ROUNDS = 100 * int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "20"))
@@ -53,7 +53,7 @@ def test_prune_during_saves_never_deletes_latest_best_protected_or_the_one_being
     deleted_total, started = 0, time.monotonic()
     try:
         assert ready.wait(120), "the saver process never started"
-        poll_until(lambda: store.latest_or_none(EXP) is not None and store.list(EXP))
+        poll(lambda: store.latest_or_none(EXP), what="the saver's first checkpoint")
         for _ in range(ROUNDS):
             assert proc.is_alive(), "the saver died (a checkpoint it had committed vanished?)"
             latest_before = store.latest(EXP)
@@ -92,13 +92,6 @@ def test_prune_during_saves_never_deletes_latest_best_protected_or_the_one_being
             f"{steps_saved} steps saved concurrently, {time.monotonic() - started:.1f} s"
         )
     assert deleted_total > 0, "prune never deleted anything: the race was not exercised"
-
-
-def poll_until(predicate: Callable[[], object], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting for the first checkpoint"
-        time.sleep(0.01)
 
 
 def save_fake(store: CheckpointStore, step: int) -> None:
