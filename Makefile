@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install serve benchmark test lint typecheck pytest openapi clean
+.PHONY: install serve benchmark test lint typecheck pytest openapi soak clean
 
 install: $(STAMP)
 
@@ -42,6 +42,10 @@ pytest: install
 	$(VENV)/bin/pytest
 
 test: lint typecheck pytest
+
+# Long fault-injection rounds (kill -9 during saves, prune racing saves), beyond CI's budget.
+soak: install
+	TRAINCTL_SOAK_ROUNDS=300 $(VENV)/bin/pytest tests/reliability -q
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
