@@ -21,6 +21,9 @@ from store.presets import PRESETS, ModelConfig, get_preset
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 MAX_STEPS = 10_000_000
 TARGET_TOKENS = 8_310_000_000  # the seed's pre-training budget: 8.31 B tokens
+# More tokens than this in one forward pass exhausts any single device's memory: a request
+# for it is a mistake to refuse now, not a run to fail after loading the data.
+MAX_TOKENS_PER_MICRO_BATCH = 1 << 20
 # Larger models than this are not something one node of this service trains: a request
 # for one is a typo (or an attack), not a plan.
 MAX_MODEL_PARAMS = 20_000_000_000
@@ -312,8 +315,15 @@ def _geometry(batch: BatchSpec, profile: Profile, cfg: ModelConfig) -> BatchSpec
         raise InvalidRequest(
             f"batch.seq_len {seq_len} is above the model's max_seq_len {cfg.max_seq_len}"
         )
+    micro = batch.micro_batch_size or profile.micro_batch_size
+    if micro * seq_len > MAX_TOKENS_PER_MICRO_BATCH:
+        raise InvalidRequest(
+            f"batch: micro_batch_size {micro} x seq_len {seq_len} = {micro * seq_len:,} tokens "
+            f"per forward pass, above the limit of {MAX_TOKENS_PER_MICRO_BATCH:,}; use "
+            "grad_accum_steps for a larger batch"
+        )
     return BatchSpec(
-        micro_batch_size=batch.micro_batch_size or profile.micro_batch_size,
+        micro_batch_size=micro,
         grad_accum_steps=batch.grad_accum_steps or profile.grad_accum_steps,
         seq_len=seq_len,
     )

@@ -38,3 +38,15 @@ def test_package_never_imports_what_its_wall_forbids(package: str) -> None:
     assert proc.returncode == 0, proc.stderr
     loaded = set(json.loads(proc.stdout))
     assert not (loaded & FORBIDDEN[package]), f"{package} imports {loaded & FORBIDDEN[package]}"
+
+
+def test_no_code_path_unpickles_with_weights_only_false() -> None:
+    """A checkpoint is data: every torch.load passes weights_only=True, none passes False."""
+    for package in FORBIDDEN:
+        for path in (REPO / package).rglob("*.py"):
+            text = path.read_text()
+            assert "weights_only=False" not in text, path
+            for line in text.splitlines():
+                if "torch.load(" in line and "def " not in line:
+                    call = text[text.index(line) :]
+                    assert "weights_only=True" in call[: call.index(")") + 80], (path, line)

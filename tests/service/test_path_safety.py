@@ -1,0 +1,79 @@
+"""Downloads and deletes resolve through the store: every way out of it is a 4xx."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from store.checkpoints import MODEL_FILE, CheckpointStore
+from tests.service.conftest import save_checkpoint
+
+# One row per trick; each is tried as a file name, a tag and an experiment. A bare ".."
+# segment is resolved away by HTTP clients before it is sent; the store's own tests
+# (tests/store/test_checkpoints.py) refuse it where it would arrive.
+TRICKS = {
+    "encoded dot-dot": "%2e%2e",
+    "double-encoded dot-dot": "%252e%252e",
+    "encoded slash": "..%2f..%2fetc%2fpasswd",
+    "double-encoded slash": "..%252f..%252fetc%252fpasswd",
+    "backslash": "..%5c..%5cetc%5cpasswd",
+    "absolute path": "%2fetc%2fpasswd",
+    "windows drive": "C:%5cWindows%5cwin.ini",
+    "NUL byte": "model.safetensors%00",
+    "hidden staging folder": ".staging-step_1",
+    "overlong utf-8 dot": "%c0%ae%c0%ae",
+}
+PLACES = {
+    "file name": "/checkpoints/exp/step_1/files/{x}",
+    "tag": "/checkpoints/exp/{x}/files/model.safetensors",
+    "experiment": "/checkpoints/{x}/step_1/files/model.safetensors",
+    "archive": "/checkpoints/exp/{x}/archive",
+}
+
+
+@pytest.fixture
+def one(ckpts: CheckpointStore) -> CheckpointStore:
+    save_checkpoint(ckpts, "exp", step=1)
+    return ckpts
+
+
+@pytest.mark.parametrize("place", sorted(PLACES))
+@pytest.mark.parametrize("trick", sorted(TRICKS))
+def test_every_trick_in_every_place_is_refused_with_a_reason(
+    client: TestClient, one: CheckpointStore, trick: str, place: str
+) -> None:
+    url = PLACES[place].format(x=TRICKS[trick])
+    for method in ("GET", "DELETE"):
+        response = client.request(method, url)
+        assert 400 <= response.status_code < 500, (method, url, response.status_code)
+        assert "detail" in response.json()
+    assert [c.tag for c in one.list()] == ["step_1"]
+
+
+def test_a_symlinked_file_pointing_out_of_the_store_is_not_served(
+    client: TestClient, one: CheckpointStore, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"x" * 800)  # the size the manifest expects, so only the link is wrong
+    model = one.get("exp", "step_1").path / MODEL_FILE
+    model.unlink()
+    os.symlink(secret, model)
+    response = client.get("/checkpoints/exp/step_1/files/model.safetensors")
+    assert 400 <= response.status_code < 500
+    assert b"xxxx" not in response.content
+
+
+def test_a_symlinked_experiment_pointing_out_of_the_store_is_not_listed_or_served(
+    client: TestClient, one: CheckpointStore, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    save_checkpoint(CheckpointStore(outside), "loot", step=1)
+    os.symlink(outside / "loot", one.root / "loot")
+    assert [c["experiment"] for c in client.get("/checkpoints").json()["items"]] == ["exp"]
+    response = client.get("/checkpoints/loot/step_1/files/model.safetensors")
+    assert 400 <= response.status_code < 500
+    assert client.delete("/checkpoints/loot/step_1").status_code >= 400
+    assert (outside / "loot" / "step_1").exists()
