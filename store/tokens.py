@@ -1,0 +1,103 @@
+"""Token data on disk, without torch: `.bin` shards (the llm.c / modded-nanogpt format) and
+text files read as byte-level tokens.
+
+The CLI writes shards (`trainctl data prepare`) and the API checks data paths, neither of which
+may import torch; the worker reads the same formats through `worker.data`.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sysconfig
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+SHARD_MAGIC = 20240520
+SHARD_VERSION = 1
+SHARD_HEADER_INTS = 256
+SHARD_HEADER_BYTES = SHARD_HEADER_INTS * 4
+BYTE_VOCAB = 256
+
+
+class DataError(ValueError):
+    """Training data that cannot be used as given."""
+
+
+# --- token shards (llm.c / modded-nanogpt .bin format) ----------------------------------
+
+
+def write_shard(path: str | Path, tokens: np.ndarray | Sequence[int]) -> None:
+    """Write uint16 tokens with the 256-int32 header (magic, version, token count)."""
+    arr = np.asarray(tokens)
+    if arr.size and (arr.min() < 0 or arr.max() >= 2**16):
+        raise DataError("shard tokens must fit in uint16 (0..65535)")
+    header = np.zeros(SHARD_HEADER_INTS, dtype=np.int32)
+    header[:3] = (SHARD_MAGIC, SHARD_VERSION, arr.size)
+    tmp = Path(f"{path}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(arr.astype(np.uint16).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_shard(path: str | Path) -> np.ndarray:
+    """Memory-map a shard's tokens after checking its header against the file size."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size < SHARD_HEADER_BYTES:
+        raise DataError(f"{path}: {size} bytes is too short for a token shard header")
+    header = np.fromfile(path, dtype=np.int32, count=SHARD_HEADER_INTS)
+    magic, version, count = (int(v) for v in header[:3])
+    if magic != SHARD_MAGIC:
+        raise DataError(f"{path}: bad magic {magic}, expected {SHARD_MAGIC} (not a .bin shard)")
+    if version != SHARD_VERSION:
+        raise DataError(f"{path}: unsupported shard version {version}, expected {SHARD_VERSION}")
+    expected = SHARD_HEADER_BYTES + 2 * count
+    if count < 0 or size != expected:
+        raise DataError(
+            f"{path}: header says {count} tokens ({expected} bytes) but the file has {size} bytes"
+        )
+    return np.memmap(path, dtype=np.uint16, mode="r", offset=SHARD_HEADER_BYTES, shape=(count,))
+
+
+# --- text as byte-level tokens -----------------------------------------------------------
+
+
+def read_text_bytes(paths: Iterable[str | Path], max_bytes: int | None = None) -> np.ndarray:
+    """Concatenate files as bytes (token = byte value), in the given order."""
+    chunks, total = [], 0
+    for p in paths:
+        data = Path(p).read_bytes()
+        if max_bytes is not None:
+            data = data[: max_bytes - total]
+        chunks.append(np.frombuffer(data, dtype=np.uint8))
+        total += len(data)
+        if max_bytes is not None and total >= max_bytes:
+            break
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint8)
+
+
+def stdlib_source_files() -> list[Path]:
+    """The Python standard library's own .py files: real text that every machine has."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = ("site-packages", "test", "tests", "idlelib", "__pycache__")
+    files = [p for p in root.rglob("*.py") if not any(part in skip for part in p.parts)]
+    return sorted(files)
+
+
+def expand_paths(patterns: Sequence[str]) -> list[Path]:
+    """Expand globs in order; a pattern that matches nothing is an error, not an empty run."""
+    out: list[Path] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern, recursive=True))
+        if not matches:
+            raise DataError(f"no files match {pattern!r}")
+        for m in matches:
+            p = Path(m)
+            out.extend(sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p])
+    return out
