@@ -26,7 +26,6 @@ from sqlalchemy.exc import IntegrityError
 from store.db import (
     UTCDateTime,
     build_engine,
-    metadata,
     read_transaction,
     run_events,
     runs,
@@ -42,6 +41,7 @@ from store.exceptions import (
     RunNotFound,
     WorkerNotFound,
 )
+from store.migrations import upgrade_to_head
 
 RUN_KINDS = ("train", "validate", "benchmark")
 RUN_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -152,9 +152,11 @@ class RunStore:
         self.engine = build_engine(url)
 
     def create_all(self) -> None:
-        """Create the tables that do not exist yet."""
-        with write_transaction(self.engine) as conn:
-            metadata.create_all(conn)
+        """Bring the schema to the newest migration (creating it in an empty database).
+
+        Safe to call from several processes at once; see `store.migrations`.
+        """
+        upgrade_to_head(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -389,7 +391,7 @@ class RunStore:
             if worker_id is not None and attempt is not None:
                 _require_owned(conn, run_id, worker_id, attempt)
             else:
-                _require_row(conn, run_id)
+                _require_row(conn, run_id, lock=True)  # see _insert_event: ids in commit order
             return _insert_event(conn, run_id, type, _as_json(data))
 
     def events(
@@ -744,6 +746,20 @@ def _state_data(row: Row[Any], previous: str, reason: str) -> dict[str, Any]:
 
 
 def _insert_event(conn: Connection, run_id: str, type: str, data: dict[str, Any]) -> int:
+    """Append an event; the caller must hold the run's row lock in this transaction.
+
+    A client resuming a stream asks for the events of one run with id > Last-Event-ID, so the
+    ids of one run must become visible in increasing order. On PostgreSQL ids come from a
+    sequence, handed out at INSERT, not at COMMIT: two transactions inserting events of the
+    same run could take ids 10 and 11 and commit 11 first, and a reader between the two
+    commits would move past 10 for good. Every caller therefore takes the run's row lock first
+    (SELECT ... FOR UPDATE, or the UPDATE of a state change), which serialises the event
+    writers of a run: the next one takes its id only after the previous one committed. (The
+    foreign-key check of a bare INSERT takes only a shared key lock, which two inserters hold
+    at once, so it does not serialise them.) Events
+    of different runs need no order between them, and do not wait for each other. On SQLite
+    BEGIN IMMEDIATE serialises every writer anyway.
+    """
     result = conn.execute(
         insert(run_events).values(run_id=run_id, type=type, data=data, created_at=_utcnow())
     )

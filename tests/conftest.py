@@ -1,9 +1,20 @@
-"""Shared fixtures. GPU tests are skipped cleanly where CUDA is absent."""
+"""Shared fixtures. GPU tests are skipped cleanly where CUDA is absent.
+
+`database_url` runs a test once on SQLite (a file in its tmp_path) and once on PostgreSQL
+(a fresh database on a real PostgreSQL 15 server that the session starts on first use).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import torch
+
+from tests.pg import PostgresServer, PostgresUnavailable
+
+BACKENDS = ["sqlite", "postgresql"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -13,3 +24,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server for the whole session; the tests fail, not skip, without one."""
+    try:
+        server = PostgresServer().start()
+    except PostgresUnavailable as exc:
+        pytest.fail(f"cannot start PostgreSQL for the tests: {exc}", pytrace=False)
+    yield server
+    server.stop()
+
+
+def backend_url(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database of `backend`, dropped afterwards (PostgreSQL)."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'trainctl.db'}"
+        return
+    server: PostgresServer = request.getfixturevalue("postgres")
+    with server.database() as url:
+        yield url
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    yield from backend_url(request, request.param, tmp_path)

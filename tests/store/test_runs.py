@@ -1,18 +1,22 @@
-"""The run queue and event log (store/runs.py) on a SQLite file, as the embedded default uses it."""
+"""The run queue and event log (store/runs.py), on SQLite (the embedded default) and on a real
+PostgreSQL server (many nodes): every test that takes `store` or `url` runs on both."""
 
 from __future__ import annotations
 
 import base64
 import multiprocessing
+import threading
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import insert, select
 
+from store.db import run_events, runs, write_transaction
 from store.exceptions import (
     Conflict,
     ExperimentBusy,
@@ -23,6 +27,7 @@ from store.exceptions import (
     WorkerNotFound,
 )
 from store.runs import Run, RunStore
+from tests.pg import PostgresServer
 
 PUBLIC_RUN_FIELDS = {
     "id", "kind", "experiment", "state", "spec", "progress", "result", "error", "worker_id",
@@ -31,8 +36,8 @@ PUBLIC_RUN_FIELDS = {
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/runs.db"
+def url(database_url: str) -> str:
+    return database_url
 
 
 @pytest.fixture
@@ -430,6 +435,48 @@ def test_events_come_back_in_id_order_after_the_given_id(store: RunStore) -> Non
     ]
 
 
+def test_an_event_of_a_run_waits_for_the_runs_open_event_write_so_ids_appear_in_order(
+    store: RunStore,
+) -> None:
+    """A reader resuming after the newest id it saw must never skip an event that commits
+    later with a smaller id (PostgreSQL hands out sequence ids at INSERT, not at COMMIT)."""
+    run = claimed_train_run(store)
+    mark = store.events(run.id)[-1].id
+    with write_transaction(store.engine) as held:
+        # An event write in progress that took its id but has not committed yet.
+        held.execute(
+            insert(run_events).values(
+                run_id=run.id, type="log", data={"n": 1}, created_at=datetime.now(UTC)
+            )
+        )
+        writer = threading.Thread(target=store.append_event, args=(run.id, "log", {"n": 2}))
+        writer.start()
+        writer.join(timeout=1.0)
+
+        assert writer.is_alive(), "the second event was written while the first was open"
+        assert store.events(run.id, after_id=mark) == []
+    writer.join(timeout=30)
+
+    assert [e.data["n"] for e in store.events(run.id, after_id=mark)] == [1, 2]
+
+
+def test_postgresql_claim_skips_a_run_another_transaction_has_locked(
+    postgres: PostgresServer,
+) -> None:
+    with postgres.database() as url, RunStore(url) as store:
+        store.create_all()
+        first = store.enqueue("benchmark", "exp", {"n": 1})
+        second = store.enqueue("benchmark", "exp", {"n": 2})
+        with store.engine.connect() as conn, conn.begin():
+            conn.execute(select(runs.c.id).where(runs.c.id == first.id).with_for_update())
+
+            claimed = store.claim("w2", lease_seconds=60)  # would wait here without SKIP LOCKED
+
+        assert claimed is not None and claimed.id == second.id
+        again = store.claim("w3", lease_seconds=60)
+        assert again is not None and again.id == first.id
+
+
 def test_every_state_change_is_in_the_event_log(store: RunStore) -> None:
     run = claimed_train_run(store)
     store.finish(run.id, "w1", run.attempt, "failed", error="loss is NaN at step 3")
@@ -494,8 +541,8 @@ def test_a_deregistered_worker_heartbeat_raises_worker_not_found(store: RunStore
 # ---- the database itself -------------------------------------------------------------------
 
 
-def test_sqlite_uses_wal_and_waits_for_other_writers(store: RunStore) -> None:
-    with store.engine.connect() as conn:
+def test_sqlite_uses_wal_and_waits_for_other_writers(tmp_path: Path) -> None:
+    with RunStore(f"sqlite:///{tmp_path}/runs.db") as store, store.engine.connect() as conn:
         journal_mode = conn.exec_driver_sql("PRAGMA journal_mode").scalar()
         busy_timeout = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
 
