@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from service.client import TrainctlClient
+from service.schemas import RunPublic
 from store.runs import RunStore
 from tests.e2e.conftest import Service
 from tests.polling import poll
@@ -18,19 +19,24 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 LONG_TRAIN = {"steps": 100_000, "checkpoint_every": 100_000}
 
 
-def wait_done(client: TrainctlClient, run_id: str, timeout: float = 180) -> dict[str, Any]:
+def wait_done(client: TrainctlClient, run_id: str, timeout: float = 180) -> RunPublic:
     return poll(
-        lambda: (r := client.get_run(run_id))["state"] in TERMINAL and r,
+        lambda: (r := client.get_run(run_id)).state in TERMINAL and r,
         timeout=timeout,
         what=f"run {run_id} to finish",
     )
 
 
-def wait_step(client: TrainctlClient, run_id: str, step: int) -> dict[str, Any]:
+def wait_step(client: TrainctlClient, run_id: str, step: int) -> RunPublic:
     return poll(
-        lambda: ((r := client.get_run(run_id))["progress"]["step"] or 0) >= step and r,
+        lambda: ((r := client.get_run(run_id)).progress.step or 0) >= step and r,
         what=f"run {run_id} to reach step {step}",
     )
+
+
+def result_of(run: RunPublic) -> dict[str, Any]:
+    assert run.result is not None, f"run {run.id} is {run.state}: {run.error}"
+    return run.result
 
 
 def sha256(path: Path) -> str:
@@ -43,59 +49,57 @@ def test_benchmark_then_train_then_checkpoints_work_after_one_command(
     service.start()
     with TrainctlClient(service.url) as client:
         bench = client.submit("benchmark", {"steps": 5, "warmup_steps": 1})
-        assert bench["state"] == "queued" and bench["spec"]["model"]["preset"] == "tiny"
-        done = wait_done(client, bench["id"])
-        assert done["state"] == "succeeded", done["error"]
-        assert done["result"]["tokens_per_sec"] > 0 and done["result"]["warnings"]
+        assert bench.state == "queued" and bench.spec["model"]["preset"] == "tiny"
+        done = wait_done(client, bench.id)
+        assert done.state == "succeeded", done.error
+        assert result_of(done)["tokens_per_sec"] > 0 and result_of(done)["warnings"]
 
         run = client.submit("train", {"experiment": "demo", "steps": 50, "checkpoint_every": 10})
-        events = list(client.events(run["id"]))  # follows the stream until the run ends
-        assert [e["data"]["state"] for e in events if e["type"] == "state"][-1] == "succeeded"
+        events = list(client.events(run.id))  # follows the stream until the run ends
+        assert [e.data["state"] for e in events if e.type == "state"][-1] == "succeeded"
         steps = [
-            e["data"]["step"]
-            for e in events
-            if e["type"] == "metrics" and e["data"]["kind"] == "train"
+            e.data["step"] for e in events if e.type == "metrics" and e.data["kind"] == "train"
         ]
         assert steps == list(range(1, 51))
 
         latest = client.latest_checkpoint()
-        assert (latest["experiment"], latest["tag"], latest["step"]) == ("demo", "step_50", 50)
+        assert (latest.experiment, latest.tag, latest.step) == ("demo", "step_50", 50)
 
         val = client.submit("validate", {"checkpoint": "latest", "experiment": "demo"})
-        assert val["spec"]["checkpoint"] == "demo/step_50"  # resolved when submitted
-        checked = wait_done(client, val["id"])
-        assert checked["state"] == "succeeded", checked["error"]
-        assert checked["result"]["loss"] < 6.0 and checked["result"]["n_tokens"] > 0
-        entry = next(f for f in latest["files"] if f["name"] == "model.safetensors")
+        assert val.spec["checkpoint"] == "demo/step_50"  # resolved when submitted
+        checked = wait_done(client, val.id)
+        assert checked.state == "succeeded", checked.error
+        assert result_of(checked)["loss"] < 6.0 and result_of(checked)["n_tokens"] > 0
+        entry = next(f for f in latest.files if f.name == "model.safetensors")
         dest = tmp_path / "download" / "model.safetensors"
         dest.parent.mkdir()
         client.download_file("demo", "step_50", "model.safetensors", dest)
-        assert sha256(dest) == entry["sha256"]
+        assert sha256(dest) == entry.sha256
 
         archive = tmp_path / "demo.tar"
         client.download_archive("demo", "step_50", archive)
         with tarfile.open(archive) as tar:
             tar.extractall(tmp_path / "untar", filter="data")
         untarred = tmp_path / "untar" / "step_50"
-        for f in latest["files"]:
-            assert sha256(untarred / f["name"]) == f["sha256"]
+        for f in latest.files:
+            assert sha256(untarred / f.name) == f.sha256
 
         pruned = client.prune("demo", keep_last=1)
-        left = {c["tag"] for c in client.list_checkpoints("demo")}
+        left = {c.tag for c in client.list_checkpoints("demo")}
         assert left == {"step_50", "best"}
-        assert {c["tag"] for c in pruned["deleted"]} == {"step_30", "step_40"}
+        assert {c.tag for c in pruned.deleted} == {"step_30", "step_40"}
 
 
 def test_cancel_a_running_train_run_saves_a_checkpoint(service: Service) -> None:
     service.start()
     with TrainctlClient(service.url) as client:
         run = client.submit("train", {"experiment": "cancelme", **LONG_TRAIN})
-        wait_step(client, run["id"], 3)
-        client.cancel_run(run["id"])
-        done = wait_done(client, run["id"])
-        assert done["state"] == "cancelled"
+        wait_step(client, run.id, 3)
+        client.cancel_run(run.id)
+        done = wait_done(client, run.id)
+        assert done.state == "cancelled"
         latest = client.latest_checkpoint("cancelme")
-        assert latest["step"] == done["result"]["step"] and latest["run_id"] == run["id"]
+        assert latest.step == result_of(done)["step"] and latest.run_id == run.id
 
 
 def test_kill_9_mid_run_resumes_exactly_like_an_uninterrupted_run(service: Service) -> None:
@@ -108,22 +112,22 @@ def test_kill_9_mid_run_resumes_exactly_like_an_uninterrupted_run(service: Servi
     with TrainctlClient(service.url) as client:
         straight = client.submit("train", {"experiment": "straight", **spec})
         run = client.submit("train", {"experiment": "crash", **spec})
-        assert wait_done(client, straight["id"])["state"] == "succeeded"
-        running = wait_step(client, run["id"], 30)
-        worker = next(w for w in client.workers() if w["id"] == running["worker_id"])
-        os.kill(worker["pid"], signal.SIGKILL)
-        done = wait_done(client, run["id"], timeout=240)
-        assert done["state"] == "succeeded", done["error"]
-        assert done["attempt"] == 2 and done["worker_id"] != running["worker_id"]
-        logs = [item["message"] for item in client.logs(run["id"])]
+        assert wait_done(client, straight.id).state == "succeeded"
+        running = wait_step(client, run.id, 30)
+        worker = next(w for w in client.workers() if w.id == running.worker_id)
+        os.kill(worker.pid, signal.SIGKILL)
+        done = wait_done(client, run.id, timeout=240)
+        assert done.state == "succeeded", done.error
+        assert done.attempt == 2 and done.worker_id != running.worker_id
+        logs = [item.message for item in client.logs(run.id)]
         assert any("attempt 2: resuming from step_" in m for m in logs)
 
-        expected = client.get_run(straight["id"])["result"]
-        assert done["result"]["step"] == expected["step"] == 300
-        assert done["result"]["final_loss"] == expected["final_loss"]
-        assert done["result"]["best_loss"] == expected["best_loss"]
+        expected = result_of(client.get_run(straight.id))
+        assert result_of(done)["step"] == expected["step"] == 300
+        assert result_of(done)["final_loss"] == expected["final_loss"]
+        assert result_of(done)["best_loss"] == expected["best_loss"]
         files = [
-            {f["name"]: f["sha256"] for f in client.get_checkpoint(exp, "step_300")["files"]}
+            {f.name: f.sha256 for f in client.get_checkpoint(exp, "step_300").files}
             for exp in ("straight", "crash")
         ]
         assert files[0]["model.safetensors"] == files[1]["model.safetensors"]  # same weights
@@ -133,9 +137,7 @@ def test_kill_9_mid_run_resumes_exactly_like_an_uninterrupted_run(service: Servi
 def test_restarting_the_service_loses_no_queued_or_running_run(service: Service) -> None:
     service.start(workers=0)  # nothing runs: every submitted run stays queued
     with TrainctlClient(service.url) as client:
-        queued = [
-            client.submit("benchmark", {"steps": 2, "warmup_steps": 0})["id"] for _ in range(3)
-        ]
+        queued = [client.submit("benchmark", {"steps": 2, "warmup_steps": 0}).id for _ in range(3)]
     assert service.stop()
 
     service.start(workers=1)
@@ -144,16 +146,16 @@ def test_restarting_the_service_loses_no_queued_or_running_run(service: Service)
             "train", {"experiment": "restart", "steps": 600, "checkpoint_every": 1000}
         )
         for run_id in queued:
-            assert wait_done(client, run_id)["state"] == "succeeded"
-        wait_step(client, long["id"], 5)
+            assert wait_done(client, run_id).state == "succeeded"
+        wait_step(client, long.id, 5)
     assert service.stop()
     with RunStore(f"sqlite:///{service.data_dir / 'trainctl.db'}") as runs:
-        stopped = runs.get(long["id"])  # the worker checkpointed it and gave it back
+        stopped = runs.get(long.id)  # the worker checkpointed it and gave it back
     assert stopped.state == "queued" and 5 <= stopped.progress["step"] < 600
 
     service.start(workers=1)
     with TrainctlClient(service.url) as client:
-        done = wait_done(client, long["id"], timeout=240)
-        assert done["state"] == "succeeded", done["error"]
-        assert done["result"]["step"] == 600
-        assert len(client.list_runs(limit=50)["items"]) == 4
+        done = wait_done(client, long.id, timeout=240)
+        assert done.state == "succeeded", done.error
+        assert result_of(done)["step"] == 600
+        assert len(client.list_runs(limit=50).items) == 4
