@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service.deps import AUTH
-from service.errors import install_error_handlers
+from service.errors import error_responses, install_error_handlers
 from service.routes import checkpoints, runs, system
 from service.routing import operation_id
 from service.settings import Settings, get_settings
@@ -61,8 +61,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.dependency_overrides[get_settings] = lambda: settings
     install_error_handlers(app)
-    app.include_router(runs.router, dependencies=[AUTH])
-    app.include_router(checkpoints.router, dependencies=[AUTH])
-    app.include_router(system.router, dependencies=[AUTH])
+    unauthorized = error_responses(401)
+    app.include_router(runs.router, dependencies=[AUTH], responses=unauthorized)
+    app.include_router(checkpoints.router, dependencies=[AUTH], responses=unauthorized)
+    app.include_router(system.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(system.public_router)
     return app

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.schemas import ErrorPublic, ValidationErrorPublic
 from store.exceptions import (
     CheckpointCorrupt,
     Conflict,
@@ -41,6 +42,28 @@ STATUS_BY_ERROR: tuple[tuple[type[TrainctlError], int], ...] = (
 
 def status_for(exc: TrainctlError) -> int:
     return next((code for cls, code in STATUS_BY_ERROR if isinstance(exc, cls)), 500)
+
+
+ERROR_DESCRIPTIONS = {
+    400: "The body cannot be read at all (it is not UTF-8 text).",
+    401: "No token, or the wrong one, while the server has a TRAINCTL_API_TOKEN.",
+    404: "Nothing by that name, or no endpoint matches the path.",
+    409: "The request clashes with the current state (see `detail`).",
+    413: "The body is larger than the server accepts.",
+    422: "The request is invalid; `detail` names every bad field.",
+    503: "The run database cannot be queried; retry after `Retry-After` seconds.",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` entries documenting that these statuses answer with an error body."""
+    return {
+        code: {
+            "model": ValidationErrorPublic if code == 422 else ErrorPublic,
+            "description": ERROR_DESCRIPTIONS[code],
+        }
+        for code in codes
+    }
 
 
 def describe_errors(errors: Sequence[Any]) -> str:
@@ -97,7 +120,7 @@ async def handle_database_unavailable(request: Request, exc: Exception) -> JSONR
 
 
 async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
-    """FastAPI's own answer, except that "Not Found" for an unknown path says which path."""
+    """FastAPI's own answer, in words a user can act on where FastAPI's are generic."""
     assert isinstance(exc, StarletteHTTPException)
     detail = exc.detail
     if exc.status_code == 404 and detail == "Not Found":
@@ -105,6 +128,8 @@ async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
             f"no endpoint matches {request.method} {request.url.path}; names in a path must be "
             "single segments without '/' or '..' (see /docs for the endpoints)"
         )
+    elif exc.status_code == 400 and detail == "There was an error parsing the body":
+        detail = "the body cannot be parsed: send JSON encoded as UTF-8"
     elif exc.status_code == 405 and detail == "Method Not Allowed":
         allowed = (exc.headers or {}).get("Allow", "")
         detail = f"{request.method} is not allowed on {request.url.path}; allowed: {allowed}"

@@ -19,6 +19,22 @@ RunState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 EventType = Literal["state", "metrics", "log"]
 
 
+class ErrorPublic(BaseModel):
+    """Every error answer: what is wrong and what to do about it, in words."""
+
+    detail: str
+
+
+class ValidationErrorPublic(ErrorPublic):
+    """A request that failed validation: `detail` names every bad field in one string."""
+
+    errors: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="pydantic's errors (loc, msg, type, ctx), for programs; absent when the "
+        "request was well-formed but the service refused it (an unknown checkpoint to resume).",
+    )
+
+
 class ProgressPublic(BaseModel):
     step: int = Field(description="Optimizer steps done (measured steps for a benchmark).")
     total_steps: int | None = Field(description="Steps the run will take, once known.")
@@ -57,6 +73,13 @@ class EventPublic(BaseModel):
     type: EventType
     data: dict[str, Any]
     created_at: datetime
+
+
+class StreamEndPublic(BaseModel):
+    """The `data` of the final `event: end` frame of a finished run's event stream."""
+
+    run_id: str
+    state: RunState
 
 
 class MetricPublic(BaseModel):

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncGenerator
+from typing import Any
 
 import anyio
 from starlette.concurrency import run_in_threadpool
 
 from service.history import PAGE
+from service.schemas import EventPublic, StreamEndPublic
 from store.runs import TERMINAL_STATES, Event, RunStore
 
 POLL_SECONDS = 0.25
@@ -26,6 +28,23 @@ HEADERS = {
     "Cache-Control": "no-cache",
     # Tell nginx-style proxies not to buffer the stream, or clients see events in bursts.
     "X-Accel-Buffering": "no",
+}
+# Before OpenAPI 3.2's `itemSchema`, a text/event-stream `schema` describes one frame: its
+# fields are strings, and `data` holds JSON, described by `contentSchema`.
+FRAME_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "id": {"type": "string", "description": "The event's id; the end frame has none."},
+        "event": {"type": "string", "enum": ["state", "metrics", "log", "end"]},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {
+                "anyOf": [EventPublic.model_json_schema(), StreamEndPublic.model_json_schema()]
+            },
+        },
+    },
 }
 
 

@@ -8,10 +8,17 @@ from fastapi import APIRouter, Header, Query, Response
 
 from service import files, retention
 from service.deps import CheckpointsDep, RunsDep
+from service.errors import error_responses
 from service.routing import SummaryRoute
 from service.schemas import CheckpointPublic, CheckpointsPublic, PruneRequest, PruneResult
 
-router = APIRouter(route_class=SummaryRoute, prefix="/checkpoints", tags=["checkpoints"])
+router = APIRouter(
+    route_class=SummaryRoute,
+    prefix="/checkpoints",
+    tags=["checkpoints"],
+    responses=error_responses(422),  # names that are not safe experiment, tag or file names
+)
+NOT_FOUND = error_responses(404)
 
 ExperimentFilter = Annotated[
     str | None, Query(max_length=128, description="Only this experiment; default: all.")
@@ -24,7 +31,7 @@ def list_checkpoints(ckpts: CheckpointsDep, experiment: ExperimentFilter = None)
     return {"items": [i.to_public() for i in ckpts.list(experiment)], "next_cursor": None}
 
 
-@router.get("/latest", response_model=CheckpointPublic)
+@router.get("/latest", response_model=CheckpointPublic, responses=NOT_FOUND)
 def read_latest_checkpoint(
     ckpts: CheckpointsDep, experiment: ExperimentFilter = None
 ) -> dict[str, Any]:
@@ -32,7 +39,7 @@ def read_latest_checkpoint(
     return ckpts.latest(experiment).to_public()
 
 
-@router.get("/best", response_model=CheckpointPublic)
+@router.get("/best", response_model=CheckpointPublic, responses=NOT_FOUND)
 def read_best_checkpoint(
     ckpts: CheckpointsDep, experiment: ExperimentFilter = None
 ) -> dict[str, Any]:
@@ -40,7 +47,9 @@ def read_best_checkpoint(
     return ckpts.best(experiment).to_public()
 
 
-@router.post("/prune", response_model=PruneResult)
+@router.post(
+    "/prune", response_model=PruneResult, responses=error_responses(400, 404, 409, 413, 503)
+)
 def prune_checkpoints(body: PruneRequest, runs: RunsDep, ckpts: CheckpointsDep) -> dict[str, Any]:
     """Delete old step checkpoints; never the latest, best or ones runs need."""
     return retention.prune_checkpoints(
@@ -53,7 +62,7 @@ def prune_checkpoints(body: PruneRequest, runs: RunsDep, ckpts: CheckpointsDep) 
     )
 
 
-@router.get("/{experiment}/{tag}", response_model=CheckpointPublic)
+@router.get("/{experiment}/{tag}", response_model=CheckpointPublic, responses=NOT_FOUND)
 def read_checkpoint(experiment: str, tag: str, ckpts: CheckpointsDep) -> dict[str, Any]:
     """Read one checkpoint: metadata and its files' sizes and sha256."""
     return ckpts.get(experiment, tag).to_public()
@@ -63,11 +72,12 @@ def read_checkpoint(experiment: str, tag: str, ckpts: CheckpointsDep) -> dict[st
     "/{experiment}/{tag}/files/{name:path}",
     response_class=Response,
     responses={
-        200: {"description": "The file; Range requests get 206.",
-              "content": {"application/octet-stream": {}}},
+        200: {"description": "The file (JSON for metadata and manifest); Range requests get 206.",
+              "content": {"application/octet-stream": {}, "application/json": {}}},
         206: {"description": "The requested byte range."},
         304: {"description": "If-None-Match matched the ETag (the file's sha256)."},
         416: {"description": "The range is outside the file."},
+        **NOT_FOUND,
     },
 )  # fmt: skip
 def download_checkpoint_file(
@@ -85,14 +95,16 @@ def download_checkpoint_file(
     "/{experiment}/{tag}/archive",
     response_class=Response,
     responses={200: {"description": "A tar of `<tag>/<file>` members.",
-                     "content": {"application/x-tar": {}}}},
+                     "content": {"application/x-tar": {}}}, **NOT_FOUND},
 )  # fmt: skip
 def download_checkpoint_archive(experiment: str, tag: str, ckpts: CheckpointsDep) -> Response:
     """Download a whole checkpoint as a streamed tar."""
     return files.checkpoint_archive_response(ckpts, experiment, tag)
 
 
-@router.delete("/{experiment}/{tag}", response_model=CheckpointPublic)
+@router.delete(
+    "/{experiment}/{tag}", response_model=CheckpointPublic, responses=error_responses(404, 409, 503)
+)
 def delete_checkpoint(
     experiment: str, tag: str, runs: RunsDep, ckpts: CheckpointsDep
 ) -> dict[str, Any]:

@@ -9,9 +9,9 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from service import history, sse, submit
 from service.deps import CheckpointsDep, RunsDep, SettingsDep
+from service.errors import error_responses
 from service.routing import SummaryRoute
 from service.schemas import (
-    EventPublic,
     LogsPublic,
     MetricsPublic,
     RunKind,
@@ -22,7 +22,13 @@ from service.schemas import (
 from store.runs import Run
 from store.specs import BenchmarkSpec, TrainSpec, ValidateSpec
 
-router = APIRouter(route_class=SummaryRoute, prefix="/runs", tags=["runs"])
+# Every route takes parameters (422) and reads or writes the run database (503 when it can't).
+router = APIRouter(
+    route_class=SummaryRoute,
+    prefix="/runs",
+    tags=["runs"],
+    responses=error_responses(422, 503),
+)
 
 IdempotencyKey = Annotated[
     str | None,
@@ -31,9 +37,13 @@ IdempotencyKey = Annotated[
         description="Retrying with the same key and body returns the first run, not a new one.",
     ),
 ]
+# 409: the idempotency key was used for another request, the experiment already has an active
+# train run, or the checkpoint to validate is damaged.
 ACCEPTED: dict[int | str, dict[str, Any]] = {
-    202: {"description": "Queued. `Location` is the run's URL."}
+    202: {"description": "Queued. `Location` is the run's URL."},
+    **error_responses(400, 409, 413),
 }
+RUN_NOT_FOUND = error_responses(404)
 
 
 def _accepted(run: Run, response: Response) -> dict[str, Any]:
@@ -107,13 +117,13 @@ def list_runs(
     return {"items": [run.to_public() for run in page], "next_cursor": next_cursor}
 
 
-@router.get("/{run_id}", response_model=RunPublic)
+@router.get("/{run_id}", response_model=RunPublic, responses=RUN_NOT_FOUND)
 def read_run(run_id: str, runs: RunsDep) -> dict[str, Any]:
     """Read one run."""
     return runs.get(run_id).to_public()
 
 
-@router.post("/{run_id}/cancel", response_model=RunPublic)
+@router.post("/{run_id}/cancel", response_model=RunPublic, responses=error_responses(404, 409))
 def cancel_run(run_id: str, runs: RunsDep) -> dict[str, Any]:
     """Cancel a queued run now, or ask a running one to stop at the next step."""
     return runs.request_cancel(run_id).to_public()
@@ -125,9 +135,11 @@ def cancel_run(run_id: str, runs: RunsDep) -> dict[str, Any]:
     responses={
         200: {
             "description": "Server-sent events; each `data` is an EventPublic. A final "
-            "`event: end` frame follows the last event of a finished run.",
-            "content": {sse.MEDIA_TYPE: {"schema": EventPublic.model_json_schema()}},
-        }
+            "`event: end` frame (its `data` a StreamEndPublic) follows the last event of a "
+            "finished run.",
+            "content": {sse.MEDIA_TYPE: {"schema": sse.FRAME_SCHEMA}},
+        },
+        **RUN_NOT_FOUND,
     },
 )
 def stream_run_events(
@@ -149,7 +161,7 @@ def stream_run_events(
 @router.get(
     "/{run_id}/metrics",
     response_model=MetricsPublic,
-    responses={200: {"content": {"text/csv": {}}}},
+    responses={200: {"content": {"text/csv": {}}}, **RUN_NOT_FOUND},
 )
 def read_run_metrics(
     run_id: str,
@@ -167,7 +179,7 @@ def read_run_metrics(
 @router.get(
     "/{run_id}/logs",
     response_model=LogsPublic,
-    responses={200: {"content": {"text/plain": {}}}},
+    responses={200: {"content": {"text/plain": {}}}, **RUN_NOT_FOUND},
 )
 def read_run_logs(run_id: str, runs: RunsDep, format: Literal["json", "text"] = "json") -> Any:
     """Read a run's log lines (JSON, or plain text with ?format=text)."""

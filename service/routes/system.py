@@ -8,13 +8,14 @@ from typing import Any
 from fastapi import APIRouter
 
 from service.deps import RunsDep, SettingsDep
+from service.errors import error_responses
 from service.routing import SummaryRoute
 from service.schemas import HealthPublic, ReadinessPublic, WorkersPublic
 
 # Liveness stays open (no token) so that probes and load balancers need no secret; it says
 # nothing about the runs.
 public_router = APIRouter(route_class=SummaryRoute, tags=["system"])
-router = APIRouter(route_class=SummaryRoute, tags=["system"])
+router = APIRouter(route_class=SummaryRoute, tags=["system"], responses=error_responses(503))
 
 
 @public_router.get("/healthz", response_model=HealthPublic)
@@ -23,11 +24,7 @@ def read_health() -> dict[str, Any]:
     return {"status": "ok"}
 
 
-@router.get(
-    "/readyz",
-    response_model=ReadinessPublic,
-    responses={503: {"description": "The run database cannot be queried."}},
-)
+@router.get("/readyz", response_model=ReadinessPublic)
 def read_readiness(settings: SettingsDep, runs: RunsDep) -> dict[str, Any]:
     """Readiness: the run database answers; how many workers are alive."""
     alive = [w for w in runs.list_workers() if _is_alive(w.last_seen_at, settings.lease_seconds)]
