@@ -1,0 +1,36 @@
+"""`trainctl serve` and `trainctl worker`: the processes, started from the CLI."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (TRAINCTL_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (TRAINCTL_PORT).")] = None,
+    insecure: Annotated[
+        bool, typer.Option(help="Allow a non-loopback host without TRAINCTL_API_TOKEN.")
+    ] = False,
+) -> None:
+    """Serve the API and supervise local workers (same as `python -m service`)."""
+    from service.__main__ import main  # uvicorn and the app load only for this command
+
+    argv = [*(["--host", host] if host else []), *(["--port", str(port)] if port else [])]
+    raise typer.Exit(main([*argv, *(["--insecure"] if insecure else [])]))
+
+
+def worker(ctx: typer.Context) -> None:
+    """Run a worker process (`python -m worker ARGS`; try `trainctl worker --help`)."""
+    # exec, not import: the service side never imports torch or the worker package.
+    os.execv(sys.executable, [sys.executable, "-m", "worker", *ctx.args])
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(serve)
+    app.command(context_settings=CONTEXT, add_help_option=False)(worker)

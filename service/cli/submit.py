@@ -1,0 +1,198 @@
+"""`trainctl submit train|validate|benchmark`: queue a run, optionally watch it to the end.
+
+The flags mirror the spec models (`store.specs`) and take their help from the field
+descriptions; any other field, however nested, is reachable with `--set key.path=value`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import BaseModel
+
+from service.cli.common import build_spec, client, console, print_json
+from service.cli.watch import watch_to_end
+from store.specs import BatchSpec, BenchmarkSpec, DataSpec, ModelSpec, TrainSpec, ValidateSpec
+
+app = typer.Typer(no_args_is_help=True, help="Queue a train, validate or benchmark run.")
+
+
+def doc(model: type[BaseModel], field: str) -> str:
+    return model.model_fields[field].description or ""
+
+
+def opt(model: type[BaseModel], field: str, *names: str) -> Any:
+    return typer.Option(*names, help=doc(model, field), show_default=False)
+
+
+Sets = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Any spec field: key.path=value (JSON values), repeatable."),
+]
+SpecFile = Annotated[
+    Path | None, typer.Option("--spec", help="A JSON spec to start from; flags override it.")
+]
+Watch = Annotated[bool, typer.Option("--watch", "-w", help="Follow the run until it ends.")]
+IdempotencyKey = Annotated[
+    str | None, typer.Option(help="Retrying with the same key returns the first run.")
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the run as JSON.")]
+Data = Annotated[list[str] | None, opt(DataSpec, "paths", "--data")]
+ValData = Annotated[list[str] | None, opt(DataSpec, "val_paths", "--val-data")]
+Source = Annotated[
+    str | None,
+    typer.Option(help="synthetic | stdlib | text | shards; default: shards when every --data "
+                 "ends in .bin, text when --data is given otherwise.", show_default=False),
+]  # fmt: skip
+Device = Annotated[str | None, opt(TrainSpec, "device")]
+Preset = Annotated[str | None, opt(ModelSpec, "preset")]
+MicroBatch = Annotated[int | None, opt(BatchSpec, "micro_batch_size")]
+GradAccum = Annotated[int | None, opt(BatchSpec, "grad_accum_steps")]
+SeqLen = Annotated[int | None, opt(BatchSpec, "seq_len")]
+
+
+def data_flags(source: str | None, data: list[str] | None, val: list[str] | None) -> dict[str, Any]:
+    if source is None and data:
+        source = "shards" if all(p.endswith(".bin") for p in data) else "text"
+    return {"data.source": source, "data.paths": data, "data.val_paths": val}
+
+
+def submit_run(
+    ctx: typer.Context,
+    kind: str,
+    spec: dict[str, Any],
+    *,
+    watch: bool,
+    idempotency_key: str | None,
+    as_json: bool,
+) -> None:
+    with client(ctx) as api:
+        run = api.submit(kind, spec, idempotency_key)
+        if as_json:
+            print_json(run)
+        else:
+            console.print(f"submitted {kind} run {run.id} ({run.state})")
+        if watch:
+            watch_to_end(api, run.id)
+        elif not as_json:
+            console.print(f"follow it: trainctl runs watch {run.id}")
+
+
+def load(spec_file: Path | None) -> dict[str, Any]:
+    return json.loads(spec_file.read_text()) if spec_file else {}
+
+
+@app.command("train")
+def submit_train(
+    ctx: typer.Context,
+    experiment: Annotated[str | None, opt(TrainSpec, "experiment", "--experiment", "-e")] = None,
+    steps: Annotated[int | None, opt(TrainSpec, "steps")] = None,
+    preset: Preset = None,
+    device: Device = None,
+    source: Source = None,
+    data: Data = None,
+    val_data: ValData = None,
+    micro_batch_size: MicroBatch = None,
+    grad_accum_steps: GradAccum = None,
+    seq_len: SeqLen = None,
+    checkpoint_every: Annotated[int | None, opt(TrainSpec, "checkpoint_every")] = None,
+    val_every: Annotated[int | None, opt(TrainSpec, "val_every")] = None,
+    max_keep: Annotated[int | None, opt(TrainSpec, "max_keep")] = None,
+    resume_from: Annotated[str | None, opt(TrainSpec, "resume_from")] = None,
+    seed: Annotated[int | None, opt(TrainSpec, "seed")] = None,
+    sets: Sets = None,
+    spec_file: SpecFile = None,
+    watch: Watch = False,
+    idempotency_key: IdempotencyKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Queue a train run."""
+    flags = {
+        "experiment": experiment,
+        "steps": steps,
+        "model.preset": preset,
+        "device": device,
+        **data_flags(source, data, val_data),
+        "batch.micro_batch_size": micro_batch_size,
+        "batch.grad_accum_steps": grad_accum_steps,
+        "batch.seq_len": seq_len,
+        "checkpoint_every": checkpoint_every,
+        "val_every": val_every,
+        "max_keep": max_keep,
+        "resume_from": resume_from,
+        "seed": seed,
+    }
+    spec = build_spec(load(spec_file), flags, sets)
+    submit_run(ctx, "train", spec, watch=watch, idempotency_key=idempotency_key, as_json=as_json)
+
+
+@app.command("validate")
+def submit_validate(
+    ctx: typer.Context,
+    checkpoint: Annotated[str | None, opt(ValidateSpec, "checkpoint")] = None,
+    experiment: Annotated[str | None, opt(ValidateSpec, "experiment", "--experiment", "-e")] = None,
+    device: Device = None,
+    source: Source = None,
+    data: Data = None,
+    batch_size: Annotated[int | None, opt(ValidateSpec, "batch_size")] = None,
+    seq_len: Annotated[int | None, opt(ValidateSpec, "seq_len")] = None,
+    num_batches: Annotated[int | None, opt(ValidateSpec, "num_batches")] = None,
+    sets: Sets = None,
+    spec_file: SpecFile = None,
+    watch: Watch = False,
+    idempotency_key: IdempotencyKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Queue a validation of a checkpoint (latest, best, or EXPERIMENT/TAG)."""
+    flags = {
+        "checkpoint": checkpoint,
+        "experiment": experiment,
+        "device": device,
+        **data_flags(source, data, None),
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "num_batches": num_batches,
+    }
+    spec = build_spec(load(spec_file), flags, sets)
+    submit_run(ctx, "validate", spec, watch=watch, idempotency_key=idempotency_key, as_json=as_json)
+
+
+@app.command("benchmark")
+def submit_benchmark(
+    ctx: typer.Context,
+    steps: Annotated[int | None, opt(BenchmarkSpec, "steps")] = None,
+    warmup_steps: Annotated[int | None, opt(BenchmarkSpec, "warmup_steps")] = None,
+    preset: Preset = None,
+    device: Device = None,
+    micro_batch_size: MicroBatch = None,
+    grad_accum_steps: GradAccum = None,
+    seq_len: SeqLen = None,
+    compile: Annotated[
+        bool | None, typer.Option("--compile/--no-compile", help=doc(BenchmarkSpec, "use_compile"))
+    ] = None,
+    target_tokens: Annotated[int | None, opt(BenchmarkSpec, "target_tokens")] = None,
+    sets: Sets = None,
+    spec_file: SpecFile = None,
+    watch: Watch = False,
+    idempotency_key: IdempotencyKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Queue a throughput benchmark."""
+    flags = {
+        "steps": steps,
+        "warmup_steps": warmup_steps,
+        "model.preset": preset,
+        "device": device,
+        "batch.micro_batch_size": micro_batch_size,
+        "batch.grad_accum_steps": grad_accum_steps,
+        "batch.seq_len": seq_len,
+        "use_compile": compile,
+        "target_tokens": target_tokens,
+    }
+    spec = build_spec(load(spec_file), flags, sets)
+    submit_run(
+        ctx, "benchmark", spec, watch=watch, idempotency_key=idempotency_key, as_json=as_json
+    )

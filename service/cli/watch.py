@@ -1,0 +1,99 @@
+"""Following a run live: a rich progress bar fed by the run's event stream (SSE).
+
+The bar shows step / total, the latest loss, tokens/s and an ETA. The ETA comes from the
+worker's own step times (an average over the last steps), not from how fast events arrive
+here, so it is right even while an already-running run's history replays.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from datetime import timedelta
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from service.cli.common import console, fail
+from service.client import TrainctlClient
+from service.schemas import EventPublic, RunPublic
+
+STEP_KINDS = ("train", "measure", "warmup")
+RECENT_STEPS = 20
+
+
+class RunBar:
+    def __init__(self, progress: Progress, run: RunPublic) -> None:
+        self.progress = progress
+        self.task = progress.add_task(
+            f"{run.kind} {run.id[:8]}",
+            total=run.progress.total_steps,
+            completed=run.progress.step,
+            loss="-",
+            speed="-",
+            eta="-",
+        )
+        self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
+
+    def on_event(self, event: EventPublic) -> None:
+        data = event.data
+        if event.type == "metrics" and data.get("kind") in STEP_KINDS:
+            self.on_step(data)
+        elif event.type == "metrics" and data.get("kind") == "val":
+            self.progress.console.print(
+                f"  step {data.get('step')}: val_loss {data['val_loss']:.4f}"
+            )
+        elif event.type == "log":
+            self.progress.console.print(f"  {data.get('level', 'info')}: {data.get('message')}")
+        elif event.type == "state":
+            self.progress.console.print(f"  state: {data.get('state')}")
+
+    def on_step(self, data: dict[str, Any]) -> None:
+        step, total = int(data["step"]), data.get("total_steps")
+        if "step_time_sec" in data:
+            self.step_times.append(float(data["step_time_sec"]))
+        fields: dict[str, Any] = {"description": f"{data['kind']}"}
+        if isinstance(data.get("loss"), int | float):
+            fields["loss"] = f"{data['loss']:.4f}"
+        if isinstance(data.get("tokens_per_sec"), int | float):
+            fields["speed"] = f"{data['tokens_per_sec']:,.0f}"
+        if total and self.step_times:
+            left = (total - step) * sum(self.step_times) / len(self.step_times)
+            fields["eta"] = str(timedelta(seconds=round(left)))
+        self.progress.update(self.task, completed=step, total=total, **fields)
+
+
+def watch_to_end(api: TrainctlClient, run_id: str) -> RunPublic:
+    """Follow the run until it ends; print its outcome; exit non-zero unless it succeeded."""
+    run = api.get_run(run_id)
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[speed]} tok/s"),
+        TextColumn("ETA {task.fields[eta]}"),
+    )
+    try:
+        with Progress(*columns, console=console) as progress:
+            bar = RunBar(progress, run)
+            for event in api.events(run_id):
+                bar.on_event(event)
+    except KeyboardInterrupt:
+        fail(f"stopped watching; run {run_id} goes on (trainctl runs cancel {run_id})", 130)
+    return report(api.get_run(run_id))
+
+
+def report(run: RunPublic) -> RunPublic:
+    if run.state == "succeeded":
+        shown = {k: v for k, v in (run.result or {}).items() if not isinstance(v, dict | list)}
+        console.print(
+            f"run {run.id} succeeded: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
+        )
+        return run
+    if run.state == "failed":
+        fail(f"run {run.id} failed: {run.error}")
+    fail(f"run {run.id} was {run.state}" + (f": {run.error}" if run.error else ""))
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
