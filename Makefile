@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install serve benchmark test lint typecheck pytest openapi soak clean
+.PHONY: install browser serve benchmark test lint typecheck pytest openapi soak clean
 
 install: $(STAMP)
 
@@ -38,7 +38,12 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-pytest: install
+# The dashboard test drives Debian's chromium (playwright's own browser download needs the
+# internet at test time); install it on a fresh machine.
+browser:
+	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }
+
+pytest: install browser
 	$(VENV)/bin/pytest
 
 test: lint typecheck pytest

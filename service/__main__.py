@@ -9,6 +9,7 @@ import sys
 import uvicorn
 
 from service.app import create_app
+from service.logs import configure_logging
 from service.settings import get_settings
 
 
@@ -42,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    uvicorn.run(create_app(settings), host=host, port=port)
+    configure_logging()
+    # Our middleware writes the access lines (with request ids); uvicorn's would repeat them.
+    uvicorn.run(create_app(settings), host=host, port=port, log_config=None, access_log=False)
     return 0
 
 

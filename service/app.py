@@ -10,7 +10,9 @@ from fastapi import FastAPI
 
 from service.deps import AUTH
 from service.errors import error_responses, install_error_handlers
-from service.routes import checkpoints, runs, system
+from service.metrics import ServiceMetrics
+from service.middleware import RequestMiddleware
+from service.routes import checkpoints, dashboard, metrics, runs, system
 from service.routing import operation_id
 from service.settings import Settings, get_settings
 from service.supervisor import Supervisor, default_worker_count
@@ -66,4 +68,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(checkpoints.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(system.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(system.public_router)
+    app.include_router(metrics.router, dependencies=[AUTH], responses=unauthorized)
+    dashboard.mount_dashboard(app)
+    app.state.metrics = ServiceMetrics()
+    app.add_middleware(RequestMiddleware, metrics=app.state.metrics)
     return app

@@ -1,0 +1,178 @@
+"""Prometheus metrics: the queue, the workers, running runs, and the HTTP API itself.
+
+Gauges (runs by state, queue depth, workers alive, each running run's loss and tokens/s) are
+read from the run store when Prometheus scrapes. Step times and checkpoint saves come from
+the runs' event logs: each scrape reads the events written since the previous one and
+observes them into histograms. A checkpoint save's duration is the gap between the last
+metrics event before it (the step, or the validation, that it follows) and its "saved
+checkpoint" log line, both stamped by the store's clock.
+
+Everything lives in one process's registry, so with several uvicorn processes each would
+count only its own HTTP requests; trainctl serves from one process (`trainctl serve`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from service.history import PAGE
+from service.settings import Settings
+from store.runs import Event, Run, RunStore
+from store.stats import count_runs_by_state
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+SAVE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+SAVED_PREFIX = "saved checkpoint "  # worker.executor's log line for a committed checkpoint
+
+
+@dataclass
+class RunFollower:
+    """Where this process has read a run's event log up to, and what it saw last."""
+
+    run: Run
+    after_id: int = 0
+    last_metrics_at: datetime | None = None
+    loss: float | None = None
+    tokens_per_sec: float | None = None
+    step: int | None = None
+
+
+class ServiceMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.http_requests = Counter(
+            "trainctl_http_requests",
+            "HTTP requests answered, by route template and status.",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.http_latency = Histogram(
+            "trainctl_http_request_duration_seconds",
+            "Time to answer an HTTP request (an event stream: until it closed).",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.step_time = Histogram(
+            "trainctl_step_time_seconds",
+            "Optimizer step time reported by workers (train; benchmark measure steps).",
+            ["kind"],
+            buckets=STEP_BUCKETS,
+            registry=self.registry,
+        )
+        self.checkpoint_save = Histogram(
+            "trainctl_checkpoint_save_seconds",
+            "Checkpoint save time: from the metrics event before it to its 'saved' log line.",
+            buckets=SAVE_BUCKETS,
+            registry=self.registry,
+        )
+        self._followers: dict[str, RunFollower] = {}
+        self._gauges: list[Metric] = []
+        self._lock = threading.Lock()
+        self.registry.register(_Snapshot(self))
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.http_requests.labels(method, route, str(status)).inc()
+        self.http_latency.labels(method, route, str(status)).observe(seconds)
+
+    def render(self, runs: RunStore, settings: Settings) -> bytes:
+        """The exposition text, after catching up with the store."""
+        with self._lock:  # two scrapes at once must not observe the same events twice
+            self._gauges = self._read_store(runs, settings)
+            return generate_latest(self.registry)
+
+    def _read_store(self, runs: RunStore, settings: Settings) -> list[Metric]:
+        counts = count_runs_by_state(runs)
+        by_state = GaugeMetricFamily("trainctl_runs", "Runs by state.", labels=["state"])
+        for state in STATES:
+            by_state.add_metric([state], counts.get(state, 0))
+        alive = sum(
+            datetime.now(UTC) - w.last_seen_at <= timedelta(seconds=settings.lease_seconds)
+            for w in runs.list_workers()
+        )
+        return [
+            by_state,
+            GaugeMetricFamily("trainctl_queue_depth", "Runs waiting for a worker.",
+                              value=counts.get("queued", 0)),
+            GaugeMetricFamily("trainctl_workers_alive", "Workers seen within the lease.",
+                              value=alive),
+            *self._follow_running(runs),
+        ]  # fmt: skip
+
+    def _follow_running(self, runs: RunStore) -> Iterator[Metric]:
+        running, _ = runs.list(state="running", limit=500)
+        for run in running:
+            self._followers.setdefault(run.id, RunFollower(run)).run = run
+        current = {run.id for run in running}
+        labels = ["run_id", "experiment", "kind"]
+        loss = GaugeMetricFamily("trainctl_run_loss", "Latest training loss.", labels=labels)
+        speed = GaugeMetricFamily(
+            "trainctl_run_tokens_per_second", "Latest tokens/s of a step.", labels=labels
+        )
+        step = GaugeMetricFamily("trainctl_run_step", "Latest step reported.", labels=labels)
+        for run_id, follower in list(self._followers.items()):
+            # A run that finished since the last scrape is read one last time, then dropped.
+            self._catch_up(runs, follower)
+            if run_id not in current:
+                del self._followers[run_id]
+                continue
+            values = [run_id, follower.run.experiment, follower.run.kind]
+            for family, value in (
+                (loss, follower.loss),
+                (speed, follower.tokens_per_sec),
+                (step, follower.step),
+            ):
+                if value is not None:
+                    family.add_metric(values, value)
+        return iter([loss, speed, step])
+
+    def _catch_up(self, runs: RunStore, follower: RunFollower) -> None:
+        while True:
+            page = runs.events(follower.run.id, after_id=follower.after_id, limit=PAGE)
+            for event in page:
+                self._observe(follower, event)
+                follower.after_id = event.id
+            if len(page) < PAGE:
+                return
+
+    def _observe(self, follower: RunFollower, event: Event) -> None:
+        data = event.data
+        if event.type == "metrics":
+            follower.last_metrics_at = event.created_at
+            if data.get("kind") in ("train", "measure") and "step_time_sec" in data:
+                self.step_time.labels(data["kind"]).observe(float(data["step_time_sec"]))
+                follower.loss = _number(data.get("loss"), follower.loss)
+                follower.tokens_per_sec = _number(data.get("tokens_per_sec"), None)
+                follower.step = int(data.get("step", 0))
+        elif _is_save(event) and follower.last_metrics_at is not None:
+            seconds = (event.created_at - follower.last_metrics_at).total_seconds()
+            self.checkpoint_save.observe(max(seconds, 0.0))
+
+
+class _Snapshot:
+    """A collector that hands out the gauges `render` just read from the store."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []  # names are only known at scrape time; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.metrics._gauges)
+
+
+def _is_save(event: Event) -> bool:
+    return event.type == "log" and str(event.data.get("message", "")).startswith(SAVED_PREFIX)
+
+
+def _number(value: object, default: float | None) -> float | None:
+    return float(value) if isinstance(value, int | float) else default

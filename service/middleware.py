@@ -1,0 +1,83 @@
+"""Per-request plumbing: a request id on every response, an access log line, HTTP metrics.
+
+A plain ASGI middleware rather than Starlette's BaseHTTPMiddleware, so that event streams
+pass through unbuffered and their duration is measured to the end of the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.logs import REQUEST_ID
+from service.metrics import ServiceMetrics
+
+log = logging.getLogger("trainctl.http")
+REQUEST_ID_HEADER = "X-Request-ID"
+# A client's id is echoed only when it is short and plain, so it cannot forge log lines or
+# carry anything but an id into them.
+VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# Probes and scrapes every few seconds would drown the log; they are logged at debug level.
+QUIET_ROUTES = {"/healthz", "/readyz", "/metrics"}
+
+
+def route_template(scope: Scope) -> str:
+    """`/runs/{run_id}` rather than the path itself, so metrics labels stay few."""
+    route = scope.get("route")  # set by FastAPI's API routes
+    if route is not None and hasattr(route, "path"):
+        return str(route.path)
+    if str(scope.get("path", "")).startswith("/static/"):
+        return "/static"
+    if "endpoint" in scope:  # the few plain routes (the dashboard page)
+        return str(scope["path"])
+    return "unmatched"
+
+
+class RequestMiddleware:
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = Headers(scope=scope).get(REQUEST_ID_HEADER)
+        request_id = given if given and VALID_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        token = REQUEST_ID.set(request_id)
+        status, start = 500, time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = request_id
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            seconds = time.perf_counter() - start
+            route = route_template(scope)
+            self.metrics.observe_request(scope["method"], route, status, seconds)
+            log.log(
+                logging.DEBUG if route in QUIET_ROUTES else logging.INFO,
+                "%s %s %d %.1fms",
+                scope["method"],
+                scope["path"],
+                status,
+                seconds * 1000,
+                extra={
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "status": status,
+                    "duration_ms": round(seconds * 1000, 1),
+                    "run_id": scope.get("path_params", {}).get("run_id"),
+                    "client": (scope.get("client") or ("-",))[0],
+                },
+            )
+            REQUEST_ID.reset(token)

@@ -1,0 +1,31 @@
+"""Prometheus metrics of the service, its queue, workers and running runs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from service.deps import RunsDep, SettingsDep
+from service.errors import error_responses
+from service.metrics import CONTENT_TYPE, ServiceMetrics
+from service.routing import SummaryRoute
+
+
+def get_metrics(request: Request) -> ServiceMetrics:
+    metrics: ServiceMetrics = request.app.state.metrics
+    return metrics
+
+
+MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
+router = APIRouter(route_class=SummaryRoute, tags=["system"], responses=error_responses(503))
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"description": "Prometheus text format.", "content": {CONTENT_TYPE: {}}}},
+)
+def read_metrics(metrics: MetricsDep, settings: SettingsDep, runs: RunsDep) -> Response:
+    """Prometheus metrics: runs by state, queue, workers, step and save times, HTTP."""
+    return Response(metrics.render(runs, settings), media_type=CONTENT_TYPE)
