@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import traceback
 import uuid
 from dataclasses import dataclass
@@ -101,19 +102,19 @@ class Worker:
         self.runs.create_all()
         self.register()
         self.config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        log.info("worker %s ready (%s)", self.config.worker_id, self.config.database_url)
-        since_beat = 0.0
+        log.info("worker %s ready (%s)", self.config.worker_id, self.redacted_url())
+        next_beat = time.monotonic() + self.config.heartbeat_seconds
         while not self.shutdown.is_set():
+            if time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + self.config.heartbeat_seconds
+                self.beat()
+                self.reap()
             run = self.runs.claim(self.config.worker_id, self.config.lease_seconds)
             if run is not None:
                 self.run_one(run)
                 continue
             if self.shutdown.wait(self.config.poll_seconds):
                 break
-            since_beat += self.config.poll_seconds
-            if since_beat >= self.config.heartbeat_seconds:
-                since_beat = 0.0
-                self.beat()
         self.runs.deregister_worker(self.config.worker_id)
         log.info("worker %s stopped", self.config.worker_id)
 
@@ -122,6 +123,19 @@ class Worker:
             self.runs.worker_heartbeat(self.config.worker_id)
         except WorkerNotFound:
             self.register()  # declared dead while idle (e.g. a long GC pause): come back
+
+    def reap(self) -> None:
+        """Requeue the runs of workers that stopped heartbeating (on any host).
+
+        The service's supervisor reaps too, but workers on other nodes must not depend on it:
+        with several hosts, any live worker hands a dead one's run back to the queue, and
+        the fenced updates in the store make concurrent reapers harmless.
+        """
+        for run in self.runs.reap_expired():
+            log.warning("reaped run %s (its worker's lease expired): now %s", run.id, run.state)
+
+    def redacted_url(self) -> str:
+        return self.runs.engine.url.render_as_string(hide_password=True)
 
     def run_one(self, run: Run) -> None:
         ctx = RunContext(

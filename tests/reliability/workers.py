@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from store.runs import Run, RunStore
@@ -19,15 +20,23 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 class Workers:
-    """Worker processes with fixed ids on one data dir, each logging to its own file."""
+    """Worker processes with fixed ids on one data dir, each logging to its own file.
 
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
+    Without `database_url` they share the SQLite file in the data dir, as the embedded
+    default does; with one they share that database, as workers on several hosts do.
+    """
+
+    def __init__(self, data_dir: Path, database_url: str | None = None) -> None:
+        self.data_dir, self.database_url = data_dir, database_url
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, worker_id: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        args = ["--data-dir", str(self.data_dir), "--worker-id", worker_id]
+    def start(
+        self, worker_id: str, env: dict[str, str] | None = None, extra_args: Sequence[str] = ()
+    ) -> subprocess.Popen[bytes]:
+        args = ["--data-dir", str(self.data_dir), "--worker-id", worker_id, *extra_args]
         args += ["--heartbeat-seconds", "0.5", "--poll-seconds", "0.1"]
+        if self.database_url is not None:
+            args += ["--database-url", self.database_url]
         with open(self.log_path(worker_id), "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "worker", *args], cwd=REPO, env=env, stderr=log
