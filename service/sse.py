@@ -22,6 +22,8 @@ from service.schemas import EventPublic, StreamEndPublic
 from store.runs import TERMINAL_STATES, Event, RunStore
 
 POLL_SECONDS = 0.25
+MAX_EVENT_ID = 2**63 - 1
+"""Event ids are the database's 64-bit integers; a larger Last-Event-ID cannot be queried."""
 KEEPALIVE_SECONDS = 15.0
 MEDIA_TYPE = "text/event-stream"
 HEADERS = {

@@ -780,6 +780,8 @@ def _decode_cursor(cursor: str) -> tuple[datetime, int]:
         created_at = datetime.fromisoformat(created_text)
         if created_at.tzinfo is None or not isinstance(seq, int):
             raise ValueError("cursor fields have the wrong types")
+        if not 0 <= seq < 2**63:  # a forged one: the database's integers are 64-bit
+            raise ValueError("cursor sequence number out of range")
     except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
         raise InvalidRequest(
             f"invalid cursor {cursor!r}: pass the next_cursor of a previous page unchanged"

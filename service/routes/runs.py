@@ -146,9 +146,11 @@ def stream_run_events(
     run_id: str,
     runs: RunsDep,
     last_event_id: Annotated[
-        int | None, Header(ge=0, description="Resume after this event id.")
+        int | None, Header(ge=0, le=sse.MAX_EVENT_ID, description="Resume after this event id.")
     ] = None,
-    after: Annotated[int | None, Query(ge=0, description="Like Last-Event-ID.")] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=sse.MAX_EVENT_ID, description="Like Last-Event-ID.")
+    ] = None,
 ) -> StreamingResponse:
     """Stream a run's events (SSE), resumable with Last-Event-ID, until the run finishes."""
     runs.get(run_id)  # an unknown run is a 404 before the stream starts

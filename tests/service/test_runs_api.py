@@ -260,6 +260,11 @@ def test_run_pages_follow_the_cursor_to_the_end(client: TestClient) -> None:
         ({"limit": 0}, "query.limit: Input should be greater than or equal to 1"),
         ({"limit": 501}, "query.limit: Input should be less than or equal to 500"),
         ({"cursor": "garbage!"}, "invalid cursor"),
+        # Found by fuzzing: a forged cursor whose number overflows SQLite's integers was a 500.
+        (
+            {"cursor": "WyIyMDI1LTAxLTAxVDAwOjAwOjAwKzAwOjAwIiwgMTAwMDAwMDAwMDAwMDAwMDAwMDAwXQ"},
+            "invalid cursor",
+        ),
     ],
 )
 def test_bad_list_parameters_are_422(
@@ -333,6 +338,21 @@ def test_the_event_stream_resumes_after_last_event_id(client: TestClient, runs: 
     assert by_header == by_query
     assert [d.get("data", {}).get("message") for _, e, d in by_header if e == "log"] == ["two"]
     assert all(int(i) > first for i, _, _ in by_header if i is not None)
+
+
+@pytest.mark.parametrize(
+    ("params", "headers"), [({"after": 2**63}, {}), ({}, {"Last-Event-ID": str(2**63)})]
+)
+def test_an_event_id_beyond_64_bits_is_422_not_a_crash(
+    client: TestClient, params: dict[str, int], headers: dict[str, str]
+) -> None:
+    """Found by fuzzing: such an id overflowed SQLite's integers inside the stream."""
+    run_id = submit(client, "train", CPU_TRAIN).json()["id"]
+
+    response = client.get(f"/runs/{run_id}/events", params=params, headers=headers)
+
+    assert response.status_code == 422
+    assert "less than or equal to 9223372036854775807" in response.json()["detail"]
 
 
 def test_the_event_stream_follows_a_live_run_until_it_finishes(
