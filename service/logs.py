@@ -18,7 +18,8 @@ from typing import Any, TextIO
 REQUEST_ID: ContextVar[str | None] = ContextVar("trainctl_request_id", default=None)
 # Fields that a record may carry through `extra=`, copied into the JSON object when present.
 CONTEXT_FIELDS = ("request_id", "run_id", "method", "path", "status", "duration_ms", "client")
-_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+# color_message: uvicorn's ANSI-coloured copy of the message, noise in a JSON line.
+_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
 
 
 class ContextFilter(logging.Filter):

@@ -122,5 +122,6 @@ def prepare(
         console.print(f"wrote {s.path} ({s.split}, {s.tokens:,} tokens)")
     train = sum(s.tokens for s in shards if s.split == "train")
     val = sum(s.tokens for s in shards if s.split == "val")
+    where = out.resolve()  # a spec reads relative paths from the first data root, not from here
     console.print(f"{train:,} train and {val:,} val tokens in {len(shards)} shards; train on them "
-                  f"with --data '{out}/train_*.bin' --val-data '{out}/val_*.bin'")  # fmt: skip
+                  f"with --data '{where}/train_*.bin' --val-data '{where}/val_*.bin'")  # fmt: skip

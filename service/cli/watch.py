@@ -31,6 +31,7 @@ class RunBar:
             loss="-",
             speed="-",
             eta="-",
+            visible=run.kind != "validate",  # a validation has no steps to count
         )
         self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
 
@@ -39,9 +40,8 @@ class RunBar:
         if event.type == "metrics" and data.get("kind") in STEP_KINDS:
             self.on_step(data)
         elif event.type == "metrics" and data.get("kind") == "val":
-            self.progress.console.print(
-                f"  step {data.get('step')}: val_loss {data['val_loss']:.4f}"
-            )
+            at = f"step {data['step']}: " if data.get("step") is not None else ""
+            self.progress.console.print(f"  {at}val_loss {data['val_loss']:.4f}")
         elif event.type == "log":
             self.progress.console.print(f"  {data.get('level', 'info')}: {data.get('message')}")
         elif event.type == "state":

@@ -75,7 +75,9 @@ def test_the_dashboard_charts_a_running_run_live_and_lists_its_checkpoints(
 
             page.fill("#token-input", TOKEN)  # the first 401 asks for the token
             page.click("#token-form button")
-            page.wait_for_function("Number(document.querySelector('#chart-loss')?.dataset.points) > 2")
+            page.wait_for_function(
+                "Number(document.querySelector('#chart-loss')?.dataset.points) > 2"
+            )
             before = points(page, "loss")
             page.wait_for_function(
                 f"Number(document.querySelector('#chart-loss').dataset.points) > {before}",
