@@ -1,5 +1,9 @@
 """End-to-end fixtures: the real service (`python -m service`) on a free port, with its real
-worker process(es) and SQLite in a temp dir, driven over HTTP."""
+worker process(es) and SQLite in a temp dir, driven over HTTP.
+
+`service` runs on SQLite unless a test asks for PostgreSQL with
+`@pytest.mark.parametrize("service", ["postgresql"], indirect=True)`: then the service and
+its workers share a fresh database on the session's PostgreSQL server."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import fresh_database
 from tests.polling import poll
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,8 +108,12 @@ class Service:
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[Service]:
-    svc = Service(tmp_path)
-    yield svc
-    if svc.process is not None and svc.process.poll() is None:
-        svc.stop()
+def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Service]:
+    backend = getattr(request, "param", "sqlite")
+    with fresh_database(request, backend, tmp_path) as url:
+        svc = Service(tmp_path)
+        if backend != "sqlite":
+            svc.extra_env["TRAINCTL_DATABASE_URL"] = url
+        yield svc
+        if svc.process is not None and svc.process.poll() is None:
+            svc.stop()
