@@ -169,7 +169,7 @@ class GPT(nn.Module):
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Training loss (next-token plus weighted MTP losses) and the next-token loss alone."""
         h = self.hidden(idx)
-        main = cross_entropy(self.head(h), targets)
+        main = self.head_loss(h, targets)
         total = main
         for depth, (mtp, weight) in enumerate(
             zip(self.mtp_heads, self.config.mtp_weights(), strict=True), start=1
@@ -178,14 +178,95 @@ class GPT(nn.Module):
             # have no such target and are ignored.
             shifted = torch.full_like(targets, IGNORE_INDEX)
             shifted[:, :-depth] = targets[:, depth:]
-            total = total + weight * cross_entropy(self.head(mtp(h)), shifted)
+            total = total + weight * self.head_loss(mtp(h), shifted)
         return total, main
+
+    def head_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of the softcapped tied head: `cross_entropy(self.head(h), t)`.
+
+        In eager mode the head, softcap and loss run as one fused function that never keeps
+        the (B, T, vocab) logits for backward (see `fused_head_loss`): on CPU that is a
+        third of a step at vocab 64,000. Under torch.compile, inductor fuses the plain
+        expression itself, so the compiled graph sees that instead.
+        """
+        if torch.compiler.is_compiling():
+            return cross_entropy(self.head(h), targets)
+        return fused_head_loss(h, self.tok_emb.weight, targets, self.config.logit_softcap)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(
         logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX
     )
+
+
+# Rows of the head done at once: bounds the fused loss's scratch to 2**26 fp32 logits.
+HEAD_CHUNK_ELEMENTS = 1 << 26
+
+
+class _FusedHeadLoss(torch.autograd.Function):
+    """Tied head + logit softcap + mean cross-entropy, with the gradients made in forward.
+
+    Forward computes each chunk's logits once, turns them in place into the softmax
+    gradient, multiplies it straight into grad_h and grad_w and drops it: the only tensors
+    kept for backward are those two gradients (the sizes of h and w). The plain expression
+    keeps several (N, vocab) tensors alive and makes as many again in backward, and on CPU
+    each of those is a fresh page-faulted allocation. Same maths (`test_model` checks it
+    against the plain expression); the last bits of the loss can differ.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap: float, grad: bool
+    ) -> torch.Tensor:
+        valid = targets != IGNORE_INDEX  # (N,)
+        n_valid = valid.sum()
+        scale = valid.float() / n_valid.clamp(min=1).float()  # d(mean)/d(row loss)
+        safe = targets.clamp(min=0)[:, None]  # (N, 1): ignored rows read column 0, weight 0
+        grad_h = torch.empty_like(h) if grad else None
+        grad_w: torch.Tensor | None = None
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        rows = max(1, HEAD_CHUNK_ELEMENTS // w.shape[0])
+        for i in range(0, h.shape[0], rows):
+            hc, sl = h[i : i + rows], slice(i, i + rows)
+            z = F.linear(hc, w).float()  # (n, vocab)
+            if cap > 0:
+                t = z.div_(cap).tanh_()  # z now holds tanh(logits / cap)
+                z = t * cap  # capped logits: |z| <= cap, so exp cannot overflow
+            else:
+                z = z - z.amax(dim=1, keepdim=True)
+            picked = z.gather(1, safe[sl]).squeeze(1)
+            e = z.exp_()
+            s = e.sum(dim=1)
+            total += ((s.log() - picked) * valid[sl]).sum()
+            if grad_h is None:
+                continue
+            p = e.mul_((scale[sl] / s)[:, None])  # softmax, scaled by 1/n_valid
+            p.scatter_add_(1, safe[sl], -scale[sl, None])  # minus the one-hot target
+            if cap > 0:
+                p.addcmul_(p, t.mul_(t), value=-1)  # chain rule of the softcap: (1 - tanh²)
+            p = p.to(w.dtype)
+            grad_h[sl] = F.linear(p, w.t()).to(h.dtype)  # p @ w
+            gw = F.linear(p.t(), hc.t().to(w.dtype)).float()  # p.T @ h: (vocab, C)
+            grad_w = gw if grad_w is None else grad_w.add_(gw)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.w_dtype = w.dtype
+        return total / n_valid.float()
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        grad_h, grad_w = ctx.saved_tensors
+        # In place: these buffers exist only for this one backward (no retain_graph use).
+        return grad_h.mul_(grad_out), grad_w.mul_(grad_out).to(ctx.w_dtype), None, None, None
+
+
+def fused_head_loss(
+    h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """`cross_entropy(cap * tanh((h @ w.T) / cap), targets)` over h: (..., C), targets: (...)."""
+    grad = torch.is_grad_enabled() and (h.requires_grad or w.requires_grad)
+    loss = _FusedHeadLoss.apply(h.reshape(-1, h.size(-1)), w, targets.reshape(-1), cap, grad)
+    return cast(torch.Tensor, loss)
 
 
 def resolve_config(config: ModelConfig | str | dict[str, Any], **overrides: Any) -> ModelConfig:

@@ -67,9 +67,20 @@ def build_optimizers(
         nesterov=True,
         adjust_lr_fn=cfg.muon_adjust_lr_fn,
     )
-    # Fused AdamW is faster on CUDA; on CPU the foreach path is the fast one.
-    on_cuda = any(p.is_cuda for p in decay + no_decay)
-    adamw = torch.optim.AdamW(
+    return muon, build_adamw(decay, no_decay, cfg)
+
+
+def build_adamw(
+    decay: list[nn.Parameter], no_decay: list[nn.Parameter], config: OptimizerConfig | None = None
+) -> torch.optim.AdamW:
+    """AdamW with weight decay on `decay` only.
+
+    Fused on every device: torch has a fused AdamW kernel for CPU as well as CUDA, and on CPU
+    it is about 9x faster than the default per-tensor loop (one pass over each parameter
+    instead of a dozen; docs/performance.md).
+    """
+    cfg = config or OptimizerConfig()
+    return torch.optim.AdamW(
         [
             {"params": decay, "weight_decay": cfg.adamw_weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
@@ -77,6 +88,5 @@ def build_optimizers(
         lr=cfg.adamw_lr,
         betas=cfg.adamw_betas,
         eps=cfg.adamw_eps,
-        fused=on_cuda or None,
+        fused=True,
     )
-    return muon, adamw
