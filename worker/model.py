@@ -216,7 +216,7 @@ class _FusedHeadLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap: float, grad: bool
     ) -> torch.Tensor:
         valid = targets != IGNORE_INDEX  # (N,)
@@ -254,7 +254,7 @@ class _FusedHeadLoss(torch.autograd.Function):
         return total / n_valid.float()
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
         grad_h, grad_w = ctx.saved_tensors
         # In place: these buffers exist only for this one backward (no retain_graph use).
         return grad_h.mul_(grad_out), grad_w.mul_(grad_out).to(ctx.w_dtype), None, None, None
