@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,9 @@ def postgres() -> Iterator[PostgresServer]:
     server.stop()
 
 
-def backend_url(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty database of `backend`, dropped afterwards (PostgreSQL)."""
+@contextmanager
+def fresh_database(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> Iterator[str]:
+    """The URL of a fresh, empty database of `backend`, dropped afterwards (PostgreSQL)."""
     if backend == "sqlite":
         yield f"sqlite:///{tmp_path / 'trainctl.db'}"
         return
@@ -49,4 +51,5 @@ def backend_url(request: pytest.FixtureRequest, backend: str, tmp_path: Path) ->
 
 @pytest.fixture(params=BACKENDS)
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    yield from backend_url(request, request.param, tmp_path)
+    with fresh_database(request, request.param, tmp_path) as url:
+        yield url
