@@ -162,6 +162,14 @@ class TrainSpec(Spec):
     save_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Weights' dtype on disk; bfloat16 is a lossy export."
     )
+    async_checkpoint: bool = Field(
+        False,
+        description="Save checkpoints in the background: the loop stalls only to copy the "
+        "state to CPU memory (a copy of the weights and optimizer state, kept between saves), "
+        "and a thread writes and commits it exactly as a synchronous save does; at most one "
+        "save is in flight and a run waits for it before it ends. Off by default: on a "
+        "CPU-only node the writer competes with training for the same cores.",
+    )
     val_every: int | None = Field(
         None,
         ge=1,

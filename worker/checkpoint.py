@@ -17,6 +17,8 @@ import pickle
 import platform
 import shutil
 from collections.abc import Callable, Set
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -32,6 +34,7 @@ from store.checkpoints import (
     MODEL_FILE,
     OPTIMIZER_FILE,
     CheckpointStore,
+    sha256_file,
     step_tag,
     verify_manifest,
     write_manifest,
@@ -48,14 +51,6 @@ def _fsync_write(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def versions() -> dict[str, str]:
@@ -102,6 +97,61 @@ def model_state(model: nn.Module, dtype: torch.dtype | None) -> dict[str, torch.
     return out
 
 
+@dataclass
+class CheckpointState:
+    """Everything one checkpoint holds, captured at one step: what `write_checkpoint` writes.
+
+    `model` and `optimizer` hold CPU tensors; for a synchronous save they may be the live
+    ones (`.cpu()` is a no-op on CPU), for an asynchronous save they are copies.
+    """
+
+    experiment: str
+    tag: str
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    metadata: dict[str, Any]
+
+
+def capture_checkpoint(
+    model: nn.Module,
+    muon_opt: torch.optim.Optimizer,
+    adamw_opt: torch.optim.Optimizer,
+    scheduler: WSDScheduler | None,
+    step: int,
+    token_count: int,
+    best_loss: float | None,
+    experiment: str,
+    tag: str | None = None,
+    *,
+    data_position: int = 0,
+    run_id: str | None = None,
+    dtype: torch.dtype | None = None,
+    extra: dict[str, Any] | None = None,
+) -> CheckpointState:
+    """The training state at this step, the RNG state included (capture it at the step)."""
+    tag = tag or step_tag(step)
+    config = getattr(model, "config", None)
+    metadata = {
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "token_count": token_count,
+        "best_loss": best_loss,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "model_config": config.to_dict() if config is not None else None,
+        "data_position": data_position,
+        "rng": capture_rng_state(),
+        "run_id": run_id,
+        "experiment": experiment,
+        "tag": tag,
+        "dtype": str(dtype or next(model.parameters()).dtype).removeprefix("torch."),
+        "created_at": datetime.now(UTC).isoformat(),
+        "versions": versions(),
+        **(extra or {}),
+    }
+    optimizer = {"muon": muon_opt.state_dict(), "adamw": adamw_opt.state_dict()}
+    return CheckpointState(experiment, tag, model_state(model, dtype), optimizer, metadata)
+
+
 def save_checkpoint(
     model: nn.Module,
     muon_opt: torch.optim.Optimizer,
@@ -133,37 +183,52 @@ def save_checkpoint(
     whatever fails, the staging folder is removed and earlier checkpoints are untouched.
     """
     save_dir = Path(save_dir)
-    store, experiment = CheckpointStore(save_dir.parent), save_dir.name
-    tag = tag or step_tag(step)
-    config = getattr(model, "config", None)
-    metadata = {
-        "format_version": FORMAT_VERSION,
-        "step": step,
-        "token_count": token_count,
-        "best_loss": best_loss,
-        "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "model_config": config.to_dict() if config is not None else None,
-        "data_position": data_position,
-        "rng": capture_rng_state(),
-        "run_id": run_id,
-        "experiment": experiment,
-        "tag": tag,
-        "dtype": str(dtype or next(model.parameters()).dtype).removeprefix("torch."),
-        "created_at": datetime.now(UTC).isoformat(),
-        "versions": versions(),
-        **(extra or {}),
-    }
+    state = capture_checkpoint(
+        model,
+        muon_opt,
+        adamw_opt,
+        scheduler,
+        step,
+        token_count,
+        best_loss,
+        save_dir.name,
+        tag,
+        data_position=data_position,
+        run_id=run_id,
+        dtype=dtype,
+        extra=extra,
+    )
+    return write_checkpoint(state, save_dir.parent, max_keep, protected, before_commit)
+
+
+def write_checkpoint(
+    state: CheckpointState,
+    root: str | Path,
+    max_keep: int | None = 3,
+    protected: Set[tuple[str, str]] = frozenset(),
+    before_commit: Callable[[], None] | None = None,
+) -> Path:
+    """Write a captured state into the store at `root` and commit it (see save_checkpoint).
+
+    Each weight file is hashed by a thread of its own while the next one is written (the
+    hash reads the bytes back from the page cache, never from disk, and hashlib releases the
+    GIL), so the manifest costs little more than the slower of writing and hashing.
+    """
+    store, experiment, tag = CheckpointStore(Path(root)), state.experiment, state.tag
     staging: Path | None = None
+    hashers: dict[str, Future[str]] = {}
     try:
-        staging = store.staging_dir(experiment, tag)
-        save_file(model_state(model, dtype), str(staging / MODEL_FILE))
-        _fsync(staging / MODEL_FILE)
-        with open(staging / OPTIMIZER_FILE, "wb") as f:
-            torch.save({"muon": muon_opt.state_dict(), "adamw": adamw_opt.state_dict()}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_write(staging / METADATA_FILE, json.dumps(metadata, indent=2).encode())
-        write_manifest(staging, [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE])
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="trainctl-hash") as pool:
+            staging = store.staging_dir(experiment, tag)
+            save_file(state.model, str(staging / MODEL_FILE))
+            hashers[MODEL_FILE] = pool.submit(sha256_file, staging / MODEL_FILE)
+            with open(staging / OPTIMIZER_FILE, "wb") as f:
+                torch.save(state.optimizer, f)
+            hashers[OPTIMIZER_FILE] = pool.submit(sha256_file, staging / OPTIMIZER_FILE)
+            _fsync_write(staging / METADATA_FILE, json.dumps(state.metadata, indent=2).encode())
+            hashes = {name: h.result() for name, h in hashers.items()}
+        # write_manifest fsyncs every file before it writes the manifest.
+        write_manifest(staging, [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE], hashes)
         if before_commit is not None:
             before_commit()
         final = store.commit(staging, experiment, tag)
@@ -173,7 +238,7 @@ def save_checkpoint(
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
         if isinstance(exc, OSError | safetensors.SafetensorError):
-            raise CheckpointWriteFailed(write_failure(exc, save_dir, tag)) from exc
+            raise CheckpointWriteFailed(write_failure(exc, store.root / experiment, tag)) from exc
         raise
     if max_keep is not None:
         store.retain(experiment, max_keep, protected=set(protected))

@@ -22,7 +22,14 @@ import torch
 from store.checkpoints import CheckpointInfo, CheckpointStore
 from store.exceptions import CheckpointNotFound
 from store.specs import TrainSpec
-from worker.checkpoint import load_checkpoint, restore_rng_state, save_checkpoint
+from worker.async_checkpoint import AsyncCheckpointer
+from worker.checkpoint import (
+    CheckpointState,
+    capture_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    write_checkpoint,
+)
 from worker.data import (
     AsyncDataLoader,
     Batch,
@@ -236,11 +243,12 @@ class Trainer:
         self.protected = protected or (lambda: frozenset())
         self.parts = build_training(spec)
         self.state = maybe_resume(self.parts, self.store, spec)
+        self.checkpointer = AsyncCheckpointer() if spec.async_checkpoint else None
 
     def save(self, tag: str | None = None) -> Path:
         p, s = self.parts, self.state
         dtype = torch.bfloat16 if self.spec.save_dtype == "bfloat16" else None
-        path = save_checkpoint(
+        state = capture_checkpoint(
             p.model,
             p.muon,
             p.adamw,
@@ -248,17 +256,44 @@ class Trainer:
             s.step,
             s.token_count,
             s.best_loss,
-            self.store.experiment_dir(self.spec.experiment),
-            self.spec.max_keep,
+            self.spec.experiment,
             tag,
             data_position=s.data_position,
             run_id=self.run_id,
             dtype=dtype,
-            protected=self.protected(),
-            before_commit=self.before_commit,
         )
-        self.on_checkpoint({"tag": path.name, "step": s.step, "path": str(path)})
-        return path
+        protected = self.protected()
+
+        def write(state: CheckpointState) -> Path:
+            root = self.store.root
+            return write_checkpoint(state, root, self.spec.max_keep, protected, self.before_commit)
+
+        info = {"tag": state.tag, "step": s.step}
+        if self.checkpointer is None:
+            path = write(state)
+            self.on_checkpoint({**info, "path": str(path)})
+            return path
+        # Asynchronous: the loop goes on once the state is copied; the commit is reported
+        # when it has happened (maybe_report_saves, finish_saves).
+        for done in self.checkpointer.save(state, write, info):
+            self.on_checkpoint(done)
+        return self.store.experiment_dir(self.spec.experiment) / state.tag
+
+    def maybe_report_saves(self) -> None:
+        for done in self.checkpointer.poll() if self.checkpointer else []:
+            self.on_checkpoint(done)
+
+    def finish_saves(self, failing: BaseException | None = None) -> None:
+        """Wait for the save in flight: a run that ends or stops leaves its checkpoint."""
+        if self.checkpointer is None:
+            return
+        try:
+            for done in self.checkpointer.wait():
+                self.on_checkpoint(done)
+        except Exception as exc:
+            if failing is None:
+                raise
+            failing.add_note(f"and the checkpoint being saved in the background failed: {exc}")
 
     def maybe_validate(self, final: bool) -> None:
         if not (final or self.state.step % (self.spec.val_every or self.spec.steps) == 0):
@@ -322,8 +357,13 @@ class Trainer:
                     saved_at = s.step
                 if stopped:
                     break
+                self.maybe_report_saves()
+        except BaseException as exc:
+            self.finish_saves(failing=exc)
+            raise
         finally:
             loader.close()
+        self.finish_saves()
         if saved_at != s.step and s.step > 0 and self.store.latest_or_none(spec.experiment) is None:
             self.save()  # a resumed run that had nothing left to do still leaves its checkpoint
         elapsed = time.perf_counter() - started
