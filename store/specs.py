@@ -27,6 +27,8 @@ MAX_TOKENS_PER_MICRO_BATCH = 1 << 20
 # Larger models than this are not something one node of this service trains: a request
 # for one is a typo (or an attack), not a plan.
 MAX_MODEL_PARAMS = 20_000_000_000
+# The most GPUs one node has today (and CPU ranks beyond this only contend for cores).
+MAX_NPROC_PER_NODE = 16
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN, description="Letters, digits, '.', '_', '-'.")]
 Device = Literal["cpu", "cuda"]
@@ -183,6 +185,15 @@ class TrainSpec(Spec):
     )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the model initialisation.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to run.")
+    nproc_per_node: int = Field(
+        1,
+        ge=1,
+        le=MAX_NPROC_PER_NODE,
+        description="Processes (GPUs) the run trains on, data-parallel (DDP through "
+        "torchrun). The global batch stays micro_batch_size x grad_accum_steps sequences: "
+        "each process runs grad_accum_steps / nproc_per_node micro-batches, so "
+        "grad_accum_steps must be a multiple of it (by default it is rounded up to one).",
+    )
     model_config_resolved: dict[str, Any] | None = Field(
         None, description="Filled by the server: the full model config that runs."
     )
@@ -337,6 +348,19 @@ def _geometry(batch: BatchSpec, profile: Profile, cfg: ModelConfig) -> BatchSpec
     )
 
 
+def _split_across_ranks(resolved: BatchSpec, requested: BatchSpec, nproc: int) -> BatchSpec:
+    """Each of `nproc` ranks runs an equal share of a step's micro-batches."""
+    accum = resolved.grad_accum_steps or 1
+    if accum % nproc == 0:
+        return resolved
+    if requested.grad_accum_steps is not None:
+        raise InvalidRequest(
+            f"batch.grad_accum_steps {accum} does not split evenly across nproc_per_node "
+            f"{nproc} processes; use a multiple of {nproc}"
+        )
+    return resolved.model_copy(update={"grad_accum_steps": -(-accum // nproc) * nproc})
+
+
 def _model_config(model: ModelSpec, profile: Profile, **runtime: Any) -> ModelConfig:
     try:
         return model.config(profile.preset).replace(**runtime)
@@ -359,7 +383,9 @@ def resolve_train(spec: TrainSpec, *, cuda_available: bool, data_roots: list[Pat
             "model": ModelSpec(
                 preset=spec.model.preset or profile.preset, overrides=spec.model.overrides
             ),
-            "batch": _geometry(spec.batch, profile, cfg),
+            "batch": _split_across_ranks(
+                _geometry(spec.batch, profile, cfg), spec.batch, spec.nproc_per_node
+            ),
             "data": resolve_data(spec.data, data_roots),
             "checkpoint_every": checkpoint_every,
             "val_every": spec.val_every or checkpoint_every,

@@ -18,6 +18,7 @@ from worker.benchmark import run_benchmark
 from worker.checkpoint import load_checkpoint, read_metadata
 from worker.context import RunContext
 from worker.data import SyntheticSampler, TokenSampler
+from worker.distributed import launch_train
 from worker.model import build_model
 from worker.train import Trainer, build_token_arrays
 from worker.validation import compute_validation_loss, validate_forward_shape
@@ -69,17 +70,21 @@ def execute_train(ctx: RunContext, root: Path) -> Outcome:
     def on_checkpoint(info: dict[str, Any]) -> None:
         ctx.log(f"saved checkpoint {spec.experiment}/{info['tag']} at step {info['step']}")
 
-    trainer = Trainer(
-        spec,
-        root,
-        run_id=ctx.run.id,
-        on_metrics=ctx.metrics,
-        on_checkpoint=on_checkpoint,
-        should_stop=ctx.should_stop,
-        protected=ctx.runs.protected_checkpoints,
-        before_commit=ctx.confirm_lease,
-    )
-    result = trainer.run()
+    if spec.nproc_per_node > 1:
+        ctx.log(f"launching {spec.nproc_per_node} data-parallel processes (torchrun)")
+        result = launch_train(spec, root, ctx)
+    else:
+        trainer = Trainer(
+            spec,
+            root,
+            run_id=ctx.run.id,
+            on_metrics=ctx.metrics,
+            on_checkpoint=on_checkpoint,
+            should_stop=ctx.should_stop,
+            protected=ctx.runs.protected_checkpoints,
+            before_commit=ctx.confirm_lease,
+        )
+        result = trainer.run()
     latest = store.latest_or_none(spec.experiment)
     result["experiment"] = spec.experiment
     result["checkpoint"] = latest.tag if latest else None

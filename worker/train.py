@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Set
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,6 +58,30 @@ class Sampler(Protocol):
     def iterate(self, start: int = 0) -> Any: ...
 
 
+class DataParallel(Protocol):
+    """How a step's micro-batches become one gradient: here alone, or across the ranks of a
+    multi-GPU run (`worker.distributed.DDPReplica`), each running `1 / world_size` of them."""
+
+    world_size: int
+
+    def loss(self, model: GPT, tokens: torch.Tensor, targets: torch.Tensor) -> Any: ...
+    def sync_gradients(self, last: bool) -> AbstractContextManager[Any]: ...
+    def mean(self, value: torch.Tensor) -> torch.Tensor: ...
+
+
+class SingleProcess:
+    world_size = 1
+
+    def loss(self, model: GPT, tokens: torch.Tensor, targets: torch.Tensor) -> Any:
+        return model.loss(tokens, targets)
+
+    def sync_gradients(self, last: bool) -> AbstractContextManager[Any]:
+        return nullcontext()
+
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        return value
+
+
 @dataclass
 class TrainParts:
     model: GPT
@@ -67,6 +92,7 @@ class TrainParts:
     val_batches: list[Batch]
     device: torch.device
     autocast_dtype: torch.dtype | None
+    parallel: DataParallel = field(default_factory=SingleProcess)
 
 
 @dataclass
@@ -145,20 +171,26 @@ def build_training(spec: TrainSpec) -> TrainParts:
 def train_step(
     parts: TrainParts, loader: AsyncDataLoader, accum: int, grad_clip: float, step: int
 ) -> dict[str, float]:
-    """One optimizer step over `accum` micro-batches; raises NonFiniteLoss before updating."""
-    model = parts.model
+    """One optimizer step over `accum` micro-batches; raises NonFiniteLoss before updating.
+
+    In a multi-GPU run each rank runs its share of the micro-batches, and the gradients and
+    the loss are averaged across ranks before anything below uses them.
+    """
+    model, parallel = parts.model, parts.parallel
+    local_accum = accum // parallel.world_size
     total = torch.zeros((), device=parts.device)
-    for _ in range(accum):
+    for i in range(local_accum):
         tokens, targets = next(loader)
-        with torch.autocast(
-            parts.device.type,
-            dtype=parts.autocast_dtype or torch.bfloat16,
-            enabled=parts.autocast_dtype is not None,
-        ):
-            loss, main = model.loss(tokens, targets)
-        (loss / accum).backward()
+        with parallel.sync_gradients(last=i == local_accum - 1):
+            with torch.autocast(
+                parts.device.type,
+                dtype=parts.autocast_dtype or torch.bfloat16,
+                enabled=parts.autocast_dtype is not None,
+            ):
+                loss, main = parallel.loss(model, tokens, targets)
+            (loss / local_accum).backward()
         total += main.detach()
-    loss_value = (total / accum).item()
+    loss_value = parallel.mean(total / local_accum).item()
     max_norm = grad_clip if grad_clip > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
     if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
@@ -170,6 +202,7 @@ def train_step(
             "the data"
         )
     lr_muon, lr_adamw = parts.scheduler.lrs()
+    # After the all-reduce: Muon orthogonalises the averaged gradient (worker/distributed.py).
     parts.muon.step()
     parts.adamw.step()
     parts.muon.zero_grad(set_to_none=True)

@@ -1,0 +1,367 @@
+"""Multi-GPU train runs: torchrun launches `nproc_per_node` ranks, DDP averages gradients.
+
+The worker process stays what it is (it holds the run's lease, heartbeats, and hears SIGTERM)
+and starts torch.distributed's elastic launcher as a child:
+
+    worker ──spawns──▶ python -m worker.distributed launch N job.json   (torchrun, in-process)
+                          └─▶ N × python -m worker.distributed rank job.json
+
+torchrun runs as a child rather than in the worker because its agent installs its own SIGTERM
+handler, which would kill the ranks instead of letting a train run checkpoint and requeue.
+The child dies with the worker (PR_SET_PDEATHSIG), and torchrun then stops the ranks.
+
+The global batch is the spec's: `micro_batch_size × grad_accum_steps` sequences per step, the
+same as a single-process run. Rank r computes micro-batches r, r + N, r + 2N, ... of it (so
+`grad_accum_steps` must be a multiple of N), and since a batch is a pure function of its
+position the ranks together read exactly the batches one process would. DDP averages the
+gradients; the reported loss is averaged across ranks too.
+
+Rank 0 alone talks to the run store (events, progress, cancel, the lease check before a
+checkpoint commits) and writes checkpoints; every rank holds the full model and optimizer
+state, identical on all of them, so rank 0's checkpoint is everyone's. Rank 0 decides when to
+stop (cancel, worker shutdown, lost lease) and broadcasts the decision, so every rank stops at
+the same step. Resume loads the checkpoint on every rank; the data position it records is
+global, so the ranks pick up their shares where they left off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from store.exceptions import LeaseLost
+from store.runs import RunStore
+from store.specs import TrainSpec
+from worker.context import RunContext
+from worker.data import Batch
+from worker.model import GPT
+from worker.train import Sampler, Trainer, TrainParts
+
+POLL_SECONDS = 0.2
+RESULT_FILE, STOP_FILE = "result.json", "stop"
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+# ---- the parent side: the worker launches and watches the ranks -------------------------
+
+
+def launch_train(spec: TrainSpec, checkpoint_root: Path, ctx: RunContext | None) -> dict[str, Any]:
+    """Run `spec` on `spec.nproc_per_node` local ranks; return rank 0's result.
+
+    With a `ctx`, rank 0 reports to the run store as this worker and attempt, and the ranks
+    stop at the next step once the worker shuts down or loses the lease. Without one (tests,
+    scripts), rank 0 returns the metrics in the result instead.
+    """
+    check_world(spec)
+    with tempfile.TemporaryDirectory(prefix="trainctl-ddp-") as tmp:
+        workdir = Path(tmp)
+        job = {"spec": spec.model_dump(mode="json"), "checkpoint_root": str(checkpoint_root)}
+        if ctx is not None:
+            job["run"] = {
+                "id": ctx.run.id,
+                "worker_id": ctx.worker_id,
+                "attempt": ctx.attempt,
+                "lease_seconds": ctx.lease_seconds,
+            }
+        job_file = workdir / "job.json"
+        job_file.write_text(json.dumps(job))
+        command = [sys.executable, "-m", "worker.distributed", "launch"]
+        command += [str(spec.nproc_per_node), str(job_file)]
+        with subprocess.Popen(command, env=child_env(ctx)) as proc:
+            code = watch(proc, workdir, ctx)
+        return read_result(workdir, code)
+
+
+def check_world(spec: TrainSpec) -> None:
+    n = spec.nproc_per_node
+    accum = spec.batch.grad_accum_steps or 1
+    if accum % n:
+        raise ValueError(f"grad_accum_steps {accum} does not split across {n} ranks")
+    if spec.device == "cuda" and torch.cuda.device_count() < n:
+        raise RuntimeError(
+            f"the run asks for nproc_per_node={n} GPUs but this worker sees "
+            f"{torch.cuda.device_count()}; start the worker with all of the node's GPUs visible"
+        )
+
+
+def child_env(ctx: RunContext | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if ctx is not None:
+        # Through the environment, not the job file: the URL may hold a password.
+        env["TRAINCTL_DATABASE_URL"] = ctx.runs.engine.url.render_as_string(hide_password=False)
+    return env
+
+
+def watch(proc: subprocess.Popen[bytes], workdir: Path, ctx: RunContext | None) -> int:
+    """Wait for the ranks; ask rank 0 to stop when the worker shuts down or loses the lease."""
+    stop = workdir / STOP_FILE
+    while True:
+        try:
+            return proc.wait(timeout=POLL_SECONDS)
+        except subprocess.TimeoutExpired:
+            stopping = ctx is not None and (ctx.shutdown.is_set() or ctx.lease_lost.is_set())
+            if stopping and not stop.exists():
+                stop.touch()
+
+
+def read_result(workdir: Path, code: int) -> dict[str, Any]:
+    path = workdir / RESULT_FILE
+    if not path.exists():
+        raise RuntimeError(
+            f"the distributed run's ranks exited with code {code} before rank 0 reported; "
+            "the worker's log holds their output"
+        )
+    report: dict[str, Any] = json.loads(path.read_text())
+    if "error" in report:
+        error = report["error"]
+        if error["type"] == "LeaseLost":
+            raise LeaseLost(error["message"])
+        raise RuntimeError(f"{error['type']}: {error['message']}")
+    result: dict[str, Any] = report["result"]
+    return result
+
+
+# ---- torchrun: the launcher child ---------------------------------------------------------
+
+
+def run_launcher(nproc: int, job_file: str) -> int:
+    """torchrun, single node: rendezvous on a free local port, no restarts (the queue retries)."""
+    die_with_parent()
+    from torch.distributed.run import main as torchrun
+
+    torchrun(
+        [
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "--max-restarts=0",
+            "-m",
+            "worker.distributed",
+            "rank",
+            job_file,
+        ]
+    )
+    return 0
+
+
+def die_with_parent() -> None:
+    """Get SIGTERM when the worker dies (even by SIGKILL); torchrun then stops the ranks."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the worker died before prctl took effect
+        sys.exit(1)
+
+
+# ---- a rank ----------------------------------------------------------------------------------
+
+
+class RankSampler:
+    """Rank `rank`'s share of the batches: positions start + rank, + world, + 2·world, ...
+
+    A train step reads `grad_accum_steps` consecutive positions p, p+1, ...; with
+    `grad_accum_steps` a multiple of `world`, each rank reads its `grad_accum_steps / world` of
+    them, and the next step's share follows on from where this one's ended.
+    """
+
+    def __init__(self, base: Sampler, rank: int, world: int) -> None:
+        self.base, self.rank, self.world = base, rank, world
+
+    def batch(self, position: int) -> Batch:
+        return self.base.batch(position)
+
+    def iterate(self, start: int = 0) -> Iterator[Batch]:
+        position = start + self.rank
+        while True:
+            yield self.base.batch(position)
+            position += self.world
+
+
+class _Loss(nn.Module):
+    """Puts `GPT.loss` behind `forward`: DDP only prepares its gradient hooks in forward."""
+
+    def __init__(self, model: GPT) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> Any:
+        return self.model.loss(tokens, targets)
+
+
+class DDPReplica:
+    """`DataParallel` for `worker.train`: one of `world` replicas kept in sync by DDP.
+
+    DDP all-reduces (averages) the gradients during the last backward of a step, so when
+    `train_step` clips and then calls `muon.step()`, every rank holds the same averaged
+    gradient. That order is what makes Muon correct here: its update orthogonalises the
+    (momentum of the) whole gradient matrix with Newton-Schulz, a non-linear map, so it must
+    see the global average (orthogonalise(mean g) ≠ mean(orthogonalise g)), and since every
+    rank then applies the same deterministic update to the same weights, the replicas stay
+    identical without any further communication. The same holds for AdamW and the clip norm.
+    """
+
+    def __init__(self, model: GPT, device: torch.device, world_size: int) -> None:
+        self.world_size = world_size
+        ids = [torch.cuda.current_device()] if device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(_Loss(model), device_ids=ids)
+
+    def loss(self, model: GPT, tokens: torch.Tensor, targets: torch.Tensor) -> Any:
+        return self.ddp(tokens, targets)  # `model`, wrapped once in __init__
+
+    def sync_gradients(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """Accumulate locally, all-reduce once per step (in the last micro-batch's backward)."""
+        return contextlib.nullcontext() if last else self.ddp.no_sync()
+
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        total = value.detach().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)  # gloo has no AVG
+        return total / self.world_size
+
+
+def make_data_parallel(parts: TrainParts, rank: int, world: int) -> None:
+    """Turn single-process parts into rank `rank` of `world` (after any resume)."""
+    parts.sampler = RankSampler(parts.sampler, rank, world)
+    parts.parallel = DDPReplica(parts.model, parts.device, world)
+
+
+def agreed_stop(local: Callable[[], bool], device: torch.device) -> Callable[[], bool]:
+    """A stop predicate every rank calls at the same step: rank 0's answer, broadcast."""
+
+    def should_stop() -> bool:
+        flag = torch.tensor([1 if dist.get_rank() == 0 and local() else 0], device=device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    return should_stop
+
+
+class RankTrainer(Trainer):
+    """A Trainer of which only rank 0 writes checkpoints (the others hold the same state)."""
+
+    def __init__(self, *args: Any, rank: int, **kwargs: Any) -> None:
+        self.rank = rank
+        super().__init__(*args, **kwargs)
+
+    def save(self, tag: str | None = None) -> Path:
+        if self.rank == 0:
+            return super().save(tag)
+        return self.store.experiment_dir(self.spec.experiment)
+
+
+def rank_context(job: dict[str, Any], runs: RunStore) -> RunContext:
+    """Rank 0's view of the run: the worker's identity and attempt, so its writes are fenced."""
+    info = job["run"]
+    # The attempt the worker claimed, not the row's current one: if the run has moved on,
+    # the fenced writes must fail.
+    run = dataclasses.replace(runs.get(info["id"]), attempt=info["attempt"])
+    shutdown = threading.Event()  # set once the worker asks to stop (see rank_stop)
+    return RunContext(run, runs, info["worker_id"], shutdown, info["lease_seconds"])
+
+
+def rank_stop(ctx: RunContext, stop_file: Path) -> Callable[[], bool]:
+    """Rank 0's own stop test: the worker's stop file, then cancel and the lease."""
+
+    def should_stop() -> bool:
+        if stop_file.exists():
+            ctx.shutdown.set()
+        return ctx.should_stop()
+
+    return should_stop
+
+
+def run_rank(job_file: str) -> int:
+    job = json.loads(Path(job_file).read_text())
+    workdir = Path(job_file).parent
+    spec = TrainSpec.model_validate(job["spec"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if spec.device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    device = torch.device("cuda", torch.cuda.current_device()) if spec.device == "cuda" else None
+    dist.init_process_group("nccl" if spec.device == "cuda" else "gloo")
+    runs = RunStore(os.environ["TRAINCTL_DATABASE_URL"]) if "run" in job and rank == 0 else None
+    try:
+        report = train_rank(spec, job, rank, world, workdir, runs, device)
+    except Exception as exc:
+        report = {"error": {"type": type(exc).__name__, "message": str(exc)}}
+        raise
+    finally:
+        if rank == 0:
+            (workdir / RESULT_FILE).write_text(json.dumps(report, default=str))
+        if runs is not None:
+            runs.close()
+        dist.destroy_process_group()
+    return 0
+
+
+def train_rank(
+    spec: TrainSpec,
+    job: dict[str, Any],
+    rank: int,
+    world: int,
+    workdir: Path,
+    runs: RunStore | None,
+    device: torch.device | None,
+) -> dict[str, Any]:
+    metrics: list[dict[str, Any]] = []
+    ctx = rank_context(job, runs) if runs is not None else None
+    on_metrics: Callable[[dict[str, Any]], None] = ctx.metrics if ctx else metrics.append
+    if rank != 0:
+        on_metrics = lambda m: None  # noqa: E731
+    local_stop = rank_stop(ctx, workdir / STOP_FILE) if ctx else (lambda: False)
+    trainer = RankTrainer(
+        spec,
+        job["checkpoint_root"],
+        rank=rank,
+        run_id=ctx.run.id if ctx else None,
+        on_metrics=on_metrics,
+        on_checkpoint=ctx_checkpoint_logger(ctx, spec),
+        should_stop=agreed_stop(local_stop, device or torch.device("cpu")),
+        protected=ctx.runs.protected_checkpoints if ctx else None,
+        before_commit=ctx.confirm_lease if ctx else None,
+    )
+    make_data_parallel(trainer.parts, rank, world)
+    result = trainer.run()
+    return {"result": result if ctx else {**result, "metrics": metrics}}
+
+
+def ctx_checkpoint_logger(
+    ctx: RunContext | None, spec: TrainSpec
+) -> Callable[[dict[str, Any]], None] | None:
+    if ctx is None:
+        return None
+
+    def on_checkpoint(info: dict[str, Any]) -> None:
+        ctx.log(f"saved checkpoint {spec.experiment}/{info['tag']} at step {info['step']}")
+
+    return on_checkpoint
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 3 and args[0] == "launch":
+        return run_launcher(int(args[1]), args[2])
+    if len(args) == 2 and args[0] == "rank":
+        return run_rank(args[1])
+    print("usage: python -m worker.distributed (launch N | rank) JOB_FILE", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
