@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install browser serve benchmark test lint typecheck pytest openapi soak clean
+.PHONY: install browser serve benchmark bench test lint typecheck pytest openapi soak clean
 
 install: $(STAMP)
 
@@ -26,6 +26,13 @@ serve: install
 
 benchmark: install
 	$(PY) -m worker.benchmark --steps 100
+
+# Side-by-side performance figures against the peers (docs/performance.md); the HF peer comes
+# from the `bench` extra. torch is pinned to what is installed so pip never swaps it.
+# `make bench ARGS=--quick` is a smoke run of a few minutes.
+bench: install
+	$(PIP) install -q -e ".[bench]" "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
+	$(PY) -m bench $(ARGS)
 
 # Regenerate the committed OpenAPI schema; a test fails when it drifts from the app.
 openapi: install

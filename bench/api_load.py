@@ -1,0 +1,147 @@
+"""Item 6: the API under load, and checkpoint downloads.
+
+While a train run keeps the CPU busy, 50 concurrent clients poll `GET /runs/{id}` and
+`GET /checkpoints/latest` against the real service (`python -m service`): p50/p99 latency
+and errors. Then a large checkpoint file is downloaded over HTTP and read with `cat`,
+alternated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import Figure, alternate, median, paired_ratio, running_service
+from service.client import TrainctlClient
+from store.checkpoints import CheckpointStore, write_manifest
+
+FULL: dict[str, Any] = dict(clients=50, seconds=20.0, file_mib=1024, rounds=3)
+QUICK: dict[str, Any] = dict(clients=50, seconds=3.0, file_mib=64, rounds=2)
+
+
+async def poll_clients(url: str, paths: list[str], clients: int, seconds: float) -> Any:
+    latencies: list[float] = []
+    errors: list[str] = []
+    deadline = time.monotonic() + seconds
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+    async def client(i: int, http: httpx.AsyncClient) -> None:
+        n = i
+        while time.monotonic() < deadline:
+            path = paths[n % len(paths)]
+            n += 1
+            started = time.perf_counter()
+            try:
+                r = await http.get(path)
+                if r.status_code != 200:
+                    errors.append(f"{path}: {r.status_code}")
+            except httpx.HTTPError as exc:
+                errors.append(f"{path}: {exc!r}")
+            latencies.append(time.perf_counter() - started)
+
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as http:
+        await asyncio.gather(*(client(i, http) for i in range(clients)))
+    return sorted(latencies), errors
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def under_load(url: str, size: dict[str, Any]) -> list[Figure]:
+    with TrainctlClient(url) as client:
+        run = client.submit_train(
+            experiment="load", steps=1_000_000, checkpoint_every=20, data={"source": "synthetic"}
+        )
+        deadline = time.monotonic() + 300
+        while True:  # the first checkpoint, so /checkpoints/latest has something to find
+            try:
+                client.latest_checkpoint("load")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        paths = [f"/runs/{run.id}", "/checkpoints/latest?experiment=load"]
+        lat, errors = asyncio.run(poll_clients(url, paths, size["clients"], size["seconds"]))
+        state = client.get_run(run.id).state
+        client.cancel_run(run.id)
+        client.wait(run.id, timeout=120)
+    note = (
+        f"{size['clients']} clients for {size['seconds']:.0f} s, {len(lat)} requests, "
+        f"train run {state} meanwhile"
+    )
+    if errors:
+        note += f"; first error: {errors[0]}"
+    return [
+        Figure("API under load: p50 latency", percentile(lat, 0.5) * 1000, "ms", note=note),
+        Figure(
+            "API under load: p99 latency",
+            percentile(lat, 0.99) * 1000,
+            "ms",
+            target=50,
+            lower_is_better=True,
+        ),
+        Figure("API under load: errors", len(errors), "requests", target=0, lower_is_better=True),
+    ]
+
+
+def big_checkpoint(root: Path, mib: int) -> Path:
+    """A complete checkpoint whose model file is `mib` MiB, made through the store."""
+    store = CheckpointStore(root)
+    staging = store.staging_dir("download", "step_1")
+    block = os.urandom(1 << 20)
+    with open(staging / "model.safetensors", "wb") as f:
+        for _ in range(mib):
+            f.write(block)
+    (staging / "optimizer.pt").write_bytes(b"")
+    meta = {"step": 1, "token_count": 0, "best_loss": None, "run_id": None,
+            "created_at": "2026-01-01T00:00:00+00:00"}  # fmt: skip
+    (staging / "metadata.json").write_text(json.dumps(meta))
+    write_manifest(staging, ["model.safetensors", "optimizer.pt", "metadata.json"])
+    return store.commit(staging, "download", "step_1") / "model.safetensors"
+
+
+def download(url: str, size: dict[str, Any], path: Path) -> list[Figure]:
+    total = path.stat().st_size
+    file_url = f"{url}/checkpoints/download/step_1/files/model.safetensors"
+
+    def over_http() -> float:
+        started = time.perf_counter()
+        got = 0
+        with httpx.stream("GET", file_url, timeout=120) as r:
+            r.raise_for_status()
+            for chunk in r.iter_raw(1 << 20):
+                got += len(chunk)
+        assert got == total, f"downloaded {got} of {total} bytes"
+        return total / (time.perf_counter() - started)
+
+    def cat() -> float:
+        started = time.perf_counter()
+        subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
+        return total / (time.perf_counter() - started)
+
+    rates = alternate({"http": over_http, "cat": cat}, size["rounds"])
+    note = f"{total >> 20} MiB file (page cache warm), {size['rounds']} alternated rounds"
+    return [
+        Figure("download: HTTP MB/s", median(rates["http"]) / 1e6, "MB/s", note=note),
+        Figure("download: cat MB/s", median(rates["cat"]) / 1e6, "MB/s"),
+        Figure("download: HTTP / cat", paired_ratio(rates["http"], rates["cat"]), "x", target=0.8),
+    ]
+
+
+def run(quick: bool = False) -> list[Figure]:
+    size = QUICK if quick else FULL
+    with tempfile.TemporaryDirectory() as tmp, running_service(Path(tmp) / "data") as svc:
+        figures = under_load(svc.url, size)
+        path = big_checkpoint(Path(tmp) / "data" / "checkpoints", size["file_mib"])
+        figures += download(svc.url, size, path)
+    return figures

@@ -1,0 +1,140 @@
+"""Item 4: checkpoint writes. A synchronous trainctl save (staging folder, fsync, sha256
+manifest, atomic rename) against a raw `safetensors.save_file` + `torch.save` of the same
+tensors; and the training stall of an asynchronous save against a synchronous one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from bench.common import Figure, alternate, median, paired_ratio
+from worker.async_checkpoint import AsyncCheckpointer
+from worker.checkpoint import CheckpointState, capture_checkpoint, write_checkpoint
+from worker.model import build_model
+from worker.optim import build_optimizers
+
+# `small` with 4 layers: 62 M parameters, about 0.75 GB of weights and optimizer state.
+FULL: dict[str, Any] = dict(preset="small", n_layers=4, rounds=3)
+QUICK: dict[str, Any] = dict(preset="small", n_layers=1, rounds=2)
+
+
+def trained_state(size: dict[str, Any]) -> tuple[Any, ...]:
+    model = build_model(size["preset"], seed=0, n_layers=size["n_layers"])
+    muon, adamw = build_optimizers(model)
+    x = torch.randint(0, model.config.vocab_size, (1, 16))
+    model.loss(x, x)[0].backward()  # one step, so the optimizers hold their state
+    muon.step()
+    adamw.step()
+    return model, muon, adamw
+
+
+def nbytes(state: CheckpointState) -> int:
+    def size(obj: Any) -> int:
+        if isinstance(obj, torch.Tensor):
+            return obj.numel() * obj.element_size()
+        if isinstance(obj, dict):
+            return sum(size(v) for v in obj.values())
+        if isinstance(obj, list | tuple):
+            return sum(size(v) for v in obj)
+        return 0
+
+    return size(state.model) + size(state.optimizer)
+
+
+def raw_save(state: CheckpointState, folder: Path, fsync: bool) -> float:
+    folder.mkdir(parents=True)
+    started = time.perf_counter()
+    save_file(state.model, str(folder / "model.safetensors"))
+    torch.save(state.optimizer, folder / "optimizer.pt")
+    if fsync:
+        for name in ("model.safetensors", "optimizer.pt"):
+            fd = os.open(folder / name, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+    elapsed = time.perf_counter() - started
+    shutil.rmtree(folder)
+    return elapsed
+
+
+def run(quick: bool = False) -> list[Figure]:
+    size = QUICK if quick else FULL
+    model, muon, adamw = trained_state(size)
+    step = iter(range(1, 10_000))
+
+    def capture() -> CheckpointState:
+        return capture_checkpoint(model, muon, adamw, None, next(step), 0, None, "bench")
+
+    total = nbytes(capture())
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TRAINCTL_BENCH_TMP")) as tmp:
+        root = Path(tmp)
+
+        def ours() -> float:
+            started = time.perf_counter()
+            write_checkpoint(capture(), root / "store", max_keep=1)
+            return total / (time.perf_counter() - started)
+
+        sides = {
+            "trainctl": ours,
+            "raw": lambda: total / raw_save(capture(), root / "raw", fsync=False),
+            "raw+fsync": lambda: total / raw_save(capture(), root / "raw", fsync=True),
+        }
+        rates = alternate(sides, size["rounds"])
+        sync_times = [total / r for r in rates["trainctl"]]
+        stalls, first = async_stalls(capture, root / "store", size["rounds"])
+    mb = total / 1e6
+    note = f"{mb:,.0f} MB of weights + optimizer state, {size['rounds']} alternated rounds"
+    return [
+        Figure(
+            "checkpoint: trainctl sync save MB/s",
+            median(rates["trainctl"]) / 1e6,
+            "MB/s",
+            note=note,
+        ),
+        Figure("checkpoint: raw save_file + torch.save MB/s", median(rates["raw"]) / 1e6, "MB/s"),
+        Figure("checkpoint: raw + fsync MB/s", median(rates["raw+fsync"]) / 1e6, "MB/s"),
+        Figure(
+            "checkpoint: trainctl sync / raw",
+            paired_ratio(rates["trainctl"], rates["raw"]),
+            "x",
+            target=0.7,
+        ),
+        Figure(
+            "checkpoint: trainctl sync / raw + fsync",
+            paired_ratio(rates["trainctl"], rates["raw+fsync"]),
+            "x",
+        ),
+        Figure("checkpoint: sync save time", median(sync_times), "s"),
+        Figure(
+            "checkpoint: async stall per save (steady state)",
+            median(stalls),
+            "s",
+            note=f"first save, which allocates the CPU buffers: {first:.3f} s",
+        ),
+        Figure(
+            "checkpoint: async stall / sync save",
+            median(stalls) / median(sync_times),
+            "x",
+            target=0.10,
+            lower_is_better=True,
+        ),
+    ]
+
+
+def async_stalls(capture: Any, root: Path, rounds: int) -> tuple[list[float], float]:
+    """Time the loop waits in `save` (the copy), with the previous save already finished."""
+    saver = AsyncCheckpointer()
+    stalls = []
+    for _ in range(rounds + 1):
+        saver.wait()
+        started = time.perf_counter()
+        saver.save(capture(), lambda s: write_checkpoint(s, root, max_keep=1), {})
+        stalls.append(time.perf_counter() - started)
+    saver.wait()
+    return stalls[1:], stalls[0]

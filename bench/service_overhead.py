@@ -1,0 +1,87 @@
+"""Item 1: a benchmark run submitted over the API against `python -m worker.benchmark --json`
+with the same resolved config, alternated pair by pair."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    REPO,
+    Figure,
+    alternate,
+    median,
+    paired_ratio,
+    running_service,
+    wait_run,
+)
+from service.client import TrainctlClient
+from store.specs import BenchmarkSpec, resolve_benchmark
+
+FULL: dict[str, Any] = dict(steps=30, warmup_steps=5, pairs=3)
+QUICK: dict[str, Any] = dict(steps=3, warmup_steps=1, pairs=3)
+
+
+def direct(spec: dict[str, Any]) -> dict[str, Any]:
+    b = spec["batch"]
+    args = [
+        "--steps", str(spec["steps"]),
+        "--warmup-steps", str(spec["warmup_steps"]),
+        "--preset", spec["model"]["preset"],
+        "--micro-batch-size", str(b["micro_batch_size"]),
+        "--grad-accum-steps", str(b["grad_accum_steps"]),
+        "--seq-len", str(b["seq_len"]),
+        "--compile" if spec["use_compile"] else "--no-compile",
+        "--device", spec["device"],
+        "--json",
+    ]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "worker.benchmark", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def run(quick: bool = False) -> list[Figure]:
+    size = QUICK if quick else FULL
+    request = {"steps": size["steps"], "warmup_steps": size["warmup_steps"], "device": "cpu"}
+    # The same resolve the API runs, so the direct side gets the same config; checked below.
+    spec = resolve_benchmark(BenchmarkSpec(**request), cuda_available=False).model_dump()
+    tps: dict[str, list[float]] = {"api": [], "cli": []}
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        running_service(Path(tmp) / "data") as svc,
+        TrainctlClient(svc.url) as client,
+    ):
+
+        def over_api() -> float:
+            done = wait_run(client, client.submit_benchmark(**request).id)
+            if done["spec"]["model_config_resolved"] != spec["model_config_resolved"]:
+                raise RuntimeError("the API resolved another model config than the CLI")
+            return float(done["result"]["tokens_per_sec"])
+
+        tps = alternate(
+            {"api": over_api, "cli": lambda: direct(spec)["tokens_per_sec"]}, 2 * size["pairs"]
+        )
+    b = spec["batch"]
+    note = (
+        f"CPU profile (preset {spec['model']['preset']}, B={b['micro_batch_size']} x "
+        f"{b['grad_accum_steps']}, T={b['seq_len']}), {size['steps']} measured steps, "
+        f"{2 * size['pairs']} alternated pairs"
+    )
+    return [
+        Figure("service overhead: API benchmark tokens/s", median(tps["api"]), "tok/s", note=note),
+        Figure(
+            "service overhead: python -m worker.benchmark tokens/s", median(tps["cli"]), "tok/s"
+        ),
+        Figure(
+            "service overhead: API / direct", paired_ratio(tps["api"], tps["cli"]), "x", target=0.97
+        ),
+    ]

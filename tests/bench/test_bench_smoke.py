@@ -1,0 +1,33 @@
+"""The bench suite at toy sizes, so that it keeps running; its timings are never checked."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench import checkpoint_io, model_step, time_to_quality
+
+
+def test_bench_measurements_run_at_toy_sizes_and_report_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("transformers", reason="the HF peer needs the bench extra")
+    monkeypatch.setattr(
+        model_step, "QUICK", dict(preset="tiny", n_layers=1, batch=1, seq=16, steps=1, rounds=1)
+    )
+    monkeypatch.setattr(checkpoint_io, "QUICK", dict(preset="tiny", n_layers=1, rounds=1))
+    monkeypatch.setattr(
+        time_to_quality,
+        "QUICK",
+        {**time_to_quality.QUICK, "steps": 4, "eval_every": 2, "B": 2, "T": 16},
+    )
+    figures = [
+        *model_step.run(quick=True),
+        *checkpoint_io.run(quick=True),
+        *time_to_quality.run(quick=True),
+    ]
+    names = [f.name for f in figures]
+    assert len(names) == len(set(names))
+    assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
+    assert any(f.target is not None for f in figures)
