@@ -9,6 +9,12 @@ from service.archive import checkpoint_tar
 from store.checkpoints import MANIFEST_FILE, CheckpointStore, sha256_file
 
 
+class CheckpointFileResponse(FileResponse):
+    # Starlette reads 64 KiB per await, each in a worker thread: a GiB-sized weight file
+    # is 16,384 thread hops. 1 MiB reads serve it several times faster (docs/performance.md).
+    chunk_size = 1 << 20
+
+
 def checkpoint_file_response(
     ckpts: CheckpointStore, experiment: str, tag: str, name: str, if_none_match: str | None
 ) -> Response:
@@ -26,7 +32,7 @@ def checkpoint_file_response(
     etag = f'"{sha}"'
     if if_none_match is not None and _matches(if_none_match, etag):
         return Response(status_code=304, headers={"ETag": etag})
-    return FileResponse(
+    return CheckpointFileResponse(
         path,
         filename=name,
         media_type="application/json" if name.endswith(".json") else "application/octet-stream",
