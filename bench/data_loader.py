@@ -17,12 +17,12 @@ from worker.optim import build_optimizers
 from worker.train import build_token_arrays, train
 
 # The loader at the CUDA train profile's geometry (small: B=16, T=1024); the step on `small`
-# (all 12 layers) at a CPU-sized batch: tokens/s of a step hardly depends on the batch shape.
+# (all 12 layers; 1 in --quick) at a CPU-sized batch.
 FULL: dict[str, Any] = dict(
-    loader_batches=200, B=16, T=1024, step_B=1, step_T=256, steps=2, run_steps=6
+    loader_batches=200, B=16, T=1024, step_B=1, step_T=256, steps=2, run_steps=6, layers=12
 )
 QUICK: dict[str, Any] = dict(
-    loader_batches=20, B=16, T=1024, step_B=1, step_T=64, steps=1, run_steps=3
+    loader_batches=20, B=16, T=1024, step_B=1, step_T=64, steps=1, run_steps=3, layers=1
 )
 MAX_BYTES = 16_000_000
 
@@ -37,7 +37,7 @@ def loader_rate(size: dict[str, Any]) -> float:
 
 
 def step_rate(size: dict[str, Any]) -> float:
-    model = build_model("small", seed=0)
+    model = build_model("small", seed=0, n_layers=size["layers"])
     muon, adamw = build_optimizers(model)
     x = torch.randint(0, 256, (size["step_B"], size["step_T"]))
 
@@ -60,7 +60,7 @@ def run_wait_fraction(size: dict[str, Any]) -> tuple[float, float]:
     spec = resolve_train(
         TrainSpec(
             steps=size["run_steps"],
-            model={"preset": "small"},
+            model={"preset": "small", "overrides": {"n_layers": size["layers"]}},
             batch={"micro_batch_size": size["step_B"], "seq_len": size["step_T"]},
             checkpoint_every=10_000,
             data={"max_bytes": MAX_BYTES},
