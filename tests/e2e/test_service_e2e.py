@@ -109,7 +109,7 @@ def test_kill_9_mid_run_resumes_exactly_like_an_uninterrupted_run(service: Servi
     optimizer state, schedule, RNG and data position all come from that checkpoint, so the
     recomputed steps see the same batches and give the same numbers, bit for bit."""
     service.start()
-    spec = {"steps": 300, "checkpoint_every": 20, "val_every": 100}
+    spec = {"steps": 120, "checkpoint_every": 20, "val_every": 50}
     with TrainctlClient(service.url) as client:
         straight = client.submit("train", {"experiment": "straight", **spec})
         run = client.submit("train", {"experiment": "crash", **spec})
@@ -124,11 +124,11 @@ def test_kill_9_mid_run_resumes_exactly_like_an_uninterrupted_run(service: Servi
         assert any("attempt 2: resuming from step_" in m for m in logs)
 
         expected = result_of(client.get_run(straight.id))
-        assert result_of(done)["step"] == expected["step"] == 300
+        assert result_of(done)["step"] == expected["step"] == 120
         assert result_of(done)["final_loss"] == expected["final_loss"]
         assert result_of(done)["best_loss"] == expected["best_loss"]
         files = [
-            {f.name: f.sha256 for f in client.get_checkpoint(exp, "step_300").files}
+            {f.name: f.sha256 for f in client.get_checkpoint(exp, "step_120").files}
             for exp in ("straight", "crash")
         ]
         assert files[0]["model.safetensors"] == files[1]["model.safetensors"]  # same weights
