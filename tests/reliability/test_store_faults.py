@@ -86,10 +86,13 @@ def store(tmp_path: Path) -> CheckpointStore:
 
 
 def fsync_reports_a_full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
-    def full(path: Path) -> None:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    # Every fsync of the save (its files, the manifest, the folders) reports a full disk,
+    # wherever in the code it happens: that is how a full disk surfaces with delayed
+    # allocation.
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(worker.checkpoint, "_fsync", full)
+    monkeypatch.setattr(os, "fsync", full)
 
 
 def safetensors_runs_out_of_space(monkeypatch: pytest.MonkeyPatch) -> None:
