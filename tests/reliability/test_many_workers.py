@@ -98,8 +98,13 @@ def test_four_workers_run_200_runs_each_claimed_exactly_once_and_share_them(
     assert min(per_worker.values()) >= RUNS // WORKERS // 4, per_worker
 
 
+STEPS_TO_MOVE = 600
+
+
 def test_a_killed_workers_run_moves_to_another_worker_and_resumes(fleet: Fleet) -> None:
-    run = enqueue_tiny_train(fleet.runs, "moved", 40, checkpoint_every=5)
+    # Long enough that the run is still going when the poll sees it: progress is written at
+    # most twice a second, and 40 tiny steps can finish in less than that.
+    run = enqueue_tiny_train(fleet.runs, "moved", STEPS_TO_MOVE, checkpoint_every=5)
 
     def past_first_checkpoint() -> Run | None:
         r = fleet.runs.get(run.id)
@@ -119,4 +124,4 @@ def test_a_killed_workers_run_moves_to_another_worker_and_resumes(fleet: Fleet) 
     assert any(f"lease expired (worker {victim}" in reason for reason in reasons), reasons
     logs = [e.data["message"] for e in fleet.runs.events(run.id, type="log")]
     assert any("resuming from step_" in line for line in logs), logs
-    assert done.progress["step"] == 40
+    assert done.progress["step"] == STEPS_TO_MOVE
