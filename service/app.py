@@ -61,7 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_body_size=settings.max_body_bytes,
         generate_unique_id_function=operation_id,
     )
-    app.dependency_overrides[get_settings] = lambda: settings
+    app.state.settings = settings
     install_error_handlers(app)
     unauthorized = error_responses(401)
     app.include_router(runs.router, dependencies=[AUTH], responses=unauthorized)

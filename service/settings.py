@@ -22,6 +22,12 @@ class Settings(BaseSettings):
     workers: int | None = Field(
         None, ge=0, le=64, description="Local worker processes; default one per GPU, one on CPU."
     )
+    worker_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="Niceness added to local workers: training yields the CPU to the API.",
+    )
     api_token: SecretStr | None = Field(None, description="Bearer token required when set.")
     data_roots: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,

@@ -70,6 +70,7 @@ class Supervisor:
             "TRAINCTL_WORKER_ID": slot.worker_id,
             "TRAINCTL_LEASE_SECONDS": str(self.settings.lease_seconds),
             "TRAINCTL_HEARTBEAT_SECONDS": str(self.settings.heartbeat_seconds),
+            "TRAINCTL_WORKER_NICE": str(self.settings.worker_nice),
         }
         if slot.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(slot.gpu)

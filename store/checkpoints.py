@@ -522,8 +522,36 @@ class CheckpointStore:
                 if len(keyed) == len(infos):
                     break  # nothing was deleted while we looked: the snapshot holds the newest
             return max(keyed, key=lambda pair: pair[0], default=(None, None))[1]
-        steps = [i for i in self.list(experiment) if parse_step(i.tag) is not None]
-        return max(steps, key=lambda i: parse_step(i.tag) or 0, default=None)
+        return self._latest_step(experiment)
+
+    def _latest_step(self, experiment: str) -> CheckpointInfo | None:
+        """The highest complete ``step_*`` of one experiment, reading folders from the top down.
+
+        Only the newest folder is read (a few more when the newest are incomplete), however
+        many checkpoints the experiment keeps: this answers the most polled endpoint. A folder
+        that vanishes while it is read makes the scan stale, as in `_list_experiment`.
+        """
+        exp_dir = self.experiment_dir(experiment)
+        if not exp_dir.is_dir():
+            return None
+        found = None
+        for _ in range(_LIST_ATTEMPTS):
+            with _renames_locked(exp_dir, exclusive=False):
+                folders = _visible_dirs(exp_dir)
+            steps = sorted(
+                ((step, f) for f in folders if (step := parse_step(f.name)) is not None),
+                reverse=True,
+            )
+            found, vanished = None, False
+            for _, folder in steps:
+                try:
+                    found = _load_info(experiment, folder.name, folder)
+                    break
+                except CheckpointCorrupt:
+                    vanished = vanished or not folder.exists()
+            if not vanished:
+                break
+        return found
 
     def best(self, experiment: str | None = None) -> CheckpointInfo:
         """The ``best`` tag of an experiment; across experiments, the lowest best_loss."""

@@ -38,6 +38,7 @@ class WorkerConfig:
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 5.0
     poll_seconds: float = 0.5
+    nice: int = 0
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -57,12 +58,26 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
         "--heartbeat-seconds", type=float, default=float(env("TRAINCTL_HEARTBEAT_SECONDS", "5"))
     )
     p.add_argument("--poll-seconds", type=float, default=0.5)
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=int(env("TRAINCTL_WORKER_NICE", "0")),
+        help="raise this process's niceness by N (0-19) before any thread starts",
+    )
     args = p.parse_args(argv)
+    if not 0 <= args.nice <= 19:
+        p.error(f"--nice must be between 0 and 19, got {args.nice}")
     data_dir = Path(args.data_dir).resolve()
     url = args.database_url or f"sqlite:///{data_dir / 'trainctl.db'}"
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     return WorkerConfig(
-        url, data_dir, worker_id, args.lease_seconds, args.heartbeat_seconds, args.poll_seconds
+        url,
+        data_dir,
+        worker_id,
+        args.lease_seconds,
+        args.heartbeat_seconds,
+        args.poll_seconds,
+        args.nice,
     )
 
 
@@ -181,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = parse_config(argv)
+    if config.nice:
+        # Before torch starts its threads, which inherit it: training takes what CPU is left
+        # while the API (at the service's niceness) answers at once.
+        os.nice(config.nice)
     worker = Worker(config)
     worker.install_signal_handlers()
     try:

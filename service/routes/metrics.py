@@ -12,7 +12,7 @@ from service.metrics import CONTENT_TYPE, ServiceMetrics
 from service.routing import SummaryRoute
 
 
-def get_metrics(request: Request) -> ServiceMetrics:
+async def get_metrics(request: Request) -> ServiceMetrics:
     metrics: ServiceMetrics = request.app.state.metrics
     return metrics
 

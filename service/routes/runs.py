@@ -117,8 +117,10 @@ def list_runs(
     return {"items": [run.to_public() for run in page], "next_cursor": next_cursor}
 
 
+# `async def`: a primary-key read takes less time than the hand-off to the thread pool, and
+# it is the endpoint dashboards and `runs watch` poll (see routes/checkpoints.py).
 @router.get("/{run_id}", response_model=RunPublic, responses=RUN_NOT_FOUND)
-def read_run(run_id: str, runs: RunsDep) -> dict[str, Any]:
+async def read_run(run_id: str, runs: RunsDep) -> dict[str, Any]:
     """Read one run."""
     return runs.get(run_id).to_public()
 

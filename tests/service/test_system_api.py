@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from service.app import create_app
 from service.deps import get_runs
 from service.settings import Settings, get_settings
 from store.runs import RunStore
+from tests.polling import poll
 
 TOKEN = "s3cret-token"
 
@@ -133,3 +135,14 @@ def test_the_app_creates_a_missing_data_dir_at_startup(tmp_path: Path) -> None:
         assert fresh.get("/readyz").status_code == 200
 
     assert (settings.data_dir / "trainctl.db").is_file()
+
+
+def test_local_workers_run_niced_so_training_yields_the_cpu_to_the_api(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, workers=1, worker_nice=7)
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    with TestClient(create_app(settings)) as client:
+        supervisor = client.app.state.supervisor  # type: ignore[attr-defined]
+        pid = supervisor.slots[0].process.pid
+        # The worker renices itself first thing; the API process keeps its own niceness.
+        poll(lambda: os.getpriority(os.PRIO_PROCESS, pid) == own + 7, what="a niced worker")
+        assert os.getpriority(os.PRIO_PROCESS, 0) == own

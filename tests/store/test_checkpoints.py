@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import store.checkpoints as checkpoints_module
 from store.checkpoints import (
     BEST_TAG,
     MANIFEST_FILE,
@@ -438,3 +439,21 @@ def test_resolve_file_refuses_a_symlink_pointing_outside_the_store(
     os.symlink(secret, folder / MODEL_FILE)
     with pytest.raises(CheckpointNotFound, match="not a regular file inside the store"):
         store.resolve_file("exp", "step_1", MODEL_FILE)
+
+
+def test_latest_of_an_experiment_reads_only_the_newest_folders(
+    store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for step in range(1, 31):
+        save(store, "exp", step=step)
+    (store.experiment_dir("exp") / "step_30" / MANIFEST_FILE).unlink()  # a crashed save
+    read: list[str] = []
+    real = checkpoints_module._load_info
+
+    def counting(experiment: str, tag: str, folder: Path) -> Any:
+        read.append(tag)
+        return real(experiment, tag, folder)
+
+    monkeypatch.setattr(checkpoints_module, "_load_info", counting)
+    assert store.latest("exp").tag == "step_29"
+    assert read == ["step_30", "step_29"]  # not all 30: this is the most polled read

@@ -182,3 +182,15 @@ def test_kill_9_mid_run_is_reaped_and_resumed_from_the_runs_own_checkpoint(
     runs.request_cancel(run.id)
     done = wait_state(runs, run)
     assert done.state == "cancelled" and done.attempt == 2
+
+
+def test_a_niceness_outside_0_to_19_is_refused_with_the_value(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "worker", "--data-dir", str(tmp_path), "--nice", "25"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "--nice must be between 0 and 19, got 25" in done.stderr
