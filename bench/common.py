@@ -55,9 +55,18 @@ def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
     return median([a / b for a, b in zip(numerators, denominators, strict=True) if b > 0])
 
 
-def alternate(sides: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """Run each side once per round, in a rotating order; each returns its own figure."""
+def alternate(
+    sides: dict[str, Callable[[], float]], rounds: int, warmup: bool = False
+) -> dict[str, list[float]]:
+    """Run each side once per round, in a rotating order; each returns its own figure.
+
+    `warmup` runs each side once first, unmeasured: a first run pays for allocations (page
+    cache, allocator arenas) that later ones reuse.
+    """
     names = list(sides)
+    if warmup:
+        for n in names:
+            sides[n]()
     out: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         for n in names[r % len(names) :] + names[: r % len(names)]:

@@ -17,16 +17,16 @@ import pickle
 import platform
 import shutil
 from collections.abc import Callable, Set
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import safetensors
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from store.checkpoints import (
@@ -34,13 +34,14 @@ from store.checkpoints import (
     MODEL_FILE,
     OPTIMIZER_FILE,
     CheckpointStore,
-    sha256_file,
     step_tag,
     verify_manifest,
     write_manifest,
 )
 from store.presets import ModelConfig
 from worker.exceptions import CheckpointCorrupt, CheckpointMismatch, CheckpointWriteFailed
+from worker.hashed_file import HashedFile
+from worker.safetensors_stream import write_safetensors
 from worker.schedule import WSDScheduler
 
 FORMAT_VERSION = 1
@@ -210,23 +211,36 @@ def write_checkpoint(
 ) -> Path:
     """Write a captured state into the store at `root` and commit it (see save_checkpoint).
 
-    Each weight file is hashed by a thread of its own while the next one is written (the
-    hash reads the bytes back from the page cache, never from disk, and hashlib releases the
-    GIL), so the manifest costs little more than the slower of writing and hashing.
+    Weights and optimizer state go through `HashedFile`s, which hash each tensor's bytes
+    while writing them and start their write-out at once: the sha256 of the manifest costs
+    no second read, and the fsync before the commit finds little left to flush. The two
+    files are written at the same time (one thread each, plus one hashing thread each): a
+    sha256 runs at about 2 GB/s per core, so one file at a time leaves cores idle.
     """
     store, experiment, tag = CheckpointStore(Path(root)), state.experiment, state.tag
     staging: Path | None = None
-    hashers: dict[str, Future[str]] = {}
     try:
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="trainctl-hash") as pool:
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="trainctl-save") as pool:
             staging = store.staging_dir(experiment, tag)
-            save_file(state.model, str(staging / MODEL_FILE))
-            hashers[MODEL_FILE] = pool.submit(sha256_file, staging / MODEL_FILE)
-            with open(staging / OPTIMIZER_FILE, "wb") as f:
-                torch.save(state.optimizer, f)
-            hashers[OPTIMIZER_FILE] = pool.submit(sha256_file, staging / OPTIMIZER_FILE)
-            _fsync_write(staging / METADATA_FILE, json.dumps(state.metadata, indent=2).encode())
-            hashes = {name: h.result() for name, h in hashers.items()}
+
+            def write_hashed(name: str, write: Callable[[HashedFile], None]) -> str:
+                assert staging is not None
+                with HashedFile(staging / name, pool) as f:
+                    write(f)
+                return f.hexdigest()
+
+            model = pool.submit(
+                write_hashed, MODEL_FILE, lambda f: write_safetensors(state.model, f)
+            )
+            hashes = {
+                OPTIMIZER_FILE: write_hashed(
+                    # torch.save needs only write (and flush); HashedFile is no full IO.
+                    OPTIMIZER_FILE,
+                    lambda f: torch.save(state.optimizer, cast(IO[bytes], f)),
+                )
+            }
+            hashes[MODEL_FILE] = model.result()
+        _fsync_write(staging / METADATA_FILE, json.dumps(state.metadata, indent=2).encode())
         # write_manifest fsyncs every file before it writes the manifest.
         write_manifest(staging, [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE], hashes)
         if before_commit is not None:
@@ -237,7 +251,7 @@ def write_checkpoint(
         # next save (or another run) needs; cleanup at the next start is too late.
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, OSError | safetensors.SafetensorError):
+        if isinstance(exc, OSError):
             raise CheckpointWriteFailed(write_failure(exc, store.root / experiment, tag)) from exc
         raise
     if max_keep is not None:

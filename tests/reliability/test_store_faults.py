@@ -20,11 +20,10 @@ import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
-import safetensors
 
-import worker.checkpoint
 from store.checkpoints import CheckpointStore, verify_manifest
 from store.runs import RunStore
 from tests.reliability import saver
@@ -95,17 +94,21 @@ def fsync_reports_a_full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "fsync", full)
 
 
-def safetensors_runs_out_of_space(monkeypatch: pytest.MonkeyPatch) -> None:
-    def half_written(tensors: object, filename: str, *args: object, **kwargs: object) -> None:
-        Path(filename).write_bytes(b"\0" * 4096)
-        raise safetensors.SafetensorError(
-            "Error while serializing: I/O error: No space left on device (os error 28)"
-        )
+def the_disk_fills_while_the_weights_are_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first write lands part of its bytes, then the disk is full: a half-written file in
+    # the staging folder, as a real ENOSPC leaves it.
+    real_write = os.write
 
-    monkeypatch.setattr(worker.checkpoint, "save_file", half_written)
+    def partly(fd: int, data: Any) -> int:
+        real_write(fd, bytes(memoryview(data)[:4096]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", partly)
 
 
-@pytest.mark.parametrize("fault", [fsync_reports_a_full_disk, safetensors_runs_out_of_space])
+@pytest.mark.parametrize(
+    "fault", [fsync_reports_a_full_disk, the_disk_fills_while_the_weights_are_written]
+)
 def test_a_full_store_fails_the_save_clearly_and_leaves_nothing_behind(
     store: CheckpointStore,
     monkeypatch: pytest.MonkeyPatch,
