@@ -70,5 +70,5 @@ def test_safetensors_written_by_stream_load_with_safetensors(tmp_path: Path) -> 
 
 
 def test_safetensors_stream_names_what_it_cannot_write(tmp_path: Path) -> None:
-    with open(tmp_path / "m", "wb") as f, pytest.raises(ValueError, match="'c'.*complex"):
+    with open(tmp_path / "m", "wb") as f, pytest.raises(ValueError, match=r"'c'.*complex"):
         write_safetensors({"c": torch.zeros(2, dtype=torch.complex64)}, f)
