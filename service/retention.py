@@ -29,15 +29,16 @@ def delete_checkpoint(
     runs: RunStore, ckpts: CheckpointStore, experiment: str, tag: str
 ) -> CheckpointInfo:
     ckpts.get(experiment, tag)  # a missing checkpoint is a 404 before anything else
-    active = runs.active_train_run(experiment)
-    latest = ckpts.latest_or_none(experiment) if active is not None else None
-    if active is not None and latest is not None and latest.tag == tag:
-        raise CheckpointProtected(
-            f"checkpoint {tag!r} is the latest of experiment {experiment!r}, whose train run "
-            f"{active.id} is {active.state}: it resumes from here if its worker stops; cancel "
-            "the run or wait for it to finish, then delete it"
-        )
-    return ckpts.delete(experiment, tag, protected=runs.protected_checkpoints())
+    with ckpts.guard(experiment):  # no train run is queued between this check and the delete
+        active = runs.active_train_run(experiment)
+        latest = ckpts.latest_or_none(experiment) if active is not None else None
+        if active is not None and latest is not None and latest.tag == tag:
+            raise CheckpointProtected(
+                f"checkpoint {tag!r} is the latest of experiment {experiment!r}, whose train "
+                f"run {active.id} is {active.state}: it resumes from here if its worker "
+                "stops; cancel the run or wait for it to finish, then delete it"
+            )
+        return ckpts.delete(experiment, tag, protected=runs.protected_checkpoints)
 
 
 def prune_checkpoints(
@@ -54,7 +55,7 @@ def prune_checkpoints(
         keep_last=keep_last,
         keep_best=keep_best,
         dry_run=dry_run,
-        protected=protected_checkpoints(runs, ckpts, experiment),
+        protected=lambda: protected_checkpoints(runs, ckpts, experiment),
     )
     return {
         "deleted": [i.to_public() for i in outcome["deleted"]],

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import BaseModel
@@ -58,12 +60,13 @@ def submit_train(
         cuda_available=cuda_available(runs, settings.lease_seconds),
         data_roots=settings.data_roots,
     )
-    depends_on = []
-    if resolved.resume_from is not None:
-        start = _resume_point(ckpts, resolved)
-        resolved = resolved.model_copy(update={"resume_from": start.tag})
-        depends_on.append((start.experiment, start.tag))
-    return _enqueue(runs, settings, "train", spec, resolved, depends_on, idempotency_key)
+    if resolved.resume_from is None:
+        return _enqueue(runs, settings, "train", spec, resolved, [], idempotency_key)
+    start = _resume_point(ckpts, resolved)
+    resolved = resolved.model_copy(update={"resume_from": start.tag})
+    with _still_there(ckpts, start):
+        return _enqueue(runs, settings, "train", spec, resolved, [(start.experiment, start.tag)],
+                        idempotency_key)  # fmt: skip
 
 
 def submit_validate(
@@ -85,8 +88,19 @@ def submit_validate(
     ).model_copy(
         update={"checkpoint": f"{info.experiment}/{info.tag}", "experiment": info.experiment}
     )
-    return _enqueue(runs, settings, "validate", spec, resolved, [(info.experiment, info.tag)],
-                    idempotency_key)  # fmt: skip
+    with _still_there(ckpts, info):
+        return _enqueue(runs, settings, "validate", spec, resolved,
+                        [(info.experiment, info.tag)], idempotency_key)  # fmt: skip
+
+
+@contextmanager
+def _still_there(ckpts: CheckpointStore, info: CheckpointInfo) -> Iterator[None]:
+    """Enqueue a run that depends on `info` inside the experiment's guard, once it is checked
+    to be still there: a delete or retention either ran before (the run is refused with a
+    404) or runs after and sees the run's dependency, never between the two."""
+    with ckpts.guard(info.experiment):
+        ckpts.get(info.experiment, info.tag)
+        yield
 
 
 def submit_benchmark(

@@ -14,6 +14,7 @@ restores them.
 from __future__ import annotations
 
 import builtins
+import errno
 import fcntl
 import hashlib
 import json
@@ -22,8 +23,9 @@ import os
 import re
 import shutil
 import stat
+import threading
 import uuid
-from collections.abc import Iterator, Set
+from collections.abc import Callable, Iterator, Set
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -65,6 +67,10 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _TAGGED_TRASH_RE = re.compile(rf"^{re.escape(TRASH_PREFIX)}(?P<tag>.+)-[0-9a-f]{{32}}$")
 
 Protected = Set[tuple[str, str]]
+# What a delete must spare, or how to ask for it: a callable is asked under `guard`, so a run
+# that starts to depend on a checkpoint at that moment is either seen or finds it gone.
+Protection = Protected | Callable[[], Protected]
+GUARD_PREFIX = ".guard-"
 
 
 # --- names ---------------------------------------------------------------------------------
@@ -343,6 +349,21 @@ def _renames_locked(folder: Path, *, exclusive: bool) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+_local = threading.local()
+
+
+def _held_guards() -> builtins.set[tuple[str, str]]:
+    """The guards this thread holds (flocks of one process's threads exclude each other)."""
+    if not hasattr(_local, "guards"):
+        _local.guards = set()
+    held: builtins.set[tuple[str, str]] = _local.guards
+    return held
+
+
+def _spared(protected: Protection) -> Protected:
+    return protected() if callable(protected) else protected
+
+
 def _discard(path: Path) -> None:
     """Remove a hidden folder. It is already invisible, so a failure is logged, not raised:
     `cleanup` will retry it at the next start."""
@@ -369,6 +390,42 @@ class CheckpointStore:
     def experiments(self) -> builtins.list[str]:
         """Names of experiment folders, sorted (they may hold no complete checkpoint yet)."""
         return [p.name for p in _visible_dirs(self.root)]
+
+    @contextmanager
+    def guard(self, experiment: str) -> Iterator[None]:
+        """Hold the experiment's guard: "a run starts to depend on a checkpoint" (submit) and
+        "a checkpoint is deleted" (delete, prune, a worker's retention) take turns.
+
+        Without it a retention that read the protected set just before a validation run was
+        queued could delete the checkpoint that run is about to read. The lock is an flock
+        on ``<root>/.guard-<experiment>`` (a file beside, not inside, the experiment folder,
+        whose listing stays checkpoints only); it works across processes and nodes that
+        share the store. A store this process cannot write to is not guarded: nothing here
+        can delete from it.
+        """
+        validate_name("experiment", experiment)
+        key = (str(self.root.resolve()), experiment)
+        if key in _held_guards():  # reentrant within a thread: a second flock would deadlock
+            yield
+            return
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(
+                self.root / f"{GUARD_PREFIX}{experiment}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+            )
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            fd = -1
+        try:
+            if fd >= 0:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            _held_guards().add(key)
+            yield
+        finally:
+            _held_guards().discard(key)
+            if fd >= 0:
+                os.close(fd)  # releases the lock
 
     # --- writing ---
 
@@ -598,17 +655,18 @@ class CheckpointStore:
     # --- deleting ---
 
     def delete(
-        self, experiment: str, tag: str, *, protected: Protected = frozenset()
+        self, experiment: str, tag: str, *, protected: Protection = frozenset()
     ) -> CheckpointInfo:
         """Delete a checkpoint. It is renamed away first, so it vanishes from listings at once
         and a half-removed folder is never seen."""
-        info = self.get(experiment, tag)
-        if (experiment, tag) in protected:
-            raise CheckpointProtected(
-                f"checkpoint {tag!r} of experiment {experiment!r} is in use by a queued or "
-                "running run; cancel that run or wait for it to finish, then delete it"
-            )
-        self._remove(info)
+        with self.guard(experiment):
+            info = self.get(experiment, tag)
+            if (experiment, tag) in _spared(protected):
+                raise CheckpointProtected(
+                    f"checkpoint {tag!r} of experiment {experiment!r} is in use by a queued or "
+                    "running run; cancel that run or wait for it to finish, then delete it"
+                )
+            self._remove(info)
         return info
 
     def prune(
@@ -618,7 +676,7 @@ class CheckpointStore:
         keep_last: int,
         keep_best: bool = True,
         dry_run: bool = False,
-        protected: Protected = frozenset(),
+        protected: Protection = frozenset(),
     ) -> dict[str, builtins.list[CheckpointInfo]]:
         """Delete ``step_*`` checkpoints older than the newest `keep_last`.
 
@@ -637,11 +695,13 @@ class CheckpointStore:
             raise InvalidRequest(f"keep_last must be an integer >= 0, got {keep_last!r}")
         if not self.experiment_dir(experiment).is_dir():
             raise CheckpointNotFound(f"experiment {experiment!r} does not exist in the store")
-        infos = self.list(experiment)
-        doomed = self._prune_candidates(experiment, infos, keep_last, keep_best, protected)
-        if not dry_run:
-            for info in doomed:
-                self._remove(info)
+        with self.guard(experiment):
+            infos = self.list(experiment)
+            spared = _spared(protected)
+            doomed = self._prune_candidates(experiment, infos, keep_last, keep_best, spared)
+            if not dry_run:
+                for info in doomed:
+                    self._remove(info)
         doomed_tags = {i.tag for i in doomed}
         return {"deleted": doomed, "kept": [i for i in infos if i.tag not in doomed_tags]}
 
@@ -680,7 +740,7 @@ class CheckpointStore:
         _discard(trash)
 
     def retain(
-        self, experiment: str, max_keep: int, protected: Protected = frozenset()
+        self, experiment: str, max_keep: int, protected: Protection = frozenset()
     ) -> builtins.list[CheckpointInfo]:
         """Retention after a save (seed ``max_keep``); return the deleted.
 

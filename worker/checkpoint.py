@@ -16,7 +16,7 @@ import os
 import pickle
 import platform
 import shutil
-from collections.abc import Callable, Set
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,6 +34,7 @@ from store.checkpoints import (
     MODEL_FILE,
     OPTIMIZER_FILE,
     CheckpointStore,
+    Protection,
     step_tag,
     verify_manifest,
     write_manifest,
@@ -168,7 +169,7 @@ def save_checkpoint(
     data_position: int = 0,
     run_id: str | None = None,
     dtype: torch.dtype | None = None,
-    protected: Set[tuple[str, str]] = frozenset(),
+    protected: Protection = frozenset(),
     extra: dict[str, Any] | None = None,
     before_commit: Callable[[], None] | None = None,
 ) -> Path:
@@ -206,7 +207,7 @@ def write_checkpoint(
     state: CheckpointState,
     root: str | Path,
     max_keep: int | None = 3,
-    protected: Set[tuple[str, str]] = frozenset(),
+    protected: Protection = frozenset(),
     before_commit: Callable[[], None] | None = None,
 ) -> Path:
     """Write a captured state into the store at `root` and commit it (see save_checkpoint).
@@ -255,7 +256,7 @@ def write_checkpoint(
             raise CheckpointWriteFailed(write_failure(exc, store.root / experiment, tag)) from exc
         raise
     if max_keep is not None:
-        store.retain(experiment, max_keep, protected=set(protected))
+        store.retain(experiment, max_keep, protected=protected)
     return final
 
 

@@ -295,10 +295,11 @@ class Trainer:
             run_id=self.run_id,
             dtype=dtype,
         )
-        protected = self.protected()
 
         def write(state: CheckpointState) -> Path:
-            root = self.store.root
+            # `protected` is asked under the store's guard, after the commit: a run queued
+            # meanwhile that depends on an older checkpoint keeps it.
+            root, protected = self.store.root, self.protected
             return write_checkpoint(state, root, self.spec.max_keep, protected, self.before_commit)
 
         info = {"tag": state.tag, "step": s.step}
