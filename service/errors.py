@@ -8,6 +8,7 @@ plus the raw pydantic `errors` for programs.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.middleware import REQUEST_ID_HEADER
 from service.schemas import ErrorPublic, ValidationErrorPublic
 from store.exceptions import (
     CheckpointCorrupt,
@@ -138,9 +140,35 @@ async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def handle_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    """A bug: the traceback goes to the log, the client gets the request id to find it by.
+
+    Starlette calls this from its outermost middleware, outside RequestMiddleware (whose
+    REQUEST_ID is reset by then and which never sees this response), so the id comes from
+    the request's state. Starlette re-raises the error afterwards; `service.logs` keeps the
+    server from logging the traceback a second time.
+    """
+    # RequestMiddleware sets it; a fresh one still ties this answer to the log line.
+    request_id = getattr(request.state, "request_id", None) or uuid.uuid4().hex
+    log.error(
+        "unhandled error on %s %s",
+        request.method,
+        request.url.path,
+        exc_info=exc,
+        extra={"request_id": request_id},
+    )
+    return JSONResponse(
+        status_code=500,
+        content={"detail": f"internal error (see the server log); request id {request_id}"},
+        headers={REQUEST_ID_HEADER: request_id},
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, handle_request_validation)
     app.add_exception_handler(ValidationError, handle_pydantic_validation)
     app.add_exception_handler(TrainctlError, handle_domain_error)
     app.add_exception_handler(OperationalError, handle_database_unavailable)
     app.add_exception_handler(StarletteHTTPException, handle_http_error)
+    # Exception (any other error): Starlette's ServerErrorMiddleware answers with this.
+    app.add_exception_handler(Exception, handle_unexpected_error)

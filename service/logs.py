@@ -20,12 +20,22 @@ REQUEST_ID: ContextVar[str | None] = ContextVar("trainctl_request_id", default=N
 CONTEXT_FIELDS = ("request_id", "run_id", "method", "path", "status", "duration_ms", "client")
 # color_message: uvicorn's ANSI-coloured copy of the message, noise in a JSON line.
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
+# Marks an exception whose traceback is written. Starlette re-raises an error after its 500
+# handler logged it (with the request id), so that servers can log it; uvicorn would write
+# the same traceback again, without the id.
+_LOGGED = "_trainctl_traceback_logged"
 
 
 class ContextFilter(logging.Filter):
-    """Stamps each record with the current request's id (set by the request middleware)."""
+    """Stamps each record with the current request's id (set by the request middleware), and
+    drops a record whose exception's traceback was written already: each traceback once."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            if getattr(exc, _LOGGED, False):
+                return False
+            setattr(exc, _LOGGED, True)
         if getattr(record, "request_id", None) is None:
             record.request_id = REQUEST_ID.get()
         return True

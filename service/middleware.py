@@ -49,6 +49,9 @@ class RequestMiddleware:
         given = Headers(scope=scope).get(REQUEST_ID_HEADER)
         request_id = given if given and VALID_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
         token = REQUEST_ID.set(request_id)
+        # For the 500 handler (service.errors): Starlette runs it outside this middleware,
+        # after REQUEST_ID is reset, and sends its answer past `send_with_id`.
+        scope.setdefault("state", {})["request_id"] = request_id
         status, start = 500, time.perf_counter()
 
         async def send_with_id(message: Message) -> None:
