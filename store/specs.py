@@ -13,7 +13,16 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from store.exceptions import InvalidRequest, TrainctlError
 from store.presets import PRESETS, ModelConfig, get_preset
@@ -34,6 +43,11 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, description="Letters, digits, 
 Device = Literal["cpu", "cuda"]
 
 
+# Numbers and booleans are Strict*: a value must have the JSON type the schema publishes.
+# Pydantic's lax mode reads `{"seed": false}` as a seed of 0, "5" as 5 and 1 as true; a user
+# who sent the wrong type gets a 422 naming the field instead of a run they did not mean. An
+# integer is still a valid float ("muon_lr": 1). Not `strict=True` on the models: that would
+# also make the pydantic mypy plugin refuse dicts for nested models (`TrainSpec(data={...})`).
 class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -67,40 +81,42 @@ class ModelSpec(Spec):
 
 
 class BatchSpec(Spec):
-    micro_batch_size: int | None = Field(
+    micro_batch_size: StrictInt | None = Field(
         None, ge=1, le=4096, description="Sequences per forward/backward pass."
     )
-    grad_accum_steps: int | None = Field(
+    grad_accum_steps: StrictInt | None = Field(
         None, ge=1, le=4096, description="Micro-batches accumulated per optimizer step."
     )
-    seq_len: int | None = Field(
+    seq_len: StrictInt | None = Field(
         None, ge=8, le=131_072, description="Tokens per sequence; at most the model's max."
     )
 
 
 class OptimizerSpec(Spec):
-    muon_lr: float = Field(0.02, gt=0, le=10, description="Muon learning rate.")
-    muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon (Nesterov) momentum.")
-    muon_weight_decay: float = Field(0.1, ge=0, le=1, description="Muon weight decay.")
+    muon_lr: StrictFloat = Field(0.02, gt=0, le=10, description="Muon learning rate.")
+    muon_momentum: StrictFloat = Field(0.95, ge=0, lt=1, description="Muon (Nesterov) momentum.")
+    muon_weight_decay: StrictFloat = Field(0.1, ge=0, le=1, description="Muon weight decay.")
     muon_adjust_lr_fn: Literal["original", "match_rms_adamw"] = Field(
         "original", description="Muon's per-shape lr adjustment (torch.optim.Muon)."
     )
-    adamw_lr: float = Field(3e-4, gt=0, le=10, description="AdamW learning rate.")
-    adamw_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
-    adamw_beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
-    adamw_weight_decay: float = Field(0.1, ge=0, le=1, description="AdamW weight decay.")
-    grad_clip: float = Field(
+    adamw_lr: StrictFloat = Field(3e-4, gt=0, le=10, description="AdamW learning rate.")
+    adamw_beta1: StrictFloat = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    adamw_beta2: StrictFloat = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
+    adamw_weight_decay: StrictFloat = Field(0.1, ge=0, le=1, description="AdamW weight decay.")
+    grad_clip: StrictFloat = Field(
         1.0, ge=0, le=1e6, description="Global gradient-norm clip; 0 disables."
     )
 
 
 class ScheduleSpec(Spec):
-    warmup_frac: float = Field(0.01, ge=0, le=1, description="Fraction of steps warming up.")
-    stable_frac: float = Field(0.84, ge=0, le=1, description="Fraction of steps at full lr.")
+    warmup_frac: StrictFloat = Field(0.01, ge=0, le=1, description="Fraction of steps warming up.")
+    stable_frac: StrictFloat = Field(0.84, ge=0, le=1, description="Fraction of steps at full lr.")
     decay: Literal["linear", "cosine", "sqrt"] = Field(
         "linear", description="Shape of the final decay (sqrt: the 1-sqrt cooldown)."
     )
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="lr factor at and after the end.")
+    min_lr_ratio: StrictFloat = Field(
+        0.1, ge=0, le=1, description="lr factor at and after the end."
+    )
 
     @model_validator(mode="after")
     def _fractions_fit(self) -> ScheduleSpec:
@@ -129,13 +145,13 @@ class DataSpec(Spec):
         max_length=256,
         description="Held-out shards or files; default: the tail of the training data.",
     )
-    val_fraction: float = Field(
+    val_fraction: StrictFloat = Field(
         0.05, gt=0, lt=0.5, description="Tail fraction held out when val_paths is empty."
     )
-    max_bytes: int = Field(
+    max_bytes: StrictInt = Field(
         16_000_000, ge=1024, le=2**34, description="Cap on text bytes read (text, stdlib)."
     )
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the batch order.")
+    seed: StrictInt = Field(0, ge=0, le=2**31 - 1, description="Seed of the batch order.")
 
     @model_validator(mode="after")
     def _paths_match_source(self) -> DataSpec:
@@ -148,23 +164,25 @@ class DataSpec(Spec):
 
 class TrainSpec(Spec):
     experiment: Name = Field("default", description="Checkpoints go to checkpoints/<experiment>.")
-    steps: int = Field(..., ge=1, le=MAX_STEPS, description="Optimizer steps to train in total.")
+    steps: StrictInt = Field(
+        ..., ge=1, le=MAX_STEPS, description="Optimizer steps to train in total."
+    )
     model: ModelSpec = Field(default_factory=ModelSpec, description="Model preset and changes.")
     batch: BatchSpec = Field(default_factory=BatchSpec, description="Batch geometry.")
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec, description="Muon + AdamW.")
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec, description="WSD schedule.")
     data: DataSpec = Field(default_factory=DataSpec, description="Training data.")
-    checkpoint_every: int | None = Field(
+    checkpoint_every: StrictInt | None = Field(
         None,
         ge=1,
         le=MAX_STEPS,
         description="Save step_<N> every this many steps (and at the end); default: steps / 10.",
     )
-    max_keep: int = Field(3, ge=1, le=10_000, description="step_* checkpoints kept.")
+    max_keep: StrictInt = Field(3, ge=1, le=10_000, description="step_* checkpoints kept.")
     save_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Weights' dtype on disk; bfloat16 is a lossy export."
     )
-    async_checkpoint: bool = Field(
+    async_checkpoint: StrictBool = Field(
         False,
         description="Save checkpoints in the background: the loop stalls only to copy the "
         "state to CPU memory (a copy of the weights and optimizer state, kept between saves), "
@@ -172,20 +190,20 @@ class TrainSpec(Spec):
         "save is in flight and a run waits for it before it ends. Off by default: on a "
         "CPU-only node the writer competes with training for the same cores.",
     )
-    val_every: int | None = Field(
+    val_every: StrictInt | None = Field(
         None,
         ge=1,
         le=MAX_STEPS,
         description="Validate every this many steps; a better loss "
         "saves the 'best' checkpoint. Default: checkpoint_every.",
     )
-    val_batches: int = Field(8, ge=1, le=10_000, description="Batches per validation.")
+    val_batches: StrictInt = Field(8, ge=1, le=10_000, description="Batches per validation.")
     resume_from: str | None = Field(
         None, description="'latest' or a tag of this experiment to continue from."
     )
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the model initialisation.")
+    seed: StrictInt = Field(0, ge=0, le=2**31 - 1, description="Seed of the model initialisation.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to run.")
-    nproc_per_node: int = Field(
+    nproc_per_node: StrictInt = Field(
         1,
         ge=1,
         le=MAX_NPROC_PER_NODE,
@@ -209,22 +227,22 @@ class TrainSpec(Spec):
 
 
 class BenchmarkSpec(Spec):
-    steps: int = Field(100, ge=1, le=100_000, description="Measured steps.")
-    warmup_steps: int = Field(10, ge=0, le=10_000, description="Unmeasured steps first.")
+    steps: StrictInt = Field(100, ge=1, le=100_000, description="Measured steps.")
+    warmup_steps: StrictInt = Field(10, ge=0, le=10_000, description="Unmeasured steps first.")
     model: ModelSpec = Field(default_factory=ModelSpec, description="Model preset and changes.")
     batch: BatchSpec = Field(default_factory=BatchSpec, description="Batch geometry.")
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec, description="Muon + AdamW.")
-    use_compile: bool | None = Field(None, description="torch.compile; default on CUDA only.")
+    use_compile: StrictBool | None = Field(None, description="torch.compile; default on CUDA only.")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune"] | None = Field(
         None, description="torch.compile mode; default reduce-overhead."
     )
-    use_checkpoint_per_layer: bool | None = Field(
+    use_checkpoint_per_layer: StrictBool | None = Field(
         None, description="Per-layer activation checkpointing; default on CUDA only."
     )
-    target_tokens: int = Field(
+    target_tokens: StrictInt = Field(
         TARGET_TOKENS, ge=1, le=10**15, description="Tokens the time estimate is for."
     )
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the model initialisation.")
+    seed: StrictInt = Field(0, ge=0, le=2**31 - 1, description="Seed of the model initialisation.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to run.")
     model_config_resolved: dict[str, Any] | None = Field(
         None, description="Filled by the server: the full model config that runs."
@@ -240,9 +258,9 @@ class ValidateSpec(Spec):
     )
     experiment: Name | None = Field(None, description="Experiment for latest/best.")
     data: DataSpec = Field(default_factory=DataSpec, description="Validation data.")
-    batch_size: int = Field(4, ge=1, le=4096, description="Sequences per batch.")
-    seq_len: int | None = Field(None, ge=8, le=131_072, description="Default: profile's.")
-    num_batches: int = Field(8, ge=1, le=100_000, description="Batches to average over.")
+    batch_size: StrictInt = Field(4, ge=1, le=4096, description="Sequences per batch.")
+    seq_len: StrictInt | None = Field(None, ge=8, le=131_072, description="Default: profile's.")
+    num_batches: StrictInt = Field(8, ge=1, le=100_000, description="Batches to average over.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to run.")
 
     @field_validator("checkpoint")

@@ -151,6 +151,41 @@ def test_bad_train_input_is_422_naming_the_field(
     assert expected in response.json()["detail"]
 
 
+# Each value has the JSON type the schema says, not one pydantic's lax mode would convert:
+# `false` is no seed of 0, `"10"` no step count, `1` no `true`.
+WRONGLY_TYPED_BODIES = [
+    ("train", {"steps": True}, "body.steps: Input should be a valid integer"),
+    ("train", {"steps": 10, "seed": False}, "body.seed: Input should be a valid integer"),
+    ("train", {"steps": "10"}, "body.steps: Input should be a valid integer"),
+    ("train", {"steps": 10, "batch": {"grad_accum_steps": True}}, "body.batch.grad_accum_steps"),
+    ("train", {"steps": 10, "data": {"seed": False}}, "body.data.seed: Input should be a valid"),
+    ("train", {"steps": 10, "optimizer": {"grad_clip": True}}, "body.optimizer.grad_clip: Input"),
+    ("train", {"steps": 10, "async_checkpoint": 1}, "body.async_checkpoint: Input should be"),
+    ("benchmark", {"warmup_steps": False}, "body.warmup_steps: Input should be a valid integer"),
+    ("benchmark", {"target_tokens": "1000"}, "body.target_tokens: Input should be a valid"),
+    ("benchmark", {"use_compile": "yes"}, "body.use_compile: Input should be a valid boolean"),
+    ("validate", {"num_batches": True}, "body.num_batches: Input should be a valid integer"),
+    ("validate", {"data": {"seed": True}}, "body.data.seed: Input should be a valid integer"),
+]
+
+
+@pytest.mark.parametrize(("kind", "body", "expected"), WRONGLY_TYPED_BODIES)
+def test_a_value_of_the_wrong_json_type_is_422_naming_the_field(
+    client: TestClient, kind: str, body: dict[str, Any], expected: str
+) -> None:
+    response = submit(client, kind, body)
+
+    assert response.status_code == 422
+    assert expected in response.json()["detail"]
+
+
+def test_an_integer_is_still_a_valid_float(client: TestClient) -> None:
+    response = submit(client, "train", CPU_TRAIN | {"optimizer": {"muon_lr": 1}})
+
+    assert response.status_code == 202, response.json()
+    assert response.json()["spec"]["optimizer"]["muon_lr"] == 1.0
+
+
 def test_a_validation_error_also_lists_the_raw_errors(client: TestClient) -> None:
     errors = submit(client, "train", {"steps": 0}).json()["errors"]
 
