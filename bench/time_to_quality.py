@@ -33,7 +33,8 @@ CONFIG = ModelConfig(
     max_seq_len=128,
 )  # fmt: skip
 FULL: dict[str, Any] = dict(steps=300, eval_every=25, B=16, T=128, val_batches=4,
-            muon_lrs=[0.01, 0.02, 0.04], adamw_lr=3e-3, peer_lrs=[3e-4, 1e-3, 3e-3, 1e-2])  # fmt: skip
+            muon_lrs=[0.01, 0.02, 0.04], adamw_lr=3e-3,
+            peer_lrs=[3e-4, 1e-3, 3e-3, 1e-2])  # fmt: skip
 QUICK: dict[str, Any] = dict(steps=30, eval_every=10, B=8, T=64, val_batches=2,
              muon_lrs=[0.02], adamw_lr=3e-3, peer_lrs=[3e-3])  # fmt: skip
 WARMUP_FRAC = 0.01

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from store.specs import Name
 
@@ -134,11 +134,14 @@ class PruneRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     experiment: Name
-    keep_last: int = Field(
+    # Strict like the run specs: `true` is not a count and "no" is not a boolean.
+    keep_last: StrictInt = Field(
         ge=0, le=1_000_000, description="step_* checkpoints to keep; the latest always stays."
     )
-    keep_best: bool = Field(True, description="Also keep the step that 'best' was copied from.")
-    dry_run: bool = Field(False, description="Report what would be deleted; delete nothing.")
+    keep_best: StrictBool = Field(
+        True, description="Also keep the step that 'best' was copied from."
+    )
+    dry_run: StrictBool = Field(False, description="Report what would be deleted; delete nothing.")
 
 
 class PruneResult(BaseModel):

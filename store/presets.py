@@ -57,6 +57,7 @@ class ModelConfig:
     """torch.compile mode: default, reduce-overhead or max-autotune."""
 
     def __post_init__(self) -> None:
+        self._check_types()
         positive = (
             "vocab_size",
             "d_model",
@@ -89,6 +90,31 @@ class ModelConfig:
             )
         if self.compile_mode not in ("default", "reduce-overhead", "max-autotune"):
             raise InvalidRequest(f"model compile_mode {self.compile_mode!r} is not a known mode")
+
+    def _check_types(self) -> None:
+        """Refuse values of the wrong JSON type: overrides arrive from users as JSON, and
+        `{"n_layers": true}` must not build a one-layer model. A whole number may stand for a
+        float; a boolean is never a number."""
+        expected: dict[str, tuple[type, ...]] = {
+            "int": (int,),
+            "float": (int, float),
+            "bool": (bool,),
+            "str": (str,),
+        }
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "mtp_loss_weights":
+                what = "a list of numbers"
+                if not isinstance(value, list | tuple):
+                    raise InvalidRequest(f"model {f.name} must be {what}, got {value!r}")
+                values, kinds = tuple(value), expected["float"]
+            elif str(f.type) in expected:
+                values, kinds, what = (value,), expected[str(f.type)], f"of type {f.type}"
+            else:
+                continue
+            for v in values:
+                if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
+                    raise InvalidRequest(f"model {f.name} must be {what}, got {value!r}")
 
     @property
     def head_dim(self) -> int:

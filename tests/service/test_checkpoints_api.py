@@ -245,6 +245,9 @@ def test_prune_spares_what_runs_need(client: TestClient, three: CheckpointStore)
         ({"experiment": "exp"}, "body.keep_last: Field required"),
         ({"experiment": "../x", "keep_last": 1}, "body.experiment"),
         ({"experiment": "exp", "keep_last": 1, "force": True}, "body.force"),
+        ({"experiment": "exp", "keep_last": True}, "body.keep_last: Input should be a valid"),
+        ({"experiment": "exp", "keep_last": 1, "keep_best": "no"}, "body.keep_best"),
+        ({"experiment": "exp", "keep_last": 1, "dry_run": 1}, "body.dry_run"),
     ],
 )
 def test_bad_prune_requests_are_422(client: TestClient, body: object, expected: str) -> None:

@@ -43,9 +43,10 @@ TOKEN = "fuzz-token"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 # Not `negative_data_rejection`: FastAPI ignores unknown and takes the last of repeated query
-# parameters (`GET /checkpoints/latest?<junk>=...` is a 200), and PruneRequest's numbers and
-# booleans are still pydantic's lax ones (the run specs are strict); schemathesis reports
-# each as schema-violating data accepted. Not `positive_data_acceptance`: a spec
+# parameters (`GET /checkpoints/latest?<junk>=...` is a 200, as most HTTP APIs answer a
+# cache-busting `?_=123`); schemathesis reports that as schema-violating data accepted. (The
+# bodies are strict: run specs, model overrides and prune requests refuse a JSON value of the
+# wrong type.) Not `positive_data_acceptance`: a spec
 # valid by the schema is still refused (422) when, say, its preset is unknown.
 # Not `ignored_auth`: its probes need the app on the schema, which is shared by the tests;
 # the test without a token checks the same thing (no protected endpoint answers 2xx).

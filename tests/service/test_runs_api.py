@@ -166,7 +166,16 @@ WRONGLY_TYPED_BODIES = [
     ("benchmark", {"use_compile": "yes"}, "body.use_compile: Input should be a valid boolean"),
     ("validate", {"num_batches": True}, "body.num_batches: Input should be a valid integer"),
     ("validate", {"data": {"seed": True}}, "body.data.seed: Input should be a valid integer"),
-]
+    # Model overrides are checked against ModelConfig's field types, not by pydantic.
+    ("train", {"steps": 10, "model": {"overrides": {"n_layers": True}}},
+     "model n_layers must be of type int, got True"),
+    ("train", {"steps": 10, "model": {"overrides": {"n_layers": "4"}}},
+     "model n_layers must be of type int, got '4'"),
+    ("train", {"steps": 10, "model": {"overrides": {"qk_norm": 0}}},
+     "model qk_norm must be of type bool, got 0"),
+    ("train", {"steps": 10, "model": {"overrides": {"mtp_depth": 1, "mtp_loss_weights": 0.3}}},
+     "model mtp_loss_weights must be a list of numbers, got 0.3"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("kind", "body", "expected"), WRONGLY_TYPED_BODIES)
