@@ -14,7 +14,6 @@ import signal
 import socket
 import threading
 import time
-import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from store.exceptions import LeaseLost, WorkerNotFound
 from store.runs import Run, RunStore
 from worker.context import Heartbeat, RunContext
 from worker.executor import Outcome, execute
+from worker.logs import configure_logging, running
 
 log = logging.getLogger("trainctl.worker")
 
@@ -153,6 +153,10 @@ class Worker:
         return self.runs.engine.url.render_as_string(hide_password=True)
 
     def run_one(self, run: Run) -> None:
+        with running(run.id):
+            self._run_one(run)
+
+    def _run_one(self, run: Run) -> None:
         ctx = RunContext(
             run, self.runs, self.config.worker_id, self.shutdown, self.config.lease_seconds
         )
@@ -170,7 +174,7 @@ class Worker:
         self.report(ctx, outcome)
 
     def fail(self, ctx: RunContext, exc: Exception) -> None:
-        log.error("run %s failed:\n%s", ctx.run.id, traceback.format_exc())
+        log.error("run %s failed: %s", ctx.run.id, exc, exc_info=exc)
         error = str(exc) or type(exc).__name__
         ctx.log(f"failed: {type(exc).__name__}: {error}", level="error")
         try:
@@ -192,9 +196,7 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging()
     config = parse_config(argv)
     if config.nice:
         # Before torch starts its threads, which inherit it: training takes what CPU is left

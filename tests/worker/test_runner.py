@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -194,3 +195,27 @@ def test_a_niceness_outside_0_to_19_is_refused_with_the_value(tmp_path: Path) ->
     )
     assert done.returncode == 2
     assert "--nice must be between 0 and 19, got 25" in done.stderr
+
+
+def test_the_worker_logs_json_lines_stamped_with_the_run_id(runs: RunStore, tmp_path: Path) -> None:
+    bad = enqueue_train(runs, experiment="x", steps=5, resume_from="step_999")
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as out:  # a file, as the supervisor gives it: not a terminal
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker", "--data-dir", str(tmp_path), "--poll-seconds", "0.1"],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        assert wait_state(runs, bad).state == "failed"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert {"ts", "level", "logger", "message"} <= records[0].keys()
+    failed = [r for r in records if r["level"] == "error"]
+    assert failed and all(r["run_id"] == bad.id for r in failed)
+    assert any("step_999" in r.get("exception", "") for r in failed)  # the traceback, once
+    # Outside a run, no run id: the ready and stopped lines.
+    assert all("run_id" not in r for r in records if "ready" in r["message"])
