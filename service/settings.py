@@ -22,6 +22,12 @@ class Settings(BaseSettings):
     workers: int | None = Field(
         None, ge=0, le=64, description="Local worker processes; default one per GPU, one on CPU."
     )
+    gpus_per_worker: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="GPUs each local worker sees: runs with nproc_per_node up to this many.",
+    )
     worker_nice: int = Field(
         10,
         ge=0,

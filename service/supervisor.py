@@ -30,7 +30,8 @@ RESTART_BACKOFF_MAX = 30.0
 @dataclass
 class WorkerSlot:
     index: int
-    gpu: int | None
+    gpus: tuple[int, ...]
+    """The GPUs the worker sees (CUDA_VISIBLE_DEVICES); none: a CPU worker."""
     process: subprocess.Popen[bytes] | None = None
     worker_id: str = ""
     restarts: int = 0
@@ -40,18 +41,30 @@ class WorkerSlot:
 
 
 def default_worker_count(settings: Settings) -> tuple[int, int]:
-    """(workers, gpus): one worker per GPU, one on a CPU-only node, unless configured."""
+    """(workers, gpus): one worker per `gpus_per_worker` GPUs, one on a CPU-only node,
+    unless configured."""
     gpus = gpu_count()
     if settings.workers is not None:
         return settings.workers, gpus
-    return max(gpus, 1), gpus
+    return max(gpus // settings.gpus_per_worker, 1), gpus
+
+
+def gpu_groups(workers: int, gpus: int, per_worker: int) -> list[tuple[int, ...]]:
+    """The GPUs each local worker sees: consecutive groups of `per_worker`. A worker beyond
+    the node's GPUs gets none and runs on the CPU rather than share another's GPUs."""
+    return [
+        tuple(range(i * per_worker, (i + 1) * per_worker)) if (i + 1) * per_worker <= gpus else ()
+        for i in range(workers)
+    ]
 
 
 class Supervisor:
     def __init__(self, settings: Settings, runs: RunStore) -> None:
         self.settings, self.runs = settings, runs
         count, gpus = default_worker_count(settings)
-        self.slots = [WorkerSlot(i, i if i < gpus else None) for i in range(count)]
+        groups = gpu_groups(count, gpus, settings.gpus_per_worker)
+        self.slots = [WorkerSlot(i, group) for i, group in enumerate(groups)]
+        self.node_has_gpus = gpus > 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="trainctl-supervisor", daemon=True)
 
@@ -72,8 +85,8 @@ class Supervisor:
             "TRAINCTL_HEARTBEAT_SECONDS": str(self.settings.heartbeat_seconds),
             "TRAINCTL_WORKER_NICE": str(self.settings.worker_nice),
         }
-        if slot.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(slot.gpu)
+        if slot.gpus or self.node_has_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, slot.gpus))
         slot.log_path = self.settings.log_dir / f"worker-{slot.index}.log"
         with open(slot.log_path, "ab") as out:
             slot.process = subprocess.Popen(
@@ -137,7 +150,7 @@ class Supervisor:
             {
                 "slot": s.index,
                 "worker_id": s.worker_id,
-                "gpu": s.gpu,
+                "gpus": list(s.gpus),
                 "restarts": s.restarts,
                 "pid": s.process.pid if s.process else None,
                 "alive": bool(s.process and s.process.poll() is None),
