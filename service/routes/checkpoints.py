@@ -10,11 +10,11 @@ from fastapi.concurrency import run_in_threadpool
 from service import files, retention
 from service.deps import CheckpointsDep, RunsDep
 from service.errors import error_responses
-from service.routing import SummaryRoute
+from service.routing import ApiRoute
 from service.schemas import CheckpointPublic, CheckpointsPublic, PruneRequest, PruneResult
 
 router = APIRouter(
-    route_class=SummaryRoute,
+    route_class=ApiRoute,
     prefix="/checkpoints",
     tags=["checkpoints"],
     responses=error_responses(422),  # names that are not safe experiment, tag or file names

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from service.deps import RunsDep, SettingsDep
 from service.errors import error_responses
 from service.metrics import CONTENT_TYPE, ServiceMetrics
-from service.routing import SummaryRoute
+from service.routing import ApiRoute
 
 
 async def get_metrics(request: Request) -> ServiceMetrics:
@@ -18,7 +18,7 @@ async def get_metrics(request: Request) -> ServiceMetrics:
 
 
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
-router = APIRouter(route_class=SummaryRoute, tags=["system"], responses=error_responses(503))
+router = APIRouter(route_class=ApiRoute, tags=["system"], responses=error_responses(503))
 
 
 @router.get(

@@ -10,7 +10,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from service import history, sse, submit
 from service.deps import CheckpointsDep, RunsDep, SettingsDep
 from service.errors import error_responses
-from service.routing import SummaryRoute
+from service.routing import ApiRoute
 from service.schemas import (
     LogsPublic,
     MetricsPublic,
@@ -24,7 +24,7 @@ from store.specs import BenchmarkSpec, TrainSpec, ValidateSpec
 
 # Every route takes parameters (422) and reads or writes the run database (503 when it can't).
 router = APIRouter(
-    route_class=SummaryRoute,
+    route_class=ApiRoute,
     prefix="/runs",
     tags=["runs"],
     responses=error_responses(422, 503),

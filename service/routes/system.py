@@ -9,13 +9,13 @@ from fastapi import APIRouter
 
 from service.deps import RunsDep, SettingsDep
 from service.errors import error_responses
-from service.routing import SummaryRoute
+from service.routing import ApiRoute
 from service.schemas import HealthPublic, ReadinessPublic, WorkersPublic
 
 # Liveness stays open (no token) so that probes and load balancers need no secret; it says
 # nothing about the runs.
-public_router = APIRouter(route_class=SummaryRoute, tags=["system"])
-router = APIRouter(route_class=SummaryRoute, tags=["system"], responses=error_responses(503))
+public_router = APIRouter(route_class=ApiRoute, tags=["system"])
+router = APIRouter(route_class=ApiRoute, tags=["system"], responses=error_responses(503))
 
 
 @public_router.get("/healthz", response_model=HealthPublic)
