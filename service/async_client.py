@@ -17,7 +17,6 @@ import httpx
 from pydantic import BaseModel
 
 from service.client import (
-    TERMINAL_STATES,
     M,
     SseFrames,
     client_kwargs,
@@ -39,6 +38,7 @@ from service.schemas import (
     WorkerPublic,
     WorkersPublic,
 )
+from store.vocabulary import TERMINAL_STATES
 
 
 class AsyncTrainctlClient:

@@ -42,10 +42,10 @@ from service.schemas import (
     WorkersPublic,
 )
 from store.exceptions import TrainctlError
+from store.vocabulary import TERMINAL_STATES
 
 CHUNK = 1 << 20
 DEFAULT_URL = "http://127.0.0.1:8000"
-TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 M = TypeVar("M", bound=BaseModel)
 Progress = Callable[[int, int | None], None]
 """Download progress: (bytes on disk, total bytes or None)."""

@@ -13,10 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from store.specs import Name
-
-RunKind = Literal["train", "validate", "benchmark"]
-RunState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-EventType = Literal["state", "metrics", "log"]
+from store.vocabulary import EventType, RunKind, RunState
 
 
 class ErrorPublic(BaseModel):

@@ -19,7 +19,8 @@ from starlette.concurrency import run_in_threadpool
 
 from service.history import PAGE
 from service.schemas import EventPublic, StreamEndPublic
-from store.runs import TERMINAL_STATES, Event, RunStore
+from store.runs import Event, RunStore
+from store.vocabulary import TERMINAL_STATES
 
 POLL_SECONDS = 0.25
 MAX_EVENT_ID = 2**63 - 1

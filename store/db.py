@@ -36,6 +36,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeDecorator
 
+from store.vocabulary import ACTIVE_STATES
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 """How long a SQLite connection waits for another process's write lock before giving up."""
 
@@ -111,7 +113,7 @@ runs = Table(
 
 # The database itself enforces "one active train run per experiment", so two services
 # enqueueing at once (PostgreSQL, READ COMMITTED) cannot both pass the application check.
-_ACTIVE_TRAIN = and_(runs.c.kind == "train", runs.c.state.in_(["queued", "running"]))
+_ACTIVE_TRAIN = and_(runs.c.kind == "train", runs.c.state.in_(sorted(ACTIVE_STATES)))
 Index(
     "uq_runs_one_active_train",
     runs.c.experiment,

@@ -42,12 +42,7 @@ from store.exceptions import (
     WorkerNotFound,
 )
 from store.migrations import upgrade_to_head
-
-RUN_KINDS = ("train", "validate", "benchmark")
-RUN_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
-ACTIVE_STATES = frozenset({"queued", "running"})
-EVENT_TYPES = ("state", "metrics", "log")
+from store.vocabulary import ACTIVE_STATES, EVENT_TYPES, RUN_KINDS, TERMINAL_STATES
 
 Checkpoint = tuple[str, str]
 """A checkpoint a run depends on: (experiment, tag)."""
