@@ -5,7 +5,9 @@ read from the run store when Prometheus scrapes. Step times and checkpoint saves
 the runs' event logs: each scrape reads the events written since the previous one and
 observes them into histograms. A checkpoint save's duration is the gap between the last
 metrics event before it (the step, or the validation, that it follows) and its "saved
-checkpoint" log line, both stamped by the store's clock.
+checkpoint" log line, both stamped by the store's clock. The supervisor counts the local
+workers it restarts and the slots it gave up on (their worker kept crashing at start), when
+it is given this object.
 
 Everything lives in one process's registry, so with several uvicorn processes each would
 count only its own HTTP requests; trainctl serves from one process (`trainctl serve`).
@@ -18,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
@@ -72,6 +74,17 @@ class ServiceMetrics:
             "trainctl_checkpoint_save_seconds",
             "Checkpoint save time: from the metrics event before it to its 'saved' log line.",
             buckets=SAVE_BUCKETS,
+            registry=self.registry,
+        )
+        self.worker_restarts = Counter(
+            "trainctl_worker_restarts",
+            "Local workers started again after they exited, by slot.",
+            ["slot"],
+            registry=self.registry,
+        )
+        self.worker_slots_given_up = Gauge(
+            "trainctl_worker_slots_given_up",
+            "Local worker slots no longer restarted: their worker kept crashing at start.",
             registry=self.registry,
         )
         self._followers: dict[str, RunFollower] = {}

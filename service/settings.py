@@ -34,6 +34,30 @@ class Settings(BaseSettings):
         le=19,
         description="Niceness added to local workers: training yields the CPU to the API.",
     )
+    worker_healthy_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=86400,
+        description="A local worker that exits sooner after its start crashed quickly: it is "
+        "restarted after a backoff. One that lived longer is restarted at once.",
+    )
+    worker_restart_delay_seconds: float = Field(
+        2.0,
+        gt=0,
+        le=3600,
+        description="Wait before restarting a local worker after its first quick crash; "
+        "doubles with each further quick crash in a row.",
+    )
+    worker_restart_delay_max_seconds: float = Field(
+        30.0, gt=0, le=3600, description="Longest wait between restarts of a local worker."
+    )
+    worker_max_quick_crashes: int = Field(
+        10,
+        ge=1,
+        le=100,
+        description="Quick crashes in a row after which a local worker is no longer restarted "
+        "(until the service restarts) and is reported.",
+    )
     api_token: SecretStr | None = Field(None, description="Bearer token required when set.")
     data_roots: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,

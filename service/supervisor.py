@@ -1,8 +1,14 @@
 """Starts and watches the local worker processes, and reaps expired leases.
 
-A worker that dies is restarted (with a short backoff so a crash loop does not spin), and the
-run it held is handed back through the run store at once: requeued while attempts remain,
-else failed with the exit code as the reason. Nothing stays `running` for a dead process.
+The run a dead worker held is handed back through the run store at once: requeued while
+attempts remain, else failed with the exit code as the reason. Nothing stays `running` for a
+dead process.
+
+A worker that lived past `worker_healthy_seconds` is restarted at once. One that crashed
+sooner (a bad environment, a broken install) is restarted after a backoff that doubles with
+each quick crash in a row, and after `worker_max_quick_crashes` of them its slot is given up:
+restarting it again would only fail again, so the supervisor stops, logs one ERROR with the
+exit codes and the end of the worker's log, and `status()` says why.
 """
 
 from __future__ import annotations
@@ -16,15 +22,22 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from service.devices import gpu_count
 from service.settings import Settings
 from store.runs import RunStore
 
+if TYPE_CHECKING:
+    from service.metrics import ServiceMetrics
+
 log = logging.getLogger("trainctl.supervisor")
-RESTART_BACKOFF_MAX = 30.0
+WORKER_COMMAND = (sys.executable, "-m", "worker")
+LOG_TAIL_LINES = 10
+LOG_TAIL_BYTES = 16384  # enough for LOG_TAIL_LINES lines of JSON log records
 
 
 @dataclass
@@ -35,9 +48,15 @@ class WorkerSlot:
     process: subprocess.Popen[bytes] | None = None
     worker_id: str = ""
     restarts: int = 0
+    """Times a worker was started again in this slot after one exited."""
     started_at: float = 0.0
     log_path: Path | None = None
     next_start: float = field(default=0.0)
+    quick_exit_codes: list[int] = field(default_factory=list)
+    """Exit codes of the crashes in a row that came within `worker_healthy_seconds` of a
+    start; emptied when a worker lives longer."""
+    given_up: str | None = None
+    """Why the slot is no longer restarted; None while it is."""
 
 
 def default_worker_count(settings: Settings) -> tuple[int, int]:
@@ -58,9 +77,40 @@ def gpu_groups(workers: int, gpus: int, per_worker: int) -> list[tuple[int, ...]
     ]
 
 
+def restart_delay(quick_crashes: int, base: float, cap: float) -> float:
+    """Seconds to wait before a restart after `quick_crashes` quick crashes in a row: none
+    after a worker that lived (0), then base, 2 base, 4 base, ... up to cap."""
+    if quick_crashes <= 0:
+        return 0.0
+    return min(base * 2.0 ** min(quick_crashes - 1, 64), cap)
+
+
+def read_log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The last `lines` lines of a worker's log, or a line saying why there are none: the
+    report they go into must be written whatever state the file is in."""
+    if path is None:
+        return ["(no log file)"]
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            tail = f.read().decode(errors="replace").splitlines()[-lines:]
+    except OSError as exc:
+        return [f"(cannot read it: {exc})"]
+    return tail or ["(empty)"]
+
+
 class Supervisor:
-    def __init__(self, settings: Settings, runs: RunStore) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        runs: RunStore,
+        *,
+        command: Sequence[str] = WORKER_COMMAND,
+        metrics: ServiceMetrics | None = None,
+    ) -> None:
+        """`command` starts one worker (tests give a stand-in); `metrics` counts restarts."""
         self.settings, self.runs = settings, runs
+        self.command, self.metrics = list(command), metrics
         count, gpus = default_worker_count(settings)
         groups = gpu_groups(count, gpus, settings.gpus_per_worker)
         self.slots = [WorkerSlot(i, group) for i, group in enumerate(groups)]
@@ -90,7 +140,7 @@ class Supervisor:
         slot.log_path = self.settings.log_dir / f"worker-{slot.index}.log"
         with open(slot.log_path, "ab") as out:
             slot.process = subprocess.Popen(
-                [sys.executable, "-m", "worker"], env=env, stdout=out, stderr=subprocess.STDOUT
+                self.command, env=env, stdout=out, stderr=subprocess.STDOUT
             )
         slot.started_at = time.monotonic()
         log.info("started worker %s (pid %d)", slot.worker_id, slot.process.pid)
@@ -107,23 +157,73 @@ class Supervisor:
                 log.exception("supervisor tick failed")
 
     def _check(self, slot: WorkerSlot) -> None:
-        proc = slot.process
-        if proc is None or self._stop.is_set():
-            if proc is None and time.monotonic() >= slot.next_start and not self._stop.is_set():
-                self._spawn(slot)
+        if self._stop.is_set() or slot.given_up:
             return
-        code = proc.poll()
+        if slot.process is None:
+            if time.monotonic() >= slot.next_start:
+                self._restart(slot)
+            return
+        code = slot.process.poll()
         if code is None:
             return
+        lived = time.monotonic() - slot.started_at
         reason = f"worker process {slot.worker_id} exited with code {code}"
         for run in self.runs.fail_worker_runs(slot.worker_id, reason):
             log.warning("%s; run %s is now %s", reason, run.id, run.state)
         self.runs.deregister_worker(slot.worker_id)
+        slot.process = None
+        self._schedule_restart(slot, code, lived)
+
+    def _schedule_restart(self, slot: WorkerSlot, code: int, lived: float) -> None:
+        """After a crash: restart at once, after a backoff, or never (`_give_up`)."""
+        settings = self.settings
+        if lived >= settings.worker_healthy_seconds:
+            slot.quick_exit_codes = []  # it worked for a while: the next crash starts afresh
+        else:
+            slot.quick_exit_codes.append(code)
+            if len(slot.quick_exit_codes) >= settings.worker_max_quick_crashes:
+                self._give_up(slot)
+                return
+        delay = restart_delay(
+            len(slot.quick_exit_codes),
+            settings.worker_restart_delay_seconds,
+            settings.worker_restart_delay_max_seconds,
+        )
+        slot.next_start = time.monotonic() + delay
+        log.warning(
+            "worker %s (slot %d) exited with code %d after %.1f s; restarting it in %.1f s",
+            slot.worker_id,
+            slot.index,
+            code,
+            lived,
+            delay,
+        )
+
+    def _restart(self, slot: WorkerSlot) -> None:
+        self._spawn(slot)
         slot.restarts += 1
-        # A worker that lived a while restarts at once; one that keeps crashing backs off.
-        lived = time.monotonic() - slot.started_at
-        delay = 0.0 if lived > 60 else min(2.0 ** min(slot.restarts, 5), RESTART_BACKOFF_MAX)
-        slot.process, slot.next_start = None, time.monotonic() + delay
+        if self.metrics is not None:
+            self.metrics.worker_restarts.labels(str(slot.index)).inc()
+
+    def _give_up(self, slot: WorkerSlot) -> None:
+        codes = ", ".join(map(str, slot.quick_exit_codes))
+        slot.given_up = (
+            f"{len(slot.quick_exit_codes)} crashes in a row, each within "
+            f"{self.settings.worker_healthy_seconds:g} s of its start (exit codes {codes})"
+        )
+        tail = "\n".join(f"    {line}" for line in read_log_tail(slot.log_path))
+        # One record, so that the reason and the evidence arrive together.
+        log.error(
+            "gave up on worker slot %d: %s; it is not restarted until the service restarts. "
+            "Last worker %s; the last lines of %s:\n%s",
+            slot.index,
+            slot.given_up,
+            slot.worker_id,
+            slot.log_path,
+            tail,
+        )
+        if self.metrics is not None:
+            self.metrics.worker_slots_given_up.inc()
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM every worker (a train run checkpoints and is requeued), then wait."""
@@ -154,12 +254,16 @@ class Supervisor:
                 "restarts": s.restarts,
                 "pid": s.process.pid if s.process else None,
                 "alive": bool(s.process and s.process.poll() is None),
+                "quick_crashes": len(s.quick_exit_codes),
+                "given_up": s.given_up is not None,
+                "given_up_reason": s.given_up,
             }
             for s in self.slots
         ]
 
     def kill_worker(self, index: int) -> None:
-        """For tests and operators: SIGKILL one worker (the supervisor restarts it)."""
+        """For tests and operators: SIGKILL one worker (the supervisor restarts it, after a
+        backoff if it had not lived `worker_healthy_seconds`)."""
         proc = self.slots[index].process
         if proc is not None:
             proc.kill()

@@ -1,17 +1,32 @@
-"""How the supervisor shares a node's GPUs among its local workers."""
+"""How the supervisor shares a node's GPUs among its local workers, and restarts them.
+
+The restart tests run real child processes (small Python scripts standing in for the worker)
+under the supervisor's own watch thread, with a short tick and short backoffs. They assert
+only lower bounds on time: these machines are shared and slow at random.
+"""
 
 from __future__ import annotations
 
+import logging
 import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import service.supervisor as supervisor_module
+from service.metrics import ServiceMetrics
 from service.settings import Settings
-from service.supervisor import Supervisor, gpu_groups
+from service.supervisor import Supervisor, gpu_groups, restart_delay
 from store.runs import RunStore
+from tests.polling import poll
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -77,3 +92,188 @@ def test_on_a_cpu_node_the_environment_is_left_alone(
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     envs = spawned_envs(tmp_path, monkeypatch, gpus=0)
     assert len(envs) == 1 and "CUDA_VISIBLE_DEVICES" not in envs[0]
+
+
+# --- restarts and backoff -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("quick_crashes", "expected"),
+    [(0, 0.0), (1, 2.0), (2, 4.0), (3, 8.0), (4, 16.0), (5, 30.0), (6, 30.0), (500, 30.0)],
+)
+def test_restart_delay_doubles_from_the_base_up_to_the_cap(
+    quick_crashes: int, expected: float
+) -> None:
+    assert restart_delay(quick_crashes, base=2.0, cap=30.0) == expected
+
+
+# Each stand-in worker appends its start time (the machine-wide monotonic clock) to the file
+# it is given, so a test reads every start even when a poll would have missed one.
+CRASHER = """
+import sys, time
+with open(sys.argv[1], "a") as f:
+    f.write(f"{time.monotonic()}\\n")
+print("boom: this worker cannot start", file=sys.stderr)
+sys.exit(3)
+"""
+
+# Exits with its start number (1, 2, ...) at once, except the third, which first lives
+# `sys.argv[2]` seconds: a worker that ran fine for a while and then crashed.
+LIVES_ONCE = """
+import sys, time
+with open(sys.argv[1], "a+") as f:
+    f.write(f"{time.monotonic()}\\n")
+    f.seek(0)
+    n = len(f.read().splitlines())
+if n == 3:
+    time.sleep(float(sys.argv[2]))
+sys.exit(n)
+"""
+
+# Registers and claims the queued run, as a worker would, then crashes holding it.
+CLAIMS_THEN_CRASHES = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from store.runs import RunStore
+store, worker_id = RunStore(os.environ["TRAINCTL_DATABASE_URL"]), os.environ["TRAINCTL_WORKER_ID"]
+store.register_worker(worker_id, host="test", pid=os.getpid(), device="cpu", info={})
+run = store.claim(worker_id, lease_seconds=3600)
+print("claimed", run and run.id, flush=True)
+sys.exit(3)
+"""
+
+
+@pytest.fixture
+def crash_settings(tmp_path: Path) -> Settings:
+    """One local worker, a 50 ms tick, and backoffs of 0.2, 0.4, then 0.5 s."""
+    return Settings(
+        data_dir=tmp_path,
+        database_url=f"sqlite:///{tmp_path / 'trainctl.db'}",
+        workers=1,
+        reap_seconds=0.1,
+        worker_healthy_seconds=10.0,
+        worker_restart_delay_seconds=0.2,
+        worker_restart_delay_max_seconds=0.5,
+        worker_max_quick_crashes=100,
+    )
+
+
+@pytest.fixture
+def store(crash_settings: Settings) -> Iterator[RunStore]:
+    runs = RunStore(crash_settings.db_url)
+    runs.create_all()
+    yield runs
+    runs.close()
+
+
+@contextmanager
+def supervising(
+    settings: Settings, store: RunStore, script: str, *args: object, **kw: Any
+) -> Iterator[Supervisor]:
+    """A started supervisor whose worker is `python -c script args...`."""
+    command = [sys.executable, "-c", script, *map(str, args)]
+    supervisor = Supervisor(settings, store, command=command, **kw)
+    supervisor.start()
+    try:
+        yield supervisor
+    finally:
+        supervisor.stop(timeout=10)
+
+
+def start_times(path: Path) -> list[float]:
+    return [float(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def given_up(supervisor: Supervisor) -> dict[str, Any] | None:
+    """The status of the one slot once it is given up."""
+    status = supervisor.status()[0]
+    return status if status["given_up"] else None
+
+
+def holds_throughout(predicate: Callable[[], bool], seconds: float, what: str) -> None:
+    """Assert `predicate` over a whole window: a claim that something does NOT happen can only
+    be watched for a while, never waited for."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert predicate(), what
+        time.sleep(0.05)
+
+
+def test_a_crashing_worker_is_restarted_after_a_growing_delay(
+    crash_settings: Settings, store: RunStore, tmp_path: Path
+) -> None:
+    starts = tmp_path / "starts"
+    with supervising(crash_settings, store, CRASHER, starts) as supervisor:
+        poll(lambda: len(start_times(starts)) >= 5, timeout=60, what="five worker starts")
+        status: dict[str, Any] = supervisor.status()[0]
+
+    times = start_times(starts)
+    gaps = [later - earlier for earlier, later in pairwise(times)]
+    # After the k-th quick crash the restart waits 0.2 * 2**(k-1) s, capped at 0.5 s; a start
+    # comes after its predecessor exited, so each gap is at least that wait.
+    for gap, delay in zip(gaps[:4], [0.2, 0.4, 0.5, 0.5], strict=True):
+        assert gap >= delay, gaps
+    assert status["quick_crashes"] >= 4
+    assert status["given_up"] is False and status["given_up_reason"] is None
+
+
+def test_a_worker_that_keeps_crashing_is_given_up_and_reported(
+    crash_settings: Settings, store: RunStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    crash_settings.worker_max_quick_crashes = 3
+    starts, metrics = tmp_path / "starts", ServiceMetrics()
+    with supervising(crash_settings, store, CRASHER, starts, metrics=metrics) as supervisor:
+        status = poll(lambda: given_up(supervisor), timeout=60, what="the slot to be given up")
+        slot = supervisor.slots[0]
+        # Had it not given up, the next start would come within the 0.5 s cap.
+        holds_throughout(
+            lambda: len(start_times(starts)) == 3 and slot.process is None,
+            seconds=2.0,
+            what="a slot given up is not restarted",
+        )
+
+    assert status["restarts"] == 2 and status["alive"] is False
+    assert status["given_up_reason"] == (
+        "3 crashes in a row, each within 10 s of its start (exit codes 3, 3, 3)"
+    )
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]
+    message = errors[0].getMessage()
+    assert errors[0].name == "trainctl.supervisor"
+    assert message.startswith("gave up on worker slot 0: 3 crashes in a row")
+    assert "(exit codes 3, 3, 3)" in message
+    assert slot.worker_id in message and str(slot.log_path) in message
+    assert message.endswith("    boom: this worker cannot start")
+    sample = metrics.registry.get_sample_value
+    assert sample("trainctl_worker_restarts_total", {"slot": "0"}) == 2
+    assert sample("trainctl_worker_slots_given_up") == 1
+
+
+def test_a_worker_that_lived_past_the_threshold_resets_the_count(
+    crash_settings: Settings, store: RunStore, tmp_path: Path
+) -> None:
+    crash_settings.worker_max_quick_crashes = 3
+    crash_settings.worker_healthy_seconds = 3.0
+    starts = tmp_path / "starts"
+    # Starts 1 and 2 crash at once, 3 lives 4 s (past the 3 s threshold) then crashes, 4, 5
+    # and 6 crash at once. Counted from the start, the third quick crash would be start 4's.
+    with supervising(crash_settings, store, LIVES_ONCE, starts, 4.0) as supervisor:
+        status = poll(lambda: given_up(supervisor), timeout=60, what="the slot to be given up")
+
+    assert len(start_times(starts)) == 6
+    assert status["given_up_reason"].endswith("(exit codes 4, 5, 6)")
+
+
+def test_the_run_a_crashed_worker_held_is_handed_back_even_when_its_slot_is_given_up(
+    crash_settings: Settings, store: RunStore
+) -> None:
+    crash_settings.worker_max_quick_crashes = 1
+    run = store.enqueue("benchmark", "exp", {"steps": 1}, max_attempts=1)
+    with supervising(crash_settings, store, CLAIMS_THEN_CRASHES, REPO) as supervisor:
+        poll(lambda: given_up(supervisor), timeout=60, what="the slot to be given up")
+        worker_id = supervisor.slots[0].worker_id
+
+    failed = store.get(run.id)
+    assert failed.state == "failed" and failed.error is not None
+    assert failed.error.startswith(f"worker process {worker_id} exited with code 3")
+    assert store.list_workers() == []
