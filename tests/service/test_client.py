@@ -1,14 +1,16 @@
-"""The httpx client against a real uvicorn server (a thread, a free port)."""
+"""The httpx clients, sync and async, against a real uvicorn server (a thread, a free port)."""
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import socket
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 import pytest
@@ -24,6 +26,7 @@ from store.runs import RunStore
 from tests.service.conftest import save_checkpoint
 
 CPU_TRAIN = {"experiment": "exp", "steps": 20, "device": "cpu"}
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -227,3 +230,172 @@ def test_the_client_reads_its_url_and_token_from_the_environment(
     with TrainctlClient() as api:
         assert api.base_url.rstrip("/") == server_app.state.base_url
         assert api._http.headers["Authorization"] == "Bearer s3cret"
+
+
+def test_a_failed_stream_raises_api_error_and_writes_nothing(
+    api: TrainctlClient, tmp_path: Path
+) -> None:
+    with pytest.raises(ApiError) as no_run:
+        list(api.events("nope"))
+    with pytest.raises(ApiError) as no_checkpoint:
+        api.download_archive("exp", "step_10", tmp_path / "exp.tar")
+
+    assert no_run.value.status_code == no_checkpoint.value.status_code == 404
+    assert "run 'nope' does not exist" in no_run.value.detail
+    assert list(tmp_path.glob("exp.tar*")) == []
+
+
+# --- the async client: the same calls, so the same tests ---
+
+
+def public(client: type) -> set[str]:
+    """Its public attributes but closing, which is close or aclose as in httpx."""
+    return {name for name in dir(client) if not name.startswith("_")} - {"close", "aclose"}
+
+
+def test_both_clients_have_the_same_calls_with_the_same_parameters() -> None:
+    assert public(AsyncTrainctlClient) == public(TrainctlClient)
+    for name in public(TrainctlClient) - {"base_url"}:
+        sync = inspect.signature(getattr(TrainctlClient, name))
+        twin = inspect.signature(getattr(AsyncTrainctlClient, name))
+        is_iterator = sync.return_annotation.startswith("Iterator[")
+        assert twin.parameters == sync.parameters, name
+        # Iterator[X] becomes AsyncIterator[X]; any other answer X is awaited to give X.
+        assert twin.return_annotation == ("Async" if is_iterator else "") + sync.return_annotation
+        assert inspect.iscoroutinefunction(getattr(AsyncTrainctlClient, name)) != is_iterator
+
+
+def run_async(server_app: FastAPI, scenario: Callable[[AsyncTrainctlClient], Awaitable[T]]) -> T:
+    """`scenario` with an async client of the server, in an event loop of its own."""
+
+    async def main() -> T:
+        async with AsyncTrainctlClient(server_app.state.base_url, timeout=10) as api:
+            return await scenario(api)
+
+    return anyio.run(main)
+
+
+def test_the_async_client_submits_every_kind_and_reads_logs_health_and_readiness(
+    server_app: FastAPI, runs: RunStore, ckpts: CheckpointStore
+) -> None:
+    save_checkpoint(ckpts, "exp", step=10)  # what the validation reads
+
+    async def scenario(api: AsyncTrainctlClient) -> tuple[list[str], list[str], str, int]:
+        train = await api.submit_train(**CPU_TRAIN)
+        validate = await api.submit_validate(experiment="exp", device="cpu")
+        bench = await api.submit_benchmark(steps=1, device="cpu")
+        runs.append_event(train.id, "log", {"level": "info", "message": "one"})
+        logs = await api.logs(train.id)
+        health, readiness = await api.health(), await api.readiness()
+        kinds: list[str] = [train.kind, validate.kind, bench.kind]
+        return kinds, [line.message for line in logs], health.status, readiness.workers_alive
+
+    kinds, messages, health, workers_alive = run_async(server_app, scenario)
+
+    assert kinds == ["train", "validate", "benchmark"]
+    assert messages == ["one"]
+    assert health == "ok"
+    assert workers_alive == 0
+
+
+def test_the_async_client_raises_api_error_and_times_out_like_the_sync_one(
+    server_app: FastAPI,
+) -> None:
+    async def scenario(api: AsyncTrainctlClient) -> list[int]:
+        with pytest.raises(ApiError) as no_run:
+            await api.get_run("nope")
+        with pytest.raises(ApiError) as no_stream:
+            [event async for event in api.events("nope")]
+        run = await api.submit_train(**CPU_TRAIN)
+        with pytest.raises(TimeoutError, match="still queued"):
+            await api.wait(run.id, timeout=0.3, poll=0.05)
+        return [no_run.value.status_code, no_stream.value.status_code]
+
+    assert run_async(server_app, scenario) == [404, 404]
+
+
+def test_the_async_client_downloads_files_and_archives_verified(
+    server_app: FastAPI, ckpts: CheckpointStore, tmp_path: Path
+) -> None:
+    save_checkpoint(ckpts, "exp", step=10, weights=b"w" * 300_000)
+
+    async def scenario(api: AsyncTrainctlClient) -> tuple[str, Path, Path]:
+        checkpoint = await api.get_checkpoint("exp", "step_10")
+        file = await api.download_file("exp", "step_10", MODEL_FILE, tmp_path)
+        archive = await api.download_archive("exp", "step_10", tmp_path)
+        return next(f.sha256 for f in checkpoint.files if f.name == MODEL_FILE), file, archive
+
+    sha256, file, archive = run_async(server_app, scenario)
+
+    assert file == tmp_path / MODEL_FILE
+    assert hashlib.sha256(file.read_bytes()).hexdigest() == sha256
+    assert archive == tmp_path / "exp-step_10.tar"
+    with tarfile.open(archive) as tar:
+        assert f"step_10/{MODEL_FILE}" in tar.getnames()
+
+
+def test_the_async_client_resumes_an_interrupted_download_from_its_part_file(
+    server_app: FastAPI, ckpts: CheckpointStore, tmp_path: Path
+) -> None:
+    weights = bytes(range(256)) * 2000
+    save_checkpoint(ckpts, "exp", step=10, weights=weights)
+    (tmp_path / "model.bin.part").write_bytes(weights[:100_000])  # what a dropped link left
+    seen: list[tuple[int, int | None]] = []
+
+    async def scenario(api: AsyncTrainctlClient) -> Path:
+        dest = tmp_path / "model.bin"
+        return await api.download_file(
+            "exp", "step_10", MODEL_FILE, dest, on_progress=lambda *p: seen.append(p)
+        )
+
+    file = run_async(server_app, scenario)
+
+    assert file.read_bytes() == weights
+    assert seen[0] == (100_000, len(weights))  # started from the bytes on disk
+    assert not (tmp_path / "model.bin.part").exists()
+
+
+def test_an_async_download_that_does_not_match_the_manifest_raises_and_leaves_no_file(
+    server_app: FastAPI, ckpts: CheckpointStore, tmp_path: Path
+) -> None:
+    folder = save_checkpoint(ckpts, "exp", step=10, weights=b"a" * 1000)
+    (folder / MODEL_FILE).write_bytes(b"b" * 1000)  # bit rot: same size, other bytes
+
+    async def scenario(api: AsyncTrainctlClient) -> Path:
+        return await api.download_file("exp", "step_10", MODEL_FILE, tmp_path / "model.bin")
+
+    with pytest.raises(DownloadError, match="does not match the manifest"):
+        run_async(server_app, scenario)
+
+    assert list(tmp_path.glob("model*")) == []
+
+
+def test_the_async_client_deletes_prunes_and_finds_the_best_checkpoint(
+    server_app: FastAPI, ckpts: CheckpointStore
+) -> None:
+    for step in (10, 20, 30):
+        save_checkpoint(ckpts, "exp", step=step)
+    save_checkpoint(ckpts, "other", "best", step=5, best_loss=1.5)
+
+    async def scenario(api: AsyncTrainctlClient) -> tuple[list[str], str, list[str], str, int]:
+        dry = await api.prune("exp", keep_last=1, dry_run=True)
+        deleted = await api.delete_checkpoint("exp", "step_10")
+        pruned = await api.prune("exp", keep_last=1)
+        best = await api.best_checkpoint("other")
+        with pytest.raises(ApiError) as no_best:
+            await api.best_checkpoint("exp")
+        return (
+            [c.tag for c in dry.deleted],
+            deleted.tag,
+            [c.tag for c in pruned.deleted],
+            best.tag,
+            no_best.value.status_code,
+        )
+
+    dry, deleted, pruned, best, no_best = run_async(server_app, scenario)
+
+    assert dry == ["step_20", "step_10"]
+    assert deleted == "step_10"
+    assert pruned == ["step_20"]
+    assert best == "best"
+    assert no_best == 404

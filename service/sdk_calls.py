@@ -1,0 +1,284 @@
+"""Every call of the trainctl API, defined once for both SDK clients.
+
+A call that is one request is a `Call`: method, path, query, body, headers, and how its answer
+is read. A call made of several requests is a generator of steps (`service.sdk_steps`):
+`iter_runs` follows cursors, `wait` polls until the run is finished, `events` follows the SSE
+stream to its `end` frame, and the downloads stream to disk. `TrainctlClient` and
+`AsyncTrainctlClient` perform the steps; their methods are one line each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import BaseModel
+
+from service.schemas import (
+    CheckpointPublic,
+    CheckpointsPublic,
+    EventPublic,
+    HealthPublic,
+    LogPublic,
+    LogsPublic,
+    MetricPublic,
+    MetricsPublic,
+    PruneResult,
+    ReadinessPublic,
+    RunPublic,
+    RunsPublic,
+    WorkerPublic,
+    WorkersPublic,
+)
+from service.sdk_steps import (
+    CHUNK,
+    Call,
+    DownloadError,
+    Emit,
+    Items,
+    Request,
+    Sleep,
+    Steps,
+    ask,
+    open_stream,
+    read_bytes,
+    read_line,
+)
+from store.vocabulary import TERMINAL_STATES
+
+Progress = Callable[[int, int | None], None]
+"""Download progress: (bytes on disk, total bytes or None)."""
+
+# --- runs ---
+
+
+def submit(
+    kind: str, spec: dict[str, Any] | BaseModel, idempotency_key: str | None
+) -> Call[RunPublic]:
+    if isinstance(spec, BaseModel):
+        spec = spec.model_dump(mode="json", exclude_unset=True)
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    request = Request("POST", f"/runs/{kind}", json=spec, headers=headers)
+    return Call(request, RunPublic.model_validate_json)
+
+
+def get_run(run_id: str) -> Call[RunPublic]:
+    return Call(Request("GET", f"/runs/{run_id}"), RunPublic.model_validate_json)
+
+
+def list_runs(**filters: Any) -> Call[RunsPublic]:
+    return Call(Request("GET", "/runs", params=only(**filters)), RunsPublic.model_validate_json)
+
+
+def iter_runs(**filters: Any) -> Items[RunPublic]:
+    cursor = filters.pop("cursor", None)
+    while True:
+        page = yield from ask(list_runs(**filters, cursor=cursor))
+        for run in page.items:
+            yield Emit(run)
+        if (cursor := page.next_cursor) is None:
+            return
+
+
+def cancel_run(run_id: str) -> Call[RunPublic]:
+    return Call(Request("POST", f"/runs/{run_id}/cancel"), RunPublic.model_validate_json)
+
+
+def wait(run_id: str, timeout: float | None, poll: float) -> Steps[RunPublic]:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        run = yield from ask(get_run(run_id))
+        if run.state in TERMINAL_STATES:
+            return run
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"run {run_id} is still {run.state} after {timeout} s")
+        yield Sleep(poll)
+
+
+def events(run_id: str, last_event_id: int | None) -> Items[EventPublic]:
+    headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else {}
+    yield from open_stream(Request("GET", f"/runs/{run_id}/events", headers=headers), lines=True)
+    frames = SseFrames()
+    while (line := (yield from read_line())) is not None:
+        if (frame := frames.feed(line)) is None:
+            continue
+        event_type, data = frame
+        if event_type == "end":  # the run has finished; the server closes the stream
+            return
+        yield Emit(EventPublic.model_validate_json(data))
+
+
+def metrics(run_id: str, kind: str | None) -> Call[list[MetricPublic]]:
+    request = Request("GET", f"/runs/{run_id}/metrics", params=only(kind=kind))
+    return Call(request, lambda body: MetricsPublic.model_validate_json(body).items)
+
+
+def logs(run_id: str) -> Call[list[LogPublic]]:
+    request = Request("GET", f"/runs/{run_id}/logs")
+    return Call(request, lambda body: LogsPublic.model_validate_json(body).items)
+
+
+# --- checkpoints ---
+
+
+def list_checkpoints(experiment: str | None) -> Call[list[CheckpointPublic]]:
+    request = Request("GET", "/checkpoints", params=only(experiment=experiment))
+    return Call(request, lambda body: CheckpointsPublic.model_validate_json(body).items)
+
+
+def latest_checkpoint(experiment: str | None) -> Call[CheckpointPublic]:
+    request = Request("GET", "/checkpoints/latest", params=only(experiment=experiment))
+    return Call(request, CheckpointPublic.model_validate_json)
+
+
+def best_checkpoint(experiment: str | None) -> Call[CheckpointPublic]:
+    request = Request("GET", "/checkpoints/best", params=only(experiment=experiment))
+    return Call(request, CheckpointPublic.model_validate_json)
+
+
+def get_checkpoint(experiment: str, tag: str) -> Call[CheckpointPublic]:
+    request = Request("GET", f"/checkpoints/{experiment}/{tag}")
+    return Call(request, CheckpointPublic.model_validate_json)
+
+
+def download_file(
+    experiment: str, tag: str, name: str, dest: Path, on_progress: Progress | None
+) -> Steps[Path]:
+    checkpoint = yield from ask(get_checkpoint(experiment, tag))
+    download = Download(checkpoint, name, Path(dest), on_progress)
+    url = f"/checkpoints/{experiment}/{tag}/files/{name}"
+    response = yield from open_stream(Request("GET", url, headers=download.request_headers()))
+    with download.open(resumed=response.status_code == 206) as out:
+        while (chunk := (yield from read_bytes())) is not None:
+            download.write(out, chunk)
+    return download.finish()
+
+
+def download_archive(experiment: str, tag: str, dest: Path) -> Steps[Path]:
+    dest = Path(dest)
+    target = dest / f"{experiment}-{tag}.tar" if dest.is_dir() else dest
+    partial = target.with_name(f"{target.name}.part")
+    yield from open_stream(Request("GET", f"/checkpoints/{experiment}/{tag}/archive"))
+    with open(partial, "wb") as out:
+        while (chunk := (yield from read_bytes())) is not None:
+            out.write(chunk)
+    os.replace(partial, target)
+    return target
+
+
+def delete_checkpoint(experiment: str, tag: str) -> Call[CheckpointPublic]:
+    request = Request("DELETE", f"/checkpoints/{experiment}/{tag}")
+    return Call(request, CheckpointPublic.model_validate_json)
+
+
+def prune(experiment: str, keep_last: int, keep_best: bool, dry_run: bool) -> Call[PruneResult]:
+    body = {
+        "experiment": experiment,
+        "keep_last": keep_last,
+        "keep_best": keep_best,
+        "dry_run": dry_run,
+    }
+    return Call(Request("POST", "/checkpoints/prune", json=body), PruneResult.model_validate_json)
+
+
+# --- system ---
+
+
+def workers() -> Call[list[WorkerPublic]]:
+    return Call(
+        Request("GET", "/workers"), lambda body: WorkersPublic.model_validate_json(body).items
+    )
+
+
+def health() -> Call[HealthPublic]:
+    return Call(Request("GET", "/healthz"), HealthPublic.model_validate_json)
+
+
+def readiness() -> Call[ReadinessPublic]:
+    return Call(Request("GET", "/readyz"), ReadinessPublic.model_validate_json)
+
+
+# --- the parts of the calls above ---------------------------------------------------------
+
+
+def only(**params: Any) -> dict[str, Any]:
+    """The query without its unset (None) parameters."""
+    return {k: v for k, v in params.items() if v is not None}
+
+
+class Download:
+    """One file download into `<target>.part`, resumable, verified against the manifest."""
+
+    def __init__(
+        self, checkpoint: CheckpointPublic, name: str, dest: Path, on_progress: Progress | None
+    ) -> None:
+        entry = next((f for f in checkpoint.files if f.name == name), None)
+        self.label = f"{checkpoint.experiment}/{checkpoint.tag}/{name}"
+        self.sha256 = entry.sha256 if entry else None  # the manifest does not list itself
+        self.total = entry.size if entry else None
+        self.target = dest / name if dest.is_dir() else dest
+        self.part = self.target.with_name(f"{self.target.name}.part")
+        self.on_progress = on_progress or (lambda done, total: None)
+        self.digest = hashlib.sha256()
+        self.done = 0
+
+    def request_headers(self) -> dict[str, str]:
+        """Range to resume the .part file; If-Range (the ETag) so a changed file comes whole."""
+        have = self.part.stat().st_size if self.part.exists() else 0
+        if not have or self.sha256 is None or (self.total is not None and have > self.total):
+            return {}
+        return {"Range": f"bytes={have}-", "If-Range": f'"{self.sha256}"'}
+
+    def open(self, resumed: bool) -> IO[bytes]:
+        """The .part file to write to: appended to if the server resumed (206), else anew."""
+        if not resumed:
+            return open(self.part, "wb")
+        with open(self.part, "rb") as f:
+            while chunk := f.read(CHUNK):
+                self.digest.update(chunk)
+                self.done += len(chunk)
+        self.on_progress(self.done, self.total)
+        return open(self.part, "ab")
+
+    def write(self, out: IO[bytes], chunk: bytes) -> None:
+        out.write(chunk)
+        self.digest.update(chunk)
+        self.done += len(chunk)
+        self.on_progress(self.done, self.total)
+
+    def finish(self) -> Path:
+        digest = self.digest.hexdigest()
+        if self.sha256 is not None and digest != self.sha256:
+            self.part.unlink()  # a resume would only extend the wrong bytes
+            raise DownloadError(
+                f"{self.label}: sha256 {digest} does not match the manifest's {self.sha256}; "
+                "the partial file was removed, download it again"
+            )
+        os.replace(self.part, self.target)
+        return self.target
+
+
+class SseFrames:
+    """Assembles SSE lines into (event type, data) frames; comments and ids are skipped."""
+
+    def __init__(self) -> None:
+        self.event_type, self.data = "message", list[str]()
+
+    def feed(self, line: str) -> tuple[str, str] | None:
+        """The frame a blank line completes, else None."""
+        if not line:
+            frame = (self.event_type, "\n".join(self.data)) if self.data else None
+            self.event_type, self.data = "message", []
+            return frame
+        if not line.startswith(":"):
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field == "event":
+                self.event_type = value
+            elif field == "data":
+                self.data.append(value)
+        return None
