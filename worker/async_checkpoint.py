@@ -1,12 +1,18 @@
-"""Asynchronous checkpointing: copy the state to CPU memory, write it in the background.
+"""Asynchronous checkpointing: stage the state in CPU memory, write it in the background.
 
-The training loop stalls only for the copy (a memcpy into buffers kept from the previous
-save); a background thread then writes, hashes, fsyncs and commits the checkpoint exactly as
-a synchronous save does (`worker.checkpoint.write_checkpoint`), so what lands on disk is the
-same, byte for byte, and becomes visible only complete.
+A captured state holds the live tensors (`worker.checkpoint.capture_checkpoint` copies
+nothing); `snapshot` copies each of them, once, into a CPU buffer kept from the previous save,
+in the dtype it is saved in. From a GPU the buffers are pinned and the copies non-blocking:
+the training thread only queues them, in order with the steps it has queued, and the writer
+thread waits for them (one CUDA event per device) before it reads a byte. Training kernels
+queued after the save run after the copies on the same stream, so they cannot change a
+tensor before it is copied. A background thread then writes, hashes, fsyncs and commits the
+checkpoint exactly as a synchronous save does (`worker.checkpoint.write_checkpoint`), so what
+lands on disk is the same, byte for byte, and becomes visible only complete.
 
-At most one save is in flight: a new save first waits for the previous one. A failed write
-is re-raised on the training thread at the next `save`, `poll` or `wait`, never swallowed.
+At most one save is in flight: a new save first waits for the previous one (and with it for
+its buffers). A failed write is re-raised on the training thread at the next `save`, `poll`
+or `wait`, never swallowed.
 """
 
 from __future__ import annotations
@@ -24,31 +30,64 @@ from worker.checkpoint import CheckpointState
 Write = Callable[[CheckpointState], Path]
 
 
-def copy_tree(obj: Any, buffers: dict[str, torch.Tensor], key: str = "") -> Any:
-    """`obj` with every tensor copied into a CPU buffer of `buffers` (made on first use).
+@dataclass
+class Stager:
+    """Copies tensors into CPU buffers that it keeps from save to save.
 
-    Buffers are reused from save to save (same keys, shapes and dtypes every time), so a
-    copy is a plain memcpy into memory that is already mapped; on CUDA they are pinned and
-    the copies asynchronous until one synchronize at the end of `snapshot`.
+    Every save has the same keys, shapes and dtypes, so after the first the copies land in
+    memory that is already allocated (and, from a GPU, already pinned: allocating pinned
+    memory costs more than the copy). `devices` collects the GPUs copied from, whose streams
+    `copied` marks.
     """
-    if isinstance(obj, torch.Tensor):
-        buf = buffers.get(key)
-        if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
-            pin = obj.is_cuda
-            buf = torch.empty(obj.shape, dtype=obj.dtype, device="cpu", pin_memory=pin)
-            buffers[key] = buf
-        return buf.copy_(obj.detach(), non_blocking=obj.is_cuda)
-    if isinstance(obj, dict):
-        return {k: copy_tree(v, buffers, f"{key}/{k}") for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(copy_tree(v, buffers, f"{key}/{i}") for i, v in enumerate(obj))
-    return obj
+
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    devices: set[torch.device] = field(default_factory=set)
+
+    def tree(self, obj: Any, key: str) -> Any:
+        """`obj` with every tensor replaced by its copy, in its own dtype."""
+        if isinstance(obj, torch.Tensor):
+            return self.tensor(obj, key, obj.dtype)
+        if isinstance(obj, dict):
+            return {k: self.tree(v, f"{key}/{k}") for k, v in obj.items()}
+        if isinstance(obj, list | tuple):
+            return type(obj)(self.tree(v, f"{key}/{i}") for i, v in enumerate(obj))
+        return obj
+
+    def tensor(self, t: torch.Tensor, key: str, dtype: torch.dtype) -> torch.Tensor:
+        """`t`'s copy in `dtype`, in the buffer kept under `key`."""
+        t = t.detach()
+        buf = self.buffers.get(key)
+        if buf is None or buf.shape != t.shape or buf.dtype != dtype:
+            buf = torch.empty(t.shape, dtype=dtype, device="cpu", pin_memory=t.is_cuda)
+            self.buffers[key] = buf
+        if not t.is_cuda:
+            return buf.copy_(t)  # a CPU copy_ casts as it copies: one pass
+        if t.dtype != dtype:
+            # A transfer cannot convert: torch casts a cross-device copy_ through a temporary
+            # either way (a blocking one through a pageable host copy in the source dtype,
+            # twice the bytes). Cast on the device, one tensor at a time, as a synchronous
+            # save does (same bytes), and move only the saved ones.
+            t = t.to(dtype)
+        self.devices.add(t.device)
+        return buf.copy_(t, non_blocking=True)
+
+    def copied(self) -> list[torch.cuda.Event]:
+        """Events on each GPU's current stream, after the copies queued there."""
+        events = []
+        for device in self.devices:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            events.append(event)
+        self.devices.clear()
+        return events
 
 
 @dataclass
 class PendingSave:
     state: CheckpointState
     info: dict[str, Any]
+    copied: list[torch.cuda.Event] = field(default_factory=list)
+    """Done once the staged state is complete in host memory (GPU copies are asynchronous)."""
     thread: threading.Thread | None = None
     path: Path | None = None
     error: BaseException | None = None
@@ -62,20 +101,24 @@ class AsyncCheckpointer:
     caller to report on its own thread (callbacks there may touch the run store).
     """
 
-    _buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    _stager: Stager = field(default_factory=Stager)
     _pending: PendingSave | None = None
 
-    def snapshot(self, state: CheckpointState) -> CheckpointState:
-        model = copy_tree(state.model, self._buffers, "model")
-        optimizer = copy_tree(state.optimizer, self._buffers, "optimizer")
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()  # the pinned copies are complete before the thread reads
-        return CheckpointState(state.experiment, state.tag, model, optimizer, state.metadata)
+    def snapshot(self, state: CheckpointState, info: dict[str, Any]) -> PendingSave:
+        """Queue the one copy of each of `state`'s tensors into the buffers (see Stager)."""
+        stage = self._stager
+        model = {
+            k: stage.tensor(t, f"model/{k}", state.saved_dtype(t)) for k, t in state.model.items()
+        }
+        optimizer = stage.tree(state.optimizer, "optimizer")
+        # The staged weights are in the saved dtype already: host_weights leaves them be.
+        staged = CheckpointState(state.experiment, state.tag, model, optimizer, state.metadata)
+        return PendingSave(staged, info, stage.copied())
 
     def save(self, state: CheckpointState, write: Write, info: dict[str, Any]) -> list[dict]:
-        """Copy `state` (captured from the live tensors) and write it in the background."""
+        """Stage `state` (captured from the live tensors) and write it in the background."""
         finished = self.wait()  # at most one in flight; its buffers are ours again after this
-        pending = PendingSave(self.snapshot(state), info)
+        pending = self.snapshot(state, info)
         pending.thread = threading.Thread(
             target=self._write, args=(pending, write), name="trainctl-checkpoint", daemon=True
         )
@@ -86,6 +129,8 @@ class AsyncCheckpointer:
     @staticmethod
     def _write(pending: PendingSave, write: Write) -> None:
         try:
+            for event in pending.copied:
+                event.synchronize()  # the GPU's copies into the buffers are complete
             pending.path = write(pending.state)
         except BaseException as exc:  # re-raised on the training thread by wait()
             pending.error = exc

@@ -5,6 +5,12 @@ renames the folder into place: a checkpoint is visible complete or not at all. W
 saved in the master dtype so a resumed run continues the interrupted one exactly; bf16 is an
 export option. Optimizer state is loaded with weights_only=True: a checkpoint is data, never
 code.
+
+Capturing a checkpoint copies nothing: it holds the live tensors, on their device. The one
+copy to the host is made by whoever writes: `write_checkpoint` (a synchronous save: weights
+to the CPU, the optimizer state through torch.save) or `AsyncCheckpointer.snapshot` (into
+its reusable pinned buffers). A capture taken and then copied again would stall the loop for
+two copies of the weights.
 """
 
 from __future__ import annotations
@@ -89,22 +95,19 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([tensor(s) for s in state["cuda"]])
 
 
-def model_state(model: nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, t in model.state_dict().items():
-        t = t.detach()
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        out[name] = t.cpu().contiguous()
-    return out
+def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors by name: the live ones, detached, not copies (see CheckpointState)."""
+    return {name: t.detach() for name, t in model.state_dict().items()}
 
 
 @dataclass
 class CheckpointState:
     """Everything one checkpoint holds, captured at one step: what `write_checkpoint` writes.
 
-    `model` and `optimizer` hold CPU tensors; for a synchronous save they may be the live
-    ones (`.cpu()` is a no-op on CPU), for an asynchronous save they are copies.
+    `model` and `optimizer` hold the live tensors, on their device and in the master dtype:
+    capturing copies nothing, so they must not change until the state is written (a
+    synchronous save) or staged (`AsyncCheckpointer.snapshot`, which puts CPU copies in the
+    saved dtype in their place). `host_weights` is what lands in the weights file.
     """
 
     experiment: str
@@ -112,6 +115,20 @@ class CheckpointState:
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
     metadata: dict[str, Any]
+    dtype: torch.dtype | None = None
+    """The dtype floating-point weights are saved in; None keeps each tensor's own."""
+
+    def saved_dtype(self, t: torch.Tensor) -> torch.dtype:
+        return self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
+
+    def host_weights(self) -> dict[str, torch.Tensor]:
+        """The weights as CPU tensors in the saved dtype: one copy from a device; none at all
+        for CPU tensors already in that dtype (staged ones, or a CPU run's master weights).
+
+        On a device a cast is made there, before the copy: only the saved bytes cross to the
+        host, and they are the device's conversion whichever path saves them.
+        """
+        return {k: t.to(self.saved_dtype(t)).cpu().contiguous() for k, t in self.model.items()}
 
 
 def capture_checkpoint(
@@ -130,7 +147,11 @@ def capture_checkpoint(
     dtype: torch.dtype | None = None,
     extra: dict[str, Any] | None = None,
 ) -> CheckpointState:
-    """The training state at this step, the RNG state included (capture it at the step)."""
+    """The training state at this step, the RNG state included (capture it at the step).
+
+    No tensor is copied (see CheckpointState): write it or hand it to an AsyncCheckpointer
+    before the model or the optimizers take another step.
+    """
     tag = tag or step_tag(step)
     config = getattr(model, "config", None)
     metadata = {
@@ -151,7 +172,7 @@ def capture_checkpoint(
         **(extra or {}),
     }
     optimizer = {"muon": muon_opt.state_dict(), "adamw": adamw_opt.state_dict()}
-    return CheckpointState(experiment, tag, model_state(model, dtype), optimizer, metadata)
+    return CheckpointState(experiment, tag, model_state(model), optimizer, metadata, dtype)
 
 
 def save_checkpoint(
@@ -217,8 +238,13 @@ def write_checkpoint(
     no second read, and the fsync before the commit finds little left to flush. The two
     files are written at the same time (one thread each, plus one hashing thread each): a
     sha256 runs at about 2 GB/s per core, so one file at a time leaves cores idle.
+
+    Device tensors are copied to the host here, once, on the calling thread (the training
+    thread for a synchronous save, so in order with the steps it has queued): the weights
+    by `host_weights`, the optimizer state by torch.save itself.
     """
     store, experiment, tag = CheckpointStore(Path(root)), state.experiment, state.tag
+    weights = state.host_weights()
     staging: Path | None = None
     try:
         with ThreadPoolExecutor(max_workers=3, thread_name_prefix="trainctl-save") as pool:
@@ -230,9 +256,7 @@ def write_checkpoint(
                     write(f)
                 return f.hexdigest()
 
-            model = pool.submit(
-                write_hashed, MODEL_FILE, lambda f: write_safetensors(state.model, f)
-            )
+            model = pool.submit(write_hashed, MODEL_FILE, lambda f: write_safetensors(weights, f))
             hashes = {
                 OPTIMIZER_FILE: write_hashed(
                     # torch.save needs only write (and flush); HashedFile is no full IO.

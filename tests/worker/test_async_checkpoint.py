@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from store.checkpoints import CheckpointStore, verify_manifest
+from store.checkpoints import MODEL_FILE, OPTIMIZER_FILE, CheckpointStore, verify_manifest
+from tests.worker.test_checkpoint import tensors
 from tests.worker.test_train import run_script, spec
 from worker.async_checkpoint import AsyncCheckpointer
 from worker.checkpoint import CheckpointState, capture_checkpoint, write_checkpoint
@@ -17,16 +18,28 @@ from worker.model import build_model
 from worker.optim import build_optimizers
 from worker.train import train
 
+Parts = tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.Optimizer]
 
-def captured(step: int = 1) -> tuple[torch.nn.Module, CheckpointState]:
-    model = build_model("tiny", seed=0)
+
+def trained(device: str = "cpu") -> Parts:
+    model = build_model("tiny", seed=0, device=device)
     muon, adamw = build_optimizers(model)
-    model.loss(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))[
-        0
-    ].backward()
+    x = torch.zeros(1, 8, dtype=torch.long, device=device)
+    model.loss(x, x)[0].backward()
     muon.step()
     adamw.step()
-    return model, capture_checkpoint(model, muon, adamw, None, step, 0, None, "exp")
+    return model, muon, adamw
+
+
+def capture(parts: Parts, step: int = 1, dtype: torch.dtype | None = None) -> CheckpointState:
+    return capture_checkpoint(*parts, None, step, 0, None, "exp", dtype=dtype)
+
+
+def captured(
+    step: int = 1, device: str = "cpu", dtype: torch.dtype | None = None
+) -> tuple[torch.nn.Module, CheckpointState]:
+    parts = trained(device)
+    return parts[0], capture(parts, step, dtype)
 
 
 def test_the_background_save_writes_the_state_as_it_was_when_saved(tmp_path: Path) -> None:
@@ -41,6 +54,53 @@ def test_the_background_save_writes_the_state_as_it_was_when_saved(tmp_path: Pat
     verify_manifest(Path(done["path"]), deep=True)
     saved = load_file(str(Path(done["path"]) / "model.safetensors"))
     assert all(torch.equal(saved[k], before[k]) for k in saved)
+
+
+def test_each_save_stages_into_the_same_buffers_never_the_live_tensors(tmp_path: Path) -> None:
+    parts = trained()
+    model, state = parts[0], capture(parts)
+    live = {t.data_ptr() for t in [*state.model.values(), *tensors(state.optimizer)]}
+    staged: list[list[int]] = []
+
+    def write(s: CheckpointState) -> Path:
+        staged.append([t.data_ptr() for t in [*s.model.values(), *tensors(s.optimizer)]])
+        return write_checkpoint(s, tmp_path)
+
+    saver = AsyncCheckpointer()
+    saver.save(state, write, {"step": 1})
+    saver.wait()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2.0)
+    saver.save(capture(parts, step=2), write, {"step": 2})
+    [done] = saver.wait()
+    first, second = staged
+    assert first == second  # the second save reused every buffer of the first
+    assert not set(first) & live
+    saved = load_file(str(Path(done["path"]) / MODEL_FILE))
+    assert all(torch.equal(saved[k], t) for k, t in model.state_dict().items())
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["master", "bf16"])
+def test_an_async_save_writes_what_a_synchronous_one_does(
+    tmp_path: Path, dtype: torch.dtype | None
+) -> None:
+    model, state = captured(dtype=dtype)
+    sync = write_checkpoint(state, tmp_path / "sync")
+    saver = AsyncCheckpointer()
+    saver.save(state, lambda s: write_checkpoint(s, tmp_path / "async"), {"step": 1})
+    [done] = saver.wait()
+    staged = Path(done["path"])
+    assert (staged / MODEL_FILE).read_bytes() == (sync / MODEL_FILE).read_bytes()
+    saved = load_file(str(staged / MODEL_FILE))
+    cast = dtype or torch.float32
+    assert all(torch.equal(saved[k], t.to(cast)) for k, t in model.state_dict().items())
+    # Same values, not the same bytes (nor were they before the copy at capture went): pickle
+    # writes an object the live state_dict shares (AdamW's betas, one tuple for its groups)
+    # once, and the staged state is a new nest of dicts, lists and tuples.
+    a, b = (torch.load(d / OPTIMIZER_FILE, weights_only=True) for d in (staged, sync))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(x, y) for x, y in zip(tensors(a), tensors(b), strict=True))
 
 
 def test_a_failed_background_save_is_raised_on_the_training_thread(tmp_path: Path) -> None:
@@ -109,3 +169,37 @@ def test_resume_from_an_async_checkpoint_is_bit_identical(tmp_path: Path) -> Non
     a = load_file(str(tmp_path / "straight" / "step_24" / "model.safetensors"))
     b = load_file(str(tmp_path / "resumed" / "step_24" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["master", "bf16"])
+def test_on_cuda_the_state_is_staged_in_pinned_buffers_and_saved_as_it_was(
+    tmp_path: Path, dtype: torch.dtype | None
+) -> None:
+    model, state = captured(device="cuda", dtype=dtype)
+    live = [*state.model.values(), *tensors(state.optimizer)]
+    weights = {k: t.to(dtype or t.dtype).cpu() for k, t in state.model.items()}
+    moments = [t.cpu() for t in tensors(state.optimizer)]
+    sync = write_checkpoint(state, tmp_path / "sync")
+    staged: list[torch.Tensor] = []
+
+    def write(s: CheckpointState) -> Path:
+        staged.extend([*s.model.values(), *tensors(s.optimizer)])
+        return write_checkpoint(s, tmp_path / "async")
+
+    saver = AsyncCheckpointer()
+    saver.save(state, write, {"step": 1})
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # queued on the stream behind the copies: they must not see it
+    [done] = saver.wait()
+    assert len(staged) == len(live) and all(t.device.type == "cpu" for t in staged)
+    assert all(t.is_pinned() for t, source in zip(staged, live, strict=True) if source.is_cuda)
+    saved = load_file(str(Path(done["path"]) / MODEL_FILE))
+    assert saved.keys() == weights.keys()
+    assert all(torch.equal(saved[k], weights[k]) for k in weights)
+    assert (Path(done["path"]) / MODEL_FILE).read_bytes() == (sync / MODEL_FILE).read_bytes()
+    # A synchronous save pickles the optimizer's CUDA tensors as such, a staged one CPU
+    # copies: same values, not the same bytes.
+    opt = torch.load(Path(done["path"]) / OPTIMIZER_FILE, weights_only=True)
+    assert all(torch.equal(a, b) for a, b in zip(tensors(opt), moments, strict=True))

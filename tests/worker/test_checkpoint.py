@@ -4,13 +4,19 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from store.checkpoints import MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, CheckpointStore
-from worker.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
+from worker.checkpoint import (
+    capture_checkpoint,
+    find_latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from worker.exceptions import CheckpointCorrupt, CheckpointMismatch
 from worker.model import GPT, build_model
 from worker.optim import build_optimizers
@@ -43,6 +49,17 @@ def save(parts: Parts, root: Path, step: int, **kw: object) -> Path:
     return save_checkpoint(model, muon, adamw, sched, step, step * 100, 2.5, root / "exp", **kw)  # type: ignore[arg-type]
 
 
+def tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in a nest of dicts, lists and tuples (a state_dict)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, list | tuple):
+        return [t for v in obj for t in tensors(v)]
+    return []
+
+
 def test_save_then_load_restores_model_optimizers_and_schedule(tmp_path: Path) -> None:
     parts = make_parts()
     train_a_little(parts)
@@ -67,6 +84,31 @@ def test_weights_are_saved_in_the_master_dtype_unless_bf16_is_asked(tmp_path: Pa
     exported = load_file(str(save(parts, tmp_path, 2, dtype=torch.bfloat16) / MODEL_FILE))
     assert master["tok_emb.weight"].dtype == torch.float32
     assert exported["tok_emb.weight"].dtype == torch.bfloat16
+
+
+def test_a_capture_holds_the_live_tensors_and_copies_none() -> None:
+    parts = make_parts()
+    train_a_little(parts, steps=1)
+    model, muon, adamw, sched = parts
+    state = capture_checkpoint(model, muon, adamw, sched, 1, 100, None, "exp", dtype=torch.bfloat16)
+    live = model.state_dict()
+    assert state.model.keys() == live.keys()
+    # bf16 too: the cast is made by the one copy that writes or stages the weights.
+    assert all(state.model[k].data_ptr() == live[k].data_ptr() for k in live)
+    live_opt = {t.data_ptr() for opt in (muon, adamw) for t in tensors(list(opt.state.values()))}
+    captured_opt = [t.data_ptr() for t in tensors(state.optimizer)]
+    assert captured_opt and set(captured_opt) == live_opt
+
+
+def test_a_bf16_save_writes_the_live_weights_cast(tmp_path: Path) -> None:
+    parts = make_parts()
+    train_a_little(parts, steps=1)
+    live = parts[0].state_dict()
+    master = load_file(str(save(parts, tmp_path, 1) / MODEL_FILE))
+    exported = load_file(str(save(parts, tmp_path, 2, dtype=torch.bfloat16) / MODEL_FILE))
+    assert master.keys() == exported.keys() == live.keys()
+    assert all(torch.equal(master[k], live[k]) for k in live)
+    assert all(torch.equal(exported[k], live[k].to(torch.bfloat16)) for k in live)
 
 
 def test_retention_keeps_max_keep_and_never_deletes_best_or_newest(tmp_path: Path) -> None:
