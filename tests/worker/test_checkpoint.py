@@ -151,15 +151,26 @@ def test_runtime_switches_do_not_block_loading(tmp_path: Path) -> None:
 
 
 CRASH_SCRIPT = """
-import os, sys, torch
+import os, sys, threading, torch
 from pathlib import Path
+import worker.checkpoint as checkpoint
 from tests.worker.test_checkpoint import make_parts, save
 root = Path(sys.argv[1])
 parts = make_parts()
 save(parts, root, 1)
 # Die for real (no cleanup, no exception handling) once the weights of step 2 are written
-# and the optimizer file is about to be.
-torch.save = lambda *a, **k: os._exit(9)
+# and the optimizer file is about to be. The two files are written by two threads at once,
+# so the crash waits for the weights (else it races them, and loses on a busy machine).
+weights_written = threading.Event()
+write_weights = checkpoint.write_safetensors
+def write_and_tell(*args, **kwargs):
+    write_weights(*args, **kwargs)
+    weights_written.set()
+def crash(*args, **kwargs):
+    weights_written.wait(timeout=60)
+    os._exit(9)
+checkpoint.write_safetensors = write_and_tell
+torch.save = crash
 save(parts, root, 2)
 """
 
