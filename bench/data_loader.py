@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from bench.common import Figure
-from store.specs import TrainSpec, resolve_train
+from store.plans import resolve_train
+from store.specs import DataSpec, TrainRequest
 from worker.data import AsyncDataLoader, TokenSampler
 from worker.model import build_model
 from worker.optim import build_optimizers
@@ -28,8 +29,7 @@ MAX_BYTES = 16_000_000
 
 
 def loader_rate(size: dict[str, Any]) -> float:
-    spec = TrainSpec(steps=1, data={"max_bytes": MAX_BYTES})
-    train_arrays, _ = build_token_arrays(spec)
+    train_arrays, _ = build_token_arrays(DataSpec(max_bytes=MAX_BYTES))
     sampler = TokenSampler(train_arrays, size["B"], size["T"], seed=0)
     with AsyncDataLoader(sampler.iterate(), "cpu", prefetch_factor=4) as loader:
         next(loader)
@@ -57,9 +57,10 @@ def step_rate(size: dict[str, Any]) -> float:
 
 def run_wait_fraction(size: dict[str, Any]) -> tuple[float, float]:
     """(mean per-step data_wait_frac, the run's) of a real train run of `small` on stdlib."""
-    spec = resolve_train(
-        TrainSpec(
+    plan = resolve_train(
+        TrainRequest(
             steps=size["run_steps"],
+            log_every=1,
             model={"preset": "small", "overrides": {"n_layers": size["layers"]}},
             batch={"micro_batch_size": size["step_B"], "seq_len": size["step_T"]},
             checkpoint_every=10_000,
@@ -72,7 +73,7 @@ def run_wait_fraction(size: dict[str, Any]) -> tuple[float, float]:
     fracs: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         result = train(
-            spec,
+            plan,
             tmp,
             on_metrics=lambda m: (
                 fracs.append(m["data_wait_frac"]) if m["kind"] == "train" else None

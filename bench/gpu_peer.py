@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from bench.hf_peer import build_adamw, build_llama, llama_loss
-from store.presets import ModelConfig
-from store.specs import BenchmarkSpec, resolve_benchmark
+from store.plans import resolve_benchmark
+from store.specs import BenchmarkRequest
 from worker.benchmark import flops_per_token, peak_flops
 
 
@@ -26,11 +26,9 @@ def main() -> None:
     p.add_argument("--warmup-steps", type=int, default=5)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     args = p.parse_args()
-    spec = resolve_benchmark(BenchmarkSpec(), cuda_available=True)
-    assert spec.model_config_resolved is not None
-    cfg = ModelConfig.from_dict(spec.model_config_resolved)
-    B, T, accum = spec.batch.micro_batch_size, spec.batch.seq_len, spec.batch.grad_accum_steps
-    assert B and T and accum
+    plan = resolve_benchmark(BenchmarkRequest(), cuda_available=True)
+    cfg = plan.model.config
+    B, T, accum = plan.batch.micro_batch_size, plan.batch.seq_len, plan.batch.grad_accum_steps
     device = torch.device("cuda")
     model: Any = build_llama(cfg, T, device="cuda")
     model.gradient_checkpointing_enable()

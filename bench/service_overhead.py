@@ -20,7 +20,8 @@ from bench.common import (
     wait_run,
 )
 from service.client import TrainctlClient
-from store.specs import BenchmarkSpec, resolve_benchmark
+from store.plans import resolve_benchmark
+from store.specs import BenchmarkRequest
 
 # The CPU benchmark profile (preset tiny, grad-accum 3, seq 512) at micro-batch 4 instead of
 # 16: a step of about a second keeps 3 pairs within minutes on a loaded 2-core machine, and
@@ -38,7 +39,7 @@ def direct(spec: dict[str, Any]) -> dict[str, Any]:
         "--micro-batch-size", str(b["micro_batch_size"]),
         "--grad-accum-steps", str(b["grad_accum_steps"]),
         "--seq-len", str(b["seq_len"]),
-        "--compile" if spec["use_compile"] else "--no-compile",
+        "--compile" if spec["model"]["config"]["use_compile"] else "--no-compile",
         "--device", spec["device"],
         "--json",
     ]  # fmt: skip
@@ -61,7 +62,7 @@ def run(quick: bool = False) -> list[Figure]:
         "batch": {"micro_batch_size": size["micro_batch_size"]},
     }
     # The same resolve the API runs, so the direct side gets the same config; checked below.
-    spec = resolve_benchmark(BenchmarkSpec(**request), cuda_available=False).model_dump()
+    spec = resolve_benchmark(BenchmarkRequest(**request), cuda_available=False).model_dump()
     tps: dict[str, list[float]] = {"api": [], "cli": []}
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -71,7 +72,7 @@ def run(quick: bool = False) -> list[Figure]:
 
         def over_api() -> float:
             done = wait_run(client, client.submit_benchmark(**request).id)
-            if done["spec"]["model_config_resolved"] != spec["model_config_resolved"]:
+            if done["spec"]["model"]["config"] != spec["model"]["config"]:
                 raise RuntimeError("the API resolved another model config than the CLI")
             return float(done["result"]["tokens_per_sec"])
 

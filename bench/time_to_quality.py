@@ -21,7 +21,7 @@ import torch
 from bench.common import Figure
 from bench.hf_peer import build_adamw, build_llama, llama_loss
 from store.presets import ModelConfig
-from store.specs import TrainSpec
+from store.specs import DataSpec
 from worker.data import TokenSampler
 from worker.model import build_model
 from worker.optim import OptimizerConfig, build_optimizers
@@ -110,7 +110,7 @@ def time_to(curves: dict[str, Curve], target: float) -> tuple[float, str]:
 
 def run(quick: bool = False) -> list[Figure]:
     size = QUICK if quick else FULL
-    train_arrays, val_arrays = build_token_arrays(TrainSpec(steps=1, data={"max_bytes": 4_000_000}))
+    train_arrays, val_arrays = build_token_arrays(DataSpec(max_bytes=4_000_000))
     sampler = TokenSampler(train_arrays, size["B"], size["T"], seed=0)
     val_sampler = TokenSampler(val_arrays, size["B"], size["T"], seed=1)
     data = (sampler, [val_sampler.batch(i) for i in range(size["val_batches"])])

@@ -1,4 +1,5 @@
-"""Dependencies the routes declare: settings, the two stores, and the bearer-token check.
+"""Dependencies the routes declare: settings, the two stores, the checkpoint protection
+policy, and the bearer-token check.
 
 The settings and the stores live on `app.state` (`create_app` and the lifespan put them
 there); tests replace any of these with `app.dependency_overrides`. Every dependency here is
@@ -16,6 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.settings import Settings
 from store.checkpoints import CheckpointStore
+from store.protection import ProtectionPolicy
 from store.runs import RunStore
 
 
@@ -41,6 +43,13 @@ async def get_checkpoints(request: Request) -> CheckpointStore:
 
 RunsDep = Annotated[RunStore, Depends(get_runs)]
 CheckpointsDep = Annotated[CheckpointStore, Depends(get_checkpoints)]
+
+
+async def get_protection(runs: RunsDep, ckpts: CheckpointsDep) -> ProtectionPolicy:
+    return ProtectionPolicy(runs, ckpts)
+
+
+ProtectionDep = Annotated[ProtectionPolicy, Depends(get_protection)]
 
 # auto_error=False: we answer a missing token ourselves, with 401 and a message (FastAPI's own
 # answer differs between versions); declaring the scheme still documents it in OpenAPI.

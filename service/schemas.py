@@ -1,8 +1,10 @@
-"""Response (and non-spec request) models of the API.
+"""Response (and non-run request) models of the API: the only definition of its JSON.
 
-Run specs are the request models of the submit routes and live in `store.specs`; everything
-here describes what the API sends back (DESIGN, "Shapes clients rely on"), so the OpenAPI
-schema documents it and FastAPI checks each response against it.
+Run requests are the bodies of the submit routes and live in `store.specs`; everything here
+describes what the API sends back, so the OpenAPI schema documents it and FastAPI checks each
+response against it. The store returns plain records (`Run`, `Event`, `Worker`,
+`CheckpointInfo`); `Model.model_validate(record)` reads them by attribute
+(`from_attributes`), so the store never knows the API's shapes.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from store.specs import Name
+from store.names import Name
 from store.vocabulary import EventType, RunKind, RunState
 
 
@@ -32,12 +34,18 @@ class ValidationErrorPublic(ErrorPublic):
     )
 
 
-class ProgressPublic(BaseModel):
+class Public(BaseModel):
+    """A response model that can be read from a store record's attributes."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+
+class ProgressPublic(Public):
     step: int = Field(description="Optimizer steps done (measured steps for a benchmark).")
     total_steps: int | None = Field(description="Steps the run will take, once known.")
 
 
-class RunPublic(BaseModel):
+class RunPublic(Public):
     id: str
     kind: RunKind
     experiment: str = Field(description="Train: the spec's; validate: the checkpoint's.")
@@ -62,7 +70,7 @@ class RunsPublic(BaseModel):
     )
 
 
-class EventPublic(BaseModel):
+class EventPublic(Public):
     """One entry of a run's event log, as each SSE frame's `data` carries it."""
 
     id: int = Field(description="Increases across the whole log; the SSE id.")
@@ -104,13 +112,13 @@ class LogsPublic(BaseModel):
     items: list[LogPublic]
 
 
-class FilePublic(BaseModel):
+class FilePublic(Public):
     name: str
     size: int
     sha256: str
 
 
-class CheckpointPublic(BaseModel):
+class CheckpointPublic(Public):
     experiment: str
     tag: str
     step: int | None
@@ -141,13 +149,13 @@ class PruneRequest(BaseModel):
     dry_run: StrictBool = Field(False, description="Report what would be deleted; delete nothing.")
 
 
-class PruneResult(BaseModel):
+class PruneResult(Public):
     deleted: list[CheckpointPublic]
     kept: list[CheckpointPublic]
     dry_run: bool
 
 
-class WorkerPublic(BaseModel):
+class WorkerPublic(Public):
     id: str
     host: str
     pid: int

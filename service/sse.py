@@ -52,7 +52,7 @@ FRAME_SCHEMA: dict[str, Any] = {
 
 
 def event_frame(event: Event) -> str:
-    data = json.dumps(event.to_public(), separators=(",", ":"))
+    data = EventPublic.model_validate(event).model_dump_json()
     return f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n"
 
 

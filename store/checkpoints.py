@@ -25,7 +25,7 @@ import shutil
 import stat
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Set
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,11 +34,14 @@ from typing import Any
 
 from store.exceptions import (
     CheckpointCorrupt,
+    CheckpointMismatch,
     CheckpointNotFound,
     CheckpointProtected,
     InvalidName,
     InvalidRequest,
 )
+from store.names import is_valid_name, validate_name
+from store.presets import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +60,6 @@ _CHUNK = 1 << 20
 # Readers re-scan an experiment when a folder vanishes under them; a few tries are plenty,
 # since each one only races the deletes that happen during one scan.
 _LIST_ATTEMPTS = 5
-_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-_NAME_RE = re.compile(_NAME_PATTERN)
 # Canonical step tags only: "step_007" would be a second name for step 7.
 _STEP_RE = re.compile(rf"^{STEP_PREFIX}(0|[1-9][0-9]*)$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -66,38 +67,21 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 # tagless trash name so that `cleanup` never resurrects a checkpoint the user deleted.
 _TAGGED_TRASH_RE = re.compile(rf"^{re.escape(TRASH_PREFIX)}(?P<tag>.+)-[0-9a-f]{{32}}$")
 
-Protected = Set[tuple[str, str]]
+Protected = Collection[tuple[str, str]]
+"""(experiment, tag) pairs that must stay; a Mapping also says why, for the error message."""
 # What a delete must spare, or how to ask for it: a callable is asked under `guard`, so a run
 # that starts to depend on a checkpoint at that moment is either seen or finds it gone.
 Protection = Protected | Callable[[], Protected]
 GUARD_PREFIX = ".guard-"
+IN_USE = "in use by a queued or running run"
 
 
-# --- names ---------------------------------------------------------------------------------
-
-
-def validate_name(kind: str, value: str) -> str:
-    """Return `value` if it is a safe experiment or tag name, else raise `InvalidName`.
-
-    Names become path components, so anything that could climb out of the store or hide
-    among the store's own dot-folders is refused.
-    """
-    if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or ".." in value:
-        raise InvalidName(
-            f"invalid {kind} name {value!r}: use 1-128 letters, digits, '.', '_' or '-', "
-            f"starting with a letter or digit and without '..' (pattern {_NAME_PATTERN})"
-        )
-    return value
+# --- names ---
 
 
 def _is_plain_file_name(name: object) -> bool:
     """True for a name that can be listed in a manifest: one path component, not hidden."""
-    return (
-        isinstance(name, str)
-        and name != MANIFEST_FILE
-        and _NAME_RE.fullmatch(name) is not None
-        and ".." not in name
-    )
+    return name != MANIFEST_FILE and is_valid_name(name)
 
 
 def step_tag(step: int) -> str:
@@ -257,19 +241,51 @@ class CheckpointInfo:
     """The manifest's entries: ``{name, size, sha256}``."""
     path: Path
 
-    def to_public(self) -> dict[str, Any]:
-        """The API shape: everything but the server-side path."""
-        return {
-            "experiment": self.experiment,
-            "tag": self.tag,
-            "step": self.step,
-            "token_count": self.token_count,
-            "best_loss": self.best_loss,
-            "run_id": self.run_id,
-            "created_at": self.created_at,
-            "size_bytes": self.size_bytes,
-            "files": [dict(f) for f in self.files],
-        }
+    model_config: ModelConfig | None
+    """The model the checkpoint holds; None when metadata.json records none readable."""
+
+    def require_model_config(self) -> ModelConfig:
+        """The checkpoint's model config, or a clear error saying why it is unknown."""
+        if self.model_config is None:
+            raise InvalidRequest(
+                f"checkpoint {self.experiment}/{self.tag} records no readable model_config in "
+                f"its {METADATA_FILE}, so the model it holds is unknown"
+            )
+        return self.model_config
+
+
+@dataclass(frozen=True)
+class PruneOutcome:
+    deleted: builtins.list[CheckpointInfo]
+    kept: builtins.list[CheckpointInfo]
+    dry_run: bool
+
+
+def check_fits(saved: ModelConfig, model: ModelConfig, source: str, advice: str = "") -> None:
+    """Refuse to load a checkpoint into a model of another architecture (runtime fields such
+    as torch.compile may differ); the message lists every difference."""
+    diff = saved.differences(model)
+    if diff:
+        details = ", ".join(
+            f"{k}: checkpoint {a!r} vs requested {b!r}" for k, (a, b) in diff.items()
+        )
+        raise CheckpointMismatch(f"{source} was saved by a different model ({details}){advice}")
+
+
+def read_metadata(folder: Path) -> dict[str, Any]:
+    """A checkpoint's metadata.json: the one reader (listing, resolving plans, loading)."""
+    meta = _read_json(folder / METADATA_FILE)
+    if not isinstance(meta, dict):
+        raise CheckpointCorrupt(f"{folder / METADATA_FILE}: not a JSON object")
+    return meta
+
+
+def _model_config(meta: dict[str, Any]) -> ModelConfig | None:
+    saved = meta.get("model_config")
+    try:
+        return ModelConfig.from_dict(saved) if isinstance(saved, dict) else None
+    except (TypeError, ValueError):
+        return None  # an unreadable config: the checkpoint lists, but nothing can load it
 
 
 def _typed(meta: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
@@ -281,9 +297,7 @@ def _typed(meta: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any
 def _load_info(experiment: str, tag: str, folder: Path) -> CheckpointInfo:
     """Read a checkpoint folder; raise `CheckpointCorrupt` if it is not complete."""
     manifest = verify_manifest(folder, deep=False)
-    meta = _read_json(folder / METADATA_FILE)
-    if not isinstance(meta, dict):
-        raise CheckpointCorrupt(f"{folder / METADATA_FILE}: not a JSON object")
+    meta = read_metadata(folder)
     step = _typed(meta, "step", int)
     best_loss = _typed(meta, "best_loss", (int, float))
     return CheckpointInfo(
@@ -297,6 +311,7 @@ def _load_info(experiment: str, tag: str, folder: Path) -> CheckpointInfo:
         size_bytes=sum(f["size"] for f in manifest["files"]),
         files=manifest["files"],
         path=folder,
+        model_config=_model_config(meta),
     )
 
 
@@ -324,9 +339,7 @@ def _visible_dirs(folder: Path) -> builtins.list[Path]:
     if not folder.is_dir():
         return []
     return sorted(
-        p
-        for p in folder.iterdir()
-        if not p.is_symlink() and p.is_dir() and _NAME_RE.fullmatch(p.name) and ".." not in p.name
+        p for p in folder.iterdir() if not p.is_symlink() and p.is_dir() and is_valid_name(p.name)
     )
 
 
@@ -610,6 +623,17 @@ class CheckpointStore:
                 break
         return found
 
+    def latest_of_run(self, experiment: str, run_id: str) -> CheckpointInfo | None:
+        """The highest ``step_*`` that run `run_id` wrote: where it continues when it is
+        interrupted and requeued (not always the experiment's latest: a run may resume from
+        an older tag)."""
+        mine = [
+            (step, info)
+            for info in self.list(experiment)
+            if info.run_id == run_id and (step := parse_step(info.tag)) is not None
+        ]
+        return max(mine, key=lambda pair: pair[0], default=(0, None))[1]
+
     def best(self, experiment: str | None = None) -> CheckpointInfo:
         """The ``best`` tag of an experiment; across experiments, the lowest best_loss."""
         if experiment is not None:
@@ -661,10 +685,12 @@ class CheckpointStore:
         and a half-removed folder is never seen."""
         with self.guard(experiment):
             info = self.get(experiment, tag)
-            if (experiment, tag) in _spared(protected):
+            spared = _spared(protected)
+            if (experiment, tag) in spared:
+                why = spared.get((experiment, tag)) if isinstance(spared, Mapping) else None
                 raise CheckpointProtected(
-                    f"checkpoint {tag!r} of experiment {experiment!r} is in use by a queued or "
-                    "running run; cancel that run or wait for it to finish, then delete it"
+                    f"checkpoint {tag!r} of experiment {experiment!r} is "
+                    f"{why or IN_USE}; cancel that run or wait for it to finish, then delete it"
                 )
             self._remove(info)
         return info
@@ -677,14 +703,13 @@ class CheckpointStore:
         keep_best: bool = True,
         dry_run: bool = False,
         protected: Protection = frozenset(),
-    ) -> dict[str, builtins.list[CheckpointInfo]]:
+    ) -> PruneOutcome:
         """Delete ``step_*`` checkpoints older than the newest `keep_last`.
 
-        Returns ``{"deleted": [...], "kept": [...]}``, both lists of `CheckpointInfo`; "kept"
-        holds every complete checkpoint of the experiment that remains. Never deleted: the
-        latest step (even with keep_last=0, since resume needs it), ``best`` and user tags
-        (only ``step_*`` is pruned), the step that ``best`` was copied from when `keep_best`,
-        and anything in `protected`. With `dry_run` nothing is removed.
+        The outcome's `kept` holds every complete checkpoint of the experiment that remains.
+        Never deleted: the latest step (even with keep_last=0, since resume needs it), ``best``
+        and user tags (only ``step_*`` is pruned), the step that ``best`` was copied from when
+        `keep_best`, and anything in `protected`. With `dry_run` nothing is removed.
 
         Concurrent saves are safe: only checkpoints of the snapshot listed at the start are
         candidates and the newest step of that snapshot is kept, so a checkpoint committed
@@ -703,7 +728,7 @@ class CheckpointStore:
                 for info in doomed:
                     self._remove(info)
         doomed_tags = {i.tag for i in doomed}
-        return {"deleted": doomed, "kept": [i for i in infos if i.tag not in doomed_tags]}
+        return PruneOutcome(doomed, [i for i in infos if i.tag not in doomed_tags], dry_run)
 
     def _prune_candidates(
         self,
@@ -747,6 +772,6 @@ class CheckpointStore:
         Exactly `max_keep` step checkpoints stay (plus protected ones): the ``best`` folder is
         its own copy and is never pruned, so the step it was copied from need not be kept.
         """
-        return self.prune(experiment, keep_last=max_keep, keep_best=False, protected=protected)[
-            "deleted"
-        ]
+        return self.prune(
+            experiment, keep_last=max_keep, keep_best=False, protected=protected
+        ).deleted

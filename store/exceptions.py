@@ -57,6 +57,10 @@ class UnknownPreset(InvalidRequest):
     pass
 
 
+class CheckpointMismatch(InvalidRequest):
+    """A checkpoint was made by a model of another shape than the one that would load it."""
+
+
 class CheckpointCorrupt(TrainctlError):
     """A checkpoint on disk fails its manifest or does not match what loads it."""
 

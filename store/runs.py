@@ -50,7 +50,7 @@ Checkpoint = tuple[str, str]
 
 @dataclass(frozen=True)
 class Run:
-    """One run as stored. `to_public()` is the shape clients see (DESIGN, "A run")."""
+    """One run as stored; `service.schemas.RunPublic` is the shape clients see."""
 
     id: str
     kind: str
@@ -72,23 +72,6 @@ class Run:
     idempotency_key: str | None
     depends_on: list[Checkpoint]
 
-    def to_public(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "kind": self.kind,
-            "experiment": self.experiment,
-            "state": self.state,
-            "spec": self.spec,
-            "progress": dict(self.progress),
-            "result": self.result,
-            "error": self.error,
-            "worker_id": self.worker_id,
-            "attempt": self.attempt,
-            "created_at": _iso(self.created_at),
-            "started_at": _iso(self.started_at),
-            "finished_at": _iso(self.finished_at),
-        }
-
 
 @dataclass(frozen=True)
 class Event:
@@ -99,15 +82,6 @@ class Event:
     type: str
     data: dict[str, Any]
     created_at: datetime
-
-    def to_public(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "run_id": self.run_id,
-            "type": self.type,
-            "data": self.data,
-            "created_at": _iso(self.created_at),
-        }
 
 
 @dataclass(frozen=True)
@@ -122,18 +96,6 @@ class Worker:
     started_at: datetime
     last_seen_at: datetime
     current_run_id: str | None
-
-    def to_public(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "host": self.host,
-            "pid": self.pid,
-            "device": self.device,
-            "info": self.info,
-            "started_at": _iso(self.started_at),
-            "last_seen_at": _iso(self.last_seen_at),
-            "current_run_id": self.current_run_id,
-        }
 
 
 class RunStore:
@@ -583,10 +545,6 @@ class RunStore:
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
 
 
 def _as_json(value: dict[str, Any]) -> dict[str, Any]:

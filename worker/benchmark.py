@@ -19,12 +19,11 @@ from typing import Any
 
 import torch
 
+from store.plans import BenchmarkPlan, resolve_benchmark
 from store.presets import ModelConfig
-from store.specs import BatchSpec, BenchmarkSpec, ModelSpec, resolve_benchmark
-from worker.data import create_mock_data_iter
-from worker.model import build_model
-from worker.optim import OptimizerConfig, build_optimizers
-from worker.schedule import build_scheduler
+from store.specs import BatchSpec, BenchmarkRequest, ModelSpec
+from worker.data import SyntheticSampler
+from worker.train import build_training, data_loader, train_step
 
 # Dense bf16 peak FLOP/s by device name fragment; MFU is reported only where known.
 PEAK_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12}
@@ -55,91 +54,68 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_benchmark(
-    spec: BenchmarkSpec,
+    plan: BenchmarkPlan,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
-    """Run a resolved BenchmarkSpec; return the benchmark-result shape of DESIGN.md."""
-    assert spec.model_config_resolved is not None, "spec must be resolved"
-    device = torch.device(spec.device if spec.device != "auto" else "cpu")
-    cfg = ModelConfig.from_dict(spec.model_config_resolved)
-    B, T = spec.batch.micro_batch_size or 1, spec.batch.seq_len or 1
-    accum = spec.batch.grad_accum_steps or 1
-    model = build_model(cfg, device=device, seed=spec.seed)
-    o = spec.optimizer
-    muon, adamw = build_optimizers(
-        model,
-        OptimizerConfig(
-            muon_lr=o.muon_lr, adamw_lr=o.adamw_lr, adamw_betas=(o.adamw_beta1, o.adamw_beta2)
-        ),
+    """Run a benchmark plan; return the benchmark-result shape (docs/architecture.md).
+
+    It times the training step itself (`build_training`, `train_step`, the async loader) on
+    synthetic tokens, so every optimizer and schedule setting of the plan is the one timed.
+    """
+    b = plan.batch
+    sampler = SyntheticSampler(
+        b.micro_batch_size, b.seq_len, plan.model.config.vocab_size, seed=plan.seed
     )
-    scheduler = build_scheduler([muon, adamw], spec.warmup_steps + spec.steps)
-    data = create_mock_data_iter(B, T, cfg.vocab_size, device)
-    use_autocast = device.type == "cuda"
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-    def step() -> float:
-        for _ in range(accum):
-            tokens, targets = next(data)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_autocast):
-                loss, _ = model.loss(tokens, targets)
-            (loss / accum).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        muon.step()
-        adamw.step()
-        muon.zero_grad(set_to_none=True)
-        adamw.zero_grad(set_to_none=True)
-        scheduler.step()
-        return float(loss.item())  # syncs, so the step time is the step's real time
-
-    for i in range(spec.warmup_steps):
-        step()
-        if on_step:
-            on_step({"kind": "warmup", "step": i + 1, "total_steps": spec.warmup_steps})
-    times: list[float] = []
-    tokens_per_step = B * T * accum
-    for i in range(spec.steps):
-        t0 = time.perf_counter()
-        loss = step()
-        times.append(time.perf_counter() - t0)
-        if on_step:
-            on_step(
-                {
-                    "kind": "measure",
-                    "step": i + 1,
-                    "total_steps": spec.steps,
-                    "loss": loss,
-                    "tokens_per_sec": tokens_per_step / times[-1],
-                    "step_time_sec": times[-1],
-                }
-            )
-        if should_stop and should_stop():
-            break
-    return summarize(spec, cfg, device, times, tokens_per_step)
+    parts = build_training(plan, sampler, [], total_steps=plan.warmup_steps + plan.steps)
+    if parts.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(parts.device)
+    loader = data_loader(parts, 0)
+    try:
+        for i in range(plan.warmup_steps):
+            train_step(parts, loader, i)
+            if on_step:
+                on_step({"kind": "warmup", "step": i + 1, "total_steps": plan.warmup_steps})
+        times: list[float] = []
+        for i in range(plan.steps):
+            t0 = time.perf_counter()
+            # train_step reads the loss back (.item()), so the time is the step's real time.
+            loss = train_step(parts, loader, plan.warmup_steps + i)["loss"]
+            times.append(time.perf_counter() - t0)
+            if on_step:
+                on_step(
+                    {
+                        "kind": "measure",
+                        "step": i + 1,
+                        "total_steps": plan.steps,
+                        "loss": loss,
+                        "tokens_per_sec": b.tokens_per_step / times[-1],
+                        "step_time_sec": times[-1],
+                    }
+                )
+            if should_stop and should_stop():
+                break
+    finally:
+        loader.close()
+    return summarize(plan, parts.device, times)
 
 
-def summarize(
-    spec: BenchmarkSpec,
-    cfg: ModelConfig,
-    device: torch.device,
-    times: list[float],
-    tokens_per_step: int,
-) -> dict[str, Any]:
+def summarize(plan: BenchmarkPlan, device: torch.device, times: list[float]) -> dict[str, Any]:
+    cfg = plan.model.config
     elapsed = sum(times)
-    total_tokens = tokens_per_step * len(times)
+    total_tokens = plan.batch.tokens_per_step * len(times)
     tps = total_tokens / elapsed if elapsed > 0 else 0.0
     peak = peak_flops(device)
-    warnings = list(spec.warnings)
+    warnings = list(plan.warnings)
     if device.type == "cuda" and peak is None:
         warnings.append(f"unknown peak FLOP/s for {torch.cuda.get_device_name(device)}: no MFU")
-    mfu = tps * flops_per_token(cfg, spec.batch.seq_len or 1) / peak if peak else None
+    mfu = tps * flops_per_token(cfg, plan.batch.seq_len) / peak if peak else None
     return {
         "total_tokens": total_tokens,
         "elapsed_sec": elapsed,
         "tokens_per_sec": tps,
-        "est_days_for_target_tokens": spec.target_tokens / tps / 86400 if tps else None,
-        "target_tokens": spec.target_tokens,
+        "est_days_for_target_tokens": plan.target_tokens / tps / 86400 if tps else None,
+        "target_tokens": plan.target_tokens,
         "step_time_p50_ms": statistics.median(times) * 1000 if times else None,
         "step_time_p95_ms": percentile(times, 0.95) * 1000 if times else None,
         "peak_memory_bytes": peak_memory_bytes(device),
@@ -147,7 +123,7 @@ def summarize(
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "warnings": warnings,
         "config": {
-            **spec.model_dump(),
+            **plan.model_dump(mode="json"),
             "params": cfg.param_counts(),
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
@@ -174,8 +150,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        spec = resolve_benchmark(
-            BenchmarkSpec(
+        plan = resolve_benchmark(
+            BenchmarkRequest(
                 steps=args.steps,
                 warmup_steps=args.warmup_steps,
                 model=ModelSpec(preset=args.preset),
@@ -192,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    result = run_benchmark(spec)
+    result = run_benchmark(plan)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -41,6 +41,8 @@ from store.checkpoints import (
     OPTIMIZER_FILE,
     CheckpointStore,
     Protection,
+    check_fits,
+    read_metadata,
     step_tag,
     verify_manifest,
     write_manifest,
@@ -299,29 +301,6 @@ def write_failure(exc: BaseException, save_dir: Path, tag: str) -> str:
     )
 
 
-def read_metadata(load_dir: str | Path) -> dict[str, Any]:
-    path = Path(load_dir) / METADATA_FILE
-    try:
-        return dict(json.loads(path.read_text()))
-    except (OSError, ValueError) as exc:
-        raise CheckpointCorrupt(
-            f"checkpoint {load_dir}: cannot read {METADATA_FILE}: {exc}"
-        ) from exc
-
-
-def check_compatible(model: nn.Module, metadata: dict[str, Any], load_dir: str | Path) -> None:
-    config = getattr(model, "config", None)
-    saved = metadata.get("model_config")
-    if config is None or saved is None:
-        return
-    diff = ModelConfig.from_dict(saved).differences(config)
-    if diff:
-        details = ", ".join(f"{k}: checkpoint {a!r} vs model {b!r}" for k, (a, b) in diff.items())
-        raise CheckpointMismatch(
-            f"checkpoint {load_dir} was saved by a different model ({details})"
-        )
-
-
 def load_checkpoint(
     model: nn.Module,
     muon_opt: torch.optim.Optimizer | None,
@@ -340,7 +319,9 @@ def load_checkpoint(
     load_dir = Path(load_dir)
     verify_manifest(load_dir, deep=True)
     metadata = read_metadata(load_dir)
-    check_compatible(model, metadata, load_dir)
+    config, saved = getattr(model, "config", None), metadata.get("model_config")
+    if isinstance(config, ModelConfig) and isinstance(saved, dict):
+        check_fits(ModelConfig.from_dict(saved), config, f"checkpoint {load_dir}")
     params = dict(model.named_parameters())
     state = load_file(str(load_dir / MODEL_FILE), device=str(device))
     for name, t in state.items():

@@ -62,6 +62,10 @@ class RunContext:
             attempt=self.attempt,
         )
 
+    def log_checkpoint(self, saved: dict[str, Any]) -> None:
+        """A Trainer's `on_checkpoint`: say in the run's log which checkpoint was saved."""
+        self.log(f"saved checkpoint {saved['experiment']}/{saved['tag']} at step {saved['step']}")
+
     def metrics(self, data: dict[str, Any]) -> None:
         self._fenced(
             self.runs.append_event,

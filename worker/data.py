@@ -41,7 +41,6 @@ __all__ = [
     "DataError",
     "SyntheticSampler",
     "TokenSampler",
-    "create_mock_data_iter",
     "expand_paths",
     "generate_synthetic_batch",
     "read_shard",
@@ -68,15 +67,6 @@ def generate_synthetic_batch(
     tokens = torch.randint(0, vocab_size, (batch_size, seq_len), generator=generator)
     targets = torch.randint(0, vocab_size, (batch_size, seq_len), generator=generator)
     return tokens.to(device), targets.to(device)
-
-
-def create_mock_data_iter(
-    batch_size: int, seq_len: int, vocab_size: int, device: torch.device | str = "cpu"
-) -> Iterator[Batch]:
-    """The benchmark's endless stream: random tokens, targets a copy of them (as the seed)."""
-    while True:
-        tokens = torch.randint(0, vocab_size, (batch_size, seq_len), device=device)
-        yield tokens, tokens.clone()
 
 
 # --- sampling ---------------------------------------------------------------------------

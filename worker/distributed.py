@@ -45,9 +45,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from store.checkpoints import CheckpointStore
 from store.exceptions import LeaseLost
+from store.plans import TrainPlan
+from store.protection import ProtectionPolicy
 from store.runs import RunStore
-from store.specs import TrainSpec
 from worker.context import RunContext
 from worker.data import Batch
 from worker.model import GPT
@@ -61,17 +63,17 @@ PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 # ---- the parent side: the worker launches and watches the ranks -------------------------
 
 
-def launch_train(spec: TrainSpec, checkpoint_root: Path, ctx: RunContext | None) -> dict[str, Any]:
-    """Run `spec` on `spec.nproc_per_node` local ranks; return rank 0's result.
+def launch_train(plan: TrainPlan, checkpoint_root: Path, ctx: RunContext | None) -> dict[str, Any]:
+    """Run `plan` on `plan.nproc_per_node` local ranks; return rank 0's result.
 
     With a `ctx`, rank 0 reports to the run store as this worker and attempt, and the ranks
     stop at the next step once the worker shuts down or loses the lease. Without one (tests,
     scripts), rank 0 returns the metrics in the result instead.
     """
-    check_world(spec)
+    check_world(plan)
     with tempfile.TemporaryDirectory(prefix="trainctl-ddp-") as tmp:
         workdir = Path(tmp)
-        job = {"spec": spec.model_dump(mode="json"), "checkpoint_root": str(checkpoint_root)}
+        job = {"plan": plan.model_dump(mode="json"), "checkpoint_root": str(checkpoint_root)}
         if ctx is not None:
             job["run"] = {
                 "id": ctx.run.id,
@@ -82,18 +84,18 @@ def launch_train(spec: TrainSpec, checkpoint_root: Path, ctx: RunContext | None)
         job_file = workdir / "job.json"
         job_file.write_text(json.dumps(job))
         command = [sys.executable, "-m", "worker.distributed", "launch"]
-        command += [str(spec.nproc_per_node), str(job_file)]
+        command += [str(plan.nproc_per_node), str(job_file)]
         with subprocess.Popen(command, env=child_env(ctx)) as proc:
             code = watch(proc, workdir, ctx)
         return read_result(workdir, code)
 
 
-def check_world(spec: TrainSpec) -> None:
-    n = spec.nproc_per_node
-    accum = spec.batch.grad_accum_steps or 1
+def check_world(plan: TrainPlan) -> None:
+    n = plan.nproc_per_node
+    accum = plan.batch.grad_accum_steps
     if accum % n:
         raise ValueError(f"grad_accum_steps {accum} does not split across {n} ranks")
-    if spec.device == "cuda" and torch.cuda.device_count() < n:
+    if plan.device == "cuda" and torch.cuda.device_count() < n:
         raise RuntimeError(
             f"the run asks for nproc_per_node={n} GPUs but this worker sees "
             f"{torch.cuda.device_count()}; start the worker with all of the node's GPUs visible"
@@ -262,7 +264,7 @@ class RankTrainer(Trainer):
     def save(self, tag: str | None = None) -> Path:
         if self.rank == 0:
             return super().save(tag)
-        return self.store.experiment_dir(self.spec.experiment)
+        return self.store.experiment_dir(self.plan.experiment)
 
 
 def rank_context(job: dict[str, Any], runs: RunStore) -> RunContext:
@@ -289,15 +291,15 @@ def rank_stop(ctx: RunContext, stop_file: Path) -> Callable[[], bool]:
 def run_rank(job_file: str) -> int:
     job = json.loads(Path(job_file).read_text())
     workdir = Path(job_file).parent
-    spec = TrainSpec.model_validate(job["spec"])
+    plan = TrainPlan.model_validate(job["plan"])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if spec.device == "cuda":
+    if plan.device == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    device = torch.device("cuda", torch.cuda.current_device()) if spec.device == "cuda" else None
-    dist.init_process_group("nccl" if spec.device == "cuda" else "gloo")
+    device = torch.device("cuda", torch.cuda.current_device()) if plan.device == "cuda" else None
+    dist.init_process_group("nccl" if plan.device == "cuda" else "gloo")
     runs = RunStore(os.environ["TRAINCTL_DATABASE_URL"]) if "run" in job and rank == 0 else None
     try:
-        report = train_rank(spec, job, rank, world, workdir, runs, device)
+        report = train_rank(plan, job, rank, world, workdir, runs, device)
     except Exception as exc:
         report = {"error": {"type": type(exc).__name__, "message": str(exc)}}
         raise
@@ -311,7 +313,7 @@ def run_rank(job_file: str) -> int:
 
 
 def train_rank(
-    spec: TrainSpec,
+    plan: TrainPlan,
     job: dict[str, Any],
     rank: int,
     world: int,
@@ -325,32 +327,22 @@ def train_rank(
     if rank != 0:
         on_metrics = lambda m: None  # noqa: E731
     local_stop = rank_stop(ctx, workdir / STOP_FILE) if ctx else (lambda: False)
+    policy = ProtectionPolicy(runs, CheckpointStore(Path(job["checkpoint_root"])))
     trainer = RankTrainer(
-        spec,
+        plan,
         job["checkpoint_root"],
         rank=rank,
         run_id=ctx.run.id if ctx else None,
         on_metrics=on_metrics,
-        on_checkpoint=ctx_checkpoint_logger(ctx, spec),
+        on_checkpoint=ctx.log_checkpoint if ctx else None,
+        on_progress=ctx.progress if ctx else None,
         should_stop=agreed_stop(local_stop, device or torch.device("cpu")),
-        protected=ctx.runs.protected_checkpoints if ctx else None,
+        protected=policy.asker(plan.experiment),
         before_commit=ctx.confirm_lease if ctx else None,
     )
     make_data_parallel(trainer.parts, rank, world)
     result = trainer.run()
     return {"result": result if ctx else {**result, "metrics": metrics}}
-
-
-def ctx_checkpoint_logger(
-    ctx: RunContext | None, spec: TrainSpec
-) -> Callable[[dict[str, Any]], None] | None:
-    if ctx is None:
-        return None
-
-    def on_checkpoint(info: dict[str, Any]) -> None:
-        ctx.log(f"saved checkpoint {spec.experiment}/{info['tag']} at step {info['step']}")
-
-    return on_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,20 +8,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 import torch
+from pydantic import ValidationError
 
-from store.checkpoints import CheckpointInfo, CheckpointStore, parse_step
-from store.specs import BenchmarkSpec, TrainSpec, ValidateSpec
+from store.checkpoints import CheckpointStore
+from store.plans import BenchmarkPlan, CheckpointRef, Plan, TrainPlan, ValidatePlan
+from store.protection import ProtectionPolicy
 from worker.benchmark import run_benchmark
-from worker.checkpoint import load_checkpoint, read_metadata
+from worker.checkpoint import load_checkpoint
 from worker.context import RunContext
 from worker.data import SyntheticSampler, TokenSampler
 from worker.distributed import launch_train
 from worker.model import build_model
 from worker.train import Trainer, build_token_arrays
 from worker.validation import compute_validation_loss, validate_forward_shape
+
+P = TypeVar("P", bound=Plan)
 
 
 @dataclass
@@ -46,97 +50,92 @@ def check_device(device: str) -> torch.device:
     return torch.device("cuda" if device == "cuda" else "cpu")
 
 
-def own_latest_checkpoint(
-    store: CheckpointStore, experiment: str, run_id: str
-) -> CheckpointInfo | None:
-    """The newest step checkpoint this run wrote itself (in an earlier attempt), if any."""
-    mine = [c for c in store.list(experiment) if c.run_id == run_id and parse_step(c.tag)]
-    return max(mine, key=lambda c: c.step or 0, default=None)
+def read_plan(ctx: RunContext, kind: type[P]) -> P:
+    """The run's stored plan; one this worker cannot read fails the run, saying why."""
+    try:
+        return cast(P, kind.model_validate(ctx.run.spec))  # mypy: Self of a bound union
+    except ValidationError as exc:
+        raise RuntimeError(
+            f"this worker cannot read the run's stored plan (was it queued by another "
+            f"trainctl version? submit it again): {exc}"
+        ) from None
 
 
 def execute_train(ctx: RunContext, root: Path) -> Outcome:
-    spec = TrainSpec.model_validate(ctx.run.spec)
-    check_device(spec.device)
+    plan = read_plan(ctx, TrainPlan)
+    check_device(plan.device)
     store = CheckpointStore(root)
     # A run that was interrupted (worker killed, node drained) continues from its own last
     # checkpoint; the steps after it are recomputed, deterministically, from the same batches.
-    previous = own_latest_checkpoint(store, spec.experiment, ctx.run.id)
+    previous = store.latest_of_run(plan.experiment, ctx.run.id)
     if previous is not None:
-        spec = spec.model_copy(update={"resume_from": previous.tag})
+        ref = CheckpointRef(experiment=plan.experiment, tag=previous.tag)
+        plan = plan.model_copy(update={"resume_from": ref})
         ctx.log(f"attempt {ctx.attempt}: resuming from {previous.tag} of this run")
-    elif spec.resume_from:
-        ctx.log(f"resuming from checkpoint {spec.experiment}/{spec.resume_from}")
+    elif plan.resume_from is not None:
+        ctx.log(f"resuming from checkpoint {plan.resume_from}")
 
-    def on_checkpoint(info: dict[str, Any]) -> None:
-        ctx.log(f"saved checkpoint {spec.experiment}/{info['tag']} at step {info['step']}")
-
-    if spec.nproc_per_node > 1:
-        ctx.log(f"launching {spec.nproc_per_node} data-parallel processes (torchrun)")
-        result = launch_train(spec, root, ctx)
+    if plan.nproc_per_node > 1:
+        ctx.log(f"launching {plan.nproc_per_node} data-parallel processes (torchrun)")
+        result = launch_train(plan, root, ctx)
     else:
         trainer = Trainer(
-            spec,
+            plan,
             root,
             run_id=ctx.run.id,
             on_metrics=ctx.metrics,
-            on_checkpoint=on_checkpoint,
+            on_checkpoint=ctx.log_checkpoint,
+            on_progress=ctx.progress,
             should_stop=ctx.should_stop,
-            protected=ctx.runs.protected_checkpoints,
+            protected=ProtectionPolicy(ctx.runs, store).asker(plan.experiment),
             before_commit=ctx.confirm_lease,
         )
         result = trainer.run()
-    latest = store.latest_or_none(spec.experiment)
-    result["experiment"] = spec.experiment
+    latest = store.latest_or_none(plan.experiment)
+    result["experiment"] = plan.experiment
     result["checkpoint"] = latest.tag if latest else None
-    ctx.progress(result["step"], spec.steps, force=True)
+    ctx.progress(result["step"], plan.steps, force=True)
     return stopped_outcome(ctx, result) if result["stopped"] else Outcome("succeeded", result)
 
 
 def execute_benchmark(ctx: RunContext, root: Path) -> Outcome:
-    spec = BenchmarkSpec.model_validate(ctx.run.spec)
-    check_device(spec.device)
-    result = run_benchmark(spec, on_step=ctx.metrics, should_stop=ctx.should_stop)
-    b = spec.batch
-    planned = spec.steps * (b.micro_batch_size or 1) * (b.seq_len or 1) * (b.grad_accum_steps or 1)
-    if result["total_tokens"] < planned:
+    plan = read_plan(ctx, BenchmarkPlan)
+    check_device(plan.device)
+    result = run_benchmark(plan, on_step=ctx.metrics, should_stop=ctx.should_stop)
+    if result["total_tokens"] < plan.steps * plan.batch.tokens_per_step:
         return stopped_outcome(ctx, result)
     return Outcome("succeeded", result)
 
 
-def validation_batches(spec: ValidateSpec, vocab_size: int) -> list[Any]:
-    assert spec.seq_len is not None, "spec must be resolved"
-    data = spec.data
+def validation_batches(plan: ValidatePlan) -> list[Any]:
+    data, vocab_size = plan.data, plan.model.vocab_size
     if data.source == "synthetic":
-        sampler: Any = SyntheticSampler(spec.batch_size, spec.seq_len, vocab_size, data.seed)
+        sampler: Any = SyntheticSampler(plan.batch_size, plan.seq_len, vocab_size, data.seed)
     else:
         # Same held-out data a train run on this source validates on.
-        as_train = TrainSpec(steps=1, data=data)
-        _, val_arrays = build_token_arrays(as_train)
-        sampler = TokenSampler(val_arrays, spec.batch_size, spec.seq_len, seed=data.seed + 1)
-    return [sampler.batch(i) for i in range(spec.num_batches)]
+        _, val_arrays = build_token_arrays(data)
+        sampler = TokenSampler(val_arrays, plan.batch_size, plan.seq_len, seed=data.seed + 1)
+    return [sampler.batch(i) for i in range(plan.num_batches)]
 
 
 def execute_validate(ctx: RunContext, root: Path) -> Outcome:
-    spec = ValidateSpec.model_validate(ctx.run.spec)
-    device = check_device(spec.device)
-    experiment, tag = spec.checkpoint.split("/")
-    info = CheckpointStore(root).get(experiment, tag)
-    ctx.log(f"validating checkpoint {experiment}/{tag} (step {info.step})")
-    config = read_metadata(info.path).get("model_config")
-    if not isinstance(config, dict):
-        raise ValueError(f"checkpoint {experiment}/{tag} records no model config")
-    model = build_model(config, device=device)
+    plan = read_plan(ctx, ValidatePlan)
+    device = check_device(plan.device)
+    ref = plan.checkpoint
+    info = CheckpointStore(root).get(ref.experiment, ref.tag)
+    ctx.log(f"validating checkpoint {ref} (step {info.step})")
+    model = build_model(plan.model, device=device)
     load_checkpoint(model, None, None, None, info.path, device=device)
     shape = validate_forward_shape(model, device=device)
-    batches = validation_batches(spec, model.config.vocab_size)
     autocast = torch.bfloat16 if device.type == "cuda" else None
+    batches = validation_batches(plan)
     val = compute_validation_loss(model, batches=batches, device=device, autocast_dtype=autocast)
     ctx.metrics({"kind": "val", "val_loss": val["loss"], "val_ppl": val["ppl"]})
     return Outcome(
         "succeeded",
         {
             **val,
-            "checkpoint": {"experiment": experiment, "tag": tag, "step": info.step},
+            "checkpoint": {"experiment": ref.experiment, "tag": ref.tag, "step": info.step},
             "forward_shape": list(shape),
         },
     )

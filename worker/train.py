@@ -1,17 +1,19 @@
 """The training loop: built parts in, metrics and checkpoints out.
 
-`build_training` assembles model, optimizers, schedule and data from a resolved `TrainSpec`;
-`train` runs it, resuming from a checkpoint when asked. Resume is exact: the checkpoint holds
-the master weights, both optimizers, the schedule, the RNG state and the data position, and a
-batch is a pure function of (seed, position), so a resumed run computes the same steps as an
-uninterrupted one, bit for bit on the same hardware and thread count.
+`build_training` assembles model, optimizers and schedule from a plan's step settings and a
+sampler; a train run adds its data (`build_data`), a benchmark a synthetic sampler, so both
+time the same `train_step`. `train` runs a `TrainPlan`, resuming from its pinned checkpoint.
+Resume is exact: the checkpoint holds the master weights, both optimizers, the schedule, the
+RNG state and the data position, and a batch is a pure function of (seed, position), so a
+resumed run computes the same steps as an uninterrupted one, bit for bit on the same hardware
+and thread count.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Set
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +22,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from store.checkpoints import CheckpointInfo, CheckpointStore
+from store.checkpoints import BEST_TAG, CheckpointStore, Protected
 from store.exceptions import CheckpointNotFound
-from store.specs import TrainSpec
+from store.plans import BatchPlan, StepPlan, TrainPlan
+from store.specs import DataSpec, OptimizerSpec
 from worker.async_checkpoint import AsyncCheckpointer
 from worker.checkpoint import (
     CheckpointState,
@@ -49,7 +52,6 @@ from worker.optim import OptimizerConfig, build_optimizers
 from worker.schedule import WSDScheduler, build_scheduler
 from worker.validation import compute_validation_loss
 
-BEST_TAG = "best"
 Callback = Callable[[dict[str, Any]], None]
 
 
@@ -92,6 +94,8 @@ class TrainParts:
     val_batches: list[Batch]
     device: torch.device
     autocast_dtype: torch.dtype | None
+    batch: BatchPlan
+    grad_clip: float
     parallel: DataParallel = field(default_factory=SingleProcess)
 
 
@@ -105,8 +109,7 @@ class TrainState:
     last_val_loss: float | None = None
 
 
-def optimizer_config(spec: TrainSpec) -> OptimizerConfig:
-    o = spec.optimizer
+def optimizer_config(o: OptimizerSpec) -> OptimizerConfig:
     return OptimizerConfig(
         muon_lr=o.muon_lr,
         muon_momentum=o.muon_momentum,
@@ -118,9 +121,8 @@ def optimizer_config(spec: TrainSpec) -> OptimizerConfig:
     )
 
 
-def build_token_arrays(spec: TrainSpec) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def build_token_arrays(d: DataSpec) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(train arrays, validation arrays) for the real-data sources."""
-    d = spec.data
     if d.source == "shards":
         train = [read_shard(p) for p in expand_paths(d.paths)]
         val = [read_shard(p) for p in expand_paths(d.val_paths)]
@@ -134,16 +136,15 @@ def build_token_arrays(spec: TrainSpec) -> tuple[list[np.ndarray], list[np.ndarr
     return train, val
 
 
-def build_data(spec: TrainSpec, vocab_size: int) -> tuple[Sampler, list[Batch]]:
-    b, d = spec.batch, spec.data
-    assert b.micro_batch_size and b.seq_len, "spec must be resolved"
+def build_data(plan: TrainPlan) -> tuple[Sampler, list[Batch]]:
+    b, d, vocab_size = plan.batch, plan.data, plan.model.config.vocab_size
     if d.source == "synthetic":
         val = SyntheticSampler(b.micro_batch_size, b.seq_len, vocab_size, seed=d.seed + 1)
         return (
             SyntheticSampler(b.micro_batch_size, b.seq_len, vocab_size, seed=d.seed),
-            [val.batch(i) for i in range(spec.val_batches)],
+            [val.batch(i) for i in range(plan.val_batches)],
         )
-    train_arrays, val_arrays = build_token_arrays(spec)
+    train_arrays, val_arrays = build_token_arrays(d)
     sampler = TokenSampler(train_arrays, b.micro_batch_size, b.seq_len, seed=d.seed)
     if sampler.max_token() >= vocab_size:
         raise DataError(
@@ -151,33 +152,49 @@ def build_data(spec: TrainSpec, vocab_size: int) -> tuple[Sampler, list[Batch]]:
         )
     # Validation always reads the same windows, so losses are comparable across evaluations.
     val_sampler = TokenSampler(val_arrays, b.micro_batch_size, b.seq_len, seed=d.seed + 1)
-    return sampler, [val_sampler.batch(i) for i in range(spec.val_batches)]
+    return sampler, [val_sampler.batch(i) for i in range(plan.val_batches)]
 
 
-def build_training(spec: TrainSpec) -> TrainParts:
-    assert spec.model_config_resolved is not None, "spec must be resolved"
-    device = torch.device(spec.device if spec.device != "auto" else "cpu")
-    model = build_model(spec.model_config_resolved, device=device, seed=spec.seed)
-    muon, adamw = build_optimizers(model, optimizer_config(spec))
-    s = spec.schedule
+def build_training(
+    plan: StepPlan, sampler: Sampler, val_batches: list[Batch], *, total_steps: int
+) -> TrainParts:
+    """Model, optimizers and WSD schedule over `total_steps`, as the plan says, fed by
+    `sampler`."""
+    device = torch.device(plan.device)
+    model = build_model(plan.model.config, device=device, seed=plan.seed)
+    muon, adamw = build_optimizers(model, optimizer_config(plan.optimizer))
+    s = plan.schedule
     scheduler = build_scheduler(
-        [muon, adamw], spec.steps, s.warmup_frac, s.stable_frac, s.decay, s.min_lr_ratio
+        [muon, adamw], total_steps, s.warmup_frac, s.stable_frac, s.decay, s.min_lr_ratio
     )
-    sampler, val_batches = build_data(spec, model.config.vocab_size)
     autocast = torch.bfloat16 if device.type == "cuda" else None
-    return TrainParts(model, muon, adamw, scheduler, sampler, val_batches, device, autocast)
+    return TrainParts(
+        model,
+        muon,
+        adamw,
+        scheduler,
+        sampler,
+        val_batches,
+        device,
+        autocast,
+        plan.batch,
+        plan.optimizer.grad_clip,
+    )
 
 
-def train_step(
-    parts: TrainParts, loader: AsyncDataLoader, accum: int, grad_clip: float, step: int
-) -> dict[str, float]:
-    """One optimizer step over `accum` micro-batches; raises NonFiniteLoss before updating.
+def data_loader(parts: TrainParts, position: int) -> AsyncDataLoader:
+    return AsyncDataLoader(parts.sampler.iterate(position), parts.device, prefetch_factor=4)
+
+
+def train_step(parts: TrainParts, loader: AsyncDataLoader, step: int) -> dict[str, float]:
+    """One optimizer step over `grad_accum_steps` micro-batches; raises NonFiniteLoss before
+    updating.
 
     In a multi-GPU run each rank runs its share of the micro-batches, and the gradients and
     the loss are averaged across ranks before anything below uses them.
     """
     model, parallel = parts.model, parts.parallel
-    local_accum = accum // parallel.world_size
+    local_accum = parts.batch.grad_accum_steps // parallel.world_size
     total = torch.zeros((), device=parts.device)
     for i in range(local_accum):
         tokens, targets = next(loader)
@@ -191,7 +208,7 @@ def train_step(
             (loss / local_accum).backward()
         total += main.detach()
     loss_value = parallel.mean(total / local_accum).item()
-    max_norm = grad_clip if grad_clip > 0 else math.inf
+    max_norm = parts.grad_clip if parts.grad_clip > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
     if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
         parts.muon.zero_grad(set_to_none=True)
@@ -220,26 +237,14 @@ def validate(parts: TrainParts) -> dict[str, float]:
     )
 
 
-def resume_source(store: CheckpointStore, spec: TrainSpec) -> CheckpointInfo | None:
-    if spec.resume_from is None:
-        return None
-    if spec.resume_from == "latest":
-        info = store.latest_or_none(spec.experiment)
-        if info is None:
-            raise CheckpointNotFound(
-                f"resume_from='latest' but experiment {spec.experiment!r} has no checkpoint yet"
-            )
-        return info
-    try:
-        return store.get(spec.experiment, spec.resume_from)
-    except CheckpointNotFound as exc:
-        raise CheckpointNotFound(f"cannot resume from {spec.resume_from!r}: {exc}") from exc
-
-
-def maybe_resume(parts: TrainParts, store: CheckpointStore, spec: TrainSpec) -> TrainState:
-    info = resume_source(store, spec)
-    if info is None:
+def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> TrainState:
+    if plan.resume_from is None:
         return TrainState()
+    ref = plan.resume_from
+    try:
+        info = store.get(ref.experiment, ref.tag)
+    except CheckpointNotFound as exc:
+        raise CheckpointNotFound(f"cannot resume from {ref}: {exc}") from exc
     meta = load_checkpoint(
         parts.model, parts.muon, parts.adamw, parts.scheduler, info.path, device=parts.device
     )
@@ -252,35 +257,59 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, spec: TrainSpec) -> 
     )
 
 
+@dataclass
+class Interval:
+    """The steps since the last metrics event: its timings are their mean."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    wait_seconds: float = 0.0
+
+    def add(self, seconds: float, wait_seconds: float) -> None:
+        self.steps, self.seconds = self.steps + 1, self.seconds + seconds
+        self.wait_seconds += wait_seconds
+
+    def report(self, tokens_per_step: int) -> dict[str, float]:
+        return {
+            "tokens_per_sec": tokens_per_step * self.steps / self.seconds,
+            "step_time_sec": self.seconds / self.steps,
+            "data_wait_sec": self.wait_seconds / self.steps,
+            "data_wait_frac": self.wait_seconds / self.seconds,
+        }
+
+
 class Trainer:
-    """Runs a resolved TrainSpec; callbacks report metrics and checkpoints as they happen."""
+    """Runs a TrainPlan; callbacks report metrics and checkpoints as they happen."""
 
     def __init__(
         self,
-        spec: TrainSpec,
+        plan: TrainPlan,
         checkpoint_root: str | Path,
         *,
         run_id: str | None = None,
         on_metrics: Callback | None = None,
         on_checkpoint: Callback | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
-        protected: Callable[[], Set[tuple[str, str]]] | None = None,
+        protected: Callable[[], Protected] | None = None,
         before_commit: Callable[[], None] | None = None,
     ) -> None:
-        self.spec, self.run_id = spec, run_id
+        self.plan, self.run_id = plan, run_id
         self.before_commit = before_commit
         self.store = CheckpointStore(Path(checkpoint_root))
         self.on_metrics = on_metrics or (lambda m: None)
         self.on_checkpoint = on_checkpoint or (lambda m: None)
+        # Every step, unlike metrics: the receiver throttles by time (RunContext.progress).
+        self.on_progress = on_progress or (lambda step, total: None)
         self.should_stop = should_stop or (lambda: False)
         self.protected = protected or (lambda: frozenset())
-        self.parts = build_training(spec)
-        self.state = maybe_resume(self.parts, self.store, spec)
-        self.checkpointer = AsyncCheckpointer() if spec.async_checkpoint else None
+        self.parts = build_training(plan, *build_data(plan), total_steps=plan.steps)
+        self.state = maybe_resume(self.parts, self.store, plan)
+        self.checkpointer = AsyncCheckpointer() if plan.async_checkpoint else None
 
     def save(self, tag: str | None = None) -> Path:
         p, s = self.parts, self.state
-        dtype = torch.bfloat16 if self.spec.save_dtype == "bfloat16" else None
+        dtype = torch.bfloat16 if self.plan.save_dtype == "bfloat16" else None
         state = capture_checkpoint(
             p.model,
             p.muon,
@@ -289,7 +318,7 @@ class Trainer:
             s.step,
             s.token_count,
             s.best_loss,
-            self.spec.experiment,
+            self.plan.experiment,
             tag,
             data_position=s.data_position,
             run_id=self.run_id,
@@ -300,9 +329,9 @@ class Trainer:
             # `protected` is asked under the store's guard, after the commit: a run queued
             # meanwhile that depends on an older checkpoint keeps it.
             root, protected = self.store.root, self.protected
-            return write_checkpoint(state, root, self.spec.max_keep, protected, self.before_commit)
+            return write_checkpoint(state, root, self.plan.max_keep, protected, self.before_commit)
 
-        info = {"tag": state.tag, "step": s.step}
+        info = {"experiment": self.plan.experiment, "tag": state.tag, "step": s.step}
         if self.checkpointer is None:
             path = write(state)
             self.on_checkpoint({**info, "path": str(path)})
@@ -311,7 +340,7 @@ class Trainer:
         # when it has happened (maybe_report_saves, finish_saves).
         for done in self.checkpointer.save(state, write, info):
             self.on_checkpoint(done)
-        return self.store.experiment_dir(self.spec.experiment) / state.tag
+        return self.store.experiment_dir(self.plan.experiment) / state.tag
 
     def maybe_report_saves(self) -> None:
         for done in self.checkpointer.poll() if self.checkpointer else []:
@@ -329,9 +358,10 @@ class Trainer:
                 raise
             failing.add_note(f"and the checkpoint being saved in the background failed: {exc}")
 
-    def maybe_validate(self, final: bool) -> None:
-        if not (final or self.state.step % (self.spec.val_every or self.spec.steps) == 0):
-            return
+    def maybe_validate(self, final: bool) -> bool:
+        """Validate when due and report it; True when the loss is the best so far."""
+        if not (final or self.state.step % self.plan.val_every == 0):
+            return False
         val = validate(self.parts)
         self.state.last_val_loss = val["loss"]
         improved = self.state.best_loss is None or val["loss"] < self.state.best_loss
@@ -346,46 +376,55 @@ class Trainer:
                 "best_loss": self.state.best_loss,
             }
         )
-        if improved:
-            self.save("best")
+        return improved
 
     def should_checkpoint(self, final: bool) -> bool:
-        return final or self.state.step % (self.spec.checkpoint_every or self.spec.steps) == 0
+        return final or self.state.step % self.plan.checkpoint_every == 0
+
+    def should_log(self, final: bool) -> bool:
+        return final or self.state.step % self.plan.log_every == 0
+
+    def report(self, metrics: dict[str, float], interval: Interval) -> None:
+        s = self.state
+        self.on_metrics(
+            {
+                "kind": "train",
+                "step": s.step,
+                "total_steps": self.plan.steps,
+                **metrics,
+                "tokens": s.token_count,
+                **interval.report(self.plan.batch.tokens_per_step),
+            }
+        )
 
     def run(self) -> dict[str, Any]:
-        spec, s = self.spec, self.state
-        accum = spec.batch.grad_accum_steps or 1
-        tokens_per_step = (spec.batch.micro_batch_size or 1) * (spec.batch.seq_len or 1) * accum
+        plan, s = self.plan, self.state
+        tokens_per_step = plan.batch.tokens_per_step
         started, wait_total, stopped, saved_at = time.perf_counter(), 0.0, False, -1
-        loader = AsyncDataLoader(
-            self.parts.sampler.iterate(s.data_position), self.parts.device, prefetch_factor=4
-        )
+        interval = Interval()
+        loader = data_loader(self.parts, s.data_position)
         try:
-            while s.step < spec.steps:
+            while s.step < plan.steps:
                 t0, w0 = time.perf_counter(), loader.wait_seconds
-                metrics = train_step(self.parts, loader, accum, spec.optimizer.grad_clip, s.step)
+                metrics = train_step(self.parts, loader, s.step)
                 s.step += 1
-                s.data_position += accum
+                s.data_position += plan.batch.grad_accum_steps
                 s.token_count += tokens_per_step
                 s.last_loss = metrics["loss"]
-                dt, wait = time.perf_counter() - t0, loader.wait_seconds - w0
+                wait = loader.wait_seconds - w0
+                interval.add(time.perf_counter() - t0, wait)
                 wait_total += wait
-                self.on_metrics(
-                    {
-                        "kind": "train",
-                        "step": s.step,
-                        "total_steps": spec.steps,
-                        **metrics,
-                        "tokens": s.token_count,
-                        "tokens_per_sec": tokens_per_step / dt,
-                        "step_time_sec": dt,
-                        "data_wait_sec": wait,
-                        "data_wait_frac": wait / dt,
-                    }
-                )
-                final = s.step == spec.steps
+                self.on_progress(s.step, plan.steps)
+                final = s.step == plan.steps
+                logged = self.should_log(final)
+                if logged:
+                    self.report(metrics, interval)
+                    interval = Interval()
                 stopped = not final and self.should_stop()
-                self.maybe_validate(final)
+                if stopped and not logged:
+                    self.report(metrics, interval)  # the last step is always written
+                if self.maybe_validate(final):
+                    self.save(BEST_TAG)
                 if self.should_checkpoint(final) or stopped:
                     self.save()
                     saved_at = s.step
@@ -398,12 +437,12 @@ class Trainer:
         finally:
             loader.close()
         self.finish_saves()
-        if saved_at != s.step and s.step > 0 and self.store.latest_or_none(spec.experiment) is None:
+        if saved_at != s.step and s.step > 0 and self.store.latest_or_none(plan.experiment) is None:
             self.save()  # a resumed run that had nothing left to do still leaves its checkpoint
         elapsed = time.perf_counter() - started
         return {
             "step": s.step,
-            "total_steps": spec.steps,
+            "total_steps": plan.steps,
             "stopped": stopped,
             "final_loss": s.last_loss,
             "final_val_loss": s.last_val_loss,
@@ -414,5 +453,5 @@ class Trainer:
         }
 
 
-def train(spec: TrainSpec, checkpoint_root: str | Path, **kwargs: Any) -> dict[str, Any]:
-    return Trainer(spec, checkpoint_root, **kwargs).run()
+def train(plan: TrainPlan, checkpoint_root: str | Path, **kwargs: Any) -> dict[str, Any]:
+    return Trainer(plan, checkpoint_root, **kwargs).run()

@@ -1,6 +1,6 @@
 """`trainctl submit train|validate|benchmark`: queue a run, optionally watch it to the end.
 
-The flags mirror the spec models (`store.specs`) and take their help from the field
+The flags mirror the request models (`store.specs`) and take their help from the field
 descriptions; any other field, however nested, is reachable with `--set key.path=value`.
 """
 
@@ -15,7 +15,14 @@ from pydantic import BaseModel
 
 from service.cli.common import build_spec, client, console, print_json
 from service.cli.watch import watch_to_end
-from store.specs import BatchSpec, BenchmarkSpec, DataSpec, ModelSpec, TrainSpec, ValidateSpec
+from store.specs import (
+    BatchSpec,
+    BenchmarkRequest,
+    DataSpec,
+    ModelSpec,
+    TrainRequest,
+    ValidateRequest,
+)
 
 app = typer.Typer(no_args_is_help=True, help="Queue a train, validate or benchmark run.")
 
@@ -47,7 +54,7 @@ Source = Annotated[
     typer.Option(help="synthetic | stdlib | text | shards; default: shards when every --data "
                  "ends in .bin, text when --data is given otherwise.", show_default=False),
 ]  # fmt: skip
-Device = Annotated[str | None, opt(TrainSpec, "device")]
+Device = Annotated[str | None, opt(TrainRequest, "device")]
 Preset = Annotated[str | None, opt(ModelSpec, "preset")]
 MicroBatch = Annotated[int | None, opt(BatchSpec, "micro_batch_size")]
 GradAccum = Annotated[int | None, opt(BatchSpec, "grad_accum_steps")]
@@ -88,8 +95,8 @@ def load(spec_file: Path | None) -> dict[str, Any]:
 @app.command("train")
 def submit_train(
     ctx: typer.Context,
-    experiment: Annotated[str | None, opt(TrainSpec, "experiment", "--experiment", "-e")] = None,
-    steps: Annotated[int | None, opt(TrainSpec, "steps")] = None,
+    experiment: Annotated[str | None, opt(TrainRequest, "experiment", "--experiment", "-e")] = None,
+    steps: Annotated[int | None, opt(TrainRequest, "steps")] = None,
     preset: Preset = None,
     device: Device = None,
     source: Source = None,
@@ -98,11 +105,11 @@ def submit_train(
     micro_batch_size: MicroBatch = None,
     grad_accum_steps: GradAccum = None,
     seq_len: SeqLen = None,
-    checkpoint_every: Annotated[int | None, opt(TrainSpec, "checkpoint_every")] = None,
-    val_every: Annotated[int | None, opt(TrainSpec, "val_every")] = None,
-    max_keep: Annotated[int | None, opt(TrainSpec, "max_keep")] = None,
-    resume_from: Annotated[str | None, opt(TrainSpec, "resume_from")] = None,
-    seed: Annotated[int | None, opt(TrainSpec, "seed")] = None,
+    checkpoint_every: Annotated[int | None, opt(TrainRequest, "checkpoint_every")] = None,
+    val_every: Annotated[int | None, opt(TrainRequest, "val_every")] = None,
+    max_keep: Annotated[int | None, opt(TrainRequest, "max_keep")] = None,
+    resume_from: Annotated[str | None, opt(TrainRequest, "resume_from")] = None,
+    seed: Annotated[int | None, opt(TrainRequest, "seed")] = None,
     sets: Sets = None,
     spec_file: SpecFile = None,
     watch: Watch = False,
@@ -132,14 +139,16 @@ def submit_train(
 @app.command("validate")
 def submit_validate(
     ctx: typer.Context,
-    checkpoint: Annotated[str | None, opt(ValidateSpec, "checkpoint")] = None,
-    experiment: Annotated[str | None, opt(ValidateSpec, "experiment", "--experiment", "-e")] = None,
+    checkpoint: Annotated[str | None, opt(ValidateRequest, "checkpoint")] = None,
+    experiment: Annotated[
+        str | None, opt(ValidateRequest, "experiment", "--experiment", "-e")
+    ] = None,
     device: Device = None,
     source: Source = None,
     data: Data = None,
-    batch_size: Annotated[int | None, opt(ValidateSpec, "batch_size")] = None,
-    seq_len: Annotated[int | None, opt(ValidateSpec, "seq_len")] = None,
-    num_batches: Annotated[int | None, opt(ValidateSpec, "num_batches")] = None,
+    batch_size: Annotated[int | None, opt(ValidateRequest, "batch_size")] = None,
+    seq_len: Annotated[int | None, opt(ValidateRequest, "seq_len")] = None,
+    num_batches: Annotated[int | None, opt(ValidateRequest, "num_batches")] = None,
     sets: Sets = None,
     spec_file: SpecFile = None,
     watch: Watch = False,
@@ -163,17 +172,18 @@ def submit_validate(
 @app.command("benchmark")
 def submit_benchmark(
     ctx: typer.Context,
-    steps: Annotated[int | None, opt(BenchmarkSpec, "steps")] = None,
-    warmup_steps: Annotated[int | None, opt(BenchmarkSpec, "warmup_steps")] = None,
+    steps: Annotated[int | None, opt(BenchmarkRequest, "steps")] = None,
+    warmup_steps: Annotated[int | None, opt(BenchmarkRequest, "warmup_steps")] = None,
     preset: Preset = None,
     device: Device = None,
     micro_batch_size: MicroBatch = None,
     grad_accum_steps: GradAccum = None,
     seq_len: SeqLen = None,
     compile: Annotated[
-        bool | None, typer.Option("--compile/--no-compile", help=doc(BenchmarkSpec, "use_compile"))
+        bool | None,
+        typer.Option("--compile/--no-compile", help=doc(BenchmarkRequest, "use_compile")),
     ] = None,
-    target_tokens: Annotated[int | None, opt(BenchmarkSpec, "target_tokens")] = None,
+    target_tokens: Annotated[int | None, opt(BenchmarkRequest, "target_tokens")] = None,
     sets: Sets = None,
     spec_file: SpecFile = None,
     watch: Watch = False,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
-from service import files, retention
-from service.deps import CheckpointsDep, RunsDep
+from service import files
+from service.deps import CheckpointsDep, ProtectionDep
 from service.errors import error_responses
 from service.routing import ApiRoute
 from service.schemas import CheckpointPublic, CheckpointsPublic, PruneRequest, PruneResult
@@ -27,9 +27,12 @@ ExperimentFilter = Annotated[
 
 
 @router.get("", response_model=CheckpointsPublic)
-def list_checkpoints(ckpts: CheckpointsDep, experiment: ExperimentFilter = None) -> dict[str, Any]:
+def list_checkpoints(
+    ckpts: CheckpointsDep, experiment: ExperimentFilter = None
+) -> CheckpointsPublic:
     """List complete checkpoints, by experiment and step."""
-    return {"items": [i.to_public() for i in ckpts.list(experiment)], "next_cursor": None}
+    items = [CheckpointPublic.model_validate(i) for i in ckpts.list(experiment)]
+    return CheckpointsPublic(items=items)
 
 
 # The point reads below are `async def`: they read one or two small files, faster than the
@@ -40,42 +43,38 @@ def list_checkpoints(ckpts: CheckpointsDep, experiment: ExperimentFilter = None)
 @router.get("/latest", response_model=CheckpointPublic, responses=NOT_FOUND)
 async def read_latest_checkpoint(
     ckpts: CheckpointsDep, experiment: ExperimentFilter = None
-) -> dict[str, Any]:
+) -> CheckpointPublic:
     """Read the highest step of an experiment, or the newest checkpoint of all."""
     if experiment is None:
-        return (await run_in_threadpool(ckpts.latest)).to_public()
-    return ckpts.latest(experiment).to_public()
+        return CheckpointPublic.model_validate(await run_in_threadpool(ckpts.latest))
+    return CheckpointPublic.model_validate(ckpts.latest(experiment))
 
 
 @router.get("/best", response_model=CheckpointPublic, responses=NOT_FOUND)
 async def read_best_checkpoint(
     ckpts: CheckpointsDep, experiment: ExperimentFilter = None
-) -> dict[str, Any]:
+) -> CheckpointPublic:
     """Read the 'best' checkpoint of an experiment, or the lowest-loss one of all."""
     if experiment is None:
-        return (await run_in_threadpool(ckpts.best)).to_public()
-    return ckpts.best(experiment).to_public()
+        return CheckpointPublic.model_validate(await run_in_threadpool(ckpts.best))
+    return CheckpointPublic.model_validate(ckpts.best(experiment))
 
 
 @router.post(
     "/prune", response_model=PruneResult, responses=error_responses(400, 404, 409, 413, 503)
 )
-def prune_checkpoints(body: PruneRequest, runs: RunsDep, ckpts: CheckpointsDep) -> dict[str, Any]:
+def prune_checkpoints(body: PruneRequest, policy: ProtectionDep) -> PruneResult:
     """Delete old step checkpoints; never the latest, best or ones runs need."""
-    return retention.prune_checkpoints(
-        runs,
-        ckpts,
-        body.experiment,
-        keep_last=body.keep_last,
-        keep_best=body.keep_best,
-        dry_run=body.dry_run,
+    outcome = policy.prune(
+        body.experiment, keep_last=body.keep_last, keep_best=body.keep_best, dry_run=body.dry_run
     )
+    return PruneResult.model_validate(outcome)
 
 
 @router.get("/{experiment}/{tag}", response_model=CheckpointPublic, responses=NOT_FOUND)
-async def read_checkpoint(experiment: str, tag: str, ckpts: CheckpointsDep) -> dict[str, Any]:
+async def read_checkpoint(experiment: str, tag: str, ckpts: CheckpointsDep) -> CheckpointPublic:
     """Read one checkpoint: metadata and its files' sizes and sha256."""
-    return ckpts.get(experiment, tag).to_public()
+    return CheckpointPublic.model_validate(ckpts.get(experiment, tag))
 
 
 @router.get(
@@ -115,8 +114,6 @@ def download_checkpoint_archive(experiment: str, tag: str, ckpts: CheckpointsDep
 @router.delete(
     "/{experiment}/{tag}", response_model=CheckpointPublic, responses=error_responses(404, 409, 503)
 )
-def delete_checkpoint(
-    experiment: str, tag: str, runs: RunsDep, ckpts: CheckpointsDep
-) -> dict[str, Any]:
+def delete_checkpoint(experiment: str, tag: str, policy: ProtectionDep) -> CheckpointPublic:
     """Delete a checkpoint unless a queued or running run needs it."""
-    return retention.delete_checkpoint(runs, ckpts, experiment, tag).to_public()
+    return CheckpointPublic.model_validate(policy.delete(experiment, tag))

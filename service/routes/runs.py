@@ -7,20 +7,20 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from service import history, sse, submit
+from service import history, sse
 from service.deps import CheckpointsDep, RunsDep, SettingsDep
 from service.errors import error_responses
 from service.routing import ApiRoute
 from service.schemas import (
     LogsPublic,
     MetricsPublic,
-    RunKind,
     RunPublic,
     RunsPublic,
-    RunState,
 )
+from service.submit import submit_run
 from store.runs import Run
-from store.specs import BenchmarkSpec, TrainSpec, ValidateSpec
+from store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
+from store.vocabulary import RunKind, RunState
 
 # Every route takes parameters (422) and reads or writes the run database (503 when it can't).
 router = APIRouter(
@@ -46,58 +46,56 @@ ACCEPTED: dict[int | str, dict[str, Any]] = {
 RUN_NOT_FOUND = error_responses(404)
 
 
-def _accepted(run: Run, response: Response) -> dict[str, Any]:
+def _accepted(run: Run, response: Response) -> RunPublic:
     response.headers["Location"] = f"/runs/{run.id}"
-    return run.to_public()
+    return RunPublic.model_validate(run)
 
 
 @router.post("/train", status_code=status.HTTP_202_ACCEPTED, response_model=RunPublic,
              responses=ACCEPTED)  # fmt: skip
 def create_train_run(
-    spec: TrainSpec,
+    request: TrainRequest,
     response: Response,
     settings: SettingsDep,
     runs: RunsDep,
     ckpts: CheckpointsDep,
     idempotency_key: IdempotencyKey = None,
-) -> dict[str, Any]:
-    """Queue a train run; the stored spec has every default resolved."""
-    run = submit.submit_train(
-        spec, settings=settings, runs=runs, ckpts=ckpts, idempotency_key=idempotency_key
-    )
+) -> RunPublic:
+    """Queue a train run; the stored spec is its plan, every default resolved."""
+    run = submit_run("train", request, settings=settings, runs=runs, ckpts=ckpts,
+                     idempotency_key=idempotency_key)  # fmt: skip
     return _accepted(run, response)
 
 
 @router.post("/validate", status_code=status.HTTP_202_ACCEPTED, response_model=RunPublic,
              responses=ACCEPTED)  # fmt: skip
 def create_validate_run(
-    spec: ValidateSpec,
+    request: ValidateRequest,
     response: Response,
     settings: SettingsDep,
     runs: RunsDep,
     ckpts: CheckpointsDep,
     idempotency_key: IdempotencyKey = None,
-) -> dict[str, Any]:
+) -> RunPublic:
     """Queue a validation of a checkpoint, pinned now to a concrete experiment/tag."""
-    run = submit.submit_validate(
-        spec, settings=settings, runs=runs, ckpts=ckpts, idempotency_key=idempotency_key
-    )
+    run = submit_run("validate", request, settings=settings, runs=runs, ckpts=ckpts,
+                     idempotency_key=idempotency_key)  # fmt: skip
     return _accepted(run, response)
 
 
 @router.post("/benchmark", status_code=status.HTTP_202_ACCEPTED, response_model=RunPublic,
              responses=ACCEPTED)  # fmt: skip
 def create_benchmark_run(
-    spec: BenchmarkSpec,
+    request: BenchmarkRequest,
     response: Response,
     settings: SettingsDep,
     runs: RunsDep,
+    ckpts: CheckpointsDep,
     idempotency_key: IdempotencyKey = None,
-) -> dict[str, Any]:
+) -> RunPublic:
     """Queue a throughput benchmark."""
-    run = submit.submit_benchmark(
-        spec, settings=settings, runs=runs, idempotency_key=idempotency_key
-    )
+    run = submit_run("benchmark", request, settings=settings, runs=runs, ckpts=ckpts,
+                     idempotency_key=idempotency_key)  # fmt: skip
     return _accepted(run, response)
 
 
@@ -109,26 +107,28 @@ def list_runs(
     experiment: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=1000)] = None,
-) -> dict[str, Any]:
+) -> RunsPublic:
     """List runs, newest first, a page at a time."""
     page, next_cursor = runs.list(
         kind=kind, state=state, experiment=experiment, limit=limit, cursor=cursor
     )
-    return {"items": [run.to_public() for run in page], "next_cursor": next_cursor}
+    return RunsPublic(
+        items=[RunPublic.model_validate(run) for run in page], next_cursor=next_cursor
+    )
 
 
 # `async def`: a primary-key read takes less time than the hand-off to the thread pool, and
 # it is the endpoint dashboards and `runs watch` poll (see routes/checkpoints.py).
 @router.get("/{run_id}", response_model=RunPublic, responses=RUN_NOT_FOUND)
-async def read_run(run_id: str, runs: RunsDep) -> dict[str, Any]:
+async def read_run(run_id: str, runs: RunsDep) -> RunPublic:
     """Read one run."""
-    return runs.get(run_id).to_public()
+    return RunPublic.model_validate(runs.get(run_id))
 
 
 @router.post("/{run_id}/cancel", response_model=RunPublic, responses=error_responses(404, 409))
-def cancel_run(run_id: str, runs: RunsDep) -> dict[str, Any]:
+def cancel_run(run_id: str, runs: RunsDep) -> RunPublic:
     """Cancel a queued run now, or ask a running one to stop at the next step."""
-    return runs.request_cancel(run_id).to_public()
+    return RunPublic.model_validate(runs.request_cancel(run_id))
 
 
 @router.get(

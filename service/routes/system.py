@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from service.deps import RunsDep, SettingsDep
 from service.errors import error_responses
 from service.routing import ApiRoute
-from service.schemas import HealthPublic, ReadinessPublic, WorkersPublic
+from service.schemas import HealthPublic, ReadinessPublic, WorkerPublic, WorkersPublic
 
 # Liveness stays open (no token) so that probes and load balancers need no secret; it says
 # nothing about the runs.
@@ -32,14 +32,14 @@ def read_readiness(settings: SettingsDep, runs: RunsDep) -> dict[str, Any]:
 
 
 @router.get("/workers", response_model=WorkersPublic)
-def list_workers(settings: SettingsDep, runs: RunsDep) -> dict[str, Any]:
+def list_workers(settings: SettingsDep, runs: RunsDep) -> WorkersPublic:
     """List registered workers, their device and current run."""
-    return {
-        "items": [
-            w.to_public() | {"alive": _is_alive(w.last_seen_at, settings.lease_seconds)}
+    return WorkersPublic(
+        items=[
+            WorkerPublic(**vars(w), alive=_is_alive(w.last_seen_at, settings.lease_seconds))
             for w in runs.list_workers()
         ]
-    }
+    )
 
 
 def _is_alive(last_seen_at: datetime, lease_seconds: float) -> bool:

@@ -12,16 +12,16 @@ from typing import Any
 from service.client import TrainctlClient
 from service.schemas import RunPublic
 from store.runs import RunStore
+from store.vocabulary import TERMINAL_STATES
 from tests.e2e.conftest import Service
 from tests.polling import poll
 
-TERMINAL = ("succeeded", "failed", "cancelled")
 LONG_TRAIN = {"steps": 100_000, "checkpoint_every": 100_000}
 
 
 def wait_done(client: TrainctlClient, run_id: str, timeout: float = 600) -> RunPublic:
     return poll(
-        lambda: (r := client.get_run(run_id)).state in TERMINAL and r,
+        lambda: (r := client.get_run(run_id)).state in TERMINAL_STATES and r,
         timeout=timeout,
         what=f"run {run_id} to finish",
     )
@@ -55,40 +55,44 @@ def test_benchmark_then_train_then_checkpoints_work_after_one_command(
         assert done.state == "succeeded", done.error
         assert result_of(done)["tokens_per_sec"] > 0 and result_of(done)["warnings"]
 
-        run = client.submit("train", {"experiment": "demo", "steps": 50, "checkpoint_every": 10})
+        train = {"experiment": "demo", "steps": 55, "checkpoint_every": 11}
+        run = client.submit("train", train)
         events = list(client.events(run.id))  # follows the stream until the run ends
         assert [e.data["state"] for e in events if e.type == "state"][-1] == "succeeded"
         steps = [
             e.data["step"] for e in events if e.type == "metrics" and e.data["kind"] == "train"
         ]
-        assert steps == list(range(1, 51))
+        assert steps == [10, 20, 30, 40, 50, 55]  # every log_every (10) steps, and the last
+        val_steps = [e.data["step"] for e in events if e.type == "metrics" and "val_loss" in e.data]
+        assert val_steps == [11, 22, 33, 44, 55]  # validation is not thinned
 
         latest = client.latest_checkpoint()
-        assert (latest.experiment, latest.tag, latest.step) == ("demo", "step_50", 50)
+        assert (latest.experiment, latest.tag, latest.step) == ("demo", "step_55", 55)
 
         val = client.submit("validate", {"checkpoint": "latest", "experiment": "demo"})
-        assert val.spec["checkpoint"] == "demo/step_50"  # resolved when submitted
+        pinned = {"experiment": "demo", "tag": "step_55"}
+        assert val.spec["checkpoint"] == pinned  # resolved when submitted
         checked = wait_done(client, val.id)
         assert checked.state == "succeeded", checked.error
         assert result_of(checked)["loss"] < 6.0 and result_of(checked)["n_tokens"] > 0
         entry = next(f for f in latest.files if f.name == "model.safetensors")
         dest = tmp_path / "download" / "model.safetensors"
         dest.parent.mkdir()
-        client.download_file("demo", "step_50", "model.safetensors", dest)
+        client.download_file("demo", "step_55", "model.safetensors", dest)
         assert sha256(dest) == entry.sha256
 
         archive = tmp_path / "demo.tar"
-        client.download_archive("demo", "step_50", archive)
+        client.download_archive("demo", "step_55", archive)
         with tarfile.open(archive) as tar:
             tar.extractall(tmp_path / "untar", filter="data")
-        untarred = tmp_path / "untar" / "step_50"
+        untarred = tmp_path / "untar" / "step_55"
         for f in latest.files:
             assert sha256(untarred / f.name) == f.sha256
 
         pruned = client.prune("demo", keep_last=1)
         left = {c.tag for c in client.list_checkpoints("demo")}
-        assert left == {"step_50", "best"}
-        assert {c.tag for c in pruned.deleted} == {"step_30", "step_40"}
+        assert left == {"step_55", "best"}
+        assert {c.tag for c in pruned.deleted} == {"step_33", "step_44"}
 
 
 def test_cancel_a_running_train_run_saves_a_checkpoint(service: Service) -> None:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import pytest
 
 from store.runs import Run, RunStore
-from store.specs import BenchmarkSpec, resolve_benchmark
 from tests.conftest import BACKENDS, fresh_database
+from tests.plans import benchmark_plan
 from tests.polling import poll
 from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
 
@@ -60,15 +60,14 @@ def fleet(
 
 def enqueue_cheap_benchmark(runs: RunStore, n: int) -> Run:
     """A real benchmark run, as small as it gets: one step of one 16-token sequence."""
-    spec = BenchmarkSpec(
+    plan = benchmark_plan(
         steps=1,
         warmup_steps=0,
         model={"preset": "tiny"},
         batch={"micro_batch_size": 1, "seq_len": 16, "grad_accum_steps": 1},
         seed=n,
     )
-    resolved = resolve_benchmark(spec, cuda_available=False)
-    return runs.enqueue("benchmark", f"many-{n}", resolved.model_dump(mode="json"))
+    return runs.enqueue("benchmark", f"many-{n}", plan.model_dump(mode="json"))
 
 
 def claims(runs: RunStore, run: Run) -> list[str]:

@@ -61,8 +61,8 @@ def test_prune_during_saves_never_deletes_latest_best_protected_or_the_one_being
             outcome = store.prune(
                 EXP, keep_last=keep_last, keep_best=keep_best, protected=PROTECTED
             )
-            deleted = {c.tag: c for c in outcome["deleted"]}
-            kept = {c.tag: c for c in outcome["kept"]}
+            deleted = {c.tag: c for c in outcome.deleted}
+            kept = {c.tag: c for c in outcome.kept}
             deleted_total += len(deleted)
             assert all(not t.startswith(".") for t in [*deleted, *kept])
             assert BEST_TAG not in deleted and PROTECTED_TAG not in deleted

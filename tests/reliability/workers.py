@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from store.runs import Run, RunStore
-from store.specs import TrainSpec, resolve_train
+from store.vocabulary import TERMINAL_STATES
+from tests.plans import enqueue, train_plan
 from tests.polling import poll
 
 REPO = Path(__file__).resolve().parents[2]
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 class Workers:
@@ -97,7 +97,7 @@ def enqueue_tiny_train(
 ) -> Run:
     """A CPU train run that takes well under a second per few steps: the tiny preset on
     synthetic tokens, validating (and so saving ``best``) only at the end."""
-    spec = TrainSpec(
+    plan = train_plan(
         experiment=experiment,
         steps=steps,
         model={"preset": "tiny"},
@@ -107,11 +107,10 @@ def enqueue_tiny_train(
         val_every=1_000_000,
         val_batches=1,
     )
-    spec = resolve_train(spec, cuda_available=False, data_roots=[])
-    return runs.enqueue(
-        "train", experiment, spec.model_dump(mode="json"), max_attempts=max_attempts
-    )
+    return enqueue(runs, plan, max_attempts=max_attempts)
 
 
 def wait_finished(runs: RunStore, run: Run) -> Run:
-    return poll(lambda: (r := runs.get(run.id)).state in TERMINAL and r, what=f"run {run.id}")
+    return poll(
+        lambda: (r := runs.get(run.id)).state in TERMINAL_STATES and r, what=f"run {run.id}"
+    )

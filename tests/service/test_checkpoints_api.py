@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from service.schemas import CheckpointPublic
 from store.checkpoints import MANIFEST_FILE, MODEL_FILE, CheckpointStore
 from store.runs import RunStore
 from tests.service.conftest import save_checkpoint
@@ -78,7 +79,9 @@ def test_one_checkpoint_reads_back_with_its_files(
     response = client.get("/checkpoints/exp/step_20")
 
     assert response.status_code == 200
-    assert response.json() == three.get("exp", "step_20").to_public()
+    info = three.get("exp", "step_20")
+    assert response.json() == CheckpointPublic.model_validate(info).model_dump(mode="json")
+    assert "path" not in response.json()  # the server's own folder stays private
 
 
 # --- downloads ------------------------------------------------------------------------------

@@ -67,7 +67,8 @@ def test_the_dashboard_charts_a_running_run_live_and_lists_its_checkpoints(
 ) -> None:
     with TrainctlClient(base_url, token=TOKEN) as api:
         poll(lambda: api.readiness().workers_alive >= 1, timeout=120, what="a worker")
-        run = api.submit("train", {"experiment": "web", "steps": 5000, "checkpoint_every": 10})
+        body = {"experiment": "web", "steps": 5000, "checkpoint_every": 10, "log_every": 1}
+        run = api.submit("train", body)
         with playwright.sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1280, "height": 900})

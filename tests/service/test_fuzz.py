@@ -24,7 +24,7 @@ from schemathesis import checks
 from service.app import create_app
 from service.openapi import build_openapi
 from service.settings import Settings
-from service.submit import submit_benchmark, submit_train, submit_validate
+from service.submit import submit_run
 from store.checkpoints import (
     MANIFEST_FILE,
     METADATA_FILE,
@@ -33,7 +33,8 @@ from store.checkpoints import (
     CheckpointStore,
 )
 from store.runs import RunStore
-from store.specs import BenchmarkSpec, TrainSpec, ValidateSpec
+from store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
+from store.vocabulary import RunState
 from tests.service.conftest import finish, save_checkpoint
 
 MAX_EXAMPLES = 50
@@ -64,7 +65,7 @@ AS_GENERATED = [*CHECKS, checks.negative_data_rejection]
 
 CHECKPOINTS = [("fuzz", "step_10"), ("fuzz", "step_20"), ("fuzz", "best"), ("other", "step_5")]
 FILES = [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE, MANIFEST_FILE]
-RUN_STATES = ["succeeded", "failed", "cancelled", "queued"]
+RUN_STATES: list[RunState] = ["succeeded", "failed", "cancelled", "queued"]
 RUN_REF = "seeded-{}"
 """Run ids are random, known only once a test's app has them: the generated path carries this
 placeholder (one per run state), and the test swaps in the real id before sending."""
@@ -77,9 +78,9 @@ def seed(settings: Settings, runs: RunStore, ckpts: CheckpointStore) -> dict[str
     save_checkpoint(ckpts, "fuzz", "best", step=20, best_loss=3.0)
     save_checkpoint(ckpts, "other", step=5, best_loss=9.0)
     runs.register_worker("fuzz-worker", host="fuzz", pid=1, device="cpu", info={"cores": 2})
-    ctx: dict[str, Any] = {"settings": settings, "runs": runs}
+    ctx: dict[str, Any] = {"settings": settings, "runs": runs, "ckpts": ckpts}
 
-    trained = submit_train(TrainSpec(experiment="fuzz", steps=20, device="cpu"), ckpts=ckpts, **ctx)
+    trained = submit_run("train", TrainRequest(experiment="fuzz", steps=20, device="cpu"), **ctx)
     claimed = runs.claim("fuzz-worker", lease_seconds=60)
     assert claimed is not None and claimed.id == trained.id
     for step in (10, 20):
@@ -88,17 +89,12 @@ def seed(settings: Settings, runs: RunStore, ckpts: CheckpointStore) -> dict[str
     runs.append_event(trained.id, "metrics", {"kind": "val", "step": 20, "val_loss": 3.0})
     runs.finish(trained.id, "fuzz-worker", claimed.attempt, "succeeded", result={"loss": 3.0})
 
-    failed = finish(
-        runs, submit_benchmark(BenchmarkSpec(steps=5, device="cpu"), **ctx).id, "failed"
-    )
-    cancelled = submit_train(
-        TrainSpec(experiment="other", steps=5, device="cpu"), ckpts=ckpts, **ctx
-    )
+    benchmark = submit_run("benchmark", BenchmarkRequest(steps=5, device="cpu"), **ctx)
+    failed = finish(runs, benchmark.id, "failed")
+    cancelled = submit_run("train", TrainRequest(experiment="other", steps=5, device="cpu"), **ctx)
     runs.request_cancel(cancelled.id)  # a queued run is cancelled at once
     # Stays queued (there are no workers), so fuzz/step_20 is protected: deleting it is a 409.
-    queued = submit_validate(
-        ValidateSpec(checkpoint="fuzz/step_20", device="cpu"), ckpts=ckpts, **ctx
-    )
+    queued = submit_run("validate", ValidateRequest(checkpoint="fuzz/step_20", device="cpu"), **ctx)
     ids = {
         "succeeded": trained.id,
         "failed": failed.id,

@@ -40,8 +40,8 @@ def test_each_operation_is_named_after_its_handler_and_summarised_by_its_docstri
             assert operation["summary"] == (route.endpoint.__doc__ or "").strip().splitlines()[0]
 
 
-def test_the_spec_models_are_the_request_bodies(app: FastAPI) -> None:
+def test_the_request_models_are_the_request_bodies(app: FastAPI) -> None:
     paths = app.openapi()["paths"]
 
     body = paths["/runs/train"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert body == {"$ref": "#/components/schemas/TrainSpec"}
+    assert body == {"$ref": "#/components/schemas/TrainRequest"}

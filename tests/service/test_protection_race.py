@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 
 from service.settings import Settings
-from service.submit import submit_validate
+from service.submit import submit_run
 from store.checkpoints import CheckpointStore
 from store.exceptions import CheckpointNotFound
+from store.protection import ProtectionPolicy
 from store.runs import RunStore
-from store.specs import ValidateSpec
+from store.specs import ValidateRequest
 from tests.service.conftest import save_checkpoint
 
 
@@ -60,16 +61,14 @@ def test_retention_waits_for_a_run_being_queued_and_spares_its_checkpoint(
     ckpts = two_steps
     enqueue = Paused(runs.enqueue)
     monkeypatch.setattr(runs, "enqueue", enqueue)
-    spec = ValidateSpec(checkpoint="exp/step_10", num_batches=1)
+    request = ValidateRequest(checkpoint="exp/step_10", num_batches=1)
     submitter, submitted = in_thread(
-        lambda: submit_validate(spec, settings=settings, runs=runs, ckpts=ckpts)
+        lambda: submit_run("validate", request, settings=settings, runs=runs, ckpts=ckpts)
     )
     assert enqueue.inside.wait(30)  # checked step_10, about to queue the run
 
     # What a worker's retention does after a save: keep 1 step, spare what runs need.
-    retention, retained = in_thread(
-        lambda: ckpts.retain("exp", 1, protected=runs.protected_checkpoints)
-    )
+    retention, retained = in_thread(lambda: ProtectionPolicy(runs, ckpts).retain("exp", 1))
     retention.join(0.5)
     assert retention.is_alive(), "retention did not wait for the run being queued"
     enqueue.release.set()
@@ -83,16 +82,17 @@ def test_retention_waits_for_a_run_being_queued_and_spares_its_checkpoint(
 
 
 def test_a_run_queued_while_retention_runs_finds_its_checkpoint_gone_not_half_there(
-    settings: Settings, runs: RunStore, two_steps: CheckpointStore
+    settings: Settings, runs: RunStore, two_steps: CheckpointStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ckpts = two_steps
     protected = Paused(runs.protected_checkpoints)
-    retention, retained = in_thread(lambda: ckpts.retain("exp", 1, protected=protected))
+    monkeypatch.setattr(runs, "protected_checkpoints", protected)
+    retention, retained = in_thread(lambda: ProtectionPolicy(runs, ckpts).retain("exp", 1))
     assert protected.inside.wait(30)  # retention holds the guard, about to read the runs
 
-    spec = ValidateSpec(checkpoint="exp/step_10", num_batches=1)
+    request = ValidateRequest(checkpoint="exp/step_10", num_batches=1)
     submitter, submitted = in_thread(
-        lambda: submit_validate(spec, settings=settings, runs=runs, ckpts=ckpts)
+        lambda: submit_run("validate", request, settings=settings, runs=runs, ckpts=ckpts)
     )
     submitter.join(0.5)
     assert submitter.is_alive(), "the submit did not wait for retention"
@@ -102,11 +102,12 @@ def test_a_run_queued_while_retention_runs_finds_its_checkpoint_gone_not_half_th
 
     assert [i.tag for i in retained["value"]] == ["step_10"]
     assert isinstance(submitted.get("error"), CheckpointNotFound)
-    assert runs.protected_checkpoints() == set()  # no run was queued for a deleted checkpoint
+    assert protected.fn() == set()  # no run was queued for a deleted checkpoint
 
 
 def test_guards_of_one_thread_nest(two_steps: CheckpointStore) -> None:
-    # delete_checkpoint holds the guard and calls delete, which takes it again.
+    # ProtectionPolicy.pinned holds the guard while a run is queued; a delete in the same
+    # thread (a test, a script) takes it again.
     with two_steps.guard("exp"), two_steps.guard("exp"):
         two_steps.delete("exp", "step_10")
     with pytest.raises(CheckpointNotFound):

@@ -4,6 +4,7 @@ read, cancel, and the event stream, metrics and logs."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -40,8 +41,29 @@ def test_train_submit_is_accepted_with_location_and_a_fully_resolved_spec(
     assert spec["batch"] == {"micro_batch_size": 8, "grad_accum_steps": 1, "seq_len": 256}
     assert spec["checkpoint_every"] == 10
     assert spec["val_every"] == 10
-    assert spec["model_config_resolved"] == get_preset("tiny").to_dict()
+    assert spec["log_every"] == 10
+    assert spec["model"]["config"] == get_preset("tiny").to_dict()
     assert client.get(f"/runs/{run['id']}").json() == run
+
+
+def test_a_run_has_exactly_the_design_fields_with_iso_times(client: TestClient) -> None:
+    run = submit(client, "train", CPU_TRAIN).json()
+
+    assert set(run) == {
+        "id", "kind", "experiment", "state", "spec", "progress", "result", "error",
+        "worker_id", "attempt", "created_at", "started_at", "finished_at",
+    }  # fmt: skip
+    assert datetime.fromisoformat(run["created_at"]).utcoffset() == timedelta(0)
+    assert run["started_at"] is None
+
+
+@pytest.mark.parametrize("field", ["model_config_resolved", "warnings"])
+def test_a_field_the_server_fills_in_is_refused_by_name(client: TestClient, field: str) -> None:
+    for kind, body in [("train", CPU_TRAIN), ("benchmark", {"steps": 5})]:
+        response = submit(client, kind, body | {field: [] if field == "warnings" else {}})
+
+        assert response.status_code == 422
+        assert f"{field}: filled in by the server" in response.json()["detail"]
 
 
 def test_benchmark_submit_resolves_the_cpu_profile_under_the_benchmark_experiment(
@@ -54,8 +76,9 @@ def test_benchmark_submit_resolves_the_cpu_profile_under_the_benchmark_experimen
     assert run["experiment"] == "benchmark"
     spec = run["spec"]
     assert spec["batch"] == {"micro_batch_size": 16, "grad_accum_steps": 3, "seq_len": 512}
-    assert (spec["use_compile"], spec["compile_mode"]) == (False, "reduce-overhead")
-    assert spec["model_config_resolved"]["n_layers"] == get_preset("tiny").n_layers
+    config = spec["model"]["config"]
+    assert (config["use_compile"], config["compile_mode"]) == (False, "reduce-overhead")
+    assert config["n_layers"] == get_preset("tiny").n_layers
 
 
 def test_validate_submit_pins_latest_to_a_concrete_checkpoint(
@@ -69,7 +92,8 @@ def test_validate_submit_pins_latest_to_a_concrete_checkpoint(
     assert response.status_code == 202
     run = response.json()
     assert run["experiment"] == "exp"
-    assert run["spec"]["checkpoint"] == "exp/step_20"
+    assert run["spec"]["checkpoint"] == {"experiment": "exp", "tag": "step_20"}
+    assert run["spec"]["model"] == get_preset("tiny").to_dict()  # the checkpoint's model
     assert run["spec"]["seq_len"] == 256  # the CPU profile's, within the tiny model's 512
 
 
@@ -101,7 +125,7 @@ def test_a_retry_returns_the_original_run_even_when_latest_has_moved_on(
 
     assert again.status_code == 202, again.json()
     assert again.json()["id"] == first.json()["id"]
-    assert again.json()["spec"]["resume_from"] == "step_10"
+    assert again.json()["spec"]["resume_from"] == {"experiment": "exp", "tag": "step_10"}
 
 
 def test_reusing_an_idempotency_key_for_another_body_is_409(client: TestClient) -> None:
@@ -235,7 +259,7 @@ def test_resuming_pins_the_concrete_checkpoint_and_protects_it(
 
     run = submit(client, "train", CPU_TRAIN | {"resume_from": "latest"}).json()
 
-    assert run["spec"]["resume_from"] == "step_30"
+    assert run["spec"]["resume_from"] == {"experiment": "exp", "tag": "step_30"}
     assert ("exp", "step_30") in runs.protected_checkpoints()
 
 

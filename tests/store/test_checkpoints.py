@@ -193,15 +193,14 @@ def test_list_sorts_by_experiment_then_step_with_user_tags_last(
     assert listed == [("a", "release"), ("a", "step_20"), ("a", "step_100"), ("b", "step_10")]
 
 
-def test_checkpoint_info_reads_metadata_and_hides_the_path(store: CheckpointStore) -> None:
+def test_checkpoint_info_reads_metadata_once_for_every_caller(store: CheckpointStore) -> None:
     save(store, "exp", step=7, best_loss=2.5, created_at="2025-01-01T00:00:00+00:00")
-    public = store.get("exp", "step_7").to_public()
-    assert public["step"] == 7 and public["token_count"] == 7000
-    assert public["best_loss"] == 2.5 and public["run_id"] == "run-1"
-    assert public["created_at"] == "2025-01-01T00:00:00+00:00"
-    assert public["size_bytes"] == sum(f["size"] for f in public["files"])
-    assert {f["name"] for f in public["files"]} == {MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE}
-    assert "path" not in public
+    info = store.get("exp", "step_7")
+    assert info.step == 7 and info.token_count == 7000
+    assert info.best_loss == 2.5 and info.run_id == "run-1"
+    assert info.created_at == "2025-01-01T00:00:00+00:00"
+    assert info.size_bytes == sum(f["size"] for f in info.files)
+    assert {f["name"] for f in info.files} == {MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE}
 
 
 def test_get_names_a_missing_experiment_or_tag(store: CheckpointStore) -> None:
@@ -351,10 +350,10 @@ def test_prune_keeps_the_newest_steps_best_and_user_tags(store: CheckpointStore)
 
     result = store.prune("exp", keep_last=2)
 
-    assert [i.tag for i in result["deleted"]] == ["step_3", "step_1"]
+    assert [i.tag for i in result.deleted] == ["step_3", "step_1"]
     # "best" and "release" sort by the step in their metadata, ties by tag
     assert tags(store) == ["release", BEST_TAG, "step_2", "step_4", "step_5"]
-    assert sorted(i.tag for i in result["kept"]) == sorted(tags(store))
+    assert sorted(i.tag for i in result.kept) == sorted(tags(store))
 
 
 def test_prune_never_deletes_latest_even_with_keep_last_zero(store: CheckpointStore) -> None:
@@ -368,7 +367,7 @@ def test_prune_dry_run_reports_without_deleting(store: CheckpointStore) -> None:
     for step in (1, 2, 3):
         save(store, "exp", step=step)
     result = store.prune("exp", keep_last=1, dry_run=True)
-    assert [i.tag for i in result["deleted"]] == ["step_2", "step_1"]
+    assert [i.tag for i in result.deleted] == ["step_2", "step_1"]
     assert tags(store) == ["step_1", "step_2", "step_3"]
 
 

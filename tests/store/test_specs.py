@@ -1,25 +1,29 @@
-"""Run specs: strict JSON types, and resolved specs that read back as the worker reads them."""
+"""Run requests: strict JSON types and one name rule; plans: frozen, complete, and read back
+from their stored JSON as the worker reads them."""
 
 from __future__ import annotations
 
+import typing
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from store.checkpoints import CheckpointStore
+from store.plans import BenchmarkPlan, TrainPlan, ValidatePlan
 from store.specs import (
     BatchSpec,
-    BenchmarkSpec,
+    BenchmarkRequest,
     DataSpec,
     ModelSpec,
     OptimizerSpec,
     ScheduleSpec,
-    TrainSpec,
-    ValidateSpec,
-    resolve_benchmark,
-    resolve_train,
-    resolve_validate,
+    TrainRequest,
+    ValidateRequest,
 )
+from tests.plans import benchmark_plan, train_plan, validate_plan
+from tests.service.conftest import save_checkpoint
 
 
 @pytest.mark.parametrize(
@@ -36,7 +40,7 @@ def test_a_train_spec_refuses_values_of_the_wrong_json_type(
     spec: dict[str, Any], field: tuple[str, ...]
 ) -> None:
     with pytest.raises(ValidationError) as caught:
-        TrainSpec.model_validate(spec)
+        TrainRequest.model_validate(spec)
 
     assert [error["loc"] for error in caught.value.errors()] == [field]
 
@@ -47,11 +51,11 @@ SPECS: list[type[BaseModel]] = [
     OptimizerSpec,
     ScheduleSpec,
     DataSpec,
-    TrainSpec,
-    BenchmarkSpec,
-    ValidateSpec,
+    TrainRequest,
+    BenchmarkRequest,
+    ValidateRequest,
 ]
-REQUIRED: dict[type[BaseModel], dict[str, Any]] = {TrainSpec: {"steps": 10}}
+REQUIRED: dict[type[BaseModel], dict[str, Any]] = {TrainRequest: {"steps": 10}}
 # JSON type in the published schema -> values of another type that lax mode would convert.
 WRONG_VALUES = {"integer": [True, "8"], "number": [False, "0.5"], "boolean": [1, "true"]}
 ERROR_TYPES = {"integer": "int_type", "number": "float_type", "boolean": "bool_type"}
@@ -83,18 +87,77 @@ def test_every_number_and_boolean_field_refuses_a_value_of_another_json_type(
     assert errors == [((field,), ERROR_TYPES[json_type])]
 
 
-def resolved_specs() -> list[BaseModel]:
-    cpu: dict[str, Any] = {"cuda_available": False}
+@pytest.mark.parametrize("name", ["step_1\n", "a..b", "..", ".hidden", "a/b", "x" * 129])
+def test_a_resume_point_follows_the_one_name_rule(name: str) -> None:
+    with pytest.raises(ValidationError, match="resume_from"):
+        TrainRequest(steps=1, resume_from=name)
+
+
+@pytest.mark.parametrize("name", ["exp\n", "a..b", "-x"])
+def test_experiment_names_and_checkpoint_refs_follow_the_one_name_rule(name: str) -> None:
+    with pytest.raises(ValidationError, match="experiment"):
+        TrainRequest(steps=1, experiment=name)
+    with pytest.raises(ValidationError, match="checkpoint"):
+        ValidateRequest(checkpoint=f"{name}/step_1")
+
+
+def plans(tmp_path: Path) -> list[BaseModel]:
+    store = CheckpointStore(tmp_path)
+    save_checkpoint(store, "exp", step=10)
     return [
-        resolve_train(TrainSpec(steps=10), data_roots=[], **cpu),
-        resolve_benchmark(BenchmarkSpec(), **cpu),
-        resolve_validate(ValidateSpec(), data_roots=[], max_seq_len=256, **cpu),
+        train_plan(tmp_path, experiment="exp", steps=10, resume_from="latest"),
+        benchmark_plan(),
+        validate_plan(tmp_path, checkpoint="latest"),
     ]
 
 
-@pytest.mark.parametrize("spec", resolved_specs(), ids=lambda spec: type(spec).__name__)
-def test_a_resolved_spec_reads_back_from_its_stored_json(spec: BaseModel) -> None:
-    """The run row stores the resolved spec as JSON; the worker validates it again (strictly)."""
-    stored = spec.model_dump(mode="json")
+def test_a_plan_reads_back_from_its_stored_json(tmp_path: Path) -> None:
+    """The run row stores the plan as JSON; the worker validates it again."""
+    for plan in plans(tmp_path):
+        stored = plan.model_dump(mode="json")
 
-    assert type(spec).model_validate(stored) == spec
+        assert type(plan).model_validate(stored) == plan
+
+
+def test_a_plan_pins_the_checkpoint_it_reads(tmp_path: Path) -> None:
+    train, _, validate = plans(tmp_path)
+
+    assert isinstance(train, TrainPlan) and isinstance(validate, ValidatePlan)
+    assert str(train.resume_from) == str(validate.checkpoint) == "exp/step_10"
+
+
+def test_a_plan_is_frozen(tmp_path: Path) -> None:
+    for plan in plans(tmp_path):
+        with pytest.raises(ValidationError, match="frozen"):
+            plan.seed = 1  # type: ignore[attr-defined]
+
+
+def optional_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every field, nested ones included, whose type admits None."""
+    found = []
+    for name, field in model.model_fields.items():
+        args = typing.get_args(field.annotation)
+        if field.annotation is None or type(None) in args:
+            found.append(prefix + name)
+        for t in (field.annotation, *args):
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                found += optional_fields(t, f"{prefix}{name}.")
+    return found
+
+
+@pytest.mark.parametrize("plan", [TrainPlan, BenchmarkPlan, ValidatePlan])
+def test_a_plan_leaves_the_worker_nothing_to_default(plan: type[BaseModel]) -> None:
+    # A run without a resume point is the one absence a plan states.
+    assert optional_fields(plan) == (["resume_from"] if plan is TrainPlan else [])
+
+
+@pytest.mark.parametrize(
+    ("request_type", "body"),
+    [(TrainRequest, {"steps": 1}), (BenchmarkRequest, {}), (ValidateRequest, {})],
+)
+def test_a_request_has_no_field_the_server_fills_in(
+    request_type: type[BaseModel], body: dict[str, Any]
+) -> None:
+    assert not {"model_config_resolved", "warnings"} & set(request_type.model_fields)
+    with pytest.raises(ValidationError, match="warnings: filled in by the server"):
+        request_type.model_validate(body | {"warnings": ["mine"]})

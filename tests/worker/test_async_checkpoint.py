@@ -9,8 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from store.checkpoints import MODEL_FILE, OPTIMIZER_FILE, CheckpointStore, verify_manifest
+from tests.plans import train_plan
 from tests.worker.test_checkpoint import tensors
-from tests.worker.test_train import run_script, spec
+from tests.worker.test_train import run_script
 from worker.async_checkpoint import AsyncCheckpointer
 from worker.checkpoint import CheckpointState, capture_checkpoint, write_checkpoint
 from worker.exceptions import CheckpointWriteFailed
@@ -138,7 +139,7 @@ def test_a_stopped_async_run_leaves_its_checkpoint_before_it_returns(tmp_path: P
     steps: list[int] = []
     reported: list[dict[str, Any]] = []
     result = train(
-        spec(experiment="e", steps=50, checkpoint_every=3, async_checkpoint=True),
+        train_plan(experiment="e", steps=50, checkpoint_every=3, async_checkpoint=True),
         tmp_path,
         on_metrics=lambda m: steps.append(m["step"]) if m["kind"] == "train" else None,
         on_checkpoint=reported.append,
@@ -156,12 +157,14 @@ def test_resume_from_an_async_checkpoint_is_bit_identical(tmp_path: Path) -> Non
         val_batches=2,
         batch={"micro_batch_size": 4, "seq_len": 64, "grad_accum_steps": 2},
     )
-    straight = run_script(spec(experiment="straight", **common), tmp_path)
+    straight = run_script(train_plan(experiment="straight", **common), tmp_path)
     first = run_script(
-        spec(experiment="resumed", async_checkpoint=True, **common), tmp_path, stop_after=10
+        train_plan(experiment="resumed", async_checkpoint=True, **common), tmp_path, stop_after=10
     )
     second = run_script(
-        spec(experiment="resumed", resume_from="latest", async_checkpoint=True, **common),
+        train_plan(
+            tmp_path, experiment="resumed", resume_from="latest", async_checkpoint=True, **common
+        ),
         tmp_path,
     )
     assert [r["step"] for r in second] == list(range(11, 25))

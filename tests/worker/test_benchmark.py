@@ -4,11 +4,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from store.plans import BENCHMARK_PROFILES, resolve_benchmark
 from store.presets import get_preset
-from store.specs import BENCHMARK_PROFILES, BenchmarkSpec, resolve_benchmark
+from store.specs import BenchmarkRequest, OptimizerSpec, ScheduleSpec
+from tests.plans import benchmark_plan
 from worker.benchmark import flops_per_token, run_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,39 +32,86 @@ RESULT_FIELDS = {
 
 
 def test_cuda_profile_is_the_seed_a100_configuration() -> None:
-    spec = resolve_benchmark(BenchmarkSpec(), cuda_available=True)
-    assert spec.model.preset == "base"
-    assert (spec.batch.micro_batch_size, spec.batch.grad_accum_steps, spec.batch.seq_len) == (
-        4,
-        8,
-        4096,
-    )
-    assert spec.use_compile and spec.compile_mode == "reduce-overhead"
-    assert spec.use_checkpoint_per_layer
-    assert spec.model_config_resolved and spec.model_config_resolved["mtp_depth"] == 0
-    assert not spec.warnings
+    plan = resolve_benchmark(BenchmarkRequest(), cuda_available=True)
+    assert plan.model.preset == "base"
+    b = plan.batch
+    assert (b.micro_batch_size, b.grad_accum_steps, b.seq_len) == (4, 8, 4096)
+    cfg = plan.model.config
+    assert cfg.use_compile and cfg.compile_mode == "reduce-overhead"
+    assert cfg.use_checkpoint_per_layer
+    assert cfg.mtp_depth == 0
+    assert not plan.warnings
 
 
 def test_cpu_profile_is_stated_as_a_warning() -> None:
-    spec = resolve_benchmark(BenchmarkSpec(), cuda_available=False)
-    assert spec.model.preset == BENCHMARK_PROFILES["cpu"].preset
-    assert any("CPU profile" in w for w in spec.warnings)
+    plan = benchmark_plan()
+    assert plan.model.preset == BENCHMARK_PROFILES["cpu"].preset
+    assert any("CPU profile" in w for w in plan.warnings)
 
 
 def test_benchmark_reports_every_field_and_consistent_totals() -> None:
-    spec = resolve_benchmark(
-        BenchmarkSpec(steps=3, warmup_steps=1, batch={"micro_batch_size": 2, "seq_len": 32}),
-        cuda_available=False,
-    )
-    result = run_benchmark(spec)
+    plan = benchmark_plan(steps=3, warmup_steps=1, batch={"micro_batch_size": 2, "seq_len": 32})
+    result = run_benchmark(plan)
     assert set(result) == RESULT_FIELDS
-    tokens_per_step = 2 * 32 * spec.batch.grad_accum_steps  # type: ignore[operator]
+    tokens_per_step = 2 * 32 * plan.batch.grad_accum_steps
     assert result["total_tokens"] == 3 * tokens_per_step
     assert result["tokens_per_sec"] == pytest.approx(result["total_tokens"] / result["elapsed_sec"])
     assert result["est_days_for_target_tokens"] == pytest.approx(
         8.31e9 / result["tokens_per_sec"] / 86400
     )
     assert result["mfu"] is None and result["device"] == "cpu"
+
+
+# A value other than the default for every field of the optimizer and the schedule: the
+# benchmark must run each of them (it times the training step, not a copy of it).
+CHANGED: dict[str, dict[str, Any]] = {
+    "optimizer": {
+        "muon_lr": 0.05,
+        "muon_momentum": 0.5,
+        "muon_weight_decay": 0.9,
+        "muon_adjust_lr_fn": "match_rms_adamw",
+        "adamw_lr": 0.03,
+        "adamw_beta1": 0.5,
+        "adamw_beta2": 0.5,
+        "adamw_weight_decay": 0.9,
+        "grad_clip": 1e-3,
+    },
+    "schedule": {"warmup_frac": 0.5, "stable_frac": 0.5, "decay": "cosine", "min_lr_ratio": 0.5},
+}
+# Over 8 steps: 2 warming up, 2 stable, 4 decaying, so every schedule field matters.
+BASE_SCHEDULE = {"warmup_frac": 0.25, "stable_frac": 0.25}
+
+
+def measured_losses(optimizer: Any = None, schedule: Any = None) -> list[float]:
+    losses: list[float] = []
+    plan = benchmark_plan(
+        steps=8,
+        warmup_steps=0,
+        batch={"micro_batch_size": 2, "seq_len": 32, "grad_accum_steps": 1},
+        optimizer=optimizer or {},
+        schedule=BASE_SCHEDULE | (schedule or {}),
+    )
+    run_benchmark(plan, on_step=lambda m: losses.append(m["loss"]))
+    return losses
+
+
+def test_the_changes_cover_every_optimizer_and_schedule_field() -> None:
+    assert set(CHANGED["optimizer"]) == set(OptimizerSpec.model_fields)
+    assert set(CHANGED["schedule"]) == set(ScheduleSpec.model_fields)
+
+
+@pytest.mark.parametrize(
+    ("group", "field"), [(g, f) for g, fields in CHANGED.items() for f in fields]
+)
+def test_every_optimizer_and_schedule_field_of_a_benchmark_changes_what_runs(
+    group: str, field: str
+) -> None:
+    baseline = measured_losses()
+
+    changed = measured_losses(**{group: {field: CHANGED[group][field]}})
+
+    assert changed[0] == baseline[0]  # the first loss is computed before any update
+    assert changed != baseline
 
 
 def test_flops_per_token_follows_the_design_formula() -> None:

@@ -141,7 +141,7 @@ def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_loading_into_a_different_model_names_the_difference(tmp_path: Path) -> None:
     path = save(make_parts(), tmp_path, 1)
-    with pytest.raises(CheckpointMismatch, match="n_layers: checkpoint 2 vs model 3"):
+    with pytest.raises(CheckpointMismatch, match="n_layers: checkpoint 2 vs requested 3"):
         load_checkpoint(*make_parts(n_layers=3), path)
 
 

@@ -15,8 +15,9 @@ import pytest
 
 from store.checkpoints import CheckpointStore
 from store.exceptions import InvalidRequest
+from store.plans import TrainPlan
 from store.runs import RunStore
-from store.specs import TrainSpec, resolve_train
+from tests.plans import enqueue, train_plan
 from worker.distributed import RankSampler, launch_train
 from worker.runner import Worker, WorkerConfig
 from worker.train import Trainer
@@ -25,9 +26,10 @@ LOSS_RTOL = 1e-4  # measured here: at most 7e-6 over six steps
 STEPS = 6
 
 
-def tiny_spec(**changes: Any) -> TrainSpec:
+def tiny_plan(checkpoints: Path | None = None, **changes: Any) -> TrainPlan:
     """Four micro-batches of two sequences per step: two per rank with two ranks."""
-    spec = TrainSpec(
+    return train_plan(
+        checkpoints,
         experiment="ddp",
         steps=STEPS,
         model={"preset": "tiny"},
@@ -37,7 +39,6 @@ def tiny_spec(**changes: Any) -> TrainSpec:
         val_batches=2,
         **changes,
     )
-    return resolve_train(spec, cuda_available=False, data_roots=[])
 
 
 def train_losses(metrics: list[dict[str, Any]]) -> list[float]:
@@ -60,22 +61,16 @@ def test_the_ranks_together_read_exactly_the_batches_of_one_process() -> None:
 
 def test_grad_accum_steps_must_split_evenly_across_the_processes() -> None:
     with pytest.raises(InvalidRequest, match=r"grad_accum_steps 3 .* nproc_per_node 2"):
-        resolve_train(
-            TrainSpec(steps=1, batch={"grad_accum_steps": 3}, nproc_per_node=2),
-            cuda_available=False,
-            data_roots=[],
-        )
-    default = resolve_train(
-        TrainSpec(steps=1, nproc_per_node=2), cuda_available=False, data_roots=[]
-    )
+        train_plan(steps=1, batch={"grad_accum_steps": 3}, nproc_per_node=2)
+    default = train_plan(steps=1, nproc_per_node=2)
     assert default.batch.grad_accum_steps == 2  # the CPU profile's 1, rounded up
 
 
 def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batch(tmp_path: Path) -> None:
     single: list[dict[str, Any]] = []
-    Trainer(tiny_spec(), tmp_path / "single", on_metrics=single.append).run()
+    Trainer(tiny_plan(), tmp_path / "single", on_metrics=single.append).run()
 
-    result = launch_train(tiny_spec(nproc_per_node=2), tmp_path / "ddp", ctx=None)
+    result = launch_train(tiny_plan(nproc_per_node=2), tmp_path / "ddp", ctx=None)
 
     expected, got = train_losses(single), train_losses(result["metrics"])
     print(f"single: {expected}\n2 ranks: {got}")
@@ -93,14 +88,14 @@ def test_a_two_process_run_reports_once_saves_from_rank_0_and_resumes_exactly(
     worker = Worker(WorkerConfig(runs.engine.url.render_as_string(), tmp_path, "w1"), runs)
     checkpoints = CheckpointStore(tmp_path / "checkpoints")
 
-    def run_to_end(spec: TrainSpec) -> Any:
-        queued = runs.enqueue("train", "ddp", spec.model_dump(mode="json"))
+    def run_to_end(plan: TrainPlan) -> Any:
+        queued = enqueue(runs, plan)
         claimed = runs.claim("w1", lease_seconds=60)
         assert claimed is not None and claimed.id == queued.id
         worker.run_one(claimed)
         return runs.get(queued.id)
 
-    straight = run_to_end(tiny_spec(nproc_per_node=2))
+    straight = run_to_end(tiny_plan(nproc_per_node=2))
     assert straight.state == "succeeded", straight.error
     steps = [e.data["step"] for e in runs.events(straight.id, type="metrics") if "loss" in e.data]
     assert steps == list(range(1, STEPS + 1))  # one report per step: rank 0's
@@ -110,7 +105,9 @@ def test_a_two_process_run_reports_once_saves_from_rank_0_and_resumes_exactly(
     straight_weights = weights.read_bytes()
 
     checkpoints.delete("ddp", "step_6")
-    resumed = run_to_end(tiny_spec(nproc_per_node=2, resume_from="step_3"))
+    resumed = run_to_end(
+        tiny_plan(tmp_path / "checkpoints", nproc_per_node=2, resume_from="step_3")
+    )
 
     assert resumed.state == "succeeded", resumed.error
     assert resumed.result["final_loss"] == straight.result["final_loss"]

@@ -15,19 +15,14 @@ from typing import Any
 import pytest
 
 from store.checkpoints import CheckpointStore
+from store.plans import CheckpointRef
 from store.runs import Run, RunStore
-from store.specs import (
-    BenchmarkSpec,
-    TrainSpec,
-    ValidateSpec,
-    resolve_benchmark,
-    resolve_train,
-    resolve_validate,
-)
+from store.vocabulary import TERMINAL_STATES
+from tests.plans import benchmark_plan, enqueue, train_plan, validate_plan
 from tests.polling import poll
 
 REPO = Path(__file__).resolve().parents[2]
-TERMINAL = ("succeeded", "failed", "cancelled")
+TERMINAL = tuple(TERMINAL_STATES)
 
 
 @pytest.fixture
@@ -70,8 +65,15 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[[], subprocess.Popen[bytes
 
 
 def enqueue_train(runs: RunStore, **kw: Any) -> Run:
-    spec = resolve_train(TrainSpec(**kw), cuda_available=False, data_roots=[])
-    return runs.enqueue("train", spec.experiment, spec.model_dump(mode="json"))
+    return enqueue(runs, train_plan(**kw))
+
+
+def enqueue_vanished_resume(runs: RunStore) -> Run:
+    """A run pinned to a checkpoint that is gone by the time it starts: it must fail."""
+    missing = CheckpointRef(experiment="x", tag="step_999")
+    return enqueue(
+        runs, train_plan(experiment="x", steps=5).model_copy(update={"resume_from": missing})
+    )
 
 
 def wait_state(runs: RunStore, run: Run, states: tuple[str, ...] = TERMINAL) -> Run:
@@ -85,22 +87,15 @@ def wait_step(runs: RunStore, run: Run, step: int) -> None:
 def test_the_worker_runs_each_kind_to_success(
     runs: RunStore, tmp_path: Path, start_worker: Callable[[], Any]
 ) -> None:
-    bench = resolve_benchmark(
-        BenchmarkSpec(steps=3, warmup_steps=1, batch={"micro_batch_size": 2, "seq_len": 64}),
-        cuda_available=False,
+    b = enqueue(
+        runs, benchmark_plan(steps=3, warmup_steps=1, batch={"micro_batch_size": 2, "seq_len": 64})
     )
-    b = runs.enqueue("benchmark", "benchmark", bench.model_dump(mode="json"))
     t = enqueue_train(runs, experiment="demo", steps=20, checkpoint_every=10)
     start_worker()
     assert wait_state(runs, b).result["tokens_per_sec"] > 0  # type: ignore[index]
     assert wait_state(runs, t).state == "succeeded"
-    val = resolve_validate(
-        ValidateSpec(checkpoint="demo/step_20", num_batches=2),
-        cuda_available=False,
-        data_roots=[],
-        max_seq_len=512,
-    )
-    v = wait_state(runs, runs.enqueue("validate", "demo", val.model_dump(mode="json")))
+    val = validate_plan(tmp_path / "checkpoints", checkpoint="demo/step_20", num_batches=2)
+    v = wait_state(runs, enqueue(runs, val))
     assert v.state == "succeeded", v.error
     assert v.result and v.result["checkpoint"]["tag"] == "step_20"
     assert {"loss", "ppl", "n_tokens"} <= set(v.result)
@@ -111,7 +106,7 @@ def test_the_worker_runs_each_kind_to_success(
 def test_a_failed_run_records_its_reason_and_the_worker_keeps_serving(
     runs: RunStore, start_worker: Callable[[], Any]
 ) -> None:
-    bad = enqueue_train(runs, experiment="x", steps=5, resume_from="step_999")
+    bad = enqueue_vanished_resume(runs)
     good = enqueue_train(runs, experiment="y", steps=3)
     start_worker()
     failed = wait_state(runs, bad)
@@ -198,7 +193,7 @@ def test_a_niceness_outside_0_to_19_is_refused_with_the_value(tmp_path: Path) ->
 
 
 def test_the_worker_logs_json_lines_stamped_with_the_run_id(runs: RunStore, tmp_path: Path) -> None:
-    bad = enqueue_train(runs, experiment="x", steps=5, resume_from="step_999")
+    bad = enqueue_vanished_resume(runs)
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as out:  # a file, as the supervisor gives it: not a terminal
         proc = subprocess.Popen(

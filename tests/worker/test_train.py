@@ -13,19 +13,16 @@ import torch
 from safetensors.torch import load_file
 
 from store.checkpoints import CheckpointStore
-from store.specs import TrainSpec, resolve_train
+from store.plans import TrainPlan
+from tests.plans import train_plan
 from worker.exceptions import NonFiniteLoss
 from worker.train import Trainer, train
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def spec(**kw: Any) -> TrainSpec:
-    return resolve_train(TrainSpec(**kw), cuda_available=False, data_roots=[])
-
-
 def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path: Path) -> None:
-    s = spec(
+    s = train_plan(
         experiment="text",
         steps=300,
         checkpoint_every=100,
@@ -55,7 +52,7 @@ def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path
 
 def test_metrics_report_each_optimizer_lr_and_data_wait(tmp_path: Path) -> None:
     metrics: list[dict[str, Any]] = []
-    train(spec(steps=3, data={"source": "synthetic"}), tmp_path, on_metrics=metrics.append)
+    train(train_plan(steps=3, data={"source": "synthetic"}), tmp_path, on_metrics=metrics.append)
     step = next(m for m in metrics if m["kind"] == "train")
     assert {
         "loss",
@@ -72,7 +69,7 @@ def test_metrics_report_each_optimizer_lr_and_data_wait(tmp_path: Path) -> None:
 def test_the_stop_flag_ends_at_a_step_boundary_with_a_checkpoint(tmp_path: Path) -> None:
     steps: list[int] = []
     result = train(
-        spec(experiment="e", steps=50, checkpoint_every=100),
+        train_plan(experiment="e", steps=50, checkpoint_every=100),
         tmp_path,
         on_metrics=lambda m: steps.append(m["step"]),
         should_stop=lambda: len(steps) >= 7,
@@ -82,7 +79,7 @@ def test_the_stop_flag_ends_at_a_step_boundary_with_a_checkpoint(tmp_path: Path)
 
 
 def test_a_non_finite_loss_stops_the_run_and_never_saves_nan(tmp_path: Path) -> None:
-    trainer = Trainer(spec(experiment="nan", steps=20, checkpoint_every=5), tmp_path)
+    trainer = Trainer(train_plan(experiment="nan", steps=20, checkpoint_every=5), tmp_path)
 
     def poison(m: dict[str, Any]) -> None:
         if m["kind"] == "train" and m["step"] == 6:  # diverge after step_5 is on disk
@@ -99,7 +96,7 @@ def test_a_non_finite_loss_stops_the_run_and_never_saves_nan(tmp_path: Path) -> 
         assert all(torch.isfinite(t).all() for t in weights.values())
 
 
-def run_script(s: TrainSpec, root: Path, stop_after: int | None = None) -> list[dict[str, Any]]:
+def run_script(s: TrainPlan, root: Path, stop_after: int | None = None) -> list[dict[str, Any]]:
     args = [sys.executable, "-m", "tests.worker.train_script", s.model_dump_json(), str(root)]
     if stop_after is not None:
         args.append(str(stop_after))
@@ -116,10 +113,12 @@ def test_resume_in_a_fresh_process_is_bit_identical(tmp_path: Path) -> None:
         val_batches=2,
         batch={"micro_batch_size": 4, "seq_len": 64, "grad_accum_steps": 2},
     )
-    straight = run_script(spec(experiment="straight", **common), tmp_path)
-    first = run_script(spec(experiment="resumed", **common), tmp_path, stop_after=10)
+    straight = run_script(train_plan(experiment="straight", **common), tmp_path)
+    first = run_script(train_plan(experiment="resumed", **common), tmp_path, stop_after=10)
     assert [r["step"] for r in first] == list(range(1, 11))
-    second = run_script(spec(experiment="resumed", resume_from="latest", **common), tmp_path)
+    second = run_script(
+        train_plan(tmp_path, experiment="resumed", resume_from="latest", **common), tmp_path
+    )
     assert [r["step"] for r in second] == list(range(11, 25))
     assert [r["loss"] for r in first + second] == [r["loss"] for r in straight]
     a = load_file(str(tmp_path / "straight" / "step_24" / "model.safetensors"))

@@ -1,6 +1,6 @@
-"""Runs a train spec in its own process (the tests kill, resume and compare such runs).
+"""Runs a train plan in its own process (the tests kill, resume and compare such runs).
 
-usage: python -m tests.worker.train_script SPEC_JSON CHECKPOINT_ROOT [STOP_AFTER_STEP]
+usage: python -m tests.worker.train_script PLAN_JSON CHECKPOINT_ROOT [STOP_AFTER_STEP]
 Prints one JSON line per train step: {"step": N, "loss": L}.
 """
 
@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import sys
 
-from store.specs import TrainSpec
+from store.plans import TrainPlan
 from worker.train import train
 
 
 def main() -> None:
-    spec = TrainSpec.model_validate_json(sys.argv[1])
+    plan = TrainPlan.model_validate_json(sys.argv[1])
     root = sys.argv[2]
     stop_after = int(sys.argv[3]) if len(sys.argv) > 3 else None
     state = {"step": 0}
@@ -25,7 +25,7 @@ def main() -> None:
             print(json.dumps({"step": m["step"], "loss": m["loss"]}), flush=True)
 
     train(
-        spec,
+        plan,
         root,
         on_metrics=on_metrics,
         should_stop=lambda: stop_after is not None and state["step"] >= stop_after,

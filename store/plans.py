@@ -1,0 +1,368 @@
+"""Plans: what a worker runs, resolved from a request (docs/architecture.md, "Requests and
+plans").
+
+`resolve_train`, `resolve_validate` and `resolve_benchmark` decide everything a run needs at
+submit time, so that a bad request is a 422 now rather than a failed run later: the device,
+the model config, the batch geometry, the data files, and the concrete checkpoint a resume or
+a validation reads. A plan is frozen and has no optional field the worker must default; the
+run row stores it and `GET /runs/{id}` shows it. Device-dependent defaults come from a
+`Profile` (CPU or CUDA).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, StrictInt
+
+from store.checkpoints import BEST_TAG, LATEST_REF, CheckpointInfo, CheckpointStore, check_fits
+from store.datapaths import resolve_data
+from store.exceptions import CheckpointNotFound, InvalidRequest, TrainctlError
+from store.names import Name
+from store.presets import ModelConfig
+from store.specs import (
+    BatchSpec,
+    BenchmarkOptions,
+    BenchmarkRequest,
+    DataSpec,
+    ModelSpec,
+    Spec,
+    StepOptions,
+    TrainOptions,
+    TrainRequest,
+    ValidateOptions,
+    ValidateRequest,
+)
+
+Device = Literal["cpu", "cuda"]
+# More tokens than this in one forward pass exhausts any single device's memory: a request
+# for it is a mistake to refuse now, not a run to fail after loading the data.
+MAX_TOKENS_PER_MICRO_BATCH = 1 << 20
+BENCHMARK_EXPERIMENT = "benchmark"
+"""Benchmarks write no checkpoints; their runs are filed under this experiment name."""
+
+
+# --- the plans ------------------------------------------------------------------------------
+
+
+class ModelPlan(Spec):
+    preset: str = Field(description="The preset the model started from.")
+    overrides: dict[str, Any] = Field(description="The request's changes to the preset.")
+    config: ModelConfig = Field(description="The full model config that runs.")
+
+
+class BatchPlan(Spec):
+    micro_batch_size: StrictInt = Field(ge=1, description="Sequences per forward pass.")
+    grad_accum_steps: StrictInt = Field(ge=1, description="Micro-batches per optimizer step.")
+    seq_len: StrictInt = Field(ge=1, description="Tokens per sequence.")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.micro_batch_size * self.grad_accum_steps * self.seq_len
+
+
+class CheckpointRef(Spec):
+    """A checkpoint pinned at submit time; queued and running runs protect it."""
+
+    experiment: Name
+    tag: Name
+
+    def __str__(self) -> str:
+        return f"{self.experiment}/{self.tag}"
+
+
+class StepPlan(StepOptions):
+    """What one training step needs: train runs and benchmarks build it alike."""
+
+    device: Device
+    model: ModelPlan
+    batch: BatchPlan
+
+
+class TrainPlan(TrainOptions, StepPlan):
+    data: DataSpec = Field(description="Training data, paths expanded.")
+    checkpoint_every: StrictInt = Field(ge=1, description="Save step_<N> every this many steps.")
+    val_every: StrictInt = Field(ge=1, description="Validate every this many steps.")
+    resume_from: CheckpointRef | None = Field(description="The checkpoint the run continues.")
+
+    @property
+    def filed_under(self) -> str:
+        return self.experiment
+
+    @property
+    def depends_on(self) -> CheckpointRef | None:
+        return self.resume_from
+
+
+class BenchmarkPlan(BenchmarkOptions, StepPlan):
+    warnings: list[str] = Field(description="What makes the figures less comparable.")
+
+    @property
+    def filed_under(self) -> str:
+        return BENCHMARK_EXPERIMENT
+
+    @property
+    def depends_on(self) -> CheckpointRef | None:
+        return None
+
+
+class ValidatePlan(ValidateOptions):
+    checkpoint: CheckpointRef = Field(description="The checkpoint validated.")
+    model: ModelConfig = Field(description="Its model config, from its metadata.")
+    seq_len: StrictInt = Field(ge=1, description="Tokens per sequence.")
+    device: Device
+
+    @property
+    def filed_under(self) -> str:
+        return self.checkpoint.experiment
+
+    @property
+    def depends_on(self) -> CheckpointRef | None:
+        return self.checkpoint
+
+
+Plan = TrainPlan | BenchmarkPlan | ValidatePlan
+
+
+# --- device profiles ------------------------------------------------------------------------
+
+
+class Profile(Spec):
+    """Device-dependent defaults."""
+
+    device: Device
+    preset: str
+    micro_batch_size: int
+    grad_accum_steps: int
+    seq_len: int
+    use_compile: bool
+    use_checkpoint_per_layer: bool
+
+
+# The seed's A100 benchmark configuration, and a CPU-sized one so that a 100-step benchmark
+# takes about a minute on two cores instead of hours.
+BENCHMARK_PROFILES = {
+    "cuda": Profile(
+        device="cuda",
+        preset="base",
+        micro_batch_size=4,
+        grad_accum_steps=8,
+        seq_len=4096,
+        use_compile=True,
+        use_checkpoint_per_layer=True,
+    ),
+    "cpu": Profile(
+        device="cpu",
+        preset="tiny",
+        micro_batch_size=16,
+        grad_accum_steps=3,
+        seq_len=512,
+        use_compile=False,
+        use_checkpoint_per_layer=False,
+    ),
+}
+TRAIN_PROFILES = {
+    "cuda": Profile(
+        device="cuda",
+        preset="small",
+        micro_batch_size=16,
+        grad_accum_steps=2,
+        seq_len=1024,
+        use_compile=False,
+        use_checkpoint_per_layer=False,
+    ),
+    "cpu": Profile(
+        device="cpu",
+        preset="tiny",
+        micro_batch_size=8,
+        grad_accum_steps=1,
+        seq_len=256,
+        use_compile=False,
+        use_checkpoint_per_layer=False,
+    ),
+}
+CPU_BENCHMARK_WARNING = (
+    "no CUDA device: ran the CPU profile (preset tiny, micro-batch 16, grad-accum 3, "
+    "seq 512) instead of the GPU configuration; figures are not comparable with GPU runs"
+)
+
+
+def pick_device(requested: str, cuda_available: bool) -> Device:
+    if requested == "cuda" and not cuda_available:
+        raise InvalidRequest("device 'cuda' was requested but no worker has a CUDA device")
+    if requested == "auto":
+        return "cuda" if cuda_available else "cpu"
+    return "cuda" if requested == "cuda" else "cpu"
+
+
+# --- resolve --------------------------------------------------------------------------------
+
+
+def resolve_train(
+    request: TrainRequest,
+    *,
+    cuda_available: bool,
+    data_roots: list[Path],
+    checkpoints: CheckpointStore | None = None,
+) -> TrainPlan:
+    """The plan of a train request. A resume needs `checkpoints`, to pin the checkpoint."""
+    device = pick_device(request.device, cuda_available)
+    profile = TRAIN_PROFILES[device]
+    model = _model_plan(request.model, profile)
+    if request.data.source in ("stdlib", "text") and model.config.vocab_size < 256:
+        raise InvalidRequest("byte-level text needs a vocab_size of at least 256")
+    checkpoint_every = request.checkpoint_every or max(request.steps // 10, 1)
+    return TrainPlan(
+        **_options(request, TrainOptions),
+        device=device,
+        model=model,
+        batch=_split_across_ranks(
+            _geometry(request.batch, profile, model.config),
+            request.batch,
+            request.nproc_per_node,
+        ),
+        data=resolve_data(request.data, data_roots),
+        checkpoint_every=checkpoint_every,
+        val_every=request.val_every or checkpoint_every,
+        resume_from=_resume_point(request, model.config, checkpoints),
+    )
+
+
+def resolve_benchmark(request: BenchmarkRequest, *, cuda_available: bool) -> BenchmarkPlan:
+    device = pick_device(request.device, cuda_available)
+    profile = BENCHMARK_PROFILES[device]
+    use_compile = profile.use_compile if request.use_compile is None else request.use_compile
+    ckpt = (
+        profile.use_checkpoint_per_layer
+        if request.use_checkpoint_per_layer is None
+        else request.use_checkpoint_per_layer
+    )
+    # MTP stays off in the benchmark (as in the seed) unless the overrides ask for it.
+    model = _model_plan(
+        request.model,
+        profile,
+        use_compile=use_compile,
+        compile_mode=request.compile_mode or "reduce-overhead",
+        use_checkpoint_per_layer=ckpt,
+    )
+    warnings = [CPU_BENCHMARK_WARNING] if device == "cpu" and request.device == "auto" else []
+    return BenchmarkPlan(
+        **_options(request, BenchmarkOptions),
+        device=device,
+        model=model,
+        batch=_geometry(request.batch, profile, model.config),
+        warnings=warnings,
+    )
+
+
+def resolve_validate(
+    request: ValidateRequest,
+    *,
+    cuda_available: bool,
+    data_roots: list[Path],
+    checkpoints: CheckpointStore,
+) -> ValidatePlan:
+    """Pins 'latest', 'best' or 'exp/tag' to one checkpoint now, and takes its model."""
+    device = pick_device(request.device, cuda_available)
+    info = _validation_checkpoint(checkpoints, request)
+    config = info.require_model_config()
+    seq_len = request.seq_len or min(TRAIN_PROFILES[device].seq_len, config.max_seq_len)
+    if seq_len > config.max_seq_len:
+        raise InvalidRequest(
+            f"seq_len {seq_len} is above the checkpoint model's max_seq_len {config.max_seq_len}"
+        )
+    return ValidatePlan(
+        **_options(request, ValidateOptions) | {"data": resolve_data(request.data, data_roots)},
+        checkpoint=CheckpointRef(experiment=info.experiment, tag=info.tag),
+        model=config,
+        seq_len=seq_len,
+        device=device,
+    )
+
+
+def _options(request: Spec, shared: type[Spec]) -> dict[str, Any]:
+    """The fields a request hands to its plan unchanged (those of the shared base)."""
+    return {name: getattr(request, name) for name in shared.model_fields}
+
+
+def _model_plan(model: ModelSpec, profile: Profile, **runtime: Any) -> ModelPlan:
+    try:
+        config = model.config(profile.preset).replace(**runtime)
+    except TrainctlError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"model.overrides: {exc}") from exc
+    return ModelPlan(
+        preset=model.preset or profile.preset, overrides=model.overrides, config=config
+    )
+
+
+def _geometry(batch: BatchSpec, profile: Profile, cfg: ModelConfig) -> BatchPlan:
+    seq_len = batch.seq_len or min(profile.seq_len, cfg.max_seq_len)
+    if seq_len > cfg.max_seq_len:
+        raise InvalidRequest(
+            f"batch.seq_len {seq_len} is above the model's max_seq_len {cfg.max_seq_len}"
+        )
+    micro = batch.micro_batch_size or profile.micro_batch_size
+    if micro * seq_len > MAX_TOKENS_PER_MICRO_BATCH:
+        raise InvalidRequest(
+            f"batch: micro_batch_size {micro} x seq_len {seq_len} = {micro * seq_len:,} tokens "
+            f"per forward pass, above the limit of {MAX_TOKENS_PER_MICRO_BATCH:,}; use "
+            "grad_accum_steps for a larger batch"
+        )
+    return BatchPlan(
+        micro_batch_size=micro,
+        grad_accum_steps=batch.grad_accum_steps or profile.grad_accum_steps,
+        seq_len=seq_len,
+    )
+
+
+def _split_across_ranks(resolved: BatchPlan, requested: BatchSpec, nproc: int) -> BatchPlan:
+    """Each of `nproc` ranks runs an equal share of a step's micro-batches."""
+    accum = resolved.grad_accum_steps
+    if accum % nproc == 0:
+        return resolved
+    if requested.grad_accum_steps is not None:
+        raise InvalidRequest(
+            f"batch.grad_accum_steps {accum} does not split evenly across nproc_per_node "
+            f"{nproc} processes; use a multiple of {nproc}"
+        )
+    return resolved.model_copy(update={"grad_accum_steps": -(-accum // nproc) * nproc})
+
+
+def _resume_point(
+    request: TrainRequest, config: ModelConfig, checkpoints: CheckpointStore | None
+) -> CheckpointRef | None:
+    """The concrete checkpoint `resume_from` names, checked to fit the model being trained."""
+    if request.resume_from is None:
+        return None
+    if checkpoints is None:
+        raise InvalidRequest("resume_from: no checkpoint store to resume from")
+    try:
+        info = checkpoints.resolve(request.experiment, request.resume_from)
+    except CheckpointNotFound:
+        raise InvalidRequest(
+            f"resume_from: experiment {request.experiment!r} has no checkpoint "
+            f"{request.resume_from!r} to resume from; train without resume_from, or name one of "
+            "its checkpoints (GET /checkpoints?experiment=...)"
+        ) from None
+    source = f"resume_from: checkpoint {info.tag!r} of experiment {info.experiment!r}"
+    advice = "; request the same model preset and overrides"
+    check_fits(info.require_model_config(), config, source, advice)
+    return CheckpointRef(experiment=info.experiment, tag=info.tag)
+
+
+def _validation_checkpoint(
+    checkpoints: CheckpointStore, request: ValidateRequest
+) -> CheckpointInfo:
+    """'latest', 'best' (optionally within `experiment`) or 'exp/tag' → one checkpoint now."""
+    try:
+        if request.checkpoint == LATEST_REF:
+            return checkpoints.latest(request.experiment)
+        if request.checkpoint == BEST_TAG:
+            return checkpoints.best(request.experiment)
+        experiment, tag = request.checkpoint.split("/")
+        return checkpoints.get(experiment, tag)
+    except CheckpointNotFound as exc:
+        raise InvalidRequest(f"checkpoint: {exc}; nothing to validate") from None

@@ -1,0 +1,51 @@
+"""Plans for tests, resolved as the API would on a CPU-only node without data roots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from store.checkpoints import CheckpointStore
+from store.plans import (
+    BenchmarkPlan,
+    TrainPlan,
+    ValidatePlan,
+    resolve_benchmark,
+    resolve_train,
+    resolve_validate,
+)
+from store.runs import Run, RunStore
+from store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
+
+
+def train_plan(checkpoints: Path | None = None, **request: Any) -> TrainPlan:
+    """A train plan; `checkpoints` is the store a `resume_from` is pinned in. Metrics every
+    step unless `log_every` is given: most tests follow a run step by step."""
+    store = CheckpointStore(checkpoints) if checkpoints is not None else None
+    request.setdefault("log_every", 1)
+    return resolve_train(
+        TrainRequest(**request), cuda_available=False, data_roots=[], checkpoints=store
+    )
+
+
+def benchmark_plan(**request: Any) -> BenchmarkPlan:
+    return resolve_benchmark(BenchmarkRequest(**request), cuda_available=False)
+
+
+def validate_plan(checkpoints: Path, **request: Any) -> ValidatePlan:
+    return resolve_validate(
+        ValidateRequest(**request),
+        cuda_available=False,
+        data_roots=[],
+        checkpoints=CheckpointStore(checkpoints),
+    )
+
+
+def enqueue(runs: RunStore, plan: TrainPlan | BenchmarkPlan | ValidatePlan, **kw: Any) -> Run:
+    """Queue a plan as the API does (without the idempotency and protection checks)."""
+    kind = {TrainPlan: "train", BenchmarkPlan: "benchmark", ValidatePlan: "validate"}[type(plan)]
+    ref = plan.depends_on
+    depends_on = [(ref.experiment, ref.tag)] if ref is not None else []
+    return runs.enqueue(
+        kind, plan.filed_under, plan.model_dump(mode="json"), depends_on=depends_on, **kw
+    )
