@@ -13,7 +13,6 @@ restores them.
 
 from __future__ import annotations
 
-import builtins
 import errno
 import fcntl
 import hashlib
@@ -139,7 +138,7 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 def write_manifest(
-    folder: Path, names: builtins.list[str], hashes: dict[str, str] | None = None
+    folder: Path, names: list[str], hashes: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """Fsync and describe each named file, then write ``manifest.json`` last, atomically.
 
@@ -175,7 +174,7 @@ def _check_manifest_shape(path: Path, manifest: Any) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION:
         raise CheckpointCorrupt(f"{path}: not a version {MANIFEST_VERSION} manifest")
     files = manifest.get("files")
-    if not isinstance(files, builtins.list):
+    if not isinstance(files, list):
         raise CheckpointCorrupt(f"{path}: 'files' is not a list")
     seen: set[str] = set()
     for entry in files:
@@ -237,7 +236,7 @@ class CheckpointInfo:
     """ISO 8601, as the writer recorded it in metadata.json."""
     size_bytes: int
     """Sum of the manifest's file sizes."""
-    files: builtins.list[dict[str, Any]]
+    files: list[dict[str, Any]]
     """The manifest's entries: ``{name, size, sha256}``."""
     path: Path
 
@@ -256,8 +255,8 @@ class CheckpointInfo:
 
 @dataclass(frozen=True)
 class PruneOutcome:
-    deleted: builtins.list[CheckpointInfo]
-    kept: builtins.list[CheckpointInfo]
+    deleted: list[CheckpointInfo]
+    kept: list[CheckpointInfo]
     dry_run: bool
 
 
@@ -334,7 +333,7 @@ def _created_key(info: CheckpointInfo) -> tuple[float, float, int, str] | None:
     return (created, mtime, info.step if info.step is not None else -1, info.tag)
 
 
-def _visible_dirs(folder: Path) -> builtins.list[Path]:
+def _visible_dirs(folder: Path) -> list[Path]:
     """Real (non-symlink) sub-folders whose names are valid store names, sorted by name."""
     if not folder.is_dir():
         return []
@@ -365,11 +364,11 @@ def _renames_locked(folder: Path, *, exclusive: bool) -> Iterator[None]:
 _local = threading.local()
 
 
-def _held_guards() -> builtins.set[tuple[str, str]]:
+def _held_guards() -> set[tuple[str, str]]:
     """The guards this thread holds (flocks of one process's threads exclude each other)."""
     if not hasattr(_local, "guards"):
         _local.guards = set()
-    held: builtins.set[tuple[str, str]] = _local.guards
+    held: set[tuple[str, str]] = _local.guards
     return held
 
 
@@ -400,7 +399,7 @@ class CheckpointStore:
     def experiment_dir(self, experiment: str) -> Path:
         return self.root / validate_name("experiment", experiment)
 
-    def experiments(self) -> builtins.list[str]:
+    def experiments(self) -> list[str]:
         """Names of experiment folders, sorted (they may hold no complete checkpoint yet)."""
         return [p.name for p in _visible_dirs(self.root)]
 
@@ -483,7 +482,7 @@ class CheckpointStore:
             _discard(trash)
         return final
 
-    def cleanup(self, experiment: str | None = None) -> builtins.list[Path]:
+    def cleanup(self, experiment: str | None = None) -> list[Path]:
         """Remove leftover staging folders and finish interrupted commits and deletes.
 
         Returns the hidden folders it removed or restored. Run it at start, before claiming
@@ -491,7 +490,7 @@ class CheckpointStore:
         to touch only the experiment this process is about to train.
         """
         names = [experiment] if experiment is not None else self.experiments()
-        handled: builtins.list[Path] = []
+        handled: list[Path] = []
         for name in names:
             exp_dir = self.experiment_dir(name)
             if not exp_dir.is_dir():
@@ -528,14 +527,14 @@ class CheckpointStore:
 
     # --- reading ---
 
-    def list(self, experiment: str | None = None) -> builtins.list[CheckpointInfo]:
+    def list_checkpoints(self, experiment: str | None = None) -> list[CheckpointInfo]:
         """Complete checkpoints, sorted by experiment, then step (None last), then tag."""
         names = [experiment] if experiment is not None else self.experiments()
         infos = [info for name in names for info in self._list_experiment(name)]
         infos.sort(key=lambda i: (i.experiment, i.step is None, i.step or 0, i.tag))
         return infos
 
-    def _list_experiment(self, experiment: str) -> builtins.list[CheckpointInfo]:
+    def _list_experiment(self, experiment: str) -> list[CheckpointInfo]:
         """Complete checkpoints of one experiment, from a snapshot that nothing vanished from.
 
         A folder deleted while it is read (retention or a prune racing this reader) makes the
@@ -587,7 +586,7 @@ class CheckpointStore:
     def latest_or_none(self, experiment: str | None = None) -> CheckpointInfo | None:
         if experiment is None:
             for _ in range(_LIST_ATTEMPTS):
-                infos = self.list()
+                infos = self.list_checkpoints()
                 keyed = [(key, i) for i in infos if (key := _created_key(i)) is not None]
                 if len(keyed) == len(infos):
                     break  # nothing was deleted while we looked: the snapshot holds the newest
@@ -629,7 +628,7 @@ class CheckpointStore:
         an older tag)."""
         mine = [
             (step, info)
-            for info in self.list(experiment)
+            for info in self.list_checkpoints(experiment)
             if info.run_id == run_id and (step := parse_step(info.tag)) is not None
         ]
         return max(mine, key=lambda pair: pair[0], default=(0, None))[1]
@@ -638,7 +637,9 @@ class CheckpointStore:
         """The ``best`` tag of an experiment; across experiments, the lowest best_loss."""
         if experiment is not None:
             return self.get(experiment, BEST_TAG)
-        bests = [i for i in self.list() if i.tag == BEST_TAG and i.best_loss is not None]
+        bests = [
+            i for i in self.list_checkpoints() if i.tag == BEST_TAG and i.best_loss is not None
+        ]
         if not bests:
             raise CheckpointNotFound("no best checkpoint yet in any experiment")
         return min(bests, key=lambda i: (i.best_loss, i.experiment))
@@ -721,7 +722,7 @@ class CheckpointStore:
         if not self.experiment_dir(experiment).is_dir():
             raise CheckpointNotFound(f"experiment {experiment!r} does not exist in the store")
         with self.guard(experiment):
-            infos = self.list(experiment)
+            infos = self.list_checkpoints(experiment)
             spared = _spared(protected)
             doomed = self._prune_candidates(experiment, infos, keep_last, keep_best, spared)
             if not dry_run:
@@ -733,11 +734,11 @@ class CheckpointStore:
     def _prune_candidates(
         self,
         experiment: str,
-        infos: builtins.list[CheckpointInfo],
+        infos: list[CheckpointInfo],
         keep_last: int,
         keep_best: bool,
         protected: Protected,
-    ) -> builtins.list[CheckpointInfo]:
+    ) -> list[CheckpointInfo]:
         steps = sorted(
             (i for i in infos if parse_step(i.tag) is not None),
             key=lambda i: parse_step(i.tag) or 0,
@@ -766,7 +767,7 @@ class CheckpointStore:
 
     def retain(
         self, experiment: str, max_keep: int, protected: Protection = frozenset()
-    ) -> builtins.list[CheckpointInfo]:
+    ) -> list[CheckpointInfo]:
         """Retention after a save (seed ``max_keep``); return the deleted.
 
         Exactly `max_keep` step checkpoints stay (plus protected ones): the ``best`` folder is

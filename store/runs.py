@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import builtins
 import json
 import uuid
 from collections.abc import Iterable, Sequence
@@ -199,7 +198,7 @@ class RunStore:
         with read_transaction(self.engine) as conn:
             return _run_from_row(_require_row(conn, run_id))
 
-    def list(
+    def list_runs(
         self,
         *,
         kind: str | None = None,
@@ -207,14 +206,14 @@ class RunStore:
         experiment: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
-    ) -> tuple[builtins.list[Run], str | None]:
+    ) -> tuple[list[Run], str | None]:
         """Runs newest first, `limit` at a time; pass the returned cursor to get the next page.
 
         Keyset pagination (not OFFSET): a page stays correct while new runs are enqueued.
         """
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
-        conditions: builtins.list[ColumnElement[bool]] = []
+        conditions: list[ColumnElement[bool]] = []
         if kind is not None:
             conditions.append(runs.c.kind == kind)
         if state is not None:
@@ -353,7 +352,7 @@ class RunStore:
 
     def events(
         self, run_id: str, *, after_id: int = 0, limit: int = 1000, type: str | None = None
-    ) -> builtins.list[Event]:
+    ) -> list[Event]:
         """Events of a run with id > `after_id`, oldest first (what a resuming stream needs)."""
         conditions = [run_events.c.run_id == run_id, run_events.c.id > after_id]
         if type is not None:
@@ -403,7 +402,7 @@ class RunStore:
 
     # ---- recovery: runs whose worker is gone -------------------------------------------------
 
-    def reap_expired(self, now: datetime | None = None) -> builtins.list[Run]:
+    def reap_expired(self, now: datetime | None = None) -> list[Run]:
         """Requeue (or fail, when out of attempts) every running run whose lease has expired."""
         now = now or _utcnow()
         expired = runs.c.lease_expires_at < now
@@ -420,7 +419,7 @@ class RunStore:
                 for row in rows
             ]
 
-    def fail_worker_runs(self, worker_id: str, reason: str) -> builtins.list[Run]:
+    def fail_worker_runs(self, worker_id: str, reason: str) -> list[Run]:
         """Recover every running run of a worker known to be dead, as `reap_expired` would."""
         now = _utcnow()
         with write_transaction(self.engine) as conn:
@@ -515,7 +514,7 @@ class RunStore:
             if conn.execute(statement).rowcount == 0:
                 raise WorkerNotFound(worker_id)
 
-    def list_workers(self) -> builtins.list[Worker]:
+    def list_workers(self) -> list[Worker]:
         running = select(runs.c.worker_id, runs.c.id).where(runs.c.state == "running")
         with read_transaction(self.engine) as conn:
             rows = conn.execute(select(workers).order_by(workers.c.started_at)).all()

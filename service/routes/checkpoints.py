@@ -31,7 +31,7 @@ def list_checkpoints(
     ckpts: CheckpointsDep, experiment: ExperimentFilter = None
 ) -> CheckpointsPublic:
     """List complete checkpoints, by experiment and step."""
-    items = [CheckpointPublic.model_validate(i) for i in ckpts.list(experiment)]
+    items = [CheckpointPublic.model_validate(i) for i in ckpts.list_checkpoints(experiment)]
     return CheckpointsPublic(items=items)
 
 

@@ -109,7 +109,7 @@ def list_runs(
     cursor: Annotated[str | None, Query(max_length=1000)] = None,
 ) -> RunsPublic:
     """List runs, newest first, a page at a time."""
-    page, next_cursor = runs.list(
+    page, next_cursor = runs.list_runs(
         kind=kind, state=state, experiment=experiment, limit=limit, cursor=cursor
     )
     return RunsPublic(

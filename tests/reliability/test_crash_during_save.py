@@ -54,7 +54,7 @@ def orphaned_tags(folder: Path) -> set[str]:
 def assert_consistent(store: CheckpointStore) -> CheckpointInfo:
     """What a reader sees must be whole: no hidden folder, every checkpoint verifies, and
     `latest` is the highest step and loads into a fresh model. Returns `latest`."""
-    listed = store.list(saver.EXPERIMENT)
+    listed = store.list_checkpoints(saver.EXPERIMENT)
     assert all(not c.tag.startswith(".") for c in listed), [c.tag for c in listed]
     for info in listed:
         verify_manifest(info.path, deep=True)
@@ -148,5 +148,5 @@ def test_kill_9_at_every_file_system_call_of_a_save_is_repaired_by_cleanup(
         assert after.tag == latest.tag, "cleanup changed which checkpoint is latest"
     assert points >= 20, f"only {points} crash points: the kill hook is not reached"
     assert orphans_restored >= 1, "no crash fell between the two renames of a replacing commit"
-    final = sorted(c.tag for c in CheckpointStore(root).list())
+    final = sorted(c.tag for c in CheckpointStore(root).list_checkpoints())
     assert final == ["best", "step_2", "step_3", "step_4"]

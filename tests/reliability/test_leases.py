@@ -37,7 +37,9 @@ def reap(runs: RunStore) -> list[Run]:
 def checkpoints(root: Path, experiment: str) -> dict[str, str]:
     """Tag -> manifest text of every complete checkpoint: any new or rewritten one shows."""
     store = CheckpointStore(root)
-    return {c.tag: (c.path / "manifest.json").read_text() for c in store.list(experiment)}
+    return {
+        c.tag: (c.path / "manifest.json").read_text() for c in store.list_checkpoints(experiment)
+    }
 
 
 def test_a_stalled_worker_loses_its_run_to_the_reaper_and_is_fenced_when_it_returns(

@@ -81,7 +81,7 @@ def test_prune_during_saves_never_deletes_latest_best_protected_or_the_one_being
         stop.set()
         proc.join(timeout=60)
     assert proc.exitcode == 0, "the saver failed: a checkpoint it had just committed was gone"
-    final = store.list(EXP)
+    final = store.list_checkpoints(EXP)
     for info in final:
         verify_manifest(info.path, deep=True)
     assert {BEST_TAG, PROTECTED_TAG} <= {c.tag for c in final}
@@ -123,7 +123,7 @@ def test_listing_while_retention_deletes_never_raises(tmp_path: Path) -> None:
     writer.start()
     reads = 0
     while not done.is_set():
-        for read in (lambda: store.list(EXP), store.latest_or_none, store.latest):
+        for read in (lambda: store.list_checkpoints(EXP), store.latest_or_none, store.latest):
             try:
                 read()
             except Exception as exc:

@@ -64,14 +64,16 @@ def unwritable(folder: Path) -> Iterator[str]:
 
 def snapshot(store: CheckpointStore, experiment: str = EXP) -> dict[str, str]:
     """Tag -> manifest text: equal snapshots mean no earlier checkpoint was touched."""
-    return {c.tag: (c.path / "manifest.json").read_text() for c in store.list(experiment)}
+    return {
+        c.tag: (c.path / "manifest.json").read_text() for c in store.list_checkpoints(experiment)
+    }
 
 
 def assert_intact(store: CheckpointStore, before: dict[str, str]) -> None:
     assert snapshot(store) == before
     folder = store.experiment_dir(EXP)
     assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []
-    for info in store.list(EXP):
+    for info in store.list_checkpoints(EXP):
         verify_manifest(info.path, deep=True)
     load_checkpoint(*saver.build_parts(), store.latest(EXP).path)
 
@@ -168,7 +170,7 @@ def test_a_run_whose_store_fails_ends_failed_with_the_reason_and_the_worker_serv
     assert on_readonly.state == "failed"
     assert "checkpoint store not writable" in (on_readonly.error or ""), how
 
-    for info in store.list("e"):
+    for info in store.list_checkpoints("e"):
         verify_manifest(info.path, deep=True)
     assert snapshot(store, "e") == before, "an earlier checkpoint was touched"
     assert sorted(p.name for p in store.experiment_dir("e").iterdir()) == sorted(before)

@@ -228,7 +228,7 @@ def test_a_dry_run_prune_reports_but_deletes_nothing(
 
     assert sorted(tags({"items": response.json()["deleted"]})) == ["step_10", "step_20"]
     assert response.json()["dry_run"] is True
-    assert len(three.list("exp")) == 4
+    assert len(three.list_checkpoints("exp")) == 4
 
 
 def test_prune_spares_what_runs_need(client: TestClient, three: CheckpointStore) -> None:
@@ -299,4 +299,4 @@ def test_paths_that_try_to_leave_the_store_get_a_4xx_with_a_reason(
         assert 400 <= response.status_code < 500, (method, url, response.status_code)
         detail = response.json()["detail"]
         assert isinstance(detail, str) and len(detail) > 20, detail
-    assert len(three.list()) == 5  # nothing was deleted
+    assert len(three.list_checkpoints()) == 5  # nothing was deleted

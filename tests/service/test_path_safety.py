@@ -50,7 +50,7 @@ def test_every_trick_in_every_place_is_refused_with_a_reason(
         response = client.request(method, url)
         assert 400 <= response.status_code < 500, (method, url, response.status_code)
         assert "detail" in response.json()
-    assert [c.tag for c in one.list()] == ["step_1"]
+    assert [c.tag for c in one.list_checkpoints()] == ["step_1"]
 
 
 def test_a_symlinked_file_pointing_out_of_the_store_is_not_served(

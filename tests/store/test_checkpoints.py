@@ -61,7 +61,7 @@ def save(
 
 
 def tags(store: CheckpointStore, experiment: str | None = None) -> list[str]:
-    return [i.tag for i in store.list(experiment)]
+    return [i.tag for i in store.list_checkpoints(experiment)]
 
 
 # --- names ---
@@ -188,7 +188,7 @@ def test_list_sorts_by_experiment_then_step_with_user_tags_last(
     save(store, "a", "release", step=1)
     for step in (100, 20):
         save(store, "a", step=step)
-    listed = [(i.experiment, i.tag) for i in store.list()]
+    listed = [(i.experiment, i.tag) for i in store.list_checkpoints()]
     # the tagged "release" copy carries step 1 in its metadata, so it sorts by that step
     assert listed == [("a", "release"), ("a", "step_20"), ("a", "step_100"), ("b", "step_10")]
 

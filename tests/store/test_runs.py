@@ -82,7 +82,7 @@ def test_list_filters_by_kind_state_and_experiment(store: RunStore) -> None:
     store.request_cancel(other.id)
 
     def ids(**filters: Any) -> list[str]:
-        return [run.id for run in store.list(**filters)[0]]
+        return [run.id for run in store.list_runs(**filters)[0]]
 
     assert ids(kind="train") == [train.id]
     assert ids(experiment="a") == [validate.id, train.id]
@@ -96,7 +96,7 @@ def test_list_pages_through_every_run_newest_first(store: RunStore) -> None:
     pages: list[list[str]] = []
     cursor: str | None = None
     while True:
-        page, cursor = store.list(limit=3, cursor=cursor)
+        page, cursor = store.list_runs(limit=3, cursor=cursor)
         pages.append([run.id for run in page])
         if cursor is None:
             break
@@ -109,7 +109,7 @@ def test_a_full_last_page_has_no_next_cursor(store: RunStore) -> None:
     for n in range(3):
         store.enqueue("benchmark", "exp", {"n": n})
 
-    page, cursor = store.list(limit=3)
+    page, cursor = store.list_runs(limit=3)
 
     assert len(page) == 3
     assert cursor is None
@@ -126,7 +126,7 @@ def test_a_full_last_page_has_no_next_cursor(store: RunStore) -> None:
 )
 def test_a_malformed_cursor_is_an_invalid_request(store: RunStore, cursor: str) -> None:
     with pytest.raises(InvalidRequest, match="invalid cursor"):
-        store.list(cursor=cursor)
+        store.list_runs(cursor=cursor)
 
 
 # ---- idempotency and one active train run per experiment ---------------------------------
@@ -137,7 +137,7 @@ def test_retrying_with_the_same_key_and_body_returns_the_first_run(store: RunSto
     again = store.enqueue("train", "exp", {"lr": 0.02}, idempotency_key="key-1")
 
     assert again == first
-    assert len(store.list()[0]) == 1
+    assert len(store.list_runs()[0]) == 1
 
 
 def test_reusing_a_key_for_a_different_body_is_a_conflict(store: RunStore) -> None:

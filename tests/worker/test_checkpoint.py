@@ -186,7 +186,7 @@ def test_a_crash_between_the_files_of_a_save_leaves_no_visible_checkpoint(
     )
     assert proc.returncode == 9, proc.stderr
     store = CheckpointStore(tmp_path)
-    assert [c.tag for c in store.list("exp")] == ["step_1"]
+    assert [c.tag for c in store.list_checkpoints("exp")] == ["step_1"]
     staged = [p for p in (tmp_path / "exp").iterdir() if p.name.startswith(".staging-")]
     assert staged and (staged[0] / MODEL_FILE).exists()  # the half-written save is hidden
     assert not (staged[0] / MANIFEST_FILE).exists()

@@ -99,8 +99,8 @@ def test_a_two_process_run_reports_once_saves_from_rank_0_and_resumes_exactly(
     assert straight.state == "succeeded", straight.error
     steps = [e.data["step"] for e in runs.events(straight.id, type="metrics") if "loss" in e.data]
     assert steps == list(range(1, STEPS + 1))  # one report per step: rank 0's
-    assert {c.tag for c in checkpoints.list("ddp")} == {"step_3", "step_6", "best"}
-    assert {c.run_id for c in checkpoints.list("ddp")} == {straight.id}
+    assert {c.tag for c in checkpoints.list_checkpoints("ddp")} == {"step_3", "step_6", "best"}
+    assert {c.run_id for c in checkpoints.list_checkpoints("ddp")} == {straight.id}
     weights = checkpoints.get("ddp", "step_6").path / "model.safetensors"
     straight_weights = weights.read_bytes()
 

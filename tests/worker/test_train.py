@@ -46,7 +46,7 @@ def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path
     assert first[0] > uniform - 0.5
     assert val[-1] < uniform - 3.0  # far below: ~2.5 nats on Python source
     assert result["best_loss"] == min(val)
-    tags = [c.tag for c in CheckpointStore(tmp_path).list("text")]
+    tags = [c.tag for c in CheckpointStore(tmp_path).list_checkpoints("text")]
     assert {"best", "step_300"} <= set(tags)
 
 
@@ -89,7 +89,7 @@ def test_a_non_finite_loss_stops_the_run_and_never_saves_nan(tmp_path: Path) -> 
     trainer.on_metrics = poison
     with pytest.raises(NonFiniteLoss, match="at step 7: the update was not applied"):
         trainer.run()
-    infos = CheckpointStore(tmp_path).list("nan")
+    infos = CheckpointStore(tmp_path).list_checkpoints("nan")
     assert [i.tag for i in infos if i.tag.startswith("step_")] == ["step_5"]
     for info in infos:
         weights = load_file(str(info.path / "model.safetensors"))
