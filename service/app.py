@@ -45,7 +45,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.supervisor = supervisor = None
         try:
             if default_worker_count(settings)[0] > 0:
-                app.state.supervisor = supervisor = Supervisor(settings, store)
+                supervisor = Supervisor(settings, store, metrics=app.state.metrics)
+                app.state.supervisor = supervisor
                 supervisor.start()
             yield
         finally:

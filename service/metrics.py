@@ -28,12 +28,12 @@ from service.history import PAGE
 from service.settings import Settings
 from store.runs import Event, Run, RunStore
 from store.stats import count_runs_by_state
+from store.vocabulary import RUN_STATES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 SAVE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-SAVED_PREFIX = "saved checkpoint "  # worker.executor's log line for a committed checkpoint
 
 
 @dataclass
@@ -42,7 +42,6 @@ class RunFollower:
 
     run: Run
     after_id: int = 0
-    last_metrics_at: datetime | None = None
     loss: float | None = None
     tokens_per_sec: float | None = None
     step: int | None = None
@@ -105,7 +104,7 @@ class ServiceMetrics:
     def _read_store(self, runs: RunStore, settings: Settings) -> list[Metric]:
         counts = count_runs_by_state(runs)
         by_state = GaugeMetricFamily("trainctl_runs", "Runs by state.", labels=["state"])
-        for state in STATES:
+        for state in RUN_STATES:
             by_state.add_metric([state], counts.get(state, 0))
         alive = sum(
             datetime.now(UTC) - w.last_seen_at <= timedelta(seconds=settings.lease_seconds)
@@ -121,7 +120,7 @@ class ServiceMetrics:
         ]  # fmt: skip
 
     def _follow_running(self, runs: RunStore) -> Iterator[Metric]:
-        running, _ = runs.list(state="running", limit=500)
+        running, _ = runs.list_runs(state="running", limit=500)
         for run in running:
             self._followers.setdefault(run.id, RunFollower(run)).run = run
         current = {run.id for run in running}
@@ -159,15 +158,15 @@ class ServiceMetrics:
     def _observe(self, follower: RunFollower, event: Event) -> None:
         data = event.data
         if event.type == "metrics":
-            follower.last_metrics_at = event.created_at
             if data.get("kind") in ("train", "measure") and "step_time_sec" in data:
                 self.step_time.labels(data["kind"]).observe(float(data["step_time_sec"]))
                 follower.loss = _number(data.get("loss"), follower.loss)
                 follower.tokens_per_sec = _number(data.get("tokens_per_sec"), None)
                 follower.step = int(data.get("step", 0))
-        elif _is_save(event) and follower.last_metrics_at is not None:
-            seconds = (event.created_at - follower.last_metrics_at).total_seconds()
-            self.checkpoint_save.observe(max(seconds, 0.0))
+        elif event.type == "log" and isinstance(saved := data.get("checkpoint"), dict):
+            seconds = _number(saved.get("save_seconds"), None)
+            if seconds is not None:
+                self.checkpoint_save.observe(max(seconds, 0.0))
 
 
 class _Snapshot:
@@ -181,10 +180,6 @@ class _Snapshot:
 
     def collect(self) -> Iterator[Metric]:
         return iter(self.metrics._gauges)
-
-
-def _is_save(event: Event) -> bool:
-    return event.type == "log" and str(event.data.get("message", "")).startswith(SAVED_PREFIX)
 
 
 def _number(value: object, default: float | None) -> float | None:

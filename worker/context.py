@@ -51,20 +51,24 @@ class RunContext:
             self.lease_lost.set()
             return None
 
-    def log(self, message: str, level: str = "info") -> None:
+    def log(self, message: str, level: str = "info", **fields: Any) -> None:
+        """A log event; `fields` are data for programs beside the message for people."""
         log.log(logging.getLevelName(level.upper()), "run %s: %s", self.run.id, message)
         self._fenced(
             self.runs.append_event,
             self.run.id,
             "log",
-            {"level": level, "message": message},
+            {"level": level, "message": message, **fields},
             worker_id=self.worker_id,
             attempt=self.attempt,
         )
 
     def log_checkpoint(self, saved: dict[str, Any]) -> None:
-        """A Trainer's `on_checkpoint`: say in the run's log which checkpoint was saved."""
-        self.log(f"saved checkpoint {saved['experiment']}/{saved['tag']} at step {saved['step']}")
+        """A Trainer's `on_checkpoint`: the saved checkpoint, in words and as data (the
+        service's /metrics reads `checkpoint.save_seconds`)."""
+        checkpoint = {k: saved[k] for k in ("experiment", "tag", "step", "save_seconds")}
+        where = f"{saved['experiment']}/{saved['tag']}"
+        self.log(f"saved checkpoint {where} at step {saved['step']}", checkpoint=checkpoint)
 
     def metrics(self, data: dict[str, Any]) -> None:
         self._fenced(

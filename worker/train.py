@@ -325,13 +325,20 @@ class Trainer:
             dtype=dtype,
         )
 
+        info: dict[str, Any] = {
+            "experiment": self.plan.experiment,
+            "tag": state.tag,
+            "step": s.step,
+        }
+
         def write(state: CheckpointState) -> Path:
             # `protected` is asked under the store's guard, after the commit: a run queued
             # meanwhile that depends on an older checkpoint keeps it.
-            root, protected = self.store.root, self.protected
-            return write_checkpoint(state, root, self.plan.max_keep, protected, self.before_commit)
+            root, protected, started = self.store.root, self.protected, time.perf_counter()
+            path = write_checkpoint(state, root, self.plan.max_keep, protected, self.before_commit)
+            info["save_seconds"] = time.perf_counter() - started  # reported with the commit
+            return path
 
-        info = {"experiment": self.plan.experiment, "tag": state.tag, "step": s.step}
         if self.checkpointer is None:
             path = write(state)
             self.on_checkpoint({**info, "path": str(path)})

@@ -56,7 +56,8 @@ def test_running_runs_report_loss_speed_step_times_and_checkpoint_saves(
             "kind": "train", "step": step, "total_steps": 100, "loss": loss,
             "tokens_per_sec": 1000.0 * step, "step_time_sec": 0.2,
         })  # fmt: skip
-    runs.append_event(run_id, "log", {"level": "info", "message": "saved checkpoint exp/step_2"})
+    saved = {"experiment": "exp", "tag": "step_2", "step": 2, "save_seconds": 0.4}
+    runs.append_event(run_id, "log", {"level": "info", "message": "saved", "checkpoint": saved})
     labels = {"run_id": run_id, "experiment": "exp", "kind": "train"}
 
     first = samples(client)
@@ -70,6 +71,7 @@ def test_running_runs_report_loss_speed_step_times_and_checkpoint_saves(
     assert value(first, "trainctl_run_tokens_per_second", **labels) == 2000.0
     assert value(first, "trainctl_step_time_seconds_count", kind="train") == 2
     assert value(first, "trainctl_checkpoint_save_seconds_count") == 1
+    assert value(first, "trainctl_checkpoint_save_seconds_sum") == pytest.approx(0.4)
     # A scrape observes only the events since the previous one.
     assert value(second, "trainctl_step_time_seconds_count", kind="train") == 3
     assert value(second, "trainctl_step_time_seconds_sum", kind="train") == pytest.approx(0.7)
