@@ -1,4 +1,5 @@
-"""The walls of the house (DESIGN.md): each package imported in a fresh interpreter."""
+"""The walls of the house (docs/architecture.md, "Rooms"): each package imported in a fresh
+interpreter."""
 
 from __future__ import annotations
 
@@ -50,3 +51,15 @@ def test_no_code_path_unpickles_with_weights_only_false() -> None:
                 if "torch.load(" in line and "def " not in line:
                     call = text[text.index(line) :]
                     assert "weights_only=True" in call[: call.index(")") + 80], (path, line)
+
+
+def test_code_cites_the_architecture_document_in_the_repository_only() -> None:
+    """docs/architecture.md is the design's one home; nothing points outside the repository."""
+    assert (REPO / "docs" / "architecture.md").is_file()
+    for package in [*FORBIDDEN, "bench", "tests"]:
+        for path in (REPO / package).rglob("*.py"):
+            if path == Path(__file__):
+                continue
+            text = path.read_text()
+            for outside in ("DESIGN.md", "../shared", "shared/seed"):
+                assert outside not in text, (path, outside)
