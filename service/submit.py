@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import nullcontext
 
 from service.devices import cuda_available
 from service.settings import Settings
@@ -39,27 +40,23 @@ def submit_run(
     digest = request_digest(kind, request)
     if idempotency_key and (existing := runs.replay(idempotency_key, kind, digest)):
         return existing  # an idempotent retry gets its run, even if resolving now would differ
-    plan = resolve(kind, request, settings=settings, runs=runs, ckpts=ckpts)
-
-    def enqueue() -> Run:
+    plan = resolve(request, settings=settings, runs=runs, ckpts=ckpts)
+    ref = plan.depends_on
+    pin = ProtectionPolicy(runs, ckpts).pinned(ref.experiment, ref.tag) if ref else nullcontext()
+    with pin:
         return runs.enqueue(
             kind,
             plan.filed_under,
             plan.model_dump(mode="json"),
             idempotency_key=idempotency_key,
             max_attempts=settings.max_attempts,
-            depends_on=[(ref.experiment, ref.tag)] if (ref := plan.depends_on) else [],
+            depends_on=[(ref.experiment, ref.tag)] if ref else [],
             request_digest=digest if idempotency_key else None,
         )
 
-    if plan.depends_on is None:
-        return enqueue()
-    with ProtectionPolicy(runs, ckpts).pinned(plan.depends_on.experiment, plan.depends_on.tag):
-        return enqueue()
-
 
 def resolve(
-    kind: RunKind, request: Request, *, settings: Settings, runs: RunStore, ckpts: CheckpointStore
+    request: Request, *, settings: Settings, runs: RunStore, ckpts: CheckpointStore
 ) -> Plan:
     cuda = cuda_available(runs, settings.lease_seconds)
     if isinstance(request, TrainRequest):
@@ -70,5 +67,5 @@ def resolve(
         return resolve_validate(
             request, cuda_available=cuda, data_roots=settings.data_roots, checkpoints=ckpts
         )
-    assert isinstance(request, BenchmarkRequest), f"no plan for a {kind} request"
+    assert isinstance(request, BenchmarkRequest), f"no plan for a {type(request).__name__}"
     return resolve_benchmark(request, cuda_available=cuda)

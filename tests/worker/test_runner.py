@@ -107,10 +107,15 @@ def test_a_failed_run_records_its_reason_and_the_worker_keeps_serving(
     runs: RunStore, start_worker: Callable[[], Any]
 ) -> None:
     bad = enqueue_vanished_resume(runs)
+    # A spec as a trainctl from before plans stored it: no longer a plan this worker reads.
+    old = runs.enqueue("train", "z", {"experiment": "z", "steps": 3, "model_config_resolved": {}})
     good = enqueue_train(runs, experiment="y", steps=3)
     start_worker()
     failed = wait_state(runs, bad)
     assert failed.state == "failed" and "step_999" in (failed.error or "")
+    unreadable = wait_state(runs, old)
+    assert unreadable.state == "failed"
+    assert "cannot read the run's stored plan" in (unreadable.error or "")
     assert wait_state(runs, good).state == "succeeded"
 
 
