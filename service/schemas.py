@@ -48,9 +48,11 @@ class ProgressPublic(Public):
 class RunPublic(Public):
     id: str
     kind: RunKind
-    experiment: str = Field(description="Train: the spec's; validate: the checkpoint's.")
+    experiment: str = Field(description="Train: the request's; validate: the checkpoint's.")
     state: RunState
-    spec: dict[str, Any] = Field(description="The resolved spec: every default filled in.")
+    spec: dict[str, Any] = Field(
+        description="The run's plan: every default filled in, any checkpoint it reads pinned."
+    )
     progress: ProgressPublic
     result: dict[str, Any] | None = Field(description="Set when the run succeeded.")
     error: str | None = Field(description="Why the run failed, in words.")

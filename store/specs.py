@@ -60,7 +60,7 @@ class Request(Spec):
         if sent:
             raise ValueError(
                 f"{', '.join(sent)}: filled in by the server, not sent by clients; remove it "
-                "from the request (the run's resolved spec shows the value)"
+                "from the request (the spec of the run, its plan, shows the value)"
             )
         return data
 

@@ -10,7 +10,7 @@ torchrun runs as a child rather than in the worker because its agent installs it
 handler, which would kill the ranks instead of letting a train run checkpoint and requeue.
 The child dies with the worker (PR_SET_PDEATHSIG), and torchrun then stops the ranks.
 
-The global batch is the spec's: `micro_batch_size × grad_accum_steps` sequences per step, the
+The global batch is the plan's: `micro_batch_size × grad_accum_steps` sequences per step, the
 same as a single-process run. Rank r computes micro-batches r, r + N, r + 2N, ... of it (so
 `grad_accum_steps` must be a multiple of N), and since a batch is a pure function of its
 position the ranks together read exactly the batches one process would. DDP averages the
