@@ -22,10 +22,10 @@ $(STAMP): pyproject.toml
 # The service with its embedded defaults: SQLite and checkpoints under ./data, one local
 # worker per GPU (one on a CPU-only node), http://127.0.0.1:8000.
 serve: install
-	$(PY) -m service
+	$(PY) -m trainctl.service
 
 benchmark: install
-	$(PY) -m worker.benchmark --steps 100
+	$(PY) -m trainctl.worker.benchmark --steps 100
 
 # Side-by-side performance figures against the peers (docs/performance.md); the HF peer comes
 # from the `bench` extra. torch is pinned to what is installed so pip never swaps it.
@@ -36,7 +36,7 @@ bench: install
 
 # Regenerate the committed OpenAPI schema; a test fails when it drifts from the app.
 openapi: install
-	$(PY) -m service.openapi > openapi/openapi.json
+	$(PY) -m trainctl.service.openapi > openapi/openapi.json
 
 lint: install
 	$(VENV)/bin/ruff check .

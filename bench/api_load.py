@@ -1,7 +1,7 @@
 """Item 6: the API under load, and checkpoint downloads.
 
 While a train run keeps the CPU busy, 50 concurrent clients poll `GET /runs/{id}` and
-`GET /checkpoints/latest` against the real service (`python -m service`): p50/p99 latency
+`GET /checkpoints/latest` against the real service (`python -m trainctl.service`): p50/p99 latency
 and errors. Then a large checkpoint file is downloaded over HTTP and read with `cat`,
 alternated: with curl, as people download a checkpoint, against `cat` through a pipe (and,
 for scale, `cat` to /dev/null).
@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 
 from bench.common import Figure, alternate, median, paired_ratio, running_service
-from service.client import TrainctlClient
-from store.checkpoints import CheckpointStore, write_manifest
+from trainctl.service.client import TrainctlClient
+from trainctl.store.checkpoints import CheckpointStore, write_manifest
 
 FULL: dict[str, Any] = dict(clients=50, seconds=20.0, file_mib=1024, rounds=5)
 QUICK: dict[str, Any] = dict(clients=50, seconds=3.0, file_mib=64, rounds=2)

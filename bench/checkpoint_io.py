@@ -22,10 +22,10 @@ import torch
 from safetensors.torch import save_file
 
 from bench.common import Figure, alternate, median, paired_ratio
-from worker.async_checkpoint import AsyncCheckpointer
-from worker.checkpoint import CheckpointState, capture_checkpoint, write_checkpoint
-from worker.model import build_model
-from worker.optim import build_optimizers
+from trainctl.worker.async_checkpoint import AsyncCheckpointer
+from trainctl.worker.checkpoint import CheckpointState, capture_checkpoint, write_checkpoint
+from trainctl.worker.model import build_model
+from trainctl.worker.optim import build_optimizers
 
 # `small` with 4 layers: 62 M parameters, about 0.75 GB of weights and optimizer state.
 FULL: dict[str, Any] = dict(preset="small", n_layers=4, rounds=7)

@@ -89,7 +89,7 @@ class Service:
 
 @contextmanager
 def running_service(data_dir: Path, workers: int = 1, **env: str) -> Iterator[Service]:
-    """`python -m service` on a free port with its data under `data_dir`, stopped after."""
+    """`python -m trainctl.service` on a free port with its data under `data_dir`, stopped after."""
     port = free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     full_env = {
@@ -102,7 +102,11 @@ def running_service(data_dir: Path, workers: int = 1, **env: str) -> Iterator[Se
     }
     with open(data_dir / "service.log", "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service"], cwd=REPO, env=full_env, stdout=log, stderr=log
+            [sys.executable, "-m", "trainctl.service"],
+            cwd=REPO,
+            env=full_env,
+            stdout=log,
+            stderr=log,
         )
     svc = Service(f"http://127.0.0.1:{port}", data_dir, proc)
     try:

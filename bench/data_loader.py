@@ -10,12 +10,12 @@ from typing import Any
 import torch
 
 from bench.common import Figure
-from store.plans import resolve_train
-from store.specs import DataSpec, TrainRequest
-from worker.data import AsyncDataLoader, TokenSampler
-from worker.model import build_model
-from worker.optim import build_optimizers
-from worker.train import build_token_arrays, train
+from trainctl.store.plans import resolve_train
+from trainctl.store.specs import DataSpec, TrainRequest
+from trainctl.worker.data import AsyncDataLoader, TokenSampler
+from trainctl.worker.model import build_model
+from trainctl.worker.optim import build_optimizers
+from trainctl.worker.train import build_token_arrays, train
 
 # The loader at the CUDA train profile's geometry (small: B=16, T=1024); the step on `small`
 # (all 12 layers; 1 in --quick) at a CPU-sized batch.

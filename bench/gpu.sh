@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU figures of docs/performance.md (item 7), sized for one 10-minute device slot:
-# `python -m worker.benchmark` on the `base` preset with torch.compile on CUDA, then the HF
+# `python -m trainctl.worker.benchmark` on the `base` preset with torch.compile on CUDA, then the HF
 # peer (bench/gpu_peer.py) at the same configuration; each prints tokens/s, MFU, peak memory.
 #
 # The device machine has no network. Its python3 (Python 3.12, itself a venv at
@@ -43,8 +43,8 @@ mfu = f"{r[\"mfu\"] * 100:.1f} %" if r.get("mfu") else "n/a"
 print(f"{sys.argv[1]:<10} {r[\"tokens_per_sec\"]:>12,.0f} tokens/s   MFU {mfu}   peak memory {r[\"peak_memory_bytes\"] / 2**30:.1f} GiB")' "$1"
 }
 
-echo "== trainctl: python -m worker.benchmark (base, B=4 x 8, seq 4096, compile, bf16)"
-timeout 330 "$PY" -m worker.benchmark --steps "$STEPS" --warmup-steps "$WARMUP" --json \
+echo "== trainctl: python -m trainctl.worker.benchmark (base, B=4 x 8, seq 4096, compile, bf16)"
+timeout 330 "$PY" -m trainctl.worker.benchmark --steps "$STEPS" --warmup-steps "$WARMUP" --json \
     | tee /tmp/trainctl.json | report trainctl
 echo "== HF peer: LlamaForCausalLM, same dims and batch, compile, bf16"
 timeout 210 "$PY" -m bench.gpu_peer --steps "$STEPS" --warmup-steps "$WARMUP" \

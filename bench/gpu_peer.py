@@ -1,5 +1,5 @@
-"""The HF peer on CUDA at the benchmark configuration of `python -m worker.benchmark` (preset
-base, micro-batch 4 x grad-accum 8, seq 4096, bf16 autocast, torch.compile, activation
+"""The HF peer on CUDA at the benchmark configuration of `python -m trainctl.worker.benchmark`
+(preset base, micro-batch 4 x grad-accum 8, seq 4096, bf16 autocast, torch.compile, activation
 checkpointing, fused AdamW); prints one JSON object like the worker's benchmark.
 
 usage: python -m bench.gpu_peer [--steps N] [--warmup-steps N] [--no-compile]
@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from bench.hf_peer import build_adamw, build_llama, llama_loss
-from store.plans import resolve_benchmark
-from store.specs import BenchmarkRequest
-from worker.benchmark import flops_per_token, peak_flops
+from trainctl.store.plans import resolve_benchmark
+from trainctl.store.specs import BenchmarkRequest
+from trainctl.worker.benchmark import flops_per_token, peak_flops
 
 
 def main() -> None:

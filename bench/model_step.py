@@ -18,10 +18,10 @@ import torch
 
 from bench.common import Figure, alternate, median, paired_ratio
 from bench.hf_peer import build_adamw, build_llama, llama_loss
-from store.presets import ModelConfig, get_preset
-from worker.model import build_model
-from worker.optim import build_adamw as trainctl_adamw
-from worker.optim import build_optimizers, split_parameters
+from trainctl.store.presets import ModelConfig, get_preset
+from trainctl.worker.model import build_model
+from trainctl.worker.optim import build_adamw as trainctl_adamw
+from trainctl.worker.optim import build_optimizers, split_parameters
 
 # `small`'s widths, vocab and heads, with 4 of its 12 layers so a step takes seconds on two
 # cores; the vocab (64,000) stays, since the head is where the two models differ most.

@@ -1,5 +1,5 @@
-"""Item 1: a benchmark run submitted over the API against `python -m worker.benchmark --json`
-with the same resolved config, alternated pair by pair."""
+"""Item 1: a benchmark run submitted over the API against `python -m trainctl.worker.benchmark
+--json` with the same resolved config, alternated pair by pair."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from bench.common import (
     running_service,
     wait_run,
 )
-from service.client import TrainctlClient
-from store.plans import resolve_benchmark
-from store.specs import BenchmarkRequest
+from trainctl.service.client import TrainctlClient
+from trainctl.store.plans import resolve_benchmark
+from trainctl.store.specs import BenchmarkRequest
 
 # The CPU benchmark profile (preset tiny, grad-accum 3, seq 512) at micro-batch 4 instead of
 # 16: a step of about a second keeps 3 pairs within minutes on a loaded 2-core machine, and
@@ -44,7 +44,7 @@ def direct(spec: dict[str, Any]) -> dict[str, Any]:
         "--json",
     ]  # fmt: skip
     out = subprocess.run(
-        [sys.executable, "-m", "worker.benchmark", *args],
+        [sys.executable, "-m", "trainctl.worker.benchmark", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -88,7 +88,9 @@ def run(quick: bool = False) -> list[Figure]:
     return [
         Figure("service overhead: API benchmark tokens/s", median(tps["api"]), "tok/s", note=note),
         Figure(
-            "service overhead: python -m worker.benchmark tokens/s", median(tps["cli"]), "tok/s"
+            "service overhead: python -m trainctl.worker.benchmark tokens/s",
+            median(tps["cli"]),
+            "tok/s",
         ),
         Figure(
             "service overhead: API / direct", paired_ratio(tps["api"], tps["cli"]), "x", target=0.97

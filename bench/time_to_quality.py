@@ -20,13 +20,13 @@ import torch
 
 from bench.common import Figure
 from bench.hf_peer import build_adamw, build_llama, llama_loss
-from store.presets import ModelConfig
-from store.specs import DataSpec
-from worker.data import TokenSampler
-from worker.model import build_model
-from worker.optim import OptimizerConfig, build_optimizers
-from worker.schedule import build_scheduler
-from worker.train import build_token_arrays
+from trainctl.store.presets import ModelConfig
+from trainctl.store.specs import DataSpec
+from trainctl.worker.data import TokenSampler
+from trainctl.worker.model import build_model
+from trainctl.worker.optim import OptimizerConfig, build_optimizers
+from trainctl.worker.schedule import build_scheduler
+from trainctl.worker.train import build_token_arrays
 
 CONFIG = ModelConfig(
     vocab_size=256, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=384,

@@ -1,4 +1,4 @@
-"""`python -m service`: serve the API (and supervise local workers) with uvicorn."""
+"""`python -m trainctl.service`: serve the API (and supervise local workers) with uvicorn."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 
 import uvicorn
 
-from service.app import create_app
-from service.logs import configure_logging
-from service.settings import get_settings
+from trainctl.service.app import create_app
+from trainctl.service.logs import configure_logging
+from trainctl.service.settings import get_settings
 
 
 def is_loopback(host: str) -> bool:
@@ -23,7 +23,7 @@ def is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m service", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m trainctl.service", description=__doc__)
     parser.add_argument("--host", help="bind address (default: TRAINCTL_HOST, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default: TRAINCTL_PORT, 8000)")
     parser.add_argument(

@@ -8,16 +8,16 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service.deps import AUTH
-from service.errors import error_responses, install_error_handlers
-from service.metrics import ServiceMetrics
-from service.middleware import RequestMiddleware
-from service.routes import checkpoints, dashboard, metrics, runs, system
-from service.routing import operation_id
-from service.settings import Settings, get_settings
-from service.supervisor import Supervisor, default_worker_count
-from store.checkpoints import CheckpointStore
-from store.runs import RunStore
+from trainctl.service.deps import AUTH
+from trainctl.service.errors import error_responses, install_error_handlers
+from trainctl.service.metrics import ServiceMetrics
+from trainctl.service.middleware import RequestMiddleware
+from trainctl.service.routes import checkpoints, dashboard, metrics, runs, system
+from trainctl.service.routing import operation_id
+from trainctl.service.settings import Settings, get_settings
+from trainctl.service.supervisor import Supervisor, default_worker_count
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.runs import RunStore
 
 log = logging.getLogger("trainctl.service")
 

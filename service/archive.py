@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.checkpoints import MANIFEST_FILE, CheckpointInfo
-from store.exceptions import CheckpointCorrupt
+from trainctl.store.checkpoints import MANIFEST_FILE, CheckpointInfo
+from trainctl.store.exceptions import CheckpointCorrupt
 
 CHUNK = 1 << 20
 BLOCK = tarfile.BLOCKSIZE

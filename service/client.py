@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from service import sdk_calls as calls
-from service.schemas import (
+from trainctl.service import sdk_calls as calls
+from trainctl.service.schemas import (
     CheckpointPublic,
     EventPublic,
     HealthPublic,
@@ -40,8 +40,8 @@ from service.schemas import (
     RunsPublic,
     WorkerPublic,
 )
-from service.sdk_calls import Progress
-from service.sdk_steps import (
+from trainctl.service.sdk_calls import Progress
+from trainctl.service.sdk_steps import (
     CHUNK,
     ApiError,
     Call,

@@ -15,10 +15,10 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.settings import Settings
-from store.checkpoints import CheckpointStore
-from store.protection import ProtectionPolicy
-from store.runs import RunStore
+from trainctl.service.settings import Settings
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.protection import ProtectionPolicy
+from trainctl.store.runs import RunStore
 
 
 async def get_app_settings(request: Request) -> Settings:

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
 
-from store.runs import RunStore
+from trainctl.store.runs import RunStore
 
 
 def gpu_count() -> int:

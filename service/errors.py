@@ -20,9 +20,9 @@ from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.middleware import REQUEST_ID_HEADER
-from service.schemas import ErrorPublic, ValidationErrorPublic
-from store.exceptions import (
+from trainctl.service.middleware import REQUEST_ID_HEADER
+from trainctl.service.schemas import ErrorPublic, ValidationErrorPublic
+from trainctl.store.exceptions import (
     CheckpointCorrupt,
     Conflict,
     InvalidRequest,

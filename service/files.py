@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import Response
 from fastapi.responses import FileResponse, StreamingResponse
 
-from service.archive import checkpoint_tar
-from store.checkpoints import MANIFEST_FILE, CheckpointStore, sha256_file
+from trainctl.service.archive import checkpoint_tar
+from trainctl.store.checkpoints import MANIFEST_FILE, CheckpointStore, sha256_file
 
 
 class CheckpointFileResponse(FileResponse):

@@ -7,7 +7,7 @@ import io
 from collections.abc import Iterator
 from typing import Any
 
-from store.runs import Event, RunStore
+from trainctl.store.runs import Event, RunStore
 
 PAGE = 1000
 """Events fetched per query; a long run has one metrics event per step."""

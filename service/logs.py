@@ -10,7 +10,7 @@ import logging
 from contextvars import ContextVar
 from typing import TextIO
 
-from store import logs as shared
+from trainctl.store import logs as shared
 
 REQUEST_ID: ContextVar[str | None] = ContextVar("trainctl_request_id", default=None)
 # Marks an exception whose traceback is written. Starlette re-raises an error after its 500

@@ -24,11 +24,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from service.history import PAGE
-from service.settings import Settings
-from store.runs import Event, Run, RunStore
-from store.stats import count_runs_by_state
-from store.vocabulary import RUN_STATES
+from trainctl.service.history import PAGE
+from trainctl.service.settings import Settings
+from trainctl.store.runs import Event, Run, RunStore
+from trainctl.store.stats import count_runs_by_state
+from trainctl.store.vocabulary import RUN_STATES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -14,8 +14,8 @@ import uuid
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.logs import REQUEST_ID
-from service.metrics import ServiceMetrics
+from trainctl.service.logs import REQUEST_ID
+from trainctl.service.metrics import ServiceMetrics
 
 log = logging.getLogger("trainctl.http")
 REQUEST_ID_HEADER = "X-Request-ID"

@@ -1,12 +1,13 @@
-"""`python -m service.openapi` prints the API's OpenAPI schema (`make openapi` saves it)."""
+"""`python -m trainctl.service.openapi` prints the API's OpenAPI schema (`make openapi` saves
+it)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from service.app import create_app
-from service.settings import Settings
+from trainctl.service.app import create_app
+from trainctl.service.settings import Settings
 
 OPENAPI_FILE = "openapi/openapi.json"
 

@@ -19,7 +19,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.errors import error_responses
+from trainctl.service.errors import error_responses
 
 
 class ApiRoute(APIRoute):

@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from store.names import Name
-from store.vocabulary import EventType, RunKind, RunState
+from trainctl.store.names import Name
+from trainctl.store.vocabulary import EventType, RunKind, RunState
 
 
 class ErrorPublic(BaseModel):

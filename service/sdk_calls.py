@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel
 
-from service.schemas import (
+from trainctl.service.schemas import (
     CheckpointPublic,
     CheckpointsPublic,
     EventPublic,
@@ -34,7 +34,7 @@ from service.schemas import (
     WorkerPublic,
     WorkersPublic,
 )
-from service.sdk_steps import (
+from trainctl.service.sdk_steps import (
     CHUNK,
     Call,
     DownloadError,
@@ -48,7 +48,7 @@ from service.sdk_steps import (
     read_bytes,
     read_line,
 )
-from store.vocabulary import TERMINAL_STATES
+from trainctl.store.vocabulary import TERMINAL_STATES
 
 Progress = Callable[[int, int | None], None]
 """Download progress: (bytes on disk, total bytes or None)."""

@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeAlias, TypeVar
 
 import httpx
 
-from store.exceptions import TrainctlError
+from trainctl.store.exceptions import TrainctlError
 
 CHUNK = 1 << 20
 """Bytes per read of a streamed download."""

@@ -17,10 +17,10 @@ from typing import Any
 import anyio
 from starlette.concurrency import run_in_threadpool
 
-from service.history import PAGE
-from service.schemas import EventPublic, StreamEndPublic
-from store.runs import Event, RunStore
-from store.vocabulary import TERMINAL_STATES
+from trainctl.service.history import PAGE
+from trainctl.service.schemas import EventPublic, StreamEndPublic
+from trainctl.store.runs import Event, RunStore
+from trainctl.store.vocabulary import TERMINAL_STATES
 
 POLL_SECONDS = 0.25
 MAX_EVENT_ID = 2**63 - 1

@@ -12,14 +12,14 @@ import hashlib
 import json
 from contextlib import nullcontext
 
-from service.devices import cuda_available
-from service.settings import Settings
-from store.checkpoints import CheckpointStore
-from store.plans import Plan, resolve_benchmark, resolve_train, resolve_validate
-from store.protection import ProtectionPolicy
-from store.runs import Run, RunStore
-from store.specs import BenchmarkRequest, Request, TrainRequest, ValidateRequest
-from store.vocabulary import RunKind
+from trainctl.service.devices import cuda_available
+from trainctl.service.settings import Settings
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.plans import Plan, resolve_benchmark, resolve_train, resolve_validate
+from trainctl.store.protection import ProtectionPolicy
+from trainctl.store.runs import Run, RunStore
+from trainctl.store.specs import BenchmarkRequest, Request, TrainRequest, ValidateRequest
+from trainctl.store.vocabulary import RunKind
 
 
 def request_digest(kind: str, request: Request) -> str:

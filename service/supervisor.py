@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.devices import gpu_count
-from service.settings import Settings
-from store.runs import RunStore
+from trainctl.service.devices import gpu_count
+from trainctl.service.settings import Settings
+from trainctl.store.runs import RunStore
 
 if TYPE_CHECKING:
-    from service.metrics import ServiceMetrics
+    from trainctl.service.metrics import ServiceMetrics
 
 log = logging.getLogger("trainctl.supervisor")
-WORKER_COMMAND = (sys.executable, "-m", "worker")
+WORKER_COMMAND = (sys.executable, "-P", "-m", "trainctl.worker")
 LOG_TAIL_LINES = 10
 LOG_TAIL_BYTES = 16384  # enough for LOG_TAIL_LINES lines of JSON log records
 

@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from store.exceptions import (
+from trainctl.store.exceptions import (
     CheckpointCorrupt,
     CheckpointMismatch,
     CheckpointNotFound,
@@ -39,8 +39,8 @@ from store.exceptions import (
     InvalidName,
     InvalidRequest,
 )
-from store.names import is_valid_name, validate_name
-from store.presets import ModelConfig
+from trainctl.store.names import is_valid_name, validate_name
+from trainctl.store.presets import ModelConfig
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import glob
 import os
 from pathlib import Path
 
-from store.exceptions import InvalidRequest
-from store.specs import DataSpec
+from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.specs import DataSpec
 
 
 def resolve_data(data: DataSpec, roots: list[Path]) -> DataSpec:

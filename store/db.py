@@ -36,7 +36,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeDecorator
 
-from store.vocabulary import ACTIVE_STATES
+from trainctl.store.vocabulary import ACTIVE_STATES
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 """How long a SQLite connection waits for another process's write lock before giving up."""

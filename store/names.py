@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from store.exceptions import InvalidName
+from trainctl.store.exceptions import InvalidName
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _NAME_RE = re.compile(NAME_PATTERN)

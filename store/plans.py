@@ -16,12 +16,18 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictInt
 
-from store.checkpoints import BEST_TAG, LATEST_REF, CheckpointInfo, CheckpointStore, check_fits
-from store.datapaths import resolve_data
-from store.exceptions import CheckpointNotFound, InvalidRequest, TrainctlError
-from store.names import Name
-from store.presets import ModelConfig
-from store.specs import (
+from trainctl.store.checkpoints import (
+    BEST_TAG,
+    LATEST_REF,
+    CheckpointInfo,
+    CheckpointStore,
+    check_fits,
+)
+from trainctl.store.datapaths import resolve_data
+from trainctl.store.exceptions import CheckpointNotFound, InvalidRequest, TrainctlError
+from trainctl.store.names import Name
+from trainctl.store.presets import ModelConfig
+from trainctl.store.specs import (
     BatchSpec,
     BenchmarkOptions,
     BenchmarkRequest,

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.exceptions import InvalidRequest, UnknownPreset
+from trainctl.store.exceptions import InvalidRequest, UnknownPreset
 
 # Fields that change how a model runs, not what it computes: two configs that differ only in
 # these load each other's checkpoints.

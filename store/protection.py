@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from store.checkpoints import IN_USE, CheckpointInfo, CheckpointStore, PruneOutcome
-from store.runs import Checkpoint, RunStore
+from trainctl.store.checkpoints import IN_USE, CheckpointInfo, CheckpointStore, PruneOutcome
+from trainctl.store.runs import Checkpoint, RunStore
 
 
 class ProtectionPolicy:

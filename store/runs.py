@@ -22,7 +22,7 @@ from sqlalchemy import ColumnElement, Row, and_, func, insert, literal, or_, sel
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from store.db import (
+from trainctl.store.db import (
     UTCDateTime,
     build_engine,
     read_transaction,
@@ -31,7 +31,7 @@ from store.db import (
     workers,
     write_transaction,
 )
-from store.exceptions import (
+from trainctl.store.exceptions import (
     Conflict,
     ExperimentBusy,
     InvalidRequest,
@@ -40,8 +40,8 @@ from store.exceptions import (
     RunNotFound,
     WorkerNotFound,
 )
-from store.migrations import upgrade_to_head
-from store.vocabulary import ACTIVE_STATES, EVENT_TYPES, RUN_KINDS, TERMINAL_STATES
+from trainctl.store.migrations import upgrade_to_head
+from trainctl.store.vocabulary import ACTIVE_STATES, EVENT_TYPES, RUN_KINDS, TERMINAL_STATES
 
 Checkpoint = tuple[str, str]
 """A checkpoint a run depends on: (experiment, tag)."""

@@ -22,10 +22,10 @@ from pydantic import (
     model_validator,
 )
 
-from store.checkpoints import BEST_TAG, LATEST_REF
-from store.exceptions import InvalidRequest
-from store.names import Name, is_valid_name
-from store.presets import PRESETS, ModelConfig, get_preset
+from trainctl.store.checkpoints import BEST_TAG, LATEST_REF
+from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.names import Name, is_valid_name
+from trainctl.store.presets import PRESETS, ModelConfig, get_preset
 
 MAX_STEPS = 10_000_000
 TARGET_TOKENS = 8_310_000_000  # the seed's pre-training budget: 8.31 B tokens

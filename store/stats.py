@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
-from store.db import read_transaction, runs
-from store.runs import RunStore
+from trainctl.store.db import read_transaction, runs
+from trainctl.store.runs import RunStore
 
 
 def count_runs_by_state(store: RunStore) -> dict[str, int]:

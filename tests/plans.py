@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from store.checkpoints import CheckpointStore
-from store.plans import (
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.plans import (
     BenchmarkPlan,
     TrainPlan,
     ValidatePlan,
@@ -14,8 +14,8 @@ from store.plans import (
     resolve_train,
     resolve_validate,
 )
-from store.runs import Run, RunStore
-from store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
+from trainctl.store.runs import Run, RunStore
+from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
 
 
 def train_plan(checkpoints: Path | None = None, **request: Any) -> TrainPlan:

@@ -13,16 +13,20 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
-    "service": {"torch", "worker"},
-    "store": {"torch", "fastapi", "starlette", "service", "worker"},
-    "worker": {"fastapi", "starlette", "service"},
+    "service": {"torch", "trainctl.worker"},
+    "store": {"torch", "fastapi", "starlette", "trainctl.service", "trainctl.worker"},
+    "worker": {"fastapi", "starlette", "trainctl.service"},
 }
+# The rooms are installed as trainctl.<room>; the bare names belong to the user.
+BARE = {"service", "store", "worker"}
 
 
 def modules_of(package: str) -> list[str]:
     path = REPO / package
-    return [package] + [
-        f"{package}.{m.name}" for m in pkgutil.iter_modules([str(path)]) if m.name != "__main__"
+    return [f"trainctl.{package}"] + [
+        f"trainctl.{package}.{m.name}"
+        for m in pkgutil.iter_modules([str(path)])
+        if m.name != "__main__"
     ]
 
 
@@ -31,7 +35,9 @@ def test_package_never_imports_what_its_wall_forbids(package: str) -> None:
     code = (
         "import importlib, json, sys\n"
         f"for m in {modules_of(package)!r}: importlib.import_module(m)\n"
-        "print(json.dumps(sorted({n.split('.')[0] for n in sys.modules})))\n"
+        "names = {'.'.join(n.split('.')[:2 if n.startswith('trainctl.') else 1])"
+        " for n in sys.modules}\n"
+        "print(json.dumps(sorted(names)))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120
@@ -39,6 +45,7 @@ def test_package_never_imports_what_its_wall_forbids(package: str) -> None:
     assert proc.returncode == 0, proc.stderr
     loaded = set(json.loads(proc.stdout))
     assert not (loaded & FORBIDDEN[package]), f"{package} imports {loaded & FORBIDDEN[package]}"
+    assert not (loaded & BARE), f"{package} imports a bare room name: {loaded & BARE}"
 
 
 def test_no_code_path_unpickles_with_weights_only_false() -> None:

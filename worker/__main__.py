@@ -1,7 +1,7 @@
-"""`python -m worker`: run a worker process (see worker.runner)."""
+"""`python -m trainctl.worker`: run a worker process (see worker.runner)."""
 
 import sys
 
-from worker.runner import main
+from trainctl.worker.runner import main
 
 sys.exit(main())

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from worker.checkpoint import CheckpointState
+from trainctl.worker.checkpoint import CheckpointState
 
 Write = Callable[[CheckpointState], Path]
 

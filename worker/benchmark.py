@@ -1,4 +1,4 @@
-"""Training-throughput benchmark: `python -m worker.benchmark --steps 100 [--json]`.
+"""Training-throughput benchmark: `python -m trainctl.worker.benchmark --steps 100 [--json]`.
 
 On CUDA it runs the seed's A100 configuration (preset base, micro-batch 4, grad-accum 8,
 seq 4096, MTP off, torch.compile reduce-overhead, per-layer activation checkpointing); on a
@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from store.plans import BenchmarkPlan, resolve_benchmark
-from store.presets import ModelConfig
-from store.specs import BatchSpec, BenchmarkRequest, ModelSpec
-from worker.data import SyntheticSampler
-from worker.train import build_training, data_loader, train_step
+from trainctl.store.plans import BenchmarkPlan, resolve_benchmark
+from trainctl.store.presets import ModelConfig
+from trainctl.store.specs import BatchSpec, BenchmarkRequest, ModelSpec
+from trainctl.worker.data import SyntheticSampler
+from trainctl.worker.train import build_training, data_loader, train_step
 
 # Dense bf16 peak FLOP/s by device name fragment; MFU is reported only where known.
 PEAK_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12}
@@ -132,7 +132,7 @@ def summarize(plan: BenchmarkPlan, device: torch.device, times: list[float]) -> 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m worker.benchmark", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m trainctl.worker.benchmark", description=__doc__)
     p.add_argument("--steps", type=int, default=100, help="measured steps")
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--preset", default=None, help="model preset (default: device profile's)")

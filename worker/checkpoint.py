@@ -35,7 +35,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from store.checkpoints import (
+from trainctl.store.checkpoints import (
     METADATA_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
@@ -47,11 +47,11 @@ from store.checkpoints import (
     verify_manifest,
     write_manifest,
 )
-from store.presets import ModelConfig
-from worker.exceptions import CheckpointCorrupt, CheckpointMismatch, CheckpointWriteFailed
-from worker.hashed_file import HashedFile
-from worker.safetensors_stream import write_safetensors
-from worker.schedule import WSDScheduler
+from trainctl.store.presets import ModelConfig
+from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch, CheckpointWriteFailed
+from trainctl.worker.hashed_file import HashedFile
+from trainctl.worker.safetensors_stream import write_safetensors
+from trainctl.worker.schedule import WSDScheduler
 
 FORMAT_VERSION = 1
 

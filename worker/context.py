@@ -12,8 +12,8 @@ import threading
 import time
 from typing import Any, Literal
 
-from store.exceptions import LeaseLost
-from store.runs import Run, RunStore
+from trainctl.store.exceptions import LeaseLost
+from trainctl.store.runs import Run, RunStore
 
 log = logging.getLogger("trainctl.worker")
 StopReason = Literal["cancel", "shutdown", "lease_lost"]

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from store.tokens import (  # the on-disk formats live in store/, without torch
+from trainctl.store.tokens import (  # the on-disk formats live in store/, without torch
     SHARD_HEADER_BYTES,
     SHARD_HEADER_INTS,
     SHARD_MAGIC,

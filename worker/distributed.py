@@ -3,8 +3,8 @@
 The worker process stays what it is (it holds the run's lease, heartbeats, and hears SIGTERM)
 and starts torch.distributed's elastic launcher as a child:
 
-    worker ──spawns──▶ python -m worker.distributed launch N job.json   (torchrun, in-process)
-                          └─▶ N × python -m worker.distributed rank job.json
+    worker ──spawns──▶ python -m trainctl.worker.distributed launch N job.json  (torchrun)
+                          └─▶ N × python -m trainctl.worker.distributed rank job.json
 
 torchrun runs as a child rather than in the worker because its agent installs its own SIGTERM
 handler, which would kill the ranks instead of letting a train run checkpoint and requeue.
@@ -45,15 +45,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from store.checkpoints import CheckpointStore
-from store.exceptions import LeaseLost
-from store.plans import TrainPlan
-from store.protection import ProtectionPolicy
-from store.runs import RunStore
-from worker.context import RunContext
-from worker.data import Batch
-from worker.model import GPT
-from worker.train import Sampler, Trainer, TrainParts
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.exceptions import LeaseLost
+from trainctl.store.plans import TrainPlan
+from trainctl.store.protection import ProtectionPolicy
+from trainctl.store.runs import RunStore
+from trainctl.worker.context import RunContext
+from trainctl.worker.data import Batch
+from trainctl.worker.model import GPT
+from trainctl.worker.train import Sampler, Trainer, TrainParts
 
 POLL_SECONDS = 0.2
 RESULT_FILE, STOP_FILE = "result.json", "stop"
@@ -83,7 +83,7 @@ def launch_train(plan: TrainPlan, checkpoint_root: Path, ctx: RunContext | None)
             }
         job_file = workdir / "job.json"
         job_file.write_text(json.dumps(job))
-        command = [sys.executable, "-m", "worker.distributed", "launch"]
+        command = [sys.executable, "-P", "-m", "trainctl.worker.distributed", "launch"]
         command += [str(plan.nproc_per_node), str(job_file)]
         with subprocess.Popen(command, env=child_env(ctx)) as proc:
             code = watch(proc, workdir, ctx)
@@ -153,7 +153,7 @@ def run_launcher(nproc: int, job_file: str) -> int:
             f"--nproc-per-node={nproc}",
             "--max-restarts=0",
             "-m",
-            "worker.distributed",
+            "trainctl.worker.distributed",
             "rank",
             job_file,
         ]
@@ -351,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_launcher(int(args[1]), args[2])
     if len(args) == 2 and args[0] == "rank":
         return run_rank(args[1])
-    print("usage: python -m worker.distributed (launch N | rank) JOB_FILE", file=sys.stderr)
+    print(
+        "usage: python -m trainctl.worker.distributed (launch N | rank) JOB_FILE", file=sys.stderr
+    )
     return 2
 
 

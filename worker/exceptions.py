@@ -1,6 +1,6 @@
 """Errors the training core raises on purpose, with messages a user can act on."""
 
-from store.exceptions import CheckpointCorrupt, CheckpointMismatch, TrainctlError
+from trainctl.store.exceptions import CheckpointCorrupt, CheckpointMismatch, TrainctlError
 
 
 class CheckpointWriteFailed(TrainctlError):

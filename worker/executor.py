@@ -13,17 +13,17 @@ from typing import Any, Literal, TypeVar, cast
 import torch
 from pydantic import ValidationError
 
-from store.checkpoints import CheckpointStore
-from store.plans import BenchmarkPlan, CheckpointRef, Plan, TrainPlan, ValidatePlan
-from store.protection import ProtectionPolicy
-from worker.benchmark import run_benchmark
-from worker.checkpoint import load_checkpoint
-from worker.context import RunContext
-from worker.data import SyntheticSampler, TokenSampler
-from worker.distributed import launch_train
-from worker.model import build_model
-from worker.train import Trainer, build_token_arrays
-from worker.validation import compute_validation_loss, validate_forward_shape
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.plans import BenchmarkPlan, CheckpointRef, Plan, TrainPlan, ValidatePlan
+from trainctl.store.protection import ProtectionPolicy
+from trainctl.worker.benchmark import run_benchmark
+from trainctl.worker.checkpoint import load_checkpoint
+from trainctl.worker.context import RunContext
+from trainctl.worker.data import SyntheticSampler, TokenSampler
+from trainctl.worker.distributed import launch_train
+from trainctl.worker.model import build_model
+from trainctl.worker.train import Trainer, build_token_arrays
+from trainctl.worker.validation import compute_validation_loss, validate_forward_shape
 
 P = TypeVar("P", bound=Plan)
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-from store import logs as shared
+from trainctl.store import logs as shared
 
 
 class RunIdFilter(logging.Filter):

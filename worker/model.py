@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from store.presets import PRESETS, ModelConfig, get_preset, register_preset
+from trainctl.store.presets import PRESETS, ModelConfig, get_preset, register_preset
 
 __all__ = ["GPT", "PRESETS", "ModelConfig", "build_model", "get_preset", "register_preset"]
 

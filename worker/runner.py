@@ -1,7 +1,7 @@
 """The worker process: register, claim runs one at a time, execute, report, repeat.
 
 Started by the service's supervisor (one per GPU) or by hand on another node
-(`python -m worker`) against the same database and checkpoint storage. SIGTERM stops it
+(`python -m trainctl.worker`) against the same database and checkpoint storage. SIGTERM stops it
 gracefully: a train run checkpoints at the next step boundary and goes back to the queue.
 """
 
@@ -21,11 +21,11 @@ from types import FrameType
 
 import torch
 
-from store.exceptions import LeaseLost, WorkerNotFound
-from store.runs import Run, RunStore
-from worker.context import Heartbeat, RunContext
-from worker.executor import Outcome, execute
-from worker.logs import configure_logging, running
+from trainctl.store.exceptions import LeaseLost, WorkerNotFound
+from trainctl.store.runs import Run, RunStore
+from trainctl.worker.context import Heartbeat, RunContext
+from trainctl.worker.executor import Outcome, execute
+from trainctl.worker.logs import configure_logging, running
 
 log = logging.getLogger("trainctl.worker")
 
@@ -47,7 +47,7 @@ class WorkerConfig:
 
 def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     env = os.environ.get
-    p = argparse.ArgumentParser(prog="python -m worker", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m trainctl.worker", description=__doc__)
     p.add_argument("--data-dir", default=env("TRAINCTL_DATA_DIR", "data"))
     p.add_argument("--database-url", default=env("TRAINCTL_DATABASE_URL"))
     p.add_argument("--worker-id", default=env("TRAINCTL_WORKER_ID"))

@@ -22,19 +22,19 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from store.checkpoints import BEST_TAG, CheckpointStore, Protected
-from store.exceptions import CheckpointNotFound
-from store.plans import BatchPlan, StepPlan, TrainPlan
-from store.specs import DataSpec, OptimizerSpec
-from worker.async_checkpoint import AsyncCheckpointer
-from worker.checkpoint import (
+from trainctl.store.checkpoints import BEST_TAG, CheckpointStore, Protected
+from trainctl.store.exceptions import CheckpointNotFound
+from trainctl.store.plans import BatchPlan, StepPlan, TrainPlan
+from trainctl.store.specs import DataSpec, OptimizerSpec
+from trainctl.worker.async_checkpoint import AsyncCheckpointer
+from trainctl.worker.checkpoint import (
     CheckpointState,
     capture_checkpoint,
     load_checkpoint,
     restore_rng_state,
     write_checkpoint,
 )
-from worker.data import (
+from trainctl.worker.data import (
     AsyncDataLoader,
     Batch,
     DataError,
@@ -46,11 +46,11 @@ from worker.data import (
     split_holdout,
     stdlib_source_files,
 )
-from worker.exceptions import NonFiniteLoss
-from worker.model import GPT, build_model
-from worker.optim import OptimizerConfig, build_optimizers
-from worker.schedule import WSDScheduler, build_scheduler
-from worker.validation import compute_validation_loss
+from trainctl.worker.exceptions import NonFiniteLoss
+from trainctl.worker.model import GPT, build_model
+from trainctl.worker.optim import OptimizerConfig, build_optimizers
+from trainctl.worker.schedule import WSDScheduler, build_scheduler
+from trainctl.worker.validation import compute_validation_loss
 
 Callback = Callable[[dict[str, Any]], None]
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker.data import Batch, generate_synthetic_batch
+from trainctl.worker.data import Batch, generate_synthetic_batch
 
 
 def synthetic_batches(

@@ -17,8 +17,8 @@ from typing import Annotated
 
 import typer
 
-from service.cli import checkpoints, data, runs, server, submit
-from service.cli.common import CliGroup
+from trainctl.service.cli import checkpoints, data, runs, server, submit
+from trainctl.service.cli.common import CliGroup
 
 app = typer.Typer(
     cls=CliGroup,

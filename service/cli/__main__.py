@@ -1,5 +1,5 @@
-"""`python -m service.cli`: the same as the `trainctl` console script."""
+"""`python -m trainctl.service.cli`: the same as the `trainctl` console script."""
 
-from service.cli import app
+from trainctl.service.cli import app
 
 app(prog_name="trainctl")

@@ -16,9 +16,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from service.cli.common import client, console, print_json
-from service.client import TrainctlClient
-from service.schemas import CheckpointPublic
+from trainctl.service.cli.common import client, console, print_json
+from trainctl.service.client import TrainctlClient
+from trainctl.service.schemas import CheckpointPublic
 
 app = typer.Typer(no_args_is_help=True, help="List, inspect, prune and download checkpoints.")
 Experiment = Annotated[str, typer.Argument(help="The experiment.", show_default=False)]

@@ -14,8 +14,8 @@ from pydantic import BaseModel
 from rich.console import Console
 from typer.core import TyperGroup
 
-from service.client import ApiError, TrainctlClient
-from store.exceptions import TrainctlError
+from trainctl.service.client import ApiError, TrainctlClient
+from trainctl.store.exceptions import TrainctlError
 
 # Click's ClickException, whether typer uses click itself (older typer) or a vendored copy.
 USAGE_ERROR: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")

@@ -15,8 +15,8 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from service.cli.common import console
-from store.tokens import DataError, write_shard
+from trainctl.service.cli.common import console
+from trainctl.store.tokens import DataError, write_shard
 
 app = typer.Typer(no_args_is_help=True, help="Prepare training data.")
 READ_BYTES = 1 << 24

@@ -7,9 +7,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from service.cli.common import client, console, print_json
-from service.cli.watch import watch_to_end
-from service.schemas import RunPublic
+from trainctl.service.cli.common import client, console, print_json
+from trainctl.service.cli.watch import watch_to_end
+from trainctl.service.schemas import RunPublic
 
 app = typer.Typer(no_args_is_help=True, help="List, inspect, cancel and follow runs.")
 RunId = Annotated[str, typer.Argument(help="The run's id.", show_default=False)]

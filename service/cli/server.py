@@ -18,17 +18,17 @@ def serve(
         bool, typer.Option(help="Allow a non-loopback host without TRAINCTL_API_TOKEN.")
     ] = False,
 ) -> None:
-    """Serve the API and supervise local workers (same as `python -m service`)."""
-    from service.__main__ import main  # uvicorn and the app load only for this command
+    """Serve the API and supervise local workers (same as `python -m trainctl.service`)."""
+    from trainctl.service.__main__ import main  # uvicorn and the app load only for this command
 
     argv = [*(["--host", host] if host else []), *(["--port", str(port)] if port else [])]
     raise typer.Exit(main([*argv, *(["--insecure"] if insecure else [])]))
 
 
 def worker(ctx: typer.Context) -> None:
-    """Run a worker process (`python -m worker ARGS`; try `trainctl worker --help`)."""
+    """Run a worker process (`python -m trainctl.worker ARGS`; try `trainctl worker --help`)."""
     # exec, not import: the service side never imports torch or the worker package.
-    os.execv(sys.executable, [sys.executable, "-m", "worker", *ctx.args])
+    os.execv(sys.executable, [sys.executable, "-P", "-m", "trainctl.worker", *ctx.args])
 
 
 def register(app: typer.Typer) -> None:

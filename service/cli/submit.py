@@ -13,9 +13,9 @@ from typing import Annotated, Any
 import typer
 from pydantic import BaseModel
 
-from service.cli.common import build_spec, client, console, print_json
-from service.cli.watch import watch_to_end
-from store.specs import (
+from trainctl.service.cli.common import build_spec, client, console, print_json
+from trainctl.service.cli.watch import watch_to_end
+from trainctl.store.specs import (
     BatchSpec,
     BenchmarkRequest,
     DataSpec,

@@ -13,9 +13,9 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from service.cli.common import console, fail
-from service.client import TrainctlClient
-from service.schemas import EventPublic, RunPublic
+from trainctl.service.cli.common import console, fail
+from trainctl.service.client import TrainctlClient
+from trainctl.service.schemas import EventPublic, RunPublic
 
 STEP_KINDS = ("train", "measure", "warmup")
 RECENT_STEPS = 20

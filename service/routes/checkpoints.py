@@ -7,11 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
-from service import files
-from service.deps import CheckpointsDep, ProtectionDep
-from service.errors import error_responses
-from service.routing import ApiRoute
-from service.schemas import CheckpointPublic, CheckpointsPublic, PruneRequest, PruneResult
+from trainctl.service import files
+from trainctl.service.deps import CheckpointsDep, ProtectionDep
+from trainctl.service.errors import error_responses
+from trainctl.service.routing import ApiRoute
+from trainctl.service.schemas import CheckpointPublic, CheckpointsPublic, PruneRequest, PruneResult
 
 router = APIRouter(
     route_class=ApiRoute,

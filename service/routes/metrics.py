@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from service.deps import RunsDep, SettingsDep
-from service.errors import error_responses
-from service.metrics import CONTENT_TYPE, ServiceMetrics
-from service.routing import ApiRoute
+from trainctl.service.deps import RunsDep, SettingsDep
+from trainctl.service.errors import error_responses
+from trainctl.service.metrics import CONTENT_TYPE, ServiceMetrics
+from trainctl.service.routing import ApiRoute
 
 
 async def get_metrics(request: Request) -> ServiceMetrics:

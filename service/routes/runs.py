@@ -7,20 +7,20 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from service import history, sse
-from service.deps import CheckpointsDep, RunsDep, SettingsDep
-from service.errors import error_responses
-from service.routing import ApiRoute
-from service.schemas import (
+from trainctl.service import history, sse
+from trainctl.service.deps import CheckpointsDep, RunsDep, SettingsDep
+from trainctl.service.errors import error_responses
+from trainctl.service.routing import ApiRoute
+from trainctl.service.schemas import (
     LogsPublic,
     MetricsPublic,
     RunPublic,
     RunsPublic,
 )
-from service.submit import submit_run
-from store.runs import Run
-from store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
-from store.vocabulary import RunKind, RunState
+from trainctl.service.submit import submit_run
+from trainctl.store.runs import Run
+from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
+from trainctl.store.vocabulary import RunKind, RunState
 
 # Every route takes parameters (422) and reads or writes the run database (503 when it can't).
 router = APIRouter(

@@ -7,10 +7,10 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service.deps import RunsDep, SettingsDep
-from service.errors import error_responses
-from service.routing import ApiRoute
-from service.schemas import HealthPublic, ReadinessPublic, WorkerPublic, WorkersPublic
+from trainctl.service.deps import RunsDep, SettingsDep
+from trainctl.service.errors import error_responses
+from trainctl.service.routing import ApiRoute
+from trainctl.service.schemas import HealthPublic, ReadinessPublic, WorkerPublic, WorkersPublic
 
 # Liveness stays open (no token) so that probes and load balancers need no secret; it says
 # nothing about the runs.

@@ -20,7 +20,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from store.db import write_transaction
+from trainctl.store.db import write_transaction
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent
 # Any 64-bit key works as long as nothing else on the server uses it: "trainctl" in ASCII.

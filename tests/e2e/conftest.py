@@ -1,5 +1,5 @@
-"""End-to-end fixtures: the real service (`python -m service`) on a free port, with its real
-worker process(es) and SQLite in a temp dir, driven over HTTP.
+"""End-to-end fixtures: the real service (`python -m trainctl.service`) on a free port, with its
+real worker process(es) and SQLite in a temp dir, driven over HTTP.
 
 `service` runs on SQLite unless a test asks for PostgreSQL with
 `@pytest.mark.parametrize("service", ["postgresql"], indirect=True)`: then the service and
@@ -59,7 +59,7 @@ class Service:
         }
         log = open(self.data_dir / "service.log", "ab")  # noqa: SIM115 - lives with the process
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "service"],
+            [sys.executable, "-m", "trainctl.service"],
             cwd=REPO,
             env=env,
             stdout=log,

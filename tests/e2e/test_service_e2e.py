@@ -9,12 +9,12 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from service.client import TrainctlClient
-from service.schemas import RunPublic
-from store.runs import RunStore
-from store.vocabulary import TERMINAL_STATES
 from tests.e2e.conftest import Service
 from tests.polling import poll
+from trainctl.service.client import TrainctlClient
+from trainctl.service.schemas import RunPublic
+from trainctl.store.runs import RunStore
+from trainctl.store.vocabulary import TERMINAL_STATES
 
 LONG_TRAIN = {"steps": 100_000, "checkpoint_every": 100_000}
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from store.runs import RunStore
 from tests.reliability.workers import Workers
+from trainctl.store.runs import RunStore
 
 
 @pytest.fixture

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from store.checkpoints import BEST_TAG, MANIFEST_FILE
-from worker.checkpoint import save_checkpoint
-from worker.model import GPT, build_model
-from worker.optim import build_optimizers
-from worker.schedule import WSDScheduler, build_scheduler
+from trainctl.store.checkpoints import BEST_TAG, MANIFEST_FILE
+from trainctl.worker.checkpoint import save_checkpoint
+from trainctl.worker.model import GPT, build_model
+from trainctl.worker.optim import build_optimizers
+from trainctl.worker.schedule import WSDScheduler, build_scheduler
 
 EXPERIMENT = "exp"
 MAX_KEEP = 3

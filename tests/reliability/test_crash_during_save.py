@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from store.checkpoints import (
+from tests.reliability import saver
+from trainctl.store.checkpoints import (
     BEST_TAG,
     STAGING_PREFIX,
     TRASH_PREFIX,
@@ -28,8 +29,7 @@ from store.checkpoints import (
     parse_step,
     verify_manifest,
 )
-from tests.reliability import saver
-from worker.checkpoint import load_checkpoint
+from trainctl.worker.checkpoint import load_checkpoint
 
 ROUNDS = int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "20"))
 SEED = int(os.environ.get("TRAINCTL_SOAK_SEED", "4"))

@@ -12,10 +12,10 @@ import signal
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from store.checkpoints import CheckpointStore
-from store.runs import Run, RunStore
 from tests.polling import poll
 from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.runs import Run, RunStore
 
 PAST_THE_LEASE = timedelta(minutes=5)
 

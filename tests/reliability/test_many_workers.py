@@ -1,5 +1,5 @@
-"""Many workers, one database, one checkpoint storage: four `python -m worker` processes, as
-on four hosts, share 200 runs. Every run is claimed exactly once and none is lost; a worker
+"""Many workers, one database, one checkpoint storage: four `python -m trainctl.worker` processes,
+as on four hosts, share 200 runs. Every run is claimed exactly once and none is lost; a worker
 killed with SIGKILL loses its run to another worker through lease expiry and reaping (the
 workers reap each other; no service runs here).
 
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from store.runs import Run, RunStore
 from tests.conftest import BACKENDS, fresh_database
 from tests.plans import benchmark_plan
 from tests.polling import poll
 from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
+from trainctl.store.runs import Run, RunStore
 
 WORKERS = 4
 RUNS = 200

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from store.checkpoints import (
+from tests.polling import poll
+from tests.reliability import saver
+from trainctl.store.checkpoints import (
     BEST_TAG,
     METADATA_FILE,
     MODEL_FILE,
@@ -30,9 +32,7 @@ from store.checkpoints import (
     verify_manifest,
     write_manifest,
 )
-from store.exceptions import CheckpointProtected
-from tests.polling import poll
-from tests.reliability import saver
+from trainctl.store.exceptions import CheckpointProtected
 
 ROUNDS = 100 * int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "20"))
 SEED = int(os.environ.get("TRAINCTL_SOAK_SEED", "4"))

@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 
-from store.checkpoints import CheckpointStore, verify_manifest
-from store.runs import RunStore
 from tests.reliability import saver
 from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
-from worker.checkpoint import load_checkpoint
-from worker.exceptions import CheckpointWriteFailed
+from trainctl.store.checkpoints import CheckpointStore, verify_manifest
+from trainctl.store.runs import RunStore
+from trainctl.worker.checkpoint import load_checkpoint
+from trainctl.worker.exceptions import CheckpointWriteFailed
 
 FAULTS = Path(__file__).with_name("faults")
 EXP = saver.EXPERIMENT

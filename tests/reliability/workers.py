@@ -1,4 +1,5 @@
-"""Real worker processes (`python -m worker`) and tiny train runs for the reliability tests."""
+"""Real worker processes (`python -m trainctl.worker`) and tiny train runs for the reliability
+tests."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from store.runs import Run, RunStore
-from store.vocabulary import TERMINAL_STATES
 from tests.plans import enqueue, train_plan
 from tests.polling import poll
+from trainctl.store.runs import Run, RunStore
+from trainctl.store.vocabulary import TERMINAL_STATES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,7 +40,7 @@ class Workers:
             args += ["--database-url", self.database_url]
         with open(self.log_path(worker_id), "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "worker", *args], cwd=REPO, env=env, stderr=log
+                [sys.executable, "-m", "trainctl.worker", *args], cwd=REPO, env=env, stderr=log
             )
         self.procs[worker_id] = proc
         return proc

@@ -11,9 +11,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.settings import Settings
-from store.checkpoints import (
+from trainctl.service.app import create_app
+from trainctl.service.settings import Settings
+from trainctl.store.checkpoints import (
     METADATA_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
@@ -21,8 +21,8 @@ from store.checkpoints import (
     step_tag,
     write_manifest,
 )
-from store.presets import get_preset
-from store.runs import Run, RunStore
+from trainctl.store.presets import get_preset
+from trainctl.store.runs import Run, RunStore
 
 
 @pytest.fixture

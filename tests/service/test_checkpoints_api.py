@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.schemas import CheckpointPublic
-from store.checkpoints import MANIFEST_FILE, MODEL_FILE, CheckpointStore
-from store.runs import RunStore
 from tests.service.conftest import save_checkpoint
+from trainctl.service.schemas import CheckpointPublic
+from trainctl.store.checkpoints import MANIFEST_FILE, MODEL_FILE, CheckpointStore
+from trainctl.store.runs import RunStore
 
 
 @pytest.fixture

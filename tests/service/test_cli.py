@@ -1,4 +1,4 @@
-"""`trainctl` against the real service (`python -m service` with a worker process)."""
+"""`trainctl` against the real service (`python -m trainctl.service` with a worker process)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from service.cli import app
-from service.cli.data import prepare_shards
-from store.tokens import read_shard
 from tests.e2e.conftest import REPO, Service
+from trainctl.service.cli import app
+from trainctl.service.cli.data import prepare_shards
+from trainctl.store.tokens import read_shard
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(3000))
 
@@ -136,9 +136,9 @@ def test_every_error_is_one_line_and_a_non_zero_exit(service: Service) -> None:
 def test_serve_refuses_an_open_host_without_a_token_and_worker_execs_python_m_worker() -> None:
     code, _, err = trainctl(None, "serve", "--host", "0.0.0.0", "--port", "1")
     worker = subprocess.run(
-        [sys.executable, "-m", "service.cli", "worker", "--help"],
+        [sys.executable, "-m", "trainctl.service.cli", "worker", "--help"],
         capture_output=True, text=True, cwd=REPO, timeout=120,
     )  # fmt: skip
 
     assert code == 2 and "refusing to serve on 0.0.0.0" in err
-    assert worker.returncode == 0 and "usage: python -m worker" in worker.stdout
+    assert worker.returncode == 0 and "usage: python -m trainctl.worker" in worker.stdout

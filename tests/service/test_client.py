@@ -17,13 +17,13 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from service.app import create_app
-from service.async_client import AsyncTrainctlClient
-from service.client import ApiError, DownloadError, TrainctlClient
-from service.settings import Settings
-from store.checkpoints import MODEL_FILE, CheckpointStore
-from store.runs import RunStore
 from tests.service.conftest import save_checkpoint
+from trainctl.service.app import create_app
+from trainctl.service.async_client import AsyncTrainctlClient
+from trainctl.service.client import ApiError, DownloadError, TrainctlClient
+from trainctl.service.settings import Settings
+from trainctl.store.checkpoints import MODEL_FILE, CheckpointStore
+from trainctl.store.runs import RunStore
 
 CPU_TRAIN = {"experiment": "exp", "steps": 20, "device": "cpu"}
 T = TypeVar("T")

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from service.app import create_app
-from service.client import TrainctlClient
-from service.settings import Settings
 from tests.polling import poll
+from trainctl.service.app import create_app
+from trainctl.service.client import TrainctlClient
+from trainctl.service.settings import Settings
 
 TOKEN = "dashboard-secret"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"

@@ -21,21 +21,21 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from schemathesis import checks
 
-from service.app import create_app
-from service.openapi import build_openapi
-from service.settings import Settings
-from service.submit import submit_run
-from store.checkpoints import (
+from tests.service.conftest import finish, save_checkpoint
+from trainctl.service.app import create_app
+from trainctl.service.openapi import build_openapi
+from trainctl.service.settings import Settings
+from trainctl.service.submit import submit_run
+from trainctl.store.checkpoints import (
     MANIFEST_FILE,
     METADATA_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
     CheckpointStore,
 )
-from store.runs import RunStore
-from store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
-from store.vocabulary import RunState
-from tests.service.conftest import finish, save_checkpoint
+from trainctl.store.runs import RunStore
+from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
+from trainctl.store.vocabulary import RunState
 
 MAX_EXAMPLES = 50
 """Generated requests per endpoint and mode, on top of schemathesis's boundary-value cases."""

@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from service.logs import configure_logging
+from trainctl.service.logs import configure_logging
 
 
 class Terminal(io.StringIO):

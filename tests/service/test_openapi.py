@@ -8,7 +8,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from service.openapi import OPENAPI_FILE, render_openapi
+from trainctl.service.openapi import OPENAPI_FILE, render_openapi
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ def test_committed_openapi_matches_the_app(app: FastAPI) -> None:
 
 def test_python_m_service_openapi_prints_the_committed_file() -> None:
     assert render_openapi() == (REPO / OPENAPI_FILE).read_text(encoding="utf-8"), (
-        f"{OPENAPI_FILE} differs from `python -m service.openapi`; run `make openapi`"
+        f"{OPENAPI_FILE} differs from `python -m trainctl.service.openapi`; run `make openapi`"
     )
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from store.checkpoints import MODEL_FILE, CheckpointStore
 from tests.service.conftest import save_checkpoint
+from trainctl.store.checkpoints import MODEL_FILE, CheckpointStore
 
 # One row per trick; each is tried as a file name, a tag and an experiment. A bare ".."
 # segment is resolved away by HTTP clients before it is sent; the store's own tests

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from service.settings import Settings
-from service.submit import submit_run
-from store.checkpoints import CheckpointStore
-from store.exceptions import CheckpointNotFound
-from store.protection import ProtectionPolicy
-from store.runs import RunStore
-from store.specs import ValidateRequest
 from tests.service.conftest import save_checkpoint
+from trainctl.service.settings import Settings
+from trainctl.service.submit import submit_run
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.exceptions import CheckpointNotFound
+from trainctl.store.protection import ProtectionPolicy
+from trainctl.store.runs import RunStore
+from trainctl.store.specs import ValidateRequest
 
 
 class Paused:

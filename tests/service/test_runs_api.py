@@ -11,11 +11,11 @@ import anyio
 import pytest
 from fastapi.testclient import TestClient
 
-from service import sse
-from store.checkpoints import CheckpointStore
-from store.presets import get_preset
-from store.runs import RunStore
 from tests.service.conftest import finish, save_checkpoint
+from trainctl.service import sse
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.presets import get_preset
+from trainctl.store.runs import RunStore
 
 CPU_TRAIN = {"experiment": "exp", "steps": 100, "device": "cpu"}
 

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-import service.supervisor as supervisor_module
-from service.metrics import ServiceMetrics
-from service.settings import Settings
-from service.supervisor import Supervisor, gpu_groups, restart_delay
-from store.runs import RunStore
+import trainctl.service.supervisor as supervisor_module
 from tests.polling import poll
+from trainctl.service.metrics import ServiceMetrics
+from trainctl.service.settings import Settings
+from trainctl.service.supervisor import Supervisor, gpu_groups, restart_delay
+from trainctl.store.runs import RunStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,7 @@ def spawned_envs(
         pid = 1
 
         def __init__(self, args: list[str], env: dict[str, str], **kw: Any) -> None:
-            assert args[1:] == ["-m", "worker"]
+            assert args[1:] == ["-P", "-m", "trainctl.worker"]
             envs.append(env)
 
     monkeypatch.setattr(subprocess, "Popen", FakePopen)
@@ -134,7 +134,7 @@ sys.exit(n)
 CLAIMS_THEN_CRASHES = """
 import os, sys
 sys.path.insert(0, sys.argv[1])
-from store.runs import RunStore
+from trainctl.store.runs import RunStore
 store, worker_id = RunStore(os.environ["TRAINCTL_DATABASE_URL"]), os.environ["TRAINCTL_WORKER_ID"]
 store.register_worker(worker_id, host="test", pid=os.getpid(), device="cpu", info={})
 run = store.claim(worker_id, lease_seconds=3600)

@@ -1,4 +1,4 @@
-"""Workers, liveness, readiness, the bearer token, and `python -m service`'s host check."""
+"""Workers, liveness, readiness, the bearer token, and `python -m trainctl.service`'s host check."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from service.__main__ import is_loopback, main
-from service.app import create_app
-from service.deps import get_runs
-from service.settings import Settings, get_settings
-from store.runs import RunStore
 from tests.polling import poll
+from trainctl.service.__main__ import is_loopback, main
+from trainctl.service.app import create_app
+from trainctl.service.deps import get_runs
+from trainctl.service.settings import Settings, get_settings
+from trainctl.store.runs import RunStore
 
 TOKEN = "s3cret-token"
 
@@ -101,7 +101,7 @@ def test_healthz_needs_no_token(locked: TestClient) -> None:
     assert locked.get("/healthz").status_code == 200
 
 
-# --- python -m service ----------------------------------------------------------------------
+# --- python -m trainctl.service -------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

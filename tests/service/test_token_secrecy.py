@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.settings import Settings
+from trainctl.service.app import create_app
+from trainctl.service.settings import Settings
 
 TOKEN = "s3cret-token-value-0123456789"
 

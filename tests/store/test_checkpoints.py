@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-import store.checkpoints as checkpoints_module
-from store.checkpoints import (
+import trainctl.store.checkpoints as checkpoints_module
+from trainctl.store.checkpoints import (
     BEST_TAG,
     MANIFEST_FILE,
     METADATA_FILE,
@@ -25,7 +25,7 @@ from store.checkpoints import (
     verify_manifest,
     write_manifest,
 )
-from store.exceptions import (
+from trainctl.store.exceptions import (
     CheckpointCorrupt,
     CheckpointNotFound,
     CheckpointProtected,

@@ -10,9 +10,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import insert, inspect, text
 
-from store.db import build_engine, metadata, runs, write_transaction
-from store.migrations import current_revision, head_revision
-from store.runs import RunStore
+from trainctl.store.db import build_engine, metadata, runs, write_transaction
+from trainctl.store.migrations import current_revision, head_revision
+from trainctl.store.runs import RunStore
 
 
 def schema_differences(url: str) -> list[Any]:

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select
 
-from store.db import run_events, runs, write_transaction
-from store.exceptions import (
+from tests.pg import PostgresServer
+from trainctl.store.db import run_events, runs, write_transaction
+from trainctl.store.exceptions import (
     Conflict,
     ExperimentBusy,
     InvalidRequest,
@@ -26,8 +27,7 @@ from store.exceptions import (
     RunNotFound,
     WorkerNotFound,
 )
-from store.runs import Run, RunStore
-from tests.pg import PostgresServer
+from trainctl.store.runs import Run, RunStore
 
 
 @pytest.fixture

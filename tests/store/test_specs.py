@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from store.checkpoints import CheckpointStore
-from store.plans import BenchmarkPlan, TrainPlan, ValidatePlan
-from store.specs import (
+from tests.plans import benchmark_plan, train_plan, validate_plan
+from tests.service.conftest import save_checkpoint
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.plans import BenchmarkPlan, TrainPlan, ValidatePlan
+from trainctl.store.specs import (
     BatchSpec,
     BenchmarkRequest,
     DataSpec,
@@ -22,8 +24,6 @@ from store.specs import (
     TrainRequest,
     ValidateRequest,
 )
-from tests.plans import benchmark_plan, train_plan, validate_plan
-from tests.service.conftest import save_checkpoint
 
 
 @pytest.mark.parametrize(

@@ -8,16 +8,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from store.checkpoints import MODEL_FILE, OPTIMIZER_FILE, CheckpointStore, verify_manifest
 from tests.plans import train_plan
 from tests.worker.test_checkpoint import tensors
 from tests.worker.test_train import run_script
-from worker.async_checkpoint import AsyncCheckpointer
-from worker.checkpoint import CheckpointState, capture_checkpoint, write_checkpoint
-from worker.exceptions import CheckpointWriteFailed
-from worker.model import build_model
-from worker.optim import build_optimizers
-from worker.train import train
+from trainctl.store.checkpoints import MODEL_FILE, OPTIMIZER_FILE, CheckpointStore, verify_manifest
+from trainctl.worker.async_checkpoint import AsyncCheckpointer
+from trainctl.worker.checkpoint import CheckpointState, capture_checkpoint, write_checkpoint
+from trainctl.worker.exceptions import CheckpointWriteFailed
+from trainctl.worker.model import build_model
+from trainctl.worker.optim import build_optimizers
+from trainctl.worker.train import train
 
 Parts = tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.Optimizer]
 

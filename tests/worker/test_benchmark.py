@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from store.plans import BENCHMARK_PROFILES, resolve_benchmark
-from store.presets import get_preset
-from store.specs import BenchmarkRequest, OptimizerSpec, ScheduleSpec
 from tests.plans import benchmark_plan
-from worker.benchmark import flops_per_token, run_benchmark
+from trainctl.store.plans import BENCHMARK_PROFILES, resolve_benchmark
+from trainctl.store.presets import get_preset
+from trainctl.store.specs import BenchmarkRequest, OptimizerSpec, ScheduleSpec
+from trainctl.worker.benchmark import flops_per_token, run_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 RESULT_FIELDS = {
@@ -125,7 +125,7 @@ def test_cli_prints_one_json_object() -> None:
         [
             sys.executable,
             "-m",
-            "worker.benchmark",
+            "trainctl.worker.benchmark",
             "--steps",
             "2",
             "--warmup-steps",
@@ -147,7 +147,7 @@ def test_cli_prints_one_json_object() -> None:
 
 def test_cli_rejects_an_unknown_preset_in_one_line() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "worker.benchmark", "--preset", "huge"],
+        [sys.executable, "-m", "trainctl.worker.benchmark", "--preset", "huge"],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -10,17 +10,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from store.checkpoints import MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, CheckpointStore
-from worker.checkpoint import (
+from trainctl.store.checkpoints import MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, CheckpointStore
+from trainctl.worker.checkpoint import (
     capture_checkpoint,
     find_latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from worker.exceptions import CheckpointCorrupt, CheckpointMismatch
-from worker.model import GPT, build_model
-from worker.optim import build_optimizers
-from worker.schedule import WSDScheduler, build_scheduler
+from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch
+from trainctl.worker.model import GPT, build_model
+from trainctl.worker.optim import build_optimizers
+from trainctl.worker.schedule import WSDScheduler, build_scheduler
 
 Parts = tuple[GPT, torch.optim.Optimizer, torch.optim.Optimizer, WSDScheduler]
 
@@ -153,7 +153,7 @@ def test_runtime_switches_do_not_block_loading(tmp_path: Path) -> None:
 CRASH_SCRIPT = """
 import os, sys, threading, torch
 from pathlib import Path
-import worker.checkpoint as checkpoint
+import trainctl.worker.checkpoint as checkpoint
 from tests.worker.test_checkpoint import make_parts, save
 root = Path(sys.argv[1])
 parts = make_parts()
@@ -208,7 +208,7 @@ def test_optimizer_state_is_loaded_with_weights_only(tmp_path: Path) -> None:
             return (exec, (f"open({str(marker)!r}, 'w').write('x')",))
 
     (path / OPTIMIZER_FILE).write_bytes(pickle.dumps({"muon": Evil(), "adamw": {}}, protocol=2))
-    from store.checkpoints import write_manifest
+    from trainctl.store.checkpoints import write_manifest
 
     write_manifest(path, ["model.safetensors", "optimizer.pt", "metadata.json"])
     with pytest.raises(CheckpointCorrupt, match="refusing to unpickle"):

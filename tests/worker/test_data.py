@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.polling import poll
-from worker.data import (
+from trainctl.worker.data import (
     AsyncDataLoader,
     Batch,
     DataError,

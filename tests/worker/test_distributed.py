@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from store.checkpoints import CheckpointStore
-from store.exceptions import InvalidRequest
-from store.plans import TrainPlan
-from store.runs import RunStore
 from tests.plans import enqueue, train_plan
-from worker.distributed import RankSampler, launch_train
-from worker.runner import Worker, WorkerConfig
-from worker.train import Trainer
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.plans import TrainPlan
+from trainctl.store.runs import RunStore
+from trainctl.worker.distributed import RankSampler, launch_train
+from trainctl.worker.runner import Worker, WorkerConfig
+from trainctl.worker.train import Trainer
 
 LOSS_RTOL = 1e-4  # measured here: at most 7e-6 over six steps
 STEPS = 6

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.model import IGNORE_INDEX, build_model, cross_entropy, fused_head_loss
+from trainctl.worker.model import IGNORE_INDEX, build_model, cross_entropy, fused_head_loss
 
 
 @pytest.mark.parametrize("cap", [15.0, 0.0])
@@ -34,7 +34,7 @@ def test_fused_head_loss_works_without_grad_and_in_chunks(
     x = torch.randint(0, 512, (2, 32))
     with torch.no_grad():
         whole, _ = model.loss(x, x)
-        monkeypatch.setattr("worker.model.HEAD_CHUNK_ELEMENTS", 512 * 5)  # 5 rows a chunk
+        monkeypatch.setattr("trainctl.worker.model.HEAD_CHUNK_ELEMENTS", 512 * 5)  # 5 rows a chunk
         chunked, _ = model.loss(x, x)
     torch.testing.assert_close(whole, chunked)
     assert whole.item() == pytest.approx(cross_entropy(model(x), x).item(), rel=1e-5)

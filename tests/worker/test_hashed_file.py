@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from worker.hashed_file import PARALLEL_MIN, HashedFile
-from worker.safetensors_stream import write_safetensors
+from trainctl.worker.hashed_file import PARALLEL_MIN, HashedFile
+from trainctl.worker.safetensors_stream import write_safetensors
 
 
 def test_the_digest_and_the_file_hold_every_byte_in_order(tmp_path: Path) -> None:

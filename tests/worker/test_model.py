@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from store.exceptions import UnknownPreset
-from store.presets import PRESETS, ModelConfig, PresetRegistry
-from worker.model import build_model, count_parameters
+from trainctl.store.exceptions import UnknownPreset
+from trainctl.store.presets import PRESETS, ModelConfig, PresetRegistry
+from trainctl.worker.model import build_model, count_parameters
 
 
 def test_output_shape_is_batch_time_vocab() -> None:

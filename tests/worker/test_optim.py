@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from worker.model import build_model
-from worker.optim import OptimizerConfig, build_optimizers
+from trainctl.worker.model import build_model
+from trainctl.worker.optim import OptimizerConfig, build_optimizers
 
 
 def test_every_parameter_is_in_exactly_one_optimizer() -> None:

@@ -1,4 +1,4 @@
-"""The worker process, for real: `python -m worker` against a SQLite run store."""
+"""The worker process, for real: `python -m trainctl.worker` against a SQLite run store."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from store.checkpoints import CheckpointStore
-from store.plans import CheckpointRef
-from store.runs import Run, RunStore
-from store.vocabulary import TERMINAL_STATES
 from tests.plans import benchmark_plan, enqueue, train_plan, validate_plan
 from tests.polling import poll
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.plans import CheckpointRef
+from trainctl.store.runs import Run, RunStore
+from trainctl.store.vocabulary import TERMINAL_STATES
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = tuple(TERMINAL_STATES)
@@ -187,7 +187,7 @@ def test_kill_9_mid_run_is_reaped_and_resumed_from_the_runs_own_checkpoint(
 
 def test_a_niceness_outside_0_to_19_is_refused_with_the_value(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "worker", "--data-dir", str(tmp_path), "--nice", "25"],
+        [sys.executable, "-m", "trainctl.worker", "--data-dir", str(tmp_path), "--nice", "25"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -202,7 +202,15 @@ def test_the_worker_logs_json_lines_stamped_with_the_run_id(runs: RunStore, tmp_
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as out:  # a file, as the supervisor gives it: not a terminal
         proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", "--data-dir", str(tmp_path), "--poll-seconds", "0.1"],
+            [
+                sys.executable,
+                "-m",
+                "trainctl.worker",
+                "--data-dir",
+                str(tmp_path),
+                "--poll-seconds",
+                "0.1",
+            ],
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,

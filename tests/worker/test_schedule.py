@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from worker.schedule import WSDScheduler, wsd_factor
+from trainctl.worker.schedule import WSDScheduler, wsd_factor
 
 # total 100: warmup 10 steps, stable 50, decay 40 (steps 60..99), min 0.1.
 TABLE = [

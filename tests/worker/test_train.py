@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from store.checkpoints import CheckpointStore
-from store.plans import TrainPlan
 from tests.plans import train_plan
-from worker.exceptions import NonFiniteLoss
-from worker.train import Trainer, train
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.plans import TrainPlan
+from trainctl.worker.exceptions import NonFiniteLoss
+from trainctl.worker.train import Trainer, train
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
-from store.plans import TrainPlan
-from worker.train import train
+from trainctl.store.plans import TrainPlan
+from trainctl.worker.train import train
 
 
 def main() -> None:
