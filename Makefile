@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==$(TORCH_VERSION)
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[all,dev]"
 	touch $(STAMP)
 
 # The service with its embedded defaults: SQLite and checkpoints under ./data, one local
