@@ -38,6 +38,7 @@ class Service:
     workers: int = 1
     process: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    cwd: Path = REPO
 
     @property
     def url(self) -> str:
@@ -60,7 +61,7 @@ class Service:
         log = open(self.data_dir / "service.log", "ab")  # noqa: SIM115 - lives with the process
         self.process = subprocess.Popen(
             [sys.executable, "-m", "trainctl.service"],
-            cwd=REPO,
+            cwd=self.cwd,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -72,8 +73,10 @@ class Service:
     def _ready(self) -> bool:
         if self.process is not None and self.process.poll() is not None:
             raise AssertionError(f"service exited: {self.log_tail()}")
+        token = self.extra_env.get("TRAINCTL_API_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
-            r = httpx.get(f"{self.url}/readyz", timeout=2)
+            r = httpx.get(f"{self.url}/readyz", headers=headers, timeout=2)
         except httpx.TransportError:
             return False
         return r.status_code == 200 and (self.workers == 0 or r.json()["workers_alive"] >= 1)
