@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -20,6 +21,7 @@ from trainctl import Client
 TOKEN = "install-test-token"
 ROOMS = ("service", "store", "worker")
 # What a client install must not bring: the service's and the worker's dependencies.
+NOT_SOURCE = (".venv", ".git", "build", "data", "test-artifacts", "__pycache__", "*.egg-info")
 HEAVY = ("torch", "fastapi", "starlette", "uvicorn", "sqlalchemy", "psycopg", "numpy")
 
 
@@ -80,8 +82,12 @@ def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A fresh virtualenv with `pip install <this repository>`: the client alone."""
     folder = tmp_path_factory.mktemp("client-venv")
     venv.create(folder, with_pip=True)
+    # A copy of the sources (symlinks kept): pip builds in the source tree, and the checkout
+    # should not collect a build/ folder.
+    source = tmp_path_factory.mktemp("client-src") / "trainctl"
+    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(*NOT_SOURCE))
     install = subprocess.run(
-        [str(folder / "bin" / "python"), "-m", "pip", "install", "-q", str(REPO)],
+        [str(folder / "bin" / "python"), "-m", "pip", "install", "-q", str(source)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert install.returncode == 0, install.stdout + install.stderr
