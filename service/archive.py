@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainctl.store.checkpoints import MANIFEST_FILE, CheckpointInfo
-from trainctl.store.exceptions import CheckpointCorrupt
+from trainctl.store.checkpoints import CheckpointInfo
+from trainctl.store.exceptions import CheckpointCorrupt, CheckpointNotFound
+from trainctl.store.manifests import MANIFEST_FILE, file_size, open_file
 
 CHUNK = 1 << 20
 BLOCK = tarfile.BLOCKSIZE
@@ -27,7 +28,8 @@ RECORD = tarfile.RECORDSIZE
 @dataclass(frozen=True)
 class Member:
     header: bytes
-    path: Path
+    folder: Path
+    name: str
     size: int
 
 
@@ -45,7 +47,7 @@ class TarStream:
         written = 0
         for member in self.members:
             yield member.header
-            yield from _file_chunks(member.path, member.size)
+            yield from _file_chunks(member.folder, member.name, member.size)
             yield b"\0" * (_padded(member.size) - member.size)
             written += len(member.header) + _padded(member.size)
         end = 2 * BLOCK
@@ -55,10 +57,10 @@ class TarStream:
 def checkpoint_tar(info: CheckpointInfo) -> TarStream:
     """Members ``<tag>/<file>`` for every file the manifest lists, then the manifest itself."""
     files = [(f["name"], int(f["size"])) for f in info.files]
-    files.append((MANIFEST_FILE, (info.path / MANIFEST_FILE).stat().st_size))
+    files.append((MANIFEST_FILE, _size(info, MANIFEST_FILE)))
     mtime = int(time.time())
     members = [
-        Member(_header(f"{info.tag}/{name}", size, mtime), info.path / name, size)
+        Member(_header(f"{info.tag}/{name}", size, mtime), info.path, name, size)
         for name, size in files
     ]
     return TarStream(members, filename=f"{info.experiment}-{info.tag}.tar")
@@ -70,10 +72,20 @@ def _header(name: str, size: int, mtime: int) -> bytes:
     return member.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
 
 
-def _file_chunks(path: Path, size: int) -> Iterator[bytes]:
-    """Exactly `size` bytes of the file: the header already promised that many."""
-    remaining = size
-    with open(path, "rb") as f:
+def _size(info: CheckpointInfo, name: str) -> int:
+    try:
+        return file_size(info.path, name)
+    except FileNotFoundError:
+        raise CheckpointNotFound(
+            f"checkpoint {info.experiment}/{info.tag} changed while it was being archived"
+        ) from None
+
+
+def _file_chunks(folder: Path, name: str, size: int) -> Iterator[bytes]:
+    """Exactly `size` bytes of the file: the header already promised that many. Opened
+    without following links, like every read of the store (`manifests.open_file`)."""
+    path, remaining = folder / name, size
+    with open_file(folder, name) as f:
         while remaining:
             chunk = f.read(min(CHUNK, remaining))
             if not chunk:

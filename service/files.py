@@ -1,18 +1,43 @@
-"""Serving checkpoint files and archives: conditional GET, Range (via Starlette), tar streams."""
+"""Serving checkpoint files and archives: conditional GET, Range (via Starlette), tar streams.
+
+Files are served from the descriptor the store opened without following links, never by
+path: what was checked is what is sent (docs/architecture.md, "Checkpoint store").
+"""
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from fastapi import Response
 from fastapi.responses import FileResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from trainctl.service.archive import checkpoint_tar
-from trainctl.store.checkpoints import MANIFEST_FILE, CheckpointStore, sha256_file
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.manifests import MANIFEST_FILE, sha256_of
 
 
 class CheckpointFileResponse(FileResponse):
+    """A FileResponse of an open descriptor, which it closes when the response ends.
+
+    Starlette opens the path it is given (once per range); /proc/self/fd/<fd> opens the
+    very file the descriptor holds, whatever its name points to by then.
+    """
+
     # Starlette reads 64 KiB per await, each in a worker thread: a GiB-sized weight file
     # is 16,384 thread hops. 1 MiB reads serve it several times faster (docs/performance.md).
     chunk_size = 1 << 20
+
+    def __init__(self, fd: int, **kwargs: Any) -> None:
+        self.fd = fd
+        super().__init__(f"/proc/self/fd/{fd}", stat_result=os.fstat(fd), **kwargs)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            os.close(self.fd)  # also when the client went away mid-download
 
 
 def checkpoint_file_response(
@@ -23,17 +48,21 @@ def checkpoint_file_response(
     FileResponse answers Range (206, or 416 for a range past the end) and If-Range against
     this ETag; a sha256 ETag stays valid across copies of the store, unlike mtime-based ones.
     """
-    path = ckpts.resolve_file(experiment, tag, name)
-    info = ckpts.get(experiment, tag)
-    if name == MANIFEST_FILE:
-        sha = sha256_file(path)  # the manifest does not list itself; it is small
-    else:
-        sha = next(f["sha256"] for f in info.files if f["name"] == name)
-    etag = f'"{sha}"'
-    if if_none_match is not None and _matches(if_none_match, etag):
-        return Response(status_code=304, headers={"ETag": etag})
+    info, fd = ckpts.open_file(experiment, tag, name)
+    try:
+        if name == MANIFEST_FILE:
+            sha = sha256_of(info.path, name)  # the manifest does not list itself; it is small
+        else:
+            sha = next(f["sha256"] for f in info.files if f["name"] == name)
+        etag = f'"{sha}"'
+        if if_none_match is not None and _matches(if_none_match, etag):
+            os.close(fd)
+            return Response(status_code=304, headers={"ETag": etag})
+    except BaseException:
+        os.close(fd)
+        raise
     return CheckpointFileResponse(
-        path,
+        fd,
         filename=name,
         media_type="application/json" if name.endswith(".json") else "application/octet-stream",
         headers={"ETag": etag},

@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
-import json
 import logging
 import os
 import re
 import shutil
-import stat
 import threading
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -39,29 +36,30 @@ from trainctl.store.exceptions import (
     InvalidName,
     InvalidRequest,
 )
+from trainctl.store.manifests import (
+    MANIFEST_FILE,
+    METADATA_FILE,
+    fsync_dir,
+    open_fd,
+    read_metadata,
+    verify_manifest,
+)
 from trainctl.store.names import is_valid_name, validate_name
 from trainctl.store.presets import ModelConfig
 
 logger = logging.getLogger(__name__)
 
-MODEL_FILE = "model.safetensors"
-OPTIMIZER_FILE = "optimizer.pt"
-METADATA_FILE = "metadata.json"
-MANIFEST_FILE = "manifest.json"
 STEP_PREFIX = "step_"
 BEST_TAG = "best"
 LATEST_REF = "latest"
 STAGING_PREFIX = ".staging-"
 TRASH_PREFIX = ".trash-"
-MANIFEST_VERSION = 1
 
-_CHUNK = 1 << 20
 # Readers re-scan an experiment when a folder vanishes under them; a few tries are plenty,
 # since each one only races the deletes that happen during one scan.
 _LIST_ATTEMPTS = 5
 # Canonical step tags only: "step_007" would be a second name for step 7.
 _STEP_RE = re.compile(rf"^{STEP_PREFIX}(0|[1-9][0-9]*)$")
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 # A trash folder that remembers its tag came from `commit` replacing that tag; `delete` uses a
 # tagless trash name so that `cleanup` never resurrects a checkpoint the user deleted.
 _TAGGED_TRASH_RE = re.compile(rf"^{re.escape(TRASH_PREFIX)}(?P<tag>.+)-[0-9a-f]{{32}}$")
@@ -78,11 +76,6 @@ IN_USE = "in use by a queued or running run"
 # --- names ---
 
 
-def _is_plain_file_name(name: object) -> bool:
-    """True for a name that can be listed in a manifest: one path component, not hidden."""
-    return name != MANIFEST_FILE and is_valid_name(name)
-
-
 def step_tag(step: int) -> str:
     """The tag of the checkpoint saved at `step`."""
     if step < 0:
@@ -94,129 +87,6 @@ def parse_step(tag: str) -> int | None:
     """The step of a ``step_<N>`` tag, or None for ``best`` and user tags."""
     match = _STEP_RE.fullmatch(tag)
     return int(match.group(1)) if match else None
-
-
-# --- files and manifests -------------------------------------------------------------------
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks so multi-GB weights never sit in memory."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def fsync_file(path: Path) -> None:
-    """Flush a file's data to disk (a rename is only durable if the data under it is)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    """Flush a folder's entries to disk, making renames and new files in it durable."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON so that readers see either the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def write_manifest(
-    folder: Path, names: list[str], hashes: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """Fsync and describe each named file, then write ``manifest.json`` last, atomically.
-
-    `hashes` lets a writer that already hashed a file while writing it skip a second read.
-    Every file is fsynced here, so the caller need not: once the manifest exists, the bytes
-    it describes are on disk.
-    """
-    hashes = hashes or {}
-    files = []
-    for name in names:
-        if not _is_plain_file_name(name):
-            raise InvalidName(f"cannot list {name!r} in a manifest: not a plain file name")
-        path = folder / name
-        fsync_file(path)
-        sha = hashes.get(name) or sha256_file(path)
-        files.append({"name": name, "size": path.stat().st_size, "sha256": sha})
-    manifest = {"version": MANIFEST_VERSION, "files": files}
-    _write_json_atomic(folder / MANIFEST_FILE, manifest)
-    return manifest
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointCorrupt(f"{path}: file is missing") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointCorrupt(f"{path}: cannot be read as JSON ({exc})") from None
-
-
-def _check_manifest_shape(path: Path, manifest: Any) -> dict[str, Any]:
-    """Refuse manifests we did not write: an entry like ``../x`` must never be served."""
-    if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION:
-        raise CheckpointCorrupt(f"{path}: not a version {MANIFEST_VERSION} manifest")
-    files = manifest.get("files")
-    if not isinstance(files, list):
-        raise CheckpointCorrupt(f"{path}: 'files' is not a list")
-    seen: set[str] = set()
-    for entry in files:
-        ok = (
-            isinstance(entry, dict)
-            and _is_plain_file_name(entry.get("name"))
-            and type(entry.get("size")) is int
-            and entry["size"] >= 0
-            and isinstance(entry.get("sha256"), str)
-            and _SHA256_RE.fullmatch(entry["sha256"]) is not None
-        )
-        if not ok or entry["name"] in seen:
-            raise CheckpointCorrupt(f"{path}: bad or duplicate file entry {entry!r}")
-        seen.add(entry["name"])
-    return manifest
-
-
-def verify_manifest(folder: Path, *, deep: bool = True) -> dict[str, Any]:
-    """Check a checkpoint folder against its manifest; return the manifest.
-
-    Shallow (`deep=False`) checks presence and sizes: cheap enough for every listing, and it
-    catches a truncated or half-copied file. Deep also re-hashes, which catches bit rot.
-    """
-    path = folder / MANIFEST_FILE
-    manifest = _check_manifest_shape(path, _read_json(path))
-    for entry in manifest["files"]:
-        file = folder / entry["name"]
-        # One stat, and a vanished file is "missing", not an OSError: the folder may be
-        # renamed away by a concurrent delete or retention at any moment between two calls.
-        try:
-            st = file.stat()
-            if not stat.S_ISREG(st.st_mode):
-                raise FileNotFoundError(file)
-            if st.st_size != entry["size"]:
-                raise CheckpointCorrupt(
-                    f"{file}: size {st.st_size} bytes, manifest says {entry['size']} (truncated?)"
-                )
-            if deep and sha256_file(file) != entry["sha256"]:
-                raise CheckpointCorrupt(f"{file}: sha256 does not match the manifest")
-        except FileNotFoundError:
-            raise CheckpointCorrupt(f"{file}: listed in the manifest but missing") from None
-    return manifest
 
 
 # --- checkpoint info -----------------------------------------------------------------------
@@ -271,14 +141,6 @@ def check_fits(saved: ModelConfig, model: ModelConfig, source: str, advice: str 
         raise CheckpointMismatch(f"{source} was saved by a different model ({details}){advice}")
 
 
-def read_metadata(folder: Path) -> dict[str, Any]:
-    """A checkpoint's metadata.json: the one reader (listing, resolving plans, loading)."""
-    meta = _read_json(folder / METADATA_FILE)
-    if not isinstance(meta, dict):
-        raise CheckpointCorrupt(f"{folder / METADATA_FILE}: not a JSON object")
-    return meta
-
-
 def _model_config(meta: dict[str, Any]) -> ModelConfig | None:
     saved = meta.get("model_config")
     try:
@@ -320,7 +182,7 @@ def _created_key(info: CheckpointInfo) -> tuple[float, float, int, str] | None:
     None when the checkpoint was deleted since it was listed (it is no candidate any more).
     """
     try:
-        mtime = (info.path / MANIFEST_FILE).stat().st_mtime
+        mtime = os.lstat(info.path / MANIFEST_FILE).st_mtime
     except FileNotFoundError:
         return None
     created = mtime
@@ -333,13 +195,17 @@ def _created_key(info: CheckpointInfo) -> tuple[float, float, int, str] | None:
     return (created, mtime, info.step if info.step is not None else -1, info.tag)
 
 
+def _is_real_dir(path: Path) -> bool:
+    """A folder that is not a symlink: the store never reads or writes through a link, which
+    anyone who can write to a shared checkpoint filesystem could plant."""
+    return not path.is_symlink() and path.is_dir()
+
+
 def _visible_dirs(folder: Path) -> list[Path]:
     """Real (non-symlink) sub-folders whose names are valid store names, sorted by name."""
     if not folder.is_dir():
         return []
-    return sorted(
-        p for p in folder.iterdir() if not p.is_symlink() and p.is_dir() and is_valid_name(p.name)
-    )
+    return sorted(p for p in folder.iterdir() if _is_real_dir(p) and is_valid_name(p.name))
 
 
 @contextmanager
@@ -450,6 +316,10 @@ class CheckpointStore:
             )
         exp_dir = self.experiment_dir(experiment)
         exp_dir.mkdir(parents=True, exist_ok=True)
+        if exp_dir.is_symlink():
+            raise CheckpointCorrupt(
+                f"{exp_dir} is a symlink; the store writes only into its own folders"
+            )
         staging = exp_dir / f"{STAGING_PREFIX}{tag}-{uuid.uuid4().hex}"
         staging.mkdir()
         return staging
@@ -493,7 +363,7 @@ class CheckpointStore:
         handled: list[Path] = []
         for name in names:
             exp_dir = self.experiment_dir(name)
-            if not exp_dir.is_dir():
+            if not _is_real_dir(exp_dir):
                 continue
             for entry in sorted(exp_dir.iterdir()):
                 if entry.is_dir() and not entry.is_symlink() and self._clean_entry(entry):
@@ -542,7 +412,7 @@ class CheckpointStore:
         returning the rest would show an experiment with no latest at all. So scan again.
         """
         exp_dir = self.experiment_dir(experiment)
-        if not exp_dir.is_dir():
+        if not _is_real_dir(exp_dir):
             return []
         for _ in range(_LIST_ATTEMPTS):
             infos, vanished = [], False
@@ -561,13 +431,13 @@ class CheckpointStore:
     def get(self, experiment: str, tag: str) -> CheckpointInfo:
         exp_dir = self.experiment_dir(experiment)
         validate_name("tag", tag)
-        if not exp_dir.is_dir() or exp_dir.is_symlink():
+        if not _is_real_dir(exp_dir):
             raise CheckpointNotFound(f"experiment {experiment!r} does not exist in the store")
         folder = exp_dir / tag
         try:
             # Locked, so that a commit replacing `tag` (two renames) is never seen half done.
             with _renames_locked(exp_dir, exclusive=False):
-                if folder.is_symlink() or not folder.is_dir():
+                if not _is_real_dir(folder):
                     raise CheckpointCorrupt(f"{folder}: not a folder")
                 return _load_info(experiment, tag, folder)
         except CheckpointCorrupt:
@@ -601,7 +471,7 @@ class CheckpointStore:
         that vanishes while it is read makes the scan stale, as in `_list_experiment`.
         """
         exp_dir = self.experiment_dir(experiment)
-        if not exp_dir.is_dir():
+        if not _is_real_dir(exp_dir):
             return None
         found = None
         for _ in range(_LIST_ATTEMPTS):
@@ -650,12 +520,13 @@ class CheckpointStore:
             return self.latest(experiment)
         return self.get(experiment, ref)
 
-    def resolve_file(self, experiment: str, tag: str, name: str) -> Path:
-        """The on-disk path of one file of a checkpoint, for download.
+    def open_file(self, experiment: str, tag: str, name: str) -> tuple[CheckpointInfo, int]:
+        """The checkpoint and a read descriptor of one of its files, for download.
 
         Only ``manifest.json`` and names the manifest lists are servable, matched exactly;
-        user text is never joined to a path before that match. The real path must then sit
-        directly in the checkpoint folder inside the store, so a planted symlink fails.
+        user text is never joined to a path before that match. The file is opened without
+        following a link (`manifests.open_fd`), so a planted symlink is refused, and what is
+        served is the file that was checked: the caller reads the descriptor, never the path.
         """
         if not isinstance(name, str) or not name or any(c in name for c in "/\\\x00"):
             raise InvalidName(f"invalid file name {name!r}: give a bare file name, no path")
@@ -666,16 +537,13 @@ class CheckpointStore:
                 f"checkpoint {tag!r} of experiment {experiment!r} has no file {name!r}; "
                 f"it has: {', '.join(allowed)}"
             )
-        path = info.path / name
-        real = Path(os.path.realpath(path))
-        root = Path(os.path.realpath(self.root))
-        folder = Path(os.path.realpath(info.path))
-        if path.is_symlink() or real.parent != folder or not real.is_relative_to(root):
+        try:
+            return info, open_fd(info.path, name)
+        except FileNotFoundError:
             raise CheckpointNotFound(
                 f"file {name!r} of checkpoint {tag!r} in experiment {experiment!r} "
                 "is not a regular file inside the store"
-            )
-        return real
+            ) from None
 
     # --- deleting ---
 
@@ -719,7 +587,7 @@ class CheckpointStore:
         """
         if type(keep_last) is not int or keep_last < 0:
             raise InvalidRequest(f"keep_last must be an integer >= 0, got {keep_last!r}")
-        if not self.experiment_dir(experiment).is_dir():
+        if not _is_real_dir(self.experiment_dir(experiment)):
             raise CheckpointNotFound(f"experiment {experiment!r} does not exist in the store")
         with self.guard(experiment):
             infos = self.list_checkpoints(experiment)

@@ -35,15 +35,13 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from trainctl.store.checkpoints import (
+from trainctl.store.checkpoints import CheckpointStore, Protection, check_fits, step_tag
+from trainctl.store.manifests import (
     METADATA_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
-    CheckpointStore,
-    Protection,
-    check_fits,
+    open_file,
     read_metadata,
-    step_tag,
     verify_manifest,
     write_manifest,
 )
@@ -323,7 +321,10 @@ def load_checkpoint(
     if isinstance(config, ModelConfig) and isinstance(saved, dict):
         check_fits(ModelConfig.from_dict(saved), config, f"checkpoint {load_dir}")
     params = dict(model.named_parameters())
-    state = load_file(str(load_dir / MODEL_FILE), device=str(device))
+    # Read through the descriptor the manifest check opened the same way: no link followed,
+    # and a file swapped after the check is not what loads (store.manifests.open_file).
+    with open_file(load_dir, MODEL_FILE) as f:
+        state = load_file(f"/proc/self/fd/{f.fileno()}", device=str(device))
     for name, t in state.items():
         target = params.get(name)
         if target is not None and t.dtype != target.dtype:
@@ -347,7 +348,8 @@ def load_checkpoint(
 
 def load_optimizer_state(load_dir: Path, device: torch.device | str) -> dict[str, Any]:
     try:
-        state = torch.load(load_dir / OPTIMIZER_FILE, map_location=device, weights_only=True)
+        with open_file(load_dir, OPTIMIZER_FILE) as f:
+            state = torch.load(f, map_location=device, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise CheckpointCorrupt(
             f"checkpoint {load_dir}: {OPTIMIZER_FILE} holds objects other than tensors and "

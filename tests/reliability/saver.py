@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from trainctl.store.checkpoints import BEST_TAG, MANIFEST_FILE
+from trainctl.store.checkpoints import BEST_TAG
+from trainctl.store.manifests import MANIFEST_FILE
 from trainctl.worker.checkpoint import save_checkpoint
 from trainctl.worker.model import GPT, build_model
 from trainctl.worker.optim import build_optimizers

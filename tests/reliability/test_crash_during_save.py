@@ -27,8 +27,8 @@ from trainctl.store.checkpoints import (
     CheckpointInfo,
     CheckpointStore,
     parse_step,
-    verify_manifest,
 )
+from trainctl.store.manifests import verify_manifest
 from trainctl.worker.checkpoint import load_checkpoint
 
 ROUNDS = int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "20"))

@@ -21,18 +21,15 @@ import pytest
 
 from tests.polling import poll
 from tests.reliability import saver
-from trainctl.store.checkpoints import (
-    BEST_TAG,
+from trainctl.store.checkpoints import BEST_TAG, CheckpointStore, parse_step, step_tag
+from trainctl.store.exceptions import CheckpointProtected
+from trainctl.store.manifests import (
     METADATA_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
-    CheckpointStore,
-    parse_step,
-    step_tag,
     verify_manifest,
     write_manifest,
 )
-from trainctl.store.exceptions import CheckpointProtected
 
 ROUNDS = 100 * int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "20"))
 SEED = int(os.environ.get("TRAINCTL_SOAK_SEED", "4"))

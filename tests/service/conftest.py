@@ -13,14 +13,8 @@ from fastapi.testclient import TestClient
 
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
-from trainctl.store.checkpoints import (
-    METADATA_FILE,
-    MODEL_FILE,
-    OPTIMIZER_FILE,
-    CheckpointStore,
-    step_tag,
-    write_manifest,
-)
+from trainctl.store.checkpoints import CheckpointStore, step_tag
+from trainctl.store.manifests import METADATA_FILE, MODEL_FILE, OPTIMIZER_FILE, write_manifest
 from trainctl.store.presets import get_preset
 from trainctl.store.runs import Run, RunStore
 

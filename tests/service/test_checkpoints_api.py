@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 
 from tests.service.conftest import save_checkpoint
 from trainctl.service.schemas import CheckpointPublic
-from trainctl.store.checkpoints import MANIFEST_FILE, MODEL_FILE, CheckpointStore
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.manifests import MANIFEST_FILE, MODEL_FILE
 from trainctl.store.runs import RunStore
 
 

@@ -9,7 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.service.conftest import save_checkpoint
-from trainctl.store.checkpoints import MODEL_FILE, CheckpointStore
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.manifests import MODEL_FILE
 
 # One row per trick; each is tried as a file name, a tag and an experiment. A bare ".."
 # segment is resolved away by HTTP clients before it is sent; the store's own tests
@@ -77,3 +78,60 @@ def test_a_symlinked_experiment_pointing_out_of_the_store_is_not_listed_or_serve
     assert 400 <= response.status_code < 500
     assert client.delete("/checkpoints/loot/step_1").status_code >= 400
     assert (outside / "loot" / "step_1").exists()
+
+
+SECRET = b"the contents of a file outside the store"
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "metadata.json"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/checkpoints/exp/step_1/archive",
+        "/checkpoints/exp/step_1/files/{name}",
+        "/checkpoints/exp/step_1/files/manifest.json",
+        "/checkpoints/exp/step_1",
+    ],
+)
+def test_no_endpoint_reads_a_file_of_a_checkpoint_through_a_planted_link(
+    client: TestClient, one: CheckpointStore, tmp_path: Path, name: str, url: str
+) -> None:
+    path = one.get("exp", "step_1").path / name
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET[:1] * path.stat().st_size)  # the size the manifest expects
+    path.unlink()
+    os.symlink(secret, path)
+
+    response = client.get(url.format(name=name))
+
+    assert response.status_code == 404, response.content[:200]
+    assert SECRET[:1] * 16 not in response.content
+
+
+def test_a_manifest_that_is_a_link_is_never_read(
+    client: TestClient, one: CheckpointStore, tmp_path: Path
+) -> None:
+    folder = one.get("exp", "step_1").path
+    stolen = tmp_path / "manifest.json"
+    stolen.write_bytes((folder / "manifest.json").read_bytes())  # a valid one, elsewhere
+    (folder / "manifest.json").unlink()
+    os.symlink(stolen, folder / "manifest.json")
+
+    for url in ["/checkpoints/exp/step_1/archive", "/checkpoints/exp/step_1"]:
+        assert client.get(url).status_code == 404
+    assert client.get("/checkpoints?experiment=exp").json()["items"] == []
+
+
+def test_listing_and_prune_do_not_follow_a_linked_experiment_folder(
+    client: TestClient, one: CheckpointStore, tmp_path: Path
+) -> None:
+    outside = CheckpointStore(tmp_path / "outside")
+    for step in (1, 2, 3):
+        save_checkpoint(outside, "loot", step=step)
+    os.symlink(outside.experiment_dir("loot"), one.root / "loot")
+
+    assert client.get("/checkpoints?experiment=loot").json()["items"] == []
+    assert client.get("/checkpoints/latest?experiment=loot").status_code == 404
+    pruned = client.post("/checkpoints/prune", json={"experiment": "loot", "keep_last": 1})
+    assert pruned.status_code == 404
+    assert len(outside.list_checkpoints("loot")) == 3

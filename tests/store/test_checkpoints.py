@@ -12,18 +12,11 @@ import pytest
 import trainctl.store.checkpoints as checkpoints_module
 from trainctl.store.checkpoints import (
     BEST_TAG,
-    MANIFEST_FILE,
-    METADATA_FILE,
-    MODEL_FILE,
-    OPTIMIZER_FILE,
     STAGING_PREFIX,
     TRASH_PREFIX,
     CheckpointStore,
     parse_step,
     step_tag,
-    validate_name,
-    verify_manifest,
-    write_manifest,
 )
 from trainctl.store.exceptions import (
     CheckpointCorrupt,
@@ -32,6 +25,16 @@ from trainctl.store.exceptions import (
     InvalidName,
     InvalidRequest,
 )
+from trainctl.store.manifests import (
+    MANIFEST_FILE,
+    METADATA_FILE,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    open_fd,
+    verify_manifest,
+    write_manifest,
+)
+from trainctl.store.names import validate_name
 
 
 @pytest.fixture
@@ -397,12 +400,18 @@ def test_retain_keeps_max_keep_steps_and_returns_the_deleted(store: CheckpointSt
 # --- safe file resolution ---
 
 
-def test_resolve_file_serves_manifest_listed_files_and_the_manifest(
+def served(store: CheckpointStore, experiment: str, tag: str, name: str) -> bytes:
+    _, fd = store.open_file(experiment, tag, name)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def test_open_file_serves_manifest_listed_files_and_the_manifest(
     store: CheckpointStore,
 ) -> None:
     folder = save(store, "exp", step=1)
-    assert store.resolve_file("exp", "step_1", MODEL_FILE) == folder.resolve() / MODEL_FILE
-    assert store.resolve_file("exp", "step_1", MANIFEST_FILE).name == MANIFEST_FILE
+    for name in (MODEL_FILE, MANIFEST_FILE):
+        assert served(store, "exp", "step_1", name) == (folder / name).read_bytes()
 
 
 HOSTILE_NAMES = [
@@ -412,32 +421,103 @@ HOSTILE_NAMES = [
 
 
 @pytest.mark.parametrize("name", HOSTILE_NAMES)
-def test_resolve_file_refuses_hostile_names(store: CheckpointStore, name: str) -> None:
+def test_open_file_refuses_hostile_names(store: CheckpointStore, name: str) -> None:
     folder = save(store, "exp", step=1)
     (folder / "extra.bin").write_bytes(b"present on disk but not in the manifest")
     with pytest.raises((InvalidName, CheckpointNotFound)):
-        store.resolve_file("exp", "step_1", name)
+        store.open_file("exp", "step_1", name)
 
 
 @pytest.mark.parametrize(("experiment", "tag"), [("..", "step_1"), ("exp", "../exp")])
-def test_resolve_file_refuses_hostile_experiment_and_tag(
+def test_open_file_refuses_hostile_experiment_and_tag(
     store: CheckpointStore, experiment: str, tag: str
 ) -> None:
     save(store, "exp", step=1)
     with pytest.raises(InvalidName):
-        store.resolve_file(experiment, tag, MODEL_FILE)
+        store.open_file(experiment, tag, MODEL_FILE)
 
 
-def test_resolve_file_refuses_a_symlink_pointing_outside_the_store(
+# --- links planted in a shared store: never followed, by any reader --------------------------
+
+
+def plant_link(folder: Path, name: str, target: Path) -> None:
+    """Replace `name` in `folder` by a link to `target`, a file of the same size, so that a
+    check of sizes alone would not notice."""
+    target.write_bytes(b"s" * (folder / name).stat().st_size)
+    (folder / name).unlink()
+    os.symlink(target, folder / name)
+
+
+@pytest.mark.parametrize("name", [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE, MANIFEST_FILE])
+def test_a_checkpoint_with_a_file_that_is_a_link_is_invisible_to_every_reader(
+    store: CheckpointStore, tmp_path: Path, name: str
+) -> None:
+    save(store, "exp", step=1)
+    folder = save(store, "exp", step=2)
+    plant_link(folder, name, tmp_path / "secret")
+
+    assert tags(store, "exp") == ["step_1"]
+    assert store.latest("exp").tag == "step_1"
+    with pytest.raises(CheckpointNotFound):
+        store.get("exp", "step_2")
+    with pytest.raises(CheckpointNotFound):
+        store.open_file("exp", "step_2", name)
+    with pytest.raises(CheckpointCorrupt, match="missing"):
+        verify_manifest(folder, deep=True)
+
+
+def test_a_link_swapped_in_after_the_listing_is_still_not_followed(
     store: CheckpointStore, tmp_path: Path
 ) -> None:
-    secret = tmp_path / "secret"
-    secret.write_bytes(b"weights")  # same size as the real file, so the listing still passes
     folder = save(store, "exp", step=1)
-    (folder / MODEL_FILE).unlink()
-    os.symlink(secret, folder / MODEL_FILE)
-    with pytest.raises(CheckpointNotFound, match="not a regular file inside the store"):
-        store.resolve_file("exp", "step_1", MODEL_FILE)
+    info = store.get("exp", "step_1")  # complete when listed...
+    plant_link(folder, MODEL_FILE, tmp_path / "secret")  # ...a link a moment later
+    with pytest.raises(FileNotFoundError, match="not a regular file"):
+        open_fd(info.path, MODEL_FILE)
+
+
+def test_a_tag_or_experiment_folder_that_is_a_link_is_neither_listed_read_nor_pruned(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    elsewhere = CheckpointStore(tmp_path / "elsewhere")
+    save(elsewhere, "outside", step=1)
+    save(elsewhere, "outside", step=2)
+    save(store, "exp", step=1)
+    outside = elsewhere.experiment_dir("outside")
+    os.symlink(outside, store.experiment_dir("linked"))
+    os.symlink(outside / "step_2", store.experiment_dir("exp") / "step_9")
+
+    assert [(i.experiment, i.tag) for i in store.list_checkpoints()] == [("exp", "step_1")]
+    assert store.list_checkpoints("linked") == []
+    assert store.latest_or_none("linked") is None
+    assert store.latest("exp").tag == "step_1"
+    for experiment, tag in [("linked", "step_1"), ("exp", "step_9")]:
+        with pytest.raises(CheckpointNotFound):
+            store.get(experiment, tag)
+    with pytest.raises(CheckpointNotFound):
+        store.prune("linked", keep_last=0)
+    with pytest.raises(CheckpointCorrupt, match="symlink"):
+        store.staging_dir("linked", "step_3")
+    assert [i.tag for i in elsewhere.list_checkpoints("outside")] == ["step_1", "step_2"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"[" * 100_000 + b"]" * 100_000, b'{"step": 1, "pad": "' + b"x" * (5 << 20) + b'"}'],
+    ids=["nested-100k-deep", "over-4-MiB"],
+)
+@pytest.mark.parametrize("name", [METADATA_FILE, MANIFEST_FILE])
+def test_a_huge_or_deeply_nested_json_file_hides_its_checkpoint_not_the_listing(
+    store: CheckpointStore, name: str, content: bytes
+) -> None:
+    save(store, "exp", step=1)
+    folder = save(store, "exp", step=2)
+    (folder / name).write_bytes(content)
+
+    assert tags(store) == ["step_1"]
+    assert store.latest().tag == "step_1"
+    with pytest.raises(CheckpointNotFound):
+        store.get("exp", "step_2")
 
 
 def test_latest_of_an_experiment_reads_only_the_newest_folders(

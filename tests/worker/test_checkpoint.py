@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainctl.store.checkpoints import MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, CheckpointStore
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.manifests import MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE
 from trainctl.worker.checkpoint import (
     capture_checkpoint,
     find_latest_checkpoint,
@@ -208,7 +209,7 @@ def test_optimizer_state_is_loaded_with_weights_only(tmp_path: Path) -> None:
             return (exec, (f"open({str(marker)!r}, 'w').write('x')",))
 
     (path / OPTIMIZER_FILE).write_bytes(pickle.dumps({"muon": Evil(), "adamw": {}}, protocol=2))
-    from trainctl.store.checkpoints import write_manifest
+    from trainctl.store.manifests import write_manifest
 
     write_manifest(path, ["model.safetensors", "optimizer.pt", "metadata.json"])
     with pytest.raises(CheckpointCorrupt, match="refusing to unpickle"):
