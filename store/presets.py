@@ -19,6 +19,26 @@ from trainctl.store.exceptions import InvalidRequest, UnknownPreset
 RUNTIME_FIELDS = frozenset({"use_checkpoint_per_layer", "use_compile", "compile_mode"})
 
 
+# What a model of this service can be: far beyond any preset, well short of what would only
+# exhaust a node (a 300 M vocabulary, 100,000 MTP heads). NaN and the infinities are outside
+# every range, so they are refused too. The total size is bounded apart (MAX_MODEL_PARAMS).
+BOUNDS: dict[str, tuple[float, float]] = {
+    "vocab_size": (1, 1 << 20),
+    "d_model": (1, 1 << 16),
+    "n_layers": (1, 1024),
+    "n_heads": (1, 1024),
+    "n_kv_heads": (1, 1024),
+    "ffn_hidden": (1, 1 << 18),
+    "max_seq_len": (1, 131_072),
+    "rope_theta": (1.0, 1e9),
+    "logit_softcap": (0.0, 1e4),
+    "norm_eps": (1e-12, 1.0),
+    "mtp_depth": (0, 16),
+    "mtp_loss_weights": (0.0, 1e3),
+    "init_std": (1e-6, 10.0),
+}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int = 64_000
@@ -58,18 +78,14 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         self._check_types()
-        positive = (
-            "vocab_size",
-            "d_model",
-            "n_layers",
-            "n_heads",
-            "n_kv_heads",
-            "ffn_hidden",
-            "max_seq_len",
-        )
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise InvalidRequest(f"model {name} must be positive, got {getattr(self, name)}")
+        for name, (low, high) in BOUNDS.items():
+            values = getattr(self, name)
+            for value in values if isinstance(values, tuple | list) else (values,):
+                # `not low <= value <= high` is also true for NaN.
+                if not low <= value <= high:
+                    raise InvalidRequest(
+                        f"model {name} must be between {low:,} and {high:,}, got {value!r}"
+                    )
         if self.d_model % self.n_heads:
             raise InvalidRequest(
                 f"model d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
@@ -81,8 +97,6 @@ class ModelConfig:
                 f"model n_heads ({self.n_heads}) must be divisible by n_kv_heads "
                 f"({self.n_kv_heads})"
             )
-        if self.mtp_depth < 0:
-            raise InvalidRequest(f"model mtp_depth must be >= 0, got {self.mtp_depth}")
         if self.mtp_loss_weights and len(self.mtp_loss_weights) != self.mtp_depth:
             raise InvalidRequest(
                 f"model mtp_loss_weights has {len(self.mtp_loss_weights)} entries "

@@ -486,3 +486,31 @@ def test_an_idle_stream_sends_keepalive_comments(client: TestClient, runs: RunSt
         return frames
 
     assert anyio.run(first_frames) == [": keepalive\n\n", ": keepalive\n\n"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ('{"vocab_size": 300000000}', "model vocab_size must be between 1 and 1,048,576"),
+        ('{"mtp_depth": 100000}', "model mtp_depth must be between 0 and 16"),
+        ('{"rope_theta": NaN}', "model rope_theta must be between"),
+        ('{"init_std": Infinity}', "model init_std must be between"),
+        ('{"mtp_depth": 2, "mtp_loss_weights": [0.3, -Infinity]}', "mtp_loss_weights"),
+        ('{"n_layers": 100000}', "model n_layers must be between 1 and 1,024"),
+    ],
+)
+def test_absurd_or_non_finite_model_overrides_are_422_at_submit(
+    client: TestClient, runs: RunStore, overrides: str, named: str
+) -> None:
+    body = (
+        f'{{"steps": 10, "device": "cpu", "model": {{"preset": "tiny", "overrides": {overrides}}}}}'
+    )
+    for kind in ("train", "benchmark"):
+        body_of_kind = body if kind == "train" else body.replace('"steps": 10, ', "")
+        response = client.post(
+            f"/runs/{kind}", content=body_of_kind, headers={"Content-Type": "application/json"}
+        )
+
+        assert response.status_code == 422, response.text
+        assert named in response.json()["detail"]
+    assert runs.list_runs()[0] == []
