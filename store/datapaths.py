@@ -1,13 +1,28 @@
-"""Where runs may read training data: globs expanded now and confined to the data roots."""
+"""Where runs may read training data: patterns checked against the data roots before they are
+expanded, and expanded within bounds (docs/architecture.md, "Requests and plans").
+
+Submit resolves `data.paths` into files, so a typo is a 422 rather than a failed run. That
+must cost the API little whatever a request says: a pattern whose fixed part lies outside
+the roots is refused before anything is read, the expansion stops at `MAX_DATA_FILES` files
+or `EXPAND_SECONDS`, folders are walked without following links, and a refusal names only the
+request's own pattern, never a file outside the roots.
+"""
 
 from __future__ import annotations
 
 import glob
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.specs import DataSpec
+
+MAX_DATA_FILES = 100_000
+EXPAND_SECONDS = 5.0
+_GLOB_CHARS = frozenset("*?[")
+ROOTS_SETTING = "TRAINCTL_DATA_ROOTS"
 
 
 def resolve_data(data: DataSpec, roots: list[Path]) -> DataSpec:
@@ -22,30 +37,87 @@ def resolve_data(data: DataSpec, roots: list[Path]) -> DataSpec:
     )
 
 
+class _Expansion:
+    """The files a request's patterns reach, counted and timed across all of them."""
+
+    def __init__(self, roots: list[Path], field: str) -> None:
+        self.roots, self.field = roots, field
+        self.deadline = time.monotonic() + EXPAND_SECONDS
+        self.files: list[Path] = []
+
+    def inside(self, path: str) -> bool:
+        real = Path(os.path.realpath(path))
+        return any(real.is_relative_to(r) for r in self.roots)
+
+    def refuse(self, pattern: str, problem: str) -> InvalidRequest:
+        return InvalidRequest(f"{self.field}: {pattern!r} {problem}")
+
+    def bounded(self, pattern: str, found: Iterator[str]) -> list[str]:
+        """All of `found`, sorted, unless there are too many or they take too long."""
+        kept: list[str] = []
+        for item in found:
+            if len(self.files) + len(kept) >= MAX_DATA_FILES:
+                raise self.refuse(pattern, f"matches more than {MAX_DATA_FILES:,} files; narrow it")
+            if time.monotonic() > self.deadline:
+                raise self.refuse(pattern, f"takes more than {EXPAND_SECONDS:.0f} s to expand")
+            kept.append(item)
+        return sorted(kept)
+
+    def add(self, pattern: str, file: str) -> None:
+        if not self.inside(file):
+            raise self.refuse(pattern, f"reaches a file outside the data roots ({ROOTS_SETTING})")
+        self.files.append(Path(os.path.realpath(file)))
+
+
 def confine_paths(patterns: list[str], roots: list[Path], field: str) -> list[Path]:
     if patterns and not roots:
         raise InvalidRequest(
-            f"{field}: no data roots are configured (set TRAINCTL_DATA_ROOTS), "
-            "so no files may be read"
+            f"{field}: no data roots are configured (set {ROOTS_SETTING}), so no files may be read"
         )
-    real_roots = [Path(os.path.realpath(r)) for r in roots]
-    files: list[Path] = []
+    expansion = _Expansion([Path(os.path.realpath(r)) for r in roots], field)
     for pattern in patterns:
         if "\x00" in pattern:
-            raise InvalidRequest(f"{field}: path contains a NUL byte")
-        full = pattern if os.path.isabs(pattern) else str(real_roots[0] / pattern)
-        matches = sorted(glob.glob(full, recursive=True))
-        if not matches:
-            raise InvalidRequest(f"{field}: no files match {pattern!r}")
-        for m in matches:
-            p = Path(m)
-            found = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-            for f in found:
-                real = Path(os.path.realpath(f))
-                if not any(real.is_relative_to(r) for r in real_roots):
-                    raise InvalidRequest(
-                        f"{field}: {pattern!r} reaches {f}, outside the data roots "
-                        f"({', '.join(map(str, real_roots))})"
-                    )
-                files.append(real)
-    return files
+            raise expansion.refuse(pattern.replace("\x00", "\\x00"), "contains a NUL byte")
+        full = pattern if os.path.isabs(pattern) else str(expansion.roots[0] / pattern)
+        # Before anything is read: the fixed part of the pattern must lie inside a root.
+        if not expansion.inside(_fixed_part(full)):
+            raise expansion.refuse(pattern, f"is outside the data roots ({ROOTS_SETTING})")
+        before = len(expansion.files)
+        try:
+            for match in expansion.bounded(pattern, glob.iglob(full, recursive=True)):
+                for file in expansion.bounded(pattern, _files(match)):
+                    expansion.add(pattern, file)
+        except OSError as exc:
+            raise expansion.refuse(pattern, f"cannot be read ({exc.strerror})") from None
+        if len(expansion.files) == before:
+            raise expansion.refuse(pattern, "matches no files")
+    return expansion.files
+
+
+def _fixed_part(pattern: str) -> str:
+    """The folder a glob pattern starts from: its components before the first wildcard."""
+    fixed = list(_until_wildcard(Path(pattern).parts))
+    return str(Path(*fixed)) if fixed else os.sep
+
+
+def _until_wildcard(parts: tuple[str, ...]) -> Iterator[str]:
+    for part in parts:
+        if _GLOB_CHARS & set(part):
+            return
+        yield part
+
+
+def _files(match: str) -> Iterator[str]:
+    """A matched file, or every file under a matched folder, without following links to
+    folders (a link to a file is checked by the caller like any other file)."""
+    if not os.path.isdir(match):
+        yield match
+        return
+
+    def raise_error(exc: OSError) -> None:
+        raise exc
+
+    for folder, _, names in os.walk(match, onerror=raise_error):
+        for name in names:
+            if os.path.isfile(path := os.path.join(folder, name)):
+                yield path

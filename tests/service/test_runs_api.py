@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -13,6 +14,8 @@ from fastapi.testclient import TestClient
 
 from tests.service.conftest import finish, save_checkpoint
 from trainctl.service import sse
+from trainctl.service.app import create_app
+from trainctl.service.settings import Settings
 from trainctl.store.checkpoints import CheckpointStore
 from trainctl.store.presets import get_preset
 from trainctl.store.runs import RunStore
@@ -514,3 +517,19 @@ def test_absurd_or_non_finite_model_overrides_are_422_at_submit(
         assert response.status_code == 422, response.text
         assert named in response.json()["detail"]
     assert runs.list_runs()[0] == []
+
+
+@pytest.mark.parametrize("paths", [["/"], ["/usr"], ["/proc/**"]])
+def test_a_data_path_outside_the_roots_is_422_naming_only_the_pattern(
+    tmp_path: Path, paths: list[str]
+) -> None:
+    (tmp_path / "datasets").mkdir()
+    settings = Settings(data_dir=tmp_path / "data", workers=0, data_roots=[tmp_path / "datasets"])
+    with TestClient(create_app(settings)) as client:
+        body = {**CPU_TRAIN, "data": {"source": "text", "paths": paths}}
+        response = submit(client, "train", body)
+
+    assert response.status_code == 422
+    assert response.json()["detail"] == (
+        f"data.paths: {paths[0]!r} is outside the data roots (TRAINCTL_DATA_ROOTS)"
+    )
