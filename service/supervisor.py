@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -99,6 +99,17 @@ def read_log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> list[str]:
     return tail or ["(empty)"]
 
 
+# The service's own secrets and settings, which a worker neither reads nor should hold: the
+# API token (a worker talks to the database, never to the API), and the settings of the
+# service process itself. A worker gets what it needs explicitly (see `_spawn`).
+SERVICE_ONLY = ("TRAINCTL_API_TOKEN", "TRAINCTL_HOST", "TRAINCTL_PORT", "TRAINCTL_ALLOWED_HOSTS")
+
+
+def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment a local worker starts with: the service's, less what only it needs."""
+    return {k: v for k, v in environ.items() if k not in SERVICE_ONLY}
+
+
 class Supervisor:
     def __init__(
         self,
@@ -127,7 +138,7 @@ class Supervisor:
     def _spawn(self, slot: WorkerSlot) -> None:
         slot.worker_id = f"{socket.gethostname()}-w{slot.index}-{uuid.uuid4().hex[:8]}"
         env = {
-            **os.environ,
+            **worker_environment(os.environ),
             "TRAINCTL_DATABASE_URL": self.settings.db_url,
             "TRAINCTL_DATA_DIR": str(self.settings.data_dir.resolve()),
             "TRAINCTL_WORKER_ID": slot.worker_id,

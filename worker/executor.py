@@ -65,6 +65,11 @@ def execute_train(ctx: RunContext, root: Path) -> Outcome:
     plan = read_plan(ctx, TrainPlan)
     check_device(plan.device)
     store = CheckpointStore(root)
+    # Only this run writes to its experiment (one active train run each), so what is left
+    # half-written there (a save killed mid-write, a commit cut between its renames) is
+    # swept now rather than when the service next restarts.
+    for leftover in store.cleanup(plan.experiment):
+        ctx.log(f"cleaned up {leftover.name} (left by an interrupted save)")
     # A run that was interrupted (worker killed, node drained) continues from its own last
     # checkpoint; the steps after it are recomputed, deterministically, from the same batches.
     previous = store.latest_of_run(plan.experiment, ctx.run.id)

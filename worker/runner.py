@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -175,7 +177,7 @@ class Worker:
 
     def fail(self, ctx: RunContext, exc: Exception) -> None:
         log.error("run %s failed: %s", ctx.run.id, exc, exc_info=exc)
-        error = str(exc) or type(exc).__name__
+        error = public_error(exc, self.config)
         ctx.log(f"failed: {type(exc).__name__}: {error}", level="error")
         try:
             self.runs.finish(ctx.run.id, self.config.worker_id, ctx.attempt, "failed", error=error)
@@ -193,6 +195,30 @@ class Worker:
                 log.warning("run %s: %s; leaving it to its new owner", run_id, outcome.reason)
         except LeaseLost:
             log.warning("run %s ended after its lease was lost; not recorded", run_id)
+
+
+# CSI and other escape sequences: colour codes from a library's message mean nothing in the
+# API's JSON or the dashboard.
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
+
+
+def public_error(exc: BaseException, config: WorkerConfig) -> str:
+    """A run's error as its users read it: the message without terminal escape codes, and
+    with this node's own folders named rather than spelled out (the full text stays in the
+    worker's log)."""
+    text = _ESCAPES.sub("", str(exc) or type(exc).__name__)
+    text = "".join(c for c in text if c.isprintable() or c in "\n\t")
+    folders = {
+        "<checkpoints>": config.checkpoint_dir,
+        "<data>": config.data_dir,
+        "<python>": Path(sys.prefix),
+        "~": Path.home(),
+    }
+    # Longest first: the checkpoint folder lies inside the data folder.
+    for label, folder in sorted(folders.items(), key=lambda item: -len(str(item[1]))):
+        if len(str(folder)) > 1:
+            text = text.replace(str(folder.resolve()), label).replace(str(folder), label)
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

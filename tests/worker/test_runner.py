@@ -20,6 +20,7 @@ from trainctl.store.checkpoints import CheckpointStore
 from trainctl.store.plans import CheckpointRef
 from trainctl.store.runs import Run, RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES
+from trainctl.worker.runner import WorkerConfig, public_error
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = tuple(TERMINAL_STATES)
@@ -42,7 +43,7 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[[], subprocess.Popen[bytes
             [
                 sys.executable,
                 "-m",
-                "worker",
+                "trainctl.worker",
                 "--data-dir",
                 str(tmp_path),
                 "--heartbeat-seconds",
@@ -227,3 +228,40 @@ def test_the_worker_logs_json_lines_stamped_with_the_run_id(runs: RunStore, tmp_
     assert any("step_999" in r.get("exception", "") for r in failed)  # the traceback, once
     # Outside a run, no run id: the ready and stopped lines.
     assert all("run_id" not in r for r in records if "ready" in r["message"])
+
+
+def test_a_run_error_names_the_nodes_folders_rather_than_spelling_them_out(
+    runs: RunStore, tmp_path: Path, start_worker: Callable[[], Any]
+) -> None:
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "blocked").write_text("a file where the experiment folder goes")
+    run = enqueue_train(runs, experiment="blocked", steps=2, checkpoint_every=1)
+    start_worker()
+
+    failed = wait_state(runs, run)
+
+    assert failed.state == "failed"
+    assert "<checkpoints>/blocked" in (failed.error or "")
+    assert str(tmp_path) not in (failed.error or "")
+
+
+def test_a_run_error_carries_no_terminal_escape_codes() -> None:
+    config = WorkerConfig("sqlite://", Path("/srv/node/data"), "w1")
+    coloured = RuntimeError("\x1b[1;31mCUDA error\x1b[0m: out of memory\x07 in /srv/node/data/x")
+
+    assert public_error(coloured, config) == "CUDA error: out of memory in <data>/x"
+
+
+def test_a_train_run_sweeps_what_a_killed_save_left_in_its_experiment(
+    runs: RunStore, tmp_path: Path, start_worker: Callable[[], Any]
+) -> None:
+    experiment = tmp_path / "checkpoints" / "swept"
+    leftover = experiment / ".staging-step_4-0123456789abcdef0123456789abcdef"
+    leftover.mkdir(parents=True)
+    (leftover / "model.safetensors").write_bytes(b"half a file")
+    run = enqueue_train(runs, experiment="swept", steps=2, checkpoint_every=1)
+    start_worker()
+
+    assert wait_state(runs, run).state == "succeeded"
+    assert not leftover.exists()
+    assert any(".staging-step_4" in e.data.get("message", "") for e in runs.events(run.id))
