@@ -11,7 +11,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TRAINCTL_", extra="ignore")
+    # An empty variable is unset: Compose and shell scripts write `TRAINCTL_WORKERS=` for "no
+    # value", and a default beats failing to start on `int("")`.
+    model_config = SettingsConfigDict(env_prefix="TRAINCTL_", extra="ignore", env_ignore_empty=True)
 
     host: str = Field("127.0.0.1", description="Address the API binds.")
     port: int = Field(8000, ge=0, le=65535, description="Port the API binds.")
@@ -58,7 +60,11 @@ class Settings(BaseSettings):
         description="Quick crashes in a row after which a local worker is no longer restarted "
         "(until the service restarts) and is reported.",
     )
-    api_token: SecretStr | None = Field(None, description="Bearer token required when set.")
+    api_token: SecretStr | None = Field(
+        None,
+        description="Bearer token required when set; surrounding whitespace is dropped, and a "
+        "blank token is no token.",
+    )
     data_roots: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,
         description="Folders specs may read training data from (os.pathsep-separated).",
@@ -74,6 +80,17 @@ class Settings(BaseSettings):
     def _split_roots(cls, v: object) -> object:
         if isinstance(v, str):
             return [p for p in v.split(":") if p]
+        return v
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _strip_token(cls, v: object) -> object:
+        # HTTP drops whitespace around a header's value, so no client could ever send a token
+        # that has it: such a token would turn every request away. Blank means none at all.
+        if isinstance(v, SecretStr):
+            v = v.get_secret_value()
+        if isinstance(v, str):
+            return v.strip() or None
         return v
 
     @property
