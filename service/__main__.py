@@ -12,6 +12,11 @@ from trainctl.service.app import create_app
 from trainctl.service.logs import configure_logging
 from trainctl.service.settings import get_settings
 
+# On SIGTERM uvicorn waits for open responses to finish, and an event stream of a queued run
+# never does: past this it cancels them (clients resume by event id), so the lifespan, which
+# lets workers checkpoint and hand their runs back, is not left to Docker's SIGKILL.
+GRACEFUL_SHUTDOWN_SECONDS = 5
+
 
 def is_loopback(host: str) -> bool:
     if host == "localhost":
@@ -37,15 +42,22 @@ def main(argv: list[str] | None = None) -> int:
     port = args.port if args.port is not None else settings.port
     if not is_loopback(host) and settings.api_token is None and not args.insecure:
         print(
-            f"refusing to serve on {host} without TRAINCTL_API_TOKEN: anyone who can reach it "
-            "could run jobs and delete checkpoints; set a token, bind 127.0.0.1, or pass "
-            "--insecure",
+            f"refusing to serve on {host} without TRAINCTL_API_TOKEN (unset, empty or blank): "
+            "anyone who can reach it could run jobs and delete checkpoints; set a token, bind "
+            "127.0.0.1, or pass --insecure",
             file=sys.stderr,
         )
         return 2
     configure_logging()
     # Our middleware writes the access lines (with request ids); uvicorn's would repeat them.
-    uvicorn.run(create_app(settings), host=host, port=port, log_config=None, access_log=False)
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+    )
     return 0
 
 

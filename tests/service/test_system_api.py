@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from tests.e2e.conftest import Service, free_port
 from tests.polling import poll
 from trainctl.service.__main__ import is_loopback, main
 from trainctl.service.app import create_app
@@ -126,6 +130,37 @@ def test_serving_beyond_loopback_without_a_token_is_refused(
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1
     assert "TRAINCTL_API_TOKEN" in err and "--insecure" in err
+
+
+@pytest.mark.parametrize("token", ["", "  \t"])
+def test_serving_beyond_loopback_with_an_empty_or_blank_token_is_refused(
+    tmp_path: Path, token: str
+) -> None:
+    # `TRAINCTL_API_TOKEN=` would otherwise start a public service that answers 401 to all.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINCTL_")}
+    env.update(TRAINCTL_API_TOKEN=token, TRAINCTL_DATA_DIR=str(tmp_path), TRAINCTL_WORKERS="0")
+
+    # A service that started would outlive the timeout, and the test fail on it.
+    done = subprocess.run(
+        [sys.executable, "-m", "trainctl.service", "--host", "0.0.0.0", "--port", str(free_port())],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "TRAINCTL_API_TOKEN" in done.stderr and "blank" in done.stderr
+
+
+def test_a_client_following_a_run_does_not_hold_up_the_services_stop(tmp_path: Path) -> None:
+    # uvicorn waits for open responses on SIGTERM, and the event stream of a queued run never
+    # ends: unbounded, that wait would outlast Docker's stop_grace_period, and the SIGKILL
+    # after it would cut the workers' checkpoints short.
+    service = Service(tmp_path, workers=0).start()
+    run_id = httpx.post(f"{service.url}/runs/train", json={"steps": 10}).json()["id"]
+    with httpx.stream("GET", f"{service.url}/runs/{run_id}/events", timeout=30) as events:
+        assert events.status_code == 200  # the headers came: the stream is open
+
+        assert service.stop(timeout=30)
 
 
 def test_the_app_creates_a_missing_data_dir_at_startup(tmp_path: Path) -> None:
