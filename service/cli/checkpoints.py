@@ -1,4 +1,4 @@
-"""`trainctl checkpoints list|latest|show|prune|download`."""
+"""`trainctl checkpoints list|latest|show|prune|download|delete`."""
 
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from trainctl.service.cli.common import client, console, print_json
+from trainctl.service.cli.common import client, confirm, console, err_console, fail, print_json
 from trainctl.service.client import TrainctlClient
 from trainctl.service.schemas import CheckpointPublic
 
-app = typer.Typer(no_args_is_help=True, help="List, inspect, prune and download checkpoints.")
+app = typer.Typer(
+    no_args_is_help=True, help="List, inspect, prune, download and delete checkpoints."
+)
 Experiment = Annotated[str, typer.Argument(help="The experiment.", show_default=False)]
 Tag = Annotated[str, typer.Argument(help="step_<N>, best, a user tag; or latest.")]
 ExperimentFilter = Annotated[str | None, typer.Option("--experiment", "-e", help="Only this.")]
@@ -69,8 +71,10 @@ def list_checkpoints(
         items = api.list_checkpoints(experiment)
     if as_json:
         print_json(items)
+    elif items:
+        console.print(table(items))
     else:
-        console.print(table(items) if items else "no checkpoints")
+        err_console.print("no checkpoints")
 
 
 @app.command("latest")
@@ -133,7 +137,7 @@ def download_checkpoint(
         names = files or [f.name for f in c.files] + ["manifest.json"]
         columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                    TransferSpeedColumn())  # fmt: skip
-        with Progress(*columns, console=console) as progress:
+        with Progress(*columns, console=err_console) as progress:
             for name in names:
                 task = progress.add_task(name, total=None)
 
@@ -145,3 +149,26 @@ def download_checkpoint(
     console.print(
         f"downloaded {c.experiment}/{c.tag} to {folder}/ ({len(verified)} files, sha256 verified)"
     )
+
+
+@app.command("delete")
+def delete_checkpoint(
+    ctx: typer.Context,
+    experiment: Experiment,
+    tag: Annotated[str, typer.Argument(help="step_<N>, best or a user tag.", show_default=False)],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Delete one checkpoint; one that a run still needs is refused (HTTP 409)."""
+    with client(ctx) as api:
+        c = api.get_checkpoint(experiment, tag)  # a typo fails here, before the question
+        question = (
+            f"delete checkpoint {c.experiment}/{c.tag} (step {c.step}, {size(c.size_bytes)})?"
+        )
+        if not yes and not confirm(question):
+            fail("nothing deleted (--yes deletes without asking)")
+        deleted = api.delete_checkpoint(experiment, tag)
+    if as_json:
+        print_json(deleted)
+    else:
+        console.print(f"deleted {deleted.experiment}/{deleted.tag}")

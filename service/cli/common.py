@@ -1,11 +1,16 @@
-"""What every `trainctl` command shares: the API client, output, and one-line errors."""
+"""What every `trainctl` command shares: the API client, output, and one-line errors.
+
+Data goes to stdout and everything for the human at the terminal (progress bars, a run's
+live events, hints, prompts, errors) to stderr, so `trainctl ... --json | jq` reads JSON only.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import httpx
@@ -14,6 +19,17 @@ from pydantic import BaseModel
 from rich.console import Console
 from typer.core import TyperGroup
 
+from trainctl.service.cli.config import Connection, resolve_connection
+from trainctl.service.cli.errors import (
+    AUTH_REFUSED,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_NO_SERVICE,
+    EXIT_USAGE,
+    INVALID_REQUEST,
+    BadInput,
+    MissingExtra,
+)
 from trainctl.service.client import ApiError, TrainctlClient
 from trainctl.store.exceptions import TrainctlError
 
@@ -21,10 +37,12 @@ from trainctl.store.exceptions import TrainctlError
 USAGE_ERROR: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 # Piped output keeps full-width tables (ids are 32 characters) instead of rich's 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160, highlight=False)
 
 
 class CliGroup(TyperGroup):
-    """The top-level group: every failure becomes one `error: ...` line and a non-zero exit.
+    """The top-level group: every failure becomes one `error: ...` line and its exit code
+    (`cli.errors`).
 
     Overriding `main` (not `Typer.__call__`) catches usage errors too, and also applies when
     tests drive the command through typer's CliRunner. TRAINCTL_DEBUG=1 shows tracebacks.
@@ -42,22 +60,47 @@ class CliGroup(TyperGroup):
         try:
             code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         except (typer.Abort, KeyboardInterrupt):
-            fail("interrupted", 130)
+            fail("interrupted", EXIT_INTERRUPTED)
         except USAGE_ERROR as exc:  # unknown command, bad option value
-            fail(exc.format_message(), exc.exit_code)
+            if type(exc).__name__ == "NoArgsIsHelpError":  # `trainctl runs`: the help, whole
+                exc.show()
+                sys.exit(EXIT_USAGE)
+            fail(exc.format_message(), EXIT_USAGE)
         except Exception as exc:
             if os.environ.get("TRAINCTL_DEBUG"):
                 raise
-            fail(describe(exc))
+            fail(describe(exc), exit_code(exc))
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)
+
+    def invoke(self, ctx: Any) -> Any:  # click's Context: typer's own copy, or click's
+        try:
+            return super().invoke(ctx)
+        except ApiError as exc:
+            connection = (ctx.obj or {}).get("connection")
+            if exc.status_code in AUTH_REFUSED and isinstance(connection, Connection):
+                # Which of flag, env var and profile supplied the token is what to fix.
+                source = connection.token_source
+                exc.add_note(f"the token came from {source}" if source else "no token was sent")
+            raise
+
+
+def exit_code(exc: Exception) -> int:
+    if isinstance(exc, ApiError):
+        if exc.status_code in AUTH_REFUSED:
+            return EXIT_NO_SERVICE
+        return EXIT_USAGE if exc.status_code in INVALID_REQUEST else EXIT_FAILED
+    if isinstance(exc, httpx.TransportError):
+        return EXIT_NO_SERVICE
+    return EXIT_USAGE if isinstance(exc, BadInput) else EXIT_FAILED
 
 
 def describe(exc: Exception) -> str:
     """One line a user can act on."""
     if isinstance(exc, ApiError):
-        return f"{exc.detail} (HTTP {exc.status_code})"
+        notes = "".join(f"; {note}" for note in getattr(exc, "__notes__", []))
+        return f"{exc.detail} (HTTP {exc.status_code}{notes})"
     if isinstance(exc, httpx.TransportError):
         try:
             where = str(exc.request.url.copy_with(path="/", query=None))
@@ -66,30 +109,57 @@ def describe(exc: Exception) -> str:
         return f"cannot reach trainctl at {where} ({exc}); is it running? Set TRAINCTL_URL"
     if isinstance(exc, OSError) and exc.filename is not None:
         return f"{exc.strerror}: {exc.filename}"
-    if isinstance(exc, TrainctlError | ValueError | OSError):
+    if isinstance(exc, TrainctlError | BadInput | ValueError | OSError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     print(f"error: {' '.join(message.split())}", file=sys.stderr)
     sys.exit(code)
 
 
 def client(ctx: typer.Context) -> TrainctlClient:
-    """A client for the URL and token given on the command line or in the environment."""
-    options = ctx.find_root().obj or {}
-    return TrainctlClient(options.get("url"), options.get("token"), timeout=60.0)
+    """A client for the service and token of this invocation (`cli.config`)."""
+    connection = resolve_connection(ctx)
+    root = ctx.find_root()
+    root.obj = {**(root.obj or {}), "connection": connection}
+    return TrainctlClient(connection.url, connection.token, timeout=60.0)
 
 
-def print_json(value: BaseModel | Sequence[BaseModel] | dict[str, Any]) -> None:
+@contextmanager
+def needs_extra(extra: str, command: str) -> Iterator[None]:
+    """Around the imports of a command that needs an extra: a missing one is an error line
+    saying what to install, not a traceback."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if missing in ("", "trainctl"):
+            raise
+        raise MissingExtra(
+            f"trainctl {command} needs {missing}, which is not installed: "
+            f'pip install "trainctl[{extra}]"'
+        ) from exc
+
+
+def confirm(question: str) -> bool:
+    """Ask on stderr and read a line from stdin: only y or yes agrees; end of input is no."""
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def print_json(
+    value: BaseModel | Sequence[BaseModel] | dict[str, Any], *, one_line: bool = False
+) -> None:
+    """JSON on stdout: indented, or one document per line (a stream: --watch --json)."""
     if isinstance(value, Sequence):
         data: Any = [v.model_dump(mode="json") for v in value]
     elif isinstance(value, BaseModel):
         data = value.model_dump(mode="json")
     else:
         data = value
-    print(json.dumps(data, indent=2))
+    print(json.dumps(data, indent=None if one_line else 2), flush=True)
 
 
 def build_spec(

@@ -1,19 +1,24 @@
-"""`trainctl runs list|show|cancel|watch`."""
+"""`trainctl runs list|show|logs|metrics|cancel|watch`."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import csv
+import sys
+from datetime import datetime
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from trainctl.service.cli.common import client, console, print_json
+from trainctl.service.cli.common import client, console, err_console, print_json
 from trainctl.service.cli.watch import watch_to_end
 from trainctl.service.schemas import RunPublic
 
 app = typer.Typer(no_args_is_help=True, help="List, inspect, cancel and follow runs.")
 RunId = Annotated[str, typer.Argument(help="The run's id.", show_default=False)]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+# Each metrics row's own columns; a table of them leaves these out.
+ROW_IDS = ("event_id", "created_at")
 
 
 def progress_text(run: RunPublic) -> str:
@@ -37,11 +42,14 @@ def list_runs(
     if as_json:
         print_json(items)
         return
+    if not items:
+        err_console.print("no runs")
+        return
     table = Table("ID", "KIND", "EXPERIMENT", "STATE", "PROGRESS", "CREATED", box=None)
     for run in items:
         created = run.created_at.strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(run.id, run.kind, run.experiment, run.state, progress_text(run), created)
-    console.print(table if items else "no runs")
+    console.print(table)
 
 
 @app.command("show")
@@ -49,6 +57,80 @@ def show_run(ctx: typer.Context, run_id: RunId) -> None:
     """Show one run as JSON: its resolved spec, progress, result or error."""
     with client(ctx) as api:
         print_json(api.get_run(run_id))
+
+
+def log_line(created_at: datetime, level: str, message: str) -> str:
+    """As the API's `?format=text` writes a log line."""
+    return f"{created_at.isoformat()} {level.upper():<7} {message}"
+
+
+@app.command("logs")
+def show_logs(
+    ctx: typer.Context,
+    run_id: RunId,
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", "-f", help="Print new lines as they come, until the run ends."),
+    ] = False,
+) -> None:
+    """Print a run's log lines (its worker's messages: started, checkpoints saved, ...)."""
+    with client(ctx) as api:
+        if not follow:
+            for entry in api.logs(run_id):
+                print(log_line(entry.created_at, entry.level, entry.message))
+            return
+        # The event stream replays the run's history first, then ends when the run does.
+        for event in api.events(run_id):
+            if event.type == "log":
+                data = event.data
+                level, message = str(data.get("level", "info")), str(data.get("message", ""))
+                print(log_line(event.created_at, level, message), flush=True)
+
+
+@app.command("metrics")
+def show_metrics(
+    ctx: typer.Context,
+    run_id: RunId,
+    kind: Annotated[str | None, typer.Option(help="train, val, warmup or measure.")] = None,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV (a header, then rows).")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Print a run's metrics history: a table, CSV or JSON."""
+    with client(ctx) as api:
+        items = api.metrics(run_id, kind)
+    rows = [m.model_dump(mode="json") for m in items]
+    if as_json:
+        print_json(items)
+    elif as_csv:
+        writer = csv.DictWriter(sys.stdout, fieldnames=metric_columns(rows), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    elif rows:
+        console.print(metrics_table(rows))
+    else:
+        err_console.print("no metrics")
+
+
+def metric_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The union of the rows' keys in first-seen order, like the API's `?format=csv`."""
+    columns = dict.fromkeys(ROW_IDS)
+    for row in rows:
+        columns.update(dict.fromkeys(row))
+    return list(columns)
+
+
+def metrics_table(rows: list[dict[str, Any]]) -> Table:
+    names = [c for c in metric_columns(rows) if c not in ROW_IDS]
+    table = Table(*(n.upper() for n in names), box=None)
+    for row in rows:
+        table.add_row(*(cell(row.get(n)) for n in names))
+    return table
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 @app.command("cancel")
@@ -63,7 +145,7 @@ def cancel_run(ctx: typer.Context, run_id: RunId) -> None:
 
 
 @app.command("watch")
-def watch_run(ctx: typer.Context, run_id: RunId) -> None:
-    """Follow a run live (step, loss, tokens/s, ETA) until it ends."""
+def watch_run(ctx: typer.Context, run_id: RunId, as_json: AsJson = False) -> None:
+    """Follow a run live (step, loss, tokens/s, ETA) until it ends; exit 1 unless it succeeded."""
     with client(ctx) as api:
-        watch_to_end(api, run_id)
+        watch_to_end(api, run_id, as_json=as_json)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from typing import Annotated
 
 import typer
+
+from trainctl.service.cli.common import needs_extra
+from trainctl.service.cli.errors import MissingExtra
 
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -19,7 +23,8 @@ def serve(
     ] = False,
 ) -> None:
     """Serve the API and supervise local workers (same as `python -m trainctl.service`)."""
-    from trainctl.service.__main__ import main  # uvicorn and the app load only for this command
+    with needs_extra("server", "serve"):  # uvicorn and the app load only for this command
+        from trainctl.service.__main__ import main
 
     argv = [*(["--host", host] if host else []), *(["--port", str(port)] if port else [])]
     raise typer.Exit(main([*argv, *(["--insecure"] if insecure else [])]))
@@ -28,6 +33,10 @@ def serve(
 def worker(ctx: typer.Context) -> None:
     """Run a worker process (`python -m trainctl.worker ARGS`; try `trainctl worker --help`)."""
     # exec, not import: the service side never imports torch or the worker package.
+    if importlib.util.find_spec("torch") is None:
+        raise MissingExtra(
+            'trainctl worker needs torch, which is not installed: pip install "trainctl[worker]"'
+        )
     os.execv(sys.executable, [sys.executable, "-P", "-m", "trainctl.worker", *ctx.args])
 
 

@@ -2,6 +2,7 @@
 
 The flags mirror the request models (`store.specs`) and take their help from the field
 descriptions; any other field, however nested, is reachable with `--set key.path=value`.
+A `--spec` file to start from is YAML (.yaml, .yml) or JSON (any other name).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Annotated, Any
 import typer
 from pydantic import BaseModel
 
-from trainctl.service.cli.common import build_spec, client, console, print_json
+from trainctl.service.cli.common import build_spec, client, console, err_console, print_json
+from trainctl.service.cli.errors import BadInput
 from trainctl.service.cli.watch import watch_to_end
 from trainctl.store.specs import (
     BatchSpec,
@@ -25,6 +27,7 @@ from trainctl.store.specs import (
 )
 
 app = typer.Typer(no_args_is_help=True, help="Queue a train, validate or benchmark run.")
+YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def doc(model: type[BaseModel], field: str) -> str:
@@ -40,7 +43,13 @@ Sets = Annotated[
     typer.Option("--set", help="Any spec field: key.path=value (JSON values), repeatable."),
 ]
 SpecFile = Annotated[
-    Path | None, typer.Option("--spec", help="A JSON spec to start from; flags override it.")
+    Path | None,
+    typer.Option(
+        "--spec",
+        exists=True,
+        dir_okay=False,
+        help="A spec to start from, YAML (.yaml, .yml) or JSON; flags override it.",
+    ),
 ]
 Watch = Annotated[bool, typer.Option("--watch", "-w", help="Follow the run until it ends.")]
 IdempotencyKey = Annotated[
@@ -78,18 +87,55 @@ def submit_run(
 ) -> None:
     with client(ctx) as api:
         run = api.submit(kind, spec, idempotency_key)
-        if as_json:
-            print_json(run)
+        if as_json:  # with --watch, a stream of two documents: one line each
+            print_json(run, one_line=watch)
         else:
             console.print(f"submitted {kind} run {run.id} ({run.state})")
         if watch:
-            watch_to_end(api, run.id)
-        elif not as_json:
-            console.print(f"follow it: trainctl runs watch {run.id}")
+            watch_to_end(api, run.id, as_json=as_json)
+        else:
+            err_console.print(f"follow it: trainctl runs watch {run.id}")
 
 
 def load(spec_file: Path | None) -> dict[str, Any]:
-    return json.loads(spec_file.read_text()) if spec_file else {}
+    """The spec file's mapping; a file that is not one is an error naming the file and why."""
+    if spec_file is None:
+        return {}
+    try:
+        text = spec_file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"{spec_file} is not UTF-8 text: {exc}") from exc
+    if spec_file.suffix.lower() in YAML_SUFFIXES:
+        spec = parse_yaml(spec_file, text)
+    else:
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise BadInput(f"{spec_file} is not valid JSON: {exc}") from exc
+    if spec is None:
+        raise BadInput(f"{spec_file} is empty")
+    if not isinstance(spec, dict):
+        raise BadInput(f"{spec_file}: a spec is a mapping of fields, not {type(spec).__name__}")
+    try:
+        json.dumps(spec)
+    except (TypeError, ValueError) as exc:  # YAML reads an unquoted 2025-01-01 as a date
+        raise BadInput(f"{spec_file}: {exc}; quote the value") from exc
+    return spec
+
+
+def parse_yaml(spec_file: Path, text: str) -> Any:
+    try:
+        import yaml  # PyYAML is optional: JSON specs need nothing
+    except ModuleNotFoundError:
+        raise BadInput(
+            f"{spec_file}: reading YAML needs PyYAML (pip install pyyaml), or write JSON"
+        ) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise BadInput(f"{spec_file} is not valid YAML: {where}{problem or exc}") from exc
 
 
 @app.command("train")

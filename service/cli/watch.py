@@ -3,6 +3,9 @@
 The bar shows step / total, the latest loss, tokens/s and an ETA. The ETA comes from the
 worker's own step times (an average over the last steps), not from how fast events arrive
 here, so it is right even while an already-running run's history replays.
+
+The bar and the events go to stderr; stdout gets the outcome alone: a line, or with --json the
+finished run as one line of JSON.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from trainctl.service.cli.common import console, fail
+from trainctl.service.cli.common import console, err_console, fail, print_json
 from trainctl.service.client import TrainctlClient
 from trainctl.service.schemas import EventPublic, RunPublic
 
@@ -62,8 +65,8 @@ class RunBar:
         self.progress.update(self.task, completed=step, total=total, **fields)
 
 
-def watch_to_end(api: TrainctlClient, run_id: str) -> RunPublic:
-    """Follow the run until it ends; print its outcome; exit non-zero unless it succeeded."""
+def watch_to_end(api: TrainctlClient, run_id: str, *, as_json: bool = False) -> RunPublic:
+    """Follow the run until it ends; print its outcome; exit 1 unless it succeeded."""
     run = api.get_run(run_id)
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -74,19 +77,21 @@ def watch_to_end(api: TrainctlClient, run_id: str) -> RunPublic:
         TextColumn("ETA {task.fields[eta]}"),
     )
     try:
-        with Progress(*columns, console=console) as progress:
+        with Progress(*columns, console=err_console) as progress:
             bar = RunBar(progress, run)
             for event in api.events(run_id):
                 bar.on_event(event)
     except KeyboardInterrupt:
         fail(f"stopped watching; run {run_id} goes on (trainctl runs cancel {run_id})", 130)
-    return report(api.get_run(run_id))
+    return report(api.get_run(run_id), as_json=as_json)
 
 
-def report(run: RunPublic) -> RunPublic:
+def report(run: RunPublic, *, as_json: bool = False) -> RunPublic:
+    if as_json:
+        print_json(run, one_line=True)
     if run.state == "succeeded":
         shown = {k: v for k, v in (run.result or {}).items() if not isinstance(v, dict | list)}
-        console.print(
+        (err_console if as_json else console).print(
             f"run {run.id} succeeded: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
         )
         return run

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from tests.e2e.conftest import REPO, Service
 from trainctl.service.cli import app
-from trainctl.service.cli.data import prepare_shards
+from trainctl.service.cli.shards import prepare_shards
 from trainctl.store.tokens import read_shard
 
+NO_CONFIG = REPO / "tests" / "no-such-config-home"
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(3000))
 
 
@@ -30,9 +37,17 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     svc.stop()
 
 
-def trainctl(service: Service | None, *args: str) -> tuple[int, str, str]:
-    env = {"TRAINCTL_URL": service.url if service else "http://127.0.0.1:9"}
-    result = CliRunner().invoke(app, list(args), env=env)
+def trainctl(service: Service | None, *args: str, **kwargs: Any) -> tuple[int, str, str]:
+    """Run the CLI in-process: exit code, stdout, stderr. Only the service's URL comes from
+    the environment: no token, no profile, no config file of the user running the tests."""
+    env = {
+        "TRAINCTL_URL": service.url if service else "http://127.0.0.1:9",
+        "TRAINCTL_API_TOKEN": None,
+        "TRAINCTL_PROFILE": None,
+        "XDG_CONFIG_HOME": str(NO_CONFIG),
+        **kwargs.pop("env", {}),
+    }
+    result = CliRunner().invoke(app, list(args), env=env, **kwargs)
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -64,8 +79,8 @@ def test_prepare_train_watch_validate_and_download_through_the_cli(
     (corpus / "fox.txt").write_text(TEXT)
     shards = service.data_dir / "shards"
 
-    code, out, _ = trainctl(service, "data", "prepare", str(corpus), "--out", str(shards))
-    assert code == 0 and "wrote" in out and "val_000000.bin" in out
+    code, out, err = trainctl(service, "data", "prepare", str(corpus), "--out", str(shards))
+    assert code == 0 and "val_000000.bin" in err and f"--data '{shards}/train_*.bin'" in out
 
     code, out, err = trainctl(
         service, "submit", "train", "-e", "cli", "--steps", "30", "--checkpoint-every", "10",
@@ -74,7 +89,7 @@ def test_prepare_train_watch_validate_and_download_through_the_cli(
     )  # fmt: skip
     assert code == 0, err
     run_id = out.split("submitted train run ")[1].split()[0]
-    assert f"run {run_id} succeeded" in out and "saved checkpoint cli/step_30" in out
+    assert f"run {run_id} succeeded" in out and "saved checkpoint cli/step_30" in err
     code, out, _ = trainctl(service, "runs", "show", run_id)
     run = json.loads(out)
     assert run["spec"]["data"]["source"] == "shards" and run["spec"]["batch"]["seq_len"] == 64
@@ -116,21 +131,30 @@ def test_cancel_and_watch_a_run_that_does_not_finish(service: Service) -> None:
     assert code == 0 and run["id"] in out
     code, out, err = trainctl(service, "runs", "watch", run["id"])
 
-    assert code == 1 and err == f"error: run {run['id']} was cancelled\n"
+    assert code == 1 and err.endswith(f"\nerror: run {run['id']} was cancelled\n")  # after the bar
+    assert out == ""
 
 
-def test_every_error_is_one_line_and_a_non_zero_exit(service: Service) -> None:
+def test_every_error_is_one_line_and_its_exit_code_says_what_kind(service: Service) -> None:
     cases = [
-        (service, ["runs", "show", "nope"], "error: run 'nope' does not exist"),
-        (service, ["submit", "train", "--steps", "0"], "error: body.steps"),
-        (service, ["checkpoints", "show", "nope", "step_1"], "error: "),
-        (service, ["runs", "shw"], "error: No such command 'shw'"),
-        (None, ["runs", "list"], "error: cannot reach trainctl at http://127.0.0.1:9/"),
+        (service, ["runs", "show", "nope"], 1, "error: run 'nope' does not exist"),
+        (service, ["checkpoints", "show", "nope", "step_1"], 1, "error: "),
+        (service, ["runs", "shw"], 2, "error: No such command 'shw'"),
+        (service, ["runs", "list", "--limit", "many"], 2, "error: Invalid value for '--limit'"),
+        (service, ["submit", "train", "--steps", "0"], 2, "error: body.steps"),  # a 422
+        (None, ["runs", "list"], 3, "error: cannot reach trainctl at http://127.0.0.1:9/"),
     ]
-    for svc, args, start in cases:
+    for svc, args, expected, start in cases:
         code, out, err = trainctl(svc, *args)
-        assert code != 0 and err.startswith(start), (args, err)
+        assert code == expected and err.startswith(start), (args, code, err)
         assert err.count("\n") == 1 and "Traceback" not in out + err
+
+
+def test_a_command_group_without_a_command_prints_its_help_whole() -> None:
+    code, _, err = trainctl(None, "runs")
+
+    assert code == 2 and err.startswith("Usage: trainctl runs [OPTIONS] COMMAND")
+    assert "\n  logs " in err and "error:" not in err
 
 
 def test_serve_refuses_an_open_host_without_a_token_and_worker_execs_python_m_worker() -> None:
@@ -142,3 +166,113 @@ def test_serve_refuses_an_open_host_without_a_token_and_worker_execs_python_m_wo
 
     assert code == 2 and "refusing to serve on 0.0.0.0" in err
     assert worker.returncode == 0 and "usage: python -m trainctl.worker" in worker.stdout
+
+
+@pytest.fixture(scope="module")
+def short_run(service: Service) -> str:
+    """A short train run on synthetic tokens that saves step_4 and step_8; just queued."""
+    code, out, err = trainctl(
+        service, "submit", "train", "-e", "short", "--steps", "8", "--checkpoint-every", "4",
+        "--source", "synthetic", "--set", "batch.seq_len=32", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    run_id: str = json.loads(out)["id"]
+    return run_id
+
+
+def test_runs_logs_follow_prints_the_lines_as_they_come_until_the_run_ends(
+    service: Service, short_run: str
+) -> None:
+    code, followed, err = trainctl(service, "runs", "logs", short_run, "--follow")
+    assert code == 0, err
+    assert "saved checkpoint short/step_8" in followed  # one of the last lines the run logs
+
+    code, logged, _ = trainctl(service, "runs", "logs", short_run)
+    assert code == 0 and logged == followed
+    assert re.match(r"\d{4}-\d\d-\d\dT[\d:.]+\+00:00 INFO    started on worker ", logged)
+
+
+def test_runs_metrics_prints_a_table_csv_or_json(service: Service, short_run: str) -> None:
+    code, out, _ = trainctl(service, "runs", "watch", short_run, "--json")
+    assert code == 0 and json.loads(out)["state"] == "succeeded"
+
+    code, out, _ = trainctl(service, "runs", "metrics", short_run, "--kind", "train", "--csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and rows and {r["kind"] for r in rows} == {"train"}
+    assert out.startswith("event_id,created_at,kind,") and rows[-1]["step"] == "8"
+    assert float(rows[-1]["loss"]) > 0
+    code, out, _ = trainctl(service, "runs", "metrics", short_run, "--kind", "train", "--json")
+    assert [m["step"] for m in json.loads(out)] == [int(r["step"]) for r in rows]
+    code, out, _ = trainctl(service, "runs", "metrics", short_run)
+    header = out.splitlines()[0].split()
+    assert code == 0 and {"KIND", "STEP", "LOSS"} <= set(header) and "EVENT_ID" not in header
+
+
+def test_checkpoints_delete_asks_first_unless_told_yes(service: Service, short_run: str) -> None:
+    assert trainctl(service, "runs", "watch", short_run)[0] == 0
+
+    code, out, err = trainctl(service, "checkpoints", "delete", "short", "step_4", input="n\n")
+    assert code == 1 and out == ""
+    assert err.startswith("delete checkpoint short/step_4 (step 4, ") and "nothing deleted" in err
+    code, out, err = trainctl(service, "checkpoints", "delete", "short", "step_4", input="")
+    assert code == 1 and "nothing deleted" in err  # no answer at all is no
+    assert "step_4" in trainctl(service, "checkpoints", "list", "-e", "short")[1]
+
+    code, out, err = trainctl(service, "checkpoints", "delete", "short", "step_4", input="y\n")
+    assert code == 0 and out == "deleted short/step_4\n", err
+    code, out, err = trainctl(service, "checkpoints", "delete", "short", "best", "--yes")
+    assert code == 0 and out == "deleted short/best\n" and err == ""
+    assert "step_4" not in trainctl(service, "checkpoints", "list", "-e", "short")[1]
+
+    code, _, err = trainctl(service, "checkpoints", "delete", "short", "step_4", input="y\n")
+    assert code == 1 and err.startswith("error: ") and "[y/N]" not in err  # gone: not asked
+
+
+def test_workers_lists_the_service_worker(service: Service) -> None:
+    code, out, _ = trainctl(service, "workers")
+    assert code == 0 and out.split()[:7] == ["ID", "HOST", "PID", "DEVICE", "STATE", "RUN", "LAST"]
+    assert "alive" in out
+
+    code, out, _ = trainctl(service, "workers", "--json")
+    assert code == 0 and any(w["alive"] and w["device"] for w in json.loads(out))
+
+
+def test_submit_json_watch_prints_only_json_and_exits_1_when_the_run_fails(
+    service: Service,
+) -> None:
+    (service.data_dir / "garbage.bin").write_bytes(b"not a token shard " * 100)
+
+    code, out, err = trainctl(
+        service, "submit", "train", "-e", "garbage", "--steps", "5", "--data", "garbage.bin",
+        "--json", "--watch",
+    )  # fmt: skip
+
+    documents = [json.loads(line) for line in out.splitlines()]  # JSON lines, nothing else
+    assert [d["state"] for d in documents] == ["queued", "failed"]
+    assert documents[0]["id"] == documents[1]["id"] and "bad magic" in documents[1]["error"]
+    assert code == 1 and err.splitlines()[-1].startswith(f"error: run {documents[0]['id']} failed")
+
+
+def test_ctrl_c_stops_watching_with_130_and_the_run_goes_on(service: Service) -> None:
+    _, out, _ = trainctl(
+        service, "submit", "benchmark", "--steps", "100000", "--warmup-steps", "0", "--json"
+    )
+    run_id = json.loads(out)["id"]
+    env = {**os.environ, "TRAINCTL_URL": service.url, "XDG_CONFIG_HOME": str(NO_CONFIG)}
+    with subprocess.Popen(
+        [sys.executable, "-m", "trainctl.service.cli", "runs", "watch", run_id],
+        cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
+    ) as watch:  # fmt: skip
+        assert watch.stderr is not None
+        try:
+            assert watch.stderr.readline().startswith("  state: ")  # it follows the events
+            watch.send_signal(signal.SIGINT)
+            assert watch.wait(timeout=60) == 130
+        finally:
+            watch.kill()
+        assert watch.stderr.read().endswith(
+            f"error: stopped watching; run {run_id} goes on (trainctl runs cancel {run_id})\n"
+        )
+    state = json.loads(trainctl(service, "runs", "show", run_id)[1])["state"]
+    assert state in ("queued", "running")
+    assert trainctl(service, "runs", "cancel", run_id)[0] == 0
