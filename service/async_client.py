@@ -13,7 +13,7 @@ the event loop, a chunk of up to 1 MiB at a time, as the sync client does.)
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import AsyncExitStack, aclosing, closing
+from contextlib import aclosing, closing
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -39,20 +39,38 @@ from trainctl.service.sdk_calls import Progress
 from trainctl.service.sdk_steps import (
     CHUNK,
     ApiError,
+    Backoff,
     Call,
+    Conflict,
     DownloadError,
     Emit,
+    InvalidRequest,
     Items,
-    Open,
+    NotFound,
     Read,
+    RetryPolicy,
+    Send,
     Sleep,
+    Step,
     Steps,
+    StreamInterrupted,
+    Unauthorized,
     answered,
+    ask,
     client_kwargs,
-    raise_for_status,
 )
 
-__all__ = ["ApiError", "AsyncTrainctlClient", "DownloadError", "Progress"]
+__all__ = [
+    "ApiError",
+    "AsyncTrainctlClient",
+    "Conflict",
+    "DownloadError",
+    "InvalidRequest",
+    "NotFound",
+    "Progress",
+    "StreamInterrupted",
+    "Unauthorized",
+]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -67,8 +85,11 @@ class AsyncTrainctlClient:
         token: str | None = None,
         timeout: float = 30.0,
         *,
+        retries: int = 3,
+        backoff: float = 0.5,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        self._retry = RetryPolicy(retries, backoff)
         kwargs = client_kwargs(base_url, token, timeout)
         self._http = httpx.AsyncClient(transport=transport, **kwargs)
 
@@ -180,40 +201,74 @@ class AsyncTrainctlClient:
     # --- the driver: performs the steps of `service.sdk_calls` with httpx.AsyncClient ---
 
     async def _call(self, call: Call[T]) -> T:
-        response = await self._http.send(call.request.build(self._http))
-        raise_for_status(response)
-        return call.parse(response.content)
+        return await self._run(ask(call))
 
     async def _run(self, call: Steps[R]) -> R:
         async with aclosing(self._iterate(answered(call))) as answers:
             return await anext(answers)
 
     async def _iterate(self, call: Items[T]) -> AsyncGenerator[T, None]:
-        """Performs the call's steps, yielding the items it emits, until it returns."""
-        async with AsyncExitStack() as streams:
+        """Performs the call's steps, yielding the items it emits, until it returns.
+
+        A transport error from a `Send` or `Read` is raised inside the call, at its `yield`.
+        """
+        async with aclosing(_Stream()) as stream:
             with closing(call):
-                pieces: AsyncIterator[Any] | None = None  # the open stream's lines or chunks
                 reply: Any = None
+                error: httpx.TransportError | None = None
                 while True:
                     try:
-                        step = call.send(reply)
+                        step = call.send(reply) if error is None else call.throw(error)
                     except StopIteration:
                         return
-                    reply = None
-                    match step:
-                        case Emit(item):
-                            yield item
-                        case Call():
-                            reply = await self._call(step)
-                        case Sleep(seconds):
-                            await anyio.sleep(seconds)
-                        case Open(request, lines):
-                            reply = await self._http.send(request.build(self._http), stream=True)
-                            streams.push_async_callback(reply.aclose)
-                            if not reply.is_success:
-                                await reply.aread()  # the body carries the error's detail
-                                raise_for_status(reply)
-                            pieces = reply.aiter_lines() if lines else reply.aiter_bytes(CHUNK)
-                        case Read():
-                            assert pieces is not None, "Read before Open"
-                            reply = await anext(pieces, None)
+                    reply, error = None, None
+                    if isinstance(step, Emit):
+                        yield step.item
+                        continue
+                    try:
+                        reply = await self._perform(step, stream)
+                    except httpx.TransportError as exc:
+                        error = exc
+
+    async def _perform(self, step: Step, stream: _Stream) -> Any:
+        match step:
+            case Send(request, stream=True, lines=lines):
+                response = await self._http.send(request.build(self._http), stream=True)
+                return await stream.open(response, lines)
+            case Send(request):
+                return await self._http.send(request.build(self._http))
+            case Read():
+                return await stream.read()
+            case Sleep(seconds):
+                await anyio.sleep(seconds)
+            case Backoff():
+                if (delay := self._retry.delay(step)) is None:
+                    return False
+                await anyio.sleep(delay)
+                return True
+        return None
+
+
+class _Stream:
+    """The streamed response a call reads from; closed when the call opens another, or ends."""
+
+    def __init__(self) -> None:
+        self.response: httpx.Response | None = None
+        self.pieces: AsyncIterator[Any] | None = None
+
+    async def open(self, response: httpx.Response, lines: bool) -> httpx.Response:
+        await self.aclose()
+        self.response = response
+        if not response.is_success:
+            await response.aread()  # the body carries the error's detail
+        self.pieces = response.aiter_lines() if lines else response.aiter_bytes(CHUNK)
+        return response
+
+    async def read(self) -> Any:
+        """The next line or chunk; None at the end."""
+        assert self.pieces is not None, "Read before a streaming Send"
+        return await anext(self.pieces, None)
+
+    async def aclose(self) -> None:
+        if self.response is not None:
+            await self.response.aclose()

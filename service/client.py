@@ -9,7 +9,13 @@
 
 Answers are the API's own response models (`service.schemas`: RunPublic, CheckpointPublic,
 ...), so a field typo is a type error, not a KeyError at runtime. Every non-2xx answer raises
-`ApiError` carrying the server's `detail`.
+`ApiError` carrying the server's `detail`, as the subclass for its status where there is one
+(`NotFound`, `Conflict`, `Unauthorized`, `InvalidRequest`).
+
+Failures that a retry can mend are retried, `retries` times with a doubling `backoff`: a
+connection refused or broken off, 503 (after its Retry-After), and for reads and submits
+(which carry an Idempotency-Key) 502 and 504 too. `events` reconnects where its stream broke
+off, with Last-Event-ID, so no event is repeated or skipped.
 
 Each call is defined once, in `service.sdk_calls`; this client performs its steps with
 httpx.Client, blocking.
@@ -19,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Iterator
-from contextlib import ExitStack, closing
+from contextlib import closing
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -44,20 +50,38 @@ from trainctl.service.sdk_calls import Progress
 from trainctl.service.sdk_steps import (
     CHUNK,
     ApiError,
+    Backoff,
     Call,
+    Conflict,
     DownloadError,
     Emit,
+    InvalidRequest,
     Items,
-    Open,
+    NotFound,
     Read,
+    RetryPolicy,
+    Send,
     Sleep,
+    Step,
     Steps,
+    StreamInterrupted,
+    Unauthorized,
     answered,
+    ask,
     client_kwargs,
-    raise_for_status,
 )
 
-__all__ = ["ApiError", "DownloadError", "Progress", "TrainctlClient"]
+__all__ = [
+    "ApiError",
+    "Conflict",
+    "DownloadError",
+    "InvalidRequest",
+    "NotFound",
+    "Progress",
+    "StreamInterrupted",
+    "TrainctlClient",
+    "Unauthorized",
+]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -70,8 +94,13 @@ class TrainctlClient:
         token: str | None = None,
         timeout: float = 30.0,
         *,
+        retries: int = 3,
+        backoff: float = 0.5,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """`retries`: attempts after the first, and reconnects of an event stream in a row
+        (0: none). `backoff`: seconds before the first retry, doubled for each next one."""
+        self._retry = RetryPolicy(retries, backoff)
         self._http = httpx.Client(transport=transport, **client_kwargs(base_url, token, timeout))
 
     @property
@@ -128,7 +157,12 @@ class TrainctlClient:
         return self._run(calls.wait(run_id, timeout, poll))
 
     def events(self, run_id: str, last_event_id: int | None = None) -> Iterator[EventPublic]:
-        """The run's events as they happen (SSE), ending when the run has finished."""
+        """The run's events as they happen (SSE), ending when the run has finished.
+
+        A stream that breaks off is reopened after the last event delivered (Last-Event-ID),
+        so none is repeated or skipped; after `retries` breaks in a row without an event in
+        between, `StreamInterrupted` says which `last_event_id` to resume from.
+        """
         return self._iterate(calls.events(run_id, last_event_id))
 
     def metrics(self, run_id: str, kind: str | None = None) -> list[MetricPublic]:
@@ -195,39 +229,72 @@ class TrainctlClient:
     # --- the driver: performs the steps of `service.sdk_calls` with httpx.Client ---
 
     def _call(self, call: Call[T]) -> T:
-        response = self._http.send(call.request.build(self._http))
-        raise_for_status(response)
-        return call.parse(response.content)
+        return self._run(ask(call))
 
     def _run(self, call: Steps[R]) -> R:
         with closing(self._iterate(answered(call))) as answers:
             return next(answers)
 
     def _iterate(self, call: Items[T]) -> Generator[T, None, None]:
-        """Performs the call's steps, yielding the items it emits, until it returns."""
-        with ExitStack() as streams, closing(call):
-            pieces: Iterator[Any] | None = None  # the open stream's lines or chunks
+        """Performs the call's steps, yielding the items it emits, until it returns.
+
+        A transport error from a `Send` or `Read` is raised inside the call, at its `yield`.
+        """
+        with closing(_Stream()) as stream, closing(call):
             reply: Any = None
+            error: httpx.TransportError | None = None
             while True:
                 try:
-                    step = call.send(reply)
+                    step = call.send(reply) if error is None else call.throw(error)
                 except StopIteration:
                     return
-                reply = None
-                match step:
-                    case Emit(item):
-                        yield item
-                    case Call():
-                        reply = self._call(step)
-                    case Sleep(seconds):
-                        time.sleep(seconds)
-                    case Open(request, lines):
-                        reply = self._http.send(request.build(self._http), stream=True)
-                        streams.callback(reply.close)
-                        if not reply.is_success:
-                            reply.read()  # the body carries the error's detail
-                            raise_for_status(reply)
-                        pieces = reply.iter_lines() if lines else reply.iter_bytes(CHUNK)
-                    case Read():
-                        assert pieces is not None, "Read before Open"
-                        reply = next(pieces, None)
+                reply, error = None, None
+                if isinstance(step, Emit):
+                    yield step.item
+                    continue
+                try:
+                    reply = self._perform(step, stream)
+                except httpx.TransportError as exc:
+                    error = exc
+
+    def _perform(self, step: Step, stream: _Stream) -> Any:
+        match step:
+            case Send(request, stream=True, lines=lines):
+                return stream.open(self._http.send(request.build(self._http), stream=True), lines)
+            case Send(request):
+                return self._http.send(request.build(self._http))
+            case Read():
+                return stream.read()
+            case Sleep(seconds):
+                time.sleep(seconds)
+            case Backoff():
+                if (delay := self._retry.delay(step)) is None:
+                    return False
+                time.sleep(delay)
+                return True
+        return None
+
+
+class _Stream:
+    """The streamed response a call reads from; closed when the call opens another, or ends."""
+
+    def __init__(self) -> None:
+        self.response: httpx.Response | None = None
+        self.pieces: Iterator[Any] | None = None
+
+    def open(self, response: httpx.Response, lines: bool) -> httpx.Response:
+        self.close()
+        self.response = response
+        if not response.is_success:
+            response.read()  # the body carries the error's detail
+        self.pieces = response.iter_lines() if lines else response.iter_bytes(CHUNK)
+        return response
+
+    def read(self) -> Any:
+        """The next line or chunk; None at the end."""
+        assert self.pieces is not None, "Read before a streaming Send"
+        return next(self.pieces, None)
+
+    def close(self) -> None:
+        if self.response is not None:
+            self.response.close()

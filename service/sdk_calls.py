@@ -3,7 +3,8 @@
 A call that is one request is a `Call`: method, path, query, body, headers, and how its answer
 is read. A call made of several requests is a generator of steps (`service.sdk_steps`):
 `iter_runs` follows cursors, `wait` polls until the run is finished, `events` follows the SSE
-stream to its `end` frame, and the downloads stream to disk. `TrainctlClient` and
+stream to its `end` frame (reconnecting where it broke off), and the downloads stream to disk.
+Every request is retried where that is safe (`sdk_steps.send`). `TrainctlClient` and
 `AsyncTrainctlClient` perform the steps; their methods are one line each.
 """
 
@@ -12,10 +13,12 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+import httpx
 from pydantic import BaseModel
 
 from trainctl.service.schemas import (
@@ -43,7 +46,9 @@ from trainctl.service.sdk_steps import (
     Request,
     Sleep,
     Steps,
+    StreamInterrupted,
     ask,
+    backoff,
     open_stream,
     read_bytes,
     read_line,
@@ -61,7 +66,9 @@ def submit(
 ) -> Call[RunPublic]:
     if isinstance(spec, BaseModel):
         spec = spec.model_dump(mode="json", exclude_unset=True)
-    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    # Always a key (a fresh one unless the caller has theirs), so that a retry after a lost
+    # answer gets the run the first attempt created instead of a second run.
+    headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
     request = Request("POST", f"/runs/{kind}", json=spec, headers=headers)
     return Call(request, RunPublic.model_validate_json)
 
@@ -100,16 +107,30 @@ def wait(run_id: str, timeout: float | None, poll: float) -> Steps[RunPublic]:
 
 
 def events(run_id: str, last_event_id: int | None) -> Items[EventPublic]:
-    headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else {}
-    yield from open_stream(Request("GET", f"/runs/{run_id}/events", headers=headers), lines=True)
-    frames = SseFrames()
-    while (line := (yield from read_line())) is not None:
-        if (frame := frames.feed(line)) is None:
-            continue
-        event_type, data = frame
-        if event_type == "end":  # the run has finished; the server closes the stream
-            return
-        yield Emit(EventPublic.model_validate_json(data))
+    last = last_event_id  # of the last event delivered: where a reconnect resumes
+    drops = 0  # in a row, without an event delivered in between
+    while True:
+        headers = {"Last-Event-ID": str(last)} if last is not None else {}
+        request = Request("GET", f"/runs/{run_id}/events", headers=headers)
+        yield from open_stream(request, lines=True)
+        frames = SseFrames()  # a frame cut off with the connection is read again, whole
+        try:
+            while (line := (yield from read_line())) is not None:
+                if (frame := frames.feed(line)) is None:
+                    continue
+                event_type, data = frame
+                if event_type == "end":  # the run has finished; the server closes the stream
+                    return
+                event = EventPublic.model_validate_json(data)
+                if last is None or event.id > last:
+                    last, drops = event.id, 0
+                    yield Emit(event)
+            why = "the stream ended before the run's end frame"
+        except httpx.TransportError as exc:
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        drops += 1
+        if not (yield from backoff(drops)):
+            raise StreamInterrupted(run_id, last, drops, why)
 
 
 def metrics(run_id: str, kind: str | None) -> Call[list[MetricPublic]]:

@@ -8,12 +8,32 @@ service, the store and the worker are `trainctl.service`, `trainctl.store` and
 from __future__ import annotations
 
 from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainctl.service.async_client import AsyncTrainctlClient as AsyncClient
     from trainctl.service.client import TrainctlClient as Client
-    from trainctl.service.sdk_steps import ApiError, DownloadError
+    from trainctl.service.sdk_steps import (
+        ApiError,
+        Conflict,
+        DownloadError,
+        InvalidRequest,
+        NotFound,
+        StreamInterrupted,
+        Unauthorized,
+    )
+
+
+def _installed_version(distribution: str = "trainctl") -> str:
+    """The installed distribution's version; a source tree that was never installed has none."""
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _installed_version()
 
 # Loaded on first use, not here: `import trainctl.worker` must not import the service's SDK
 # (the rooms' walls, tests/test_architecture.py), and `import trainctl.store` not httpx.
@@ -21,9 +41,24 @@ _EXPORTS = {
     "Client": ("trainctl.service.client", "TrainctlClient"),
     "AsyncClient": ("trainctl.service.async_client", "AsyncTrainctlClient"),
     "ApiError": ("trainctl.service.sdk_steps", "ApiError"),
+    "Conflict": ("trainctl.service.sdk_steps", "Conflict"),
     "DownloadError": ("trainctl.service.sdk_steps", "DownloadError"),
+    "InvalidRequest": ("trainctl.service.sdk_steps", "InvalidRequest"),
+    "NotFound": ("trainctl.service.sdk_steps", "NotFound"),
+    "StreamInterrupted": ("trainctl.service.sdk_steps", "StreamInterrupted"),
+    "Unauthorized": ("trainctl.service.sdk_steps", "Unauthorized"),
 }
-__all__ = ["ApiError", "AsyncClient", "Client", "DownloadError"]
+__all__ = [
+    "ApiError",
+    "AsyncClient",
+    "Client",
+    "Conflict",
+    "DownloadError",
+    "InvalidRequest",
+    "NotFound",
+    "StreamInterrupted",
+    "Unauthorized",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -9,6 +9,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -22,17 +23,17 @@ from trainctl.service.app import create_app
 from trainctl.service.async_client import AsyncTrainctlClient
 from trainctl.service.client import ApiError, DownloadError, TrainctlClient
 from trainctl.service.settings import Settings
-from trainctl.store.checkpoints import MODEL_FILE, CheckpointStore
+from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.manifests import MODEL_FILE
 from trainctl.store.runs import RunStore
 
 CPU_TRAIN = {"experiment": "exp", "steps": 20, "device": "cpu"}
 T = TypeVar("T")
 
 
-@pytest.fixture
-def server_app(tmp_path: Path) -> Iterator[FastAPI]:
-    """The app served by uvicorn on 127.0.0.1 and a free port, until the test ends."""
-    app = create_app(Settings(data_dir=tmp_path, workers=0))
+@contextmanager
+def serve(app: FastAPI) -> Iterator[str]:
+    """Serve `app` with uvicorn on 127.0.0.1 and a free port, in a thread; yields its URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
@@ -42,13 +43,21 @@ def server_app(tmp_path: Path) -> Iterator[FastAPI]:
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.01)
-    app.state.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     try:
-        yield app
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+@pytest.fixture
+def server_app(tmp_path: Path) -> Iterator[FastAPI]:
+    """The app served by uvicorn (`serve`) until the test ends; its URL is state.base_url."""
+    app = create_app(Settings(data_dir=tmp_path, workers=0))
+    with serve(app) as url:
+        app.state.base_url = url
+        yield app
 
 
 @pytest.fixture
@@ -263,6 +272,18 @@ def test_both_clients_have_the_same_calls_with_the_same_parameters() -> None:
         # Iterator[X] becomes AsyncIterator[X]; any other answer X is awaited to give X.
         assert twin.return_annotation == ("Async" if is_iterator else "") + sync.return_annotation
         assert inspect.iscoroutinefunction(getattr(AsyncTrainctlClient, name)) != is_iterator
+
+
+def test_both_clients_take_the_same_arguments_but_their_transport() -> None:
+    sync = inspect.signature(TrainctlClient.__init__).parameters
+    twin = inspect.signature(AsyncTrainctlClient.__init__).parameters
+
+    assert list(twin) == list(sync)
+    assert [p.replace(annotation="") for p in twin.values()] == [
+        p.replace(annotation="") for p in sync.values()
+    ]
+    assert {n for n in sync if sync[n].annotation != twin[n].annotation} == {"transport"}
+    assert {"retries", "backoff"} <= set(sync)
 
 
 def run_async(server_app: FastAPI, scenario: Callable[[AsyncTrainctlClient], Awaitable[T]]) -> T:
