@@ -6,7 +6,8 @@ import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
 
-from trainctl.store.runs import RunStore
+from trainctl.store.memory import host_memory_bytes
+from trainctl.store.runs import RunStore, Worker
 
 
 def gpu_count() -> int:
@@ -21,14 +22,46 @@ def gpu_count() -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
+def _alive(runs: RunStore, lease_seconds: float) -> list[Worker]:
+    cutoff = datetime.now(UTC) - timedelta(seconds=lease_seconds)
+    return [w for w in runs.list_workers() if w.last_seen_at >= cutoff]
+
+
+def memory_limit(runs: RunStore, lease_seconds: float, device: str) -> int | None:
+    """The most memory a run on `device` can get: the largest that a live worker of that
+    device reports (per GPU on a GPU node); before any has, this node's own, since the
+    service starts its local workers here. None when nothing says."""
+    reported = [
+        w.info["memory_bytes"]
+        for w in _alive(runs, lease_seconds)
+        if w.device == device and isinstance(w.info.get("memory_bytes"), int)
+    ]
+    if reported:
+        return max(reported)
+    return host_memory_bytes() if device == "cpu" else gpu_memory_bytes()
+
+
+def gpu_memory_bytes() -> int | None:
+    """The smallest GPU's memory here, by `nvidia-smi`; None without a driver."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    query = [exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sizes = [int(line) for line in out.stdout.split() if line.strip().isdigit()]
+    return min(sizes) * (1 << 20) if sizes else None  # MiB
+
+
 def cuda_available(runs: RunStore, lease_seconds: float) -> bool:
     """Whether runs can get a CUDA device: a live worker says so, or this node has a GPU.
 
     Workers report their device when they register; before any has, the node's own GPUs
     decide (the service starts its local workers on this node).
     """
-    cutoff = datetime.now(UTC) - timedelta(seconds=lease_seconds)
-    alive = [w for w in runs.list_workers() if w.last_seen_at >= cutoff]
+    alive = _alive(runs, lease_seconds)
     if alive:
         return any(w.device == "cuda" for w in alive)
     return gpu_count() > 0

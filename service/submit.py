@@ -12,9 +12,10 @@ import hashlib
 import json
 from contextlib import nullcontext
 
-from trainctl.service.devices import cuda_available
+from trainctl.service.devices import cuda_available, memory_limit
 from trainctl.service.settings import Settings
 from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.memory import admit
 from trainctl.store.plans import Plan, resolve_benchmark, resolve_train, resolve_validate
 from trainctl.store.protection import ProtectionPolicy
 from trainctl.store.runs import Run, RunStore
@@ -41,6 +42,7 @@ def submit_run(
     if idempotency_key and (existing := runs.replay(idempotency_key, kind, digest)):
         return existing  # an idempotent retry gets its run, even if resolving now would differ
     plan = resolve(request, settings=settings, runs=runs, ckpts=ckpts)
+    admit(plan, memory_limit(runs, settings.lease_seconds, plan.device))
     ref = plan.depends_on
     pin = ProtectionPolicy(runs, ckpts).pinned(ref.experiment, ref.tag) if ref else nullcontext()
     with pin:

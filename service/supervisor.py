@@ -57,6 +57,9 @@ class WorkerSlot:
     start; emptied when a worker lives longer."""
     given_up: str | None = None
     """Why the slot is no longer restarted; None while it is."""
+    oom_kills_at_start: int = 0
+    """The cgroup's OOM-kill count when the worker started: more at its SIGKILL means the
+    kernel ended it for memory, not an operator's kill -9."""
 
 
 def default_worker_count(settings: Settings) -> tuple[int, int]:
@@ -110,6 +113,24 @@ def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k not in SERVICE_ONLY}
 
 
+# The kernel counts the processes its OOM killer ended in the node's (or container's) cgroup.
+OOM_EVENTS_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+
+
+def oom_kills() -> int:
+    """How many processes the OOM killer has ended in this cgroup; 0 where it cannot say."""
+    for events in OOM_EVENTS_FILES:
+        try:
+            lines = Path(events).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return 0
+
+
 class Supervisor:
     def __init__(
         self,
@@ -137,6 +158,7 @@ class Supervisor:
 
     def _spawn(self, slot: WorkerSlot) -> None:
         slot.worker_id = f"{socket.gethostname()}-w{slot.index}-{uuid.uuid4().hex[:8]}"
+        slot.oom_kills_at_start = oom_kills()
         env = {
             **worker_environment(os.environ),
             "TRAINCTL_DATABASE_URL": self.settings.db_url,
@@ -178,8 +200,16 @@ class Supervisor:
         if code is None:
             return
         lived = time.monotonic() - slot.started_at
-        reason = f"worker process {slot.worker_id} exited with code {code}"
-        for run in self.runs.fail_worker_runs(slot.worker_id, reason):
+        out_of_memory = code == -signal.SIGKILL and oom_kills() > slot.oom_kills_at_start
+        if out_of_memory:
+            reason = (
+                f"out of memory: the kernel's OOM killer ended worker process {slot.worker_id} "
+                f"(exit code {code}); the run needs more memory than this node has"
+            )
+        else:
+            reason = f"worker process {slot.worker_id} exited with code {code}"
+        # Out of memory, the next attempt on this node would only be killed again.
+        for run in self.runs.fail_worker_runs(slot.worker_id, reason, retry=not out_of_memory):
             log.warning("%s; run %s is now %s", reason, run.id, run.state)
         self.runs.deregister_worker(slot.worker_id)
         slot.process = None

@@ -419,18 +419,31 @@ class RunStore:
                 for row in rows
             ]
 
-    def fail_worker_runs(self, worker_id: str, reason: str) -> list[Run]:
-        """Recover every running run of a worker known to be dead, as `reap_expired` would."""
+    def fail_worker_runs(self, worker_id: str, reason: str, *, retry: bool = True) -> list[Run]:
+        """Recover every running run of a worker known to be dead, as `reap_expired` would.
+
+        `retry` False fails them at once: what killed the worker (running out of memory)
+        would kill the next attempt too.
+        """
         now = _utcnow()
         with write_transaction(self.engine) as conn:
             rows = _running_rows(conn, runs.c.worker_id == worker_id)
             return [
-                self._recover(conn, row, requeue_cause=reason, fail_cause=reason, now=now)
+                self._recover(
+                    conn, row, requeue_cause=reason, fail_cause=reason, now=now, retry=retry
+                )
                 for row in rows
             ]
 
     def _recover(
-        self, conn: Connection, row: Row[Any], *, requeue_cause: str, fail_cause: str, now: datetime
+        self,
+        conn: Connection,
+        row: Row[Any],
+        *,
+        requeue_cause: str,
+        fail_cause: str,
+        now: datetime,
+        retry: bool = True,
     ) -> Run:
         """Requeue a run whose worker is gone while attempts remain; fail it otherwise."""
         if row.cancel_requested:
@@ -442,6 +455,9 @@ class RunStore:
                 finished=True,
                 now=now,
             )
+        if not retry:
+            error = f"{fail_cause}; not retried"
+            return self._transition(conn, row, "failed", error, error=error, finished=True, now=now)
         if row.attempt < row.max_attempts:
             next_attempt = row.attempt + 1
             reason = f"{requeue_cause}; requeued, attempt {next_attempt} of {row.max_attempts}"

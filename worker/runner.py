@@ -24,6 +24,7 @@ from types import FrameType
 import torch
 
 from trainctl.store.exceptions import LeaseLost, WorkerNotFound
+from trainctl.store.memory import host_memory_bytes
 from trainctl.store.runs import Run, RunStore
 from trainctl.worker.context import Heartbeat, RunContext
 from trainctl.worker.executor import Outcome, execute
@@ -47,23 +48,26 @@ class WorkerConfig:
         return self.data_dir / "checkpoints"
 
 
+def env(name: str, default: str | None = None) -> str | None:
+    """A setting from the environment; empty counts as unset, as in the service's Settings
+    (compose and `docker run -e NAME=` pass empty strings)."""
+    return os.environ.get(name) or default
+
+
 def parse_config(argv: list[str] | None = None) -> WorkerConfig:
-    env = os.environ.get
     p = argparse.ArgumentParser(prog="python -m trainctl.worker", description=__doc__)
     p.add_argument("--data-dir", default=env("TRAINCTL_DATA_DIR", "data"))
     p.add_argument("--database-url", default=env("TRAINCTL_DATABASE_URL"))
     p.add_argument("--worker-id", default=env("TRAINCTL_WORKER_ID"))
+    p.add_argument("--lease-seconds", type=float, default=env("TRAINCTL_LEASE_SECONDS", "30"))
     p.add_argument(
-        "--lease-seconds", type=float, default=float(env("TRAINCTL_LEASE_SECONDS", "30"))
-    )
-    p.add_argument(
-        "--heartbeat-seconds", type=float, default=float(env("TRAINCTL_HEARTBEAT_SECONDS", "5"))
+        "--heartbeat-seconds", type=float, default=env("TRAINCTL_HEARTBEAT_SECONDS", "5")
     )
     p.add_argument("--poll-seconds", type=float, default=0.5)
     p.add_argument(
         "--nice",
         type=int,
-        default=int(env("TRAINCTL_WORKER_NICE", "0")),
+        default=env("TRAINCTL_WORKER_NICE", "0"),
         help="raise this process's niceness by N (0-19) before any thread starts",
     )
     args = p.parse_args(argv)
@@ -84,10 +88,15 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
 
 
 def device_info() -> tuple[str, dict[str, object]]:
+    """The device runs get here, and its memory: what submit checks a run's estimate
+    against (store.memory). On a GPU node, the smallest GPU's, since a rank gets one."""
     info: dict[str, object] = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     if torch.cuda.is_available():
-        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        gpus = range(torch.cuda.device_count())
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in gpus]
+        info["memory_bytes"] = min(torch.cuda.get_device_properties(i).total_memory for i in gpus)
         return "cuda", info
+    info["memory_bytes"] = host_memory_bytes()
     return "cpu", info
 
 

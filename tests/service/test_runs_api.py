@@ -4,6 +4,7 @@ read, cancel, and the event stream, metrics and logs."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -533,3 +534,35 @@ def test_a_data_path_outside_the_roots_is_422_naming_only_the_pattern(
     assert response.json()["detail"] == (
         f"data.paths: {paths[0]!r} is outside the data roots (TRAINCTL_DATA_ROOTS)"
     )
+
+
+def test_a_run_that_fits_no_workers_memory_is_422_naming_both_numbers(
+    client: TestClient, runs: RunStore
+) -> None:
+    # Inside every documented bound, yet about 2.4 TB of activations on a CPU.
+    body = {
+        "steps": 10,
+        "device": "cpu",
+        "model": {"preset": "base"},
+        "batch": {"micro_batch_size": 4096, "seq_len": 256},
+    }
+    response = submit(client, "train", body)
+
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert re.search(r"needs about [\d,]+\.\d GiB of memory \(.*activations [\d,.]+ GiB", detail)
+    assert re.search(r"more than the largest worker has: [\d,]+\.\d GiB", detail)
+    assert runs.list_runs()[0] == []
+
+
+def test_the_memory_limit_is_what_the_live_workers_report(
+    client: TestClient, runs: RunStore
+) -> None:
+    runs.register_worker("w1", host="n1", pid=1, device="cpu", info={"memory_bytes": 2 << 30})
+    small = {"steps": 10, "device": "cpu", "model": {"preset": "small", "overrides": {}}}
+    refused = submit(client, "benchmark", small | {"batch": {"micro_batch_size": 16}})
+    accepted = submit(client, "train", {**CPU_TRAIN, "model": {"preset": "tiny"}})
+
+    assert refused.status_code == 422
+    assert "largest worker has: 2.0 GiB" in refused.json()["detail"]
+    assert accepted.status_code == 202

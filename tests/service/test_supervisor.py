@@ -277,3 +277,43 @@ def test_the_run_a_crashed_worker_held_is_handed_back_even_when_its_slot_is_give
     assert failed.state == "failed" and failed.error is not None
     assert failed.error.startswith(f"worker process {worker_id} exited with code 3")
     assert store.list_workers() == []
+
+
+# A worker that claims a run and is then ended the way the kernel's OOM killer ends one: the
+# cgroup's oom_kill count goes up, then SIGKILL (here the events file is a test's own).
+CLAIMS_THEN_IS_OOM_KILLED = CLAIMS_THEN_CRASHES.replace(
+    "sys.exit(3)",
+    "import pathlib, signal\n"
+    "events = pathlib.Path(sys.argv[2])\n"
+    "count = int(events.read_text().split()[1]) + int(sys.argv[3])\n"
+    "events.write_text(f'oom_kill {count}\\n')\n"
+    "os.kill(os.getpid(), signal.SIGKILL)",
+)
+
+
+@pytest.mark.parametrize("oom", [True, False], ids=["oom-killer", "operator-kill-9"])
+def test_a_worker_killed_for_memory_fails_its_run_without_retrying_it(
+    crash_settings: Settings,
+    store: RunStore,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    oom: bool,
+) -> None:
+    events = tmp_path / "memory.events"
+    events.write_text("oom_kill 0\n")
+    monkeypatch.setattr(supervisor_module, "OOM_EVENTS_FILES", (str(events),))
+    run = store.enqueue("benchmark", "exp", {"steps": 1}, max_attempts=3)
+    script, args = CLAIMS_THEN_IS_OOM_KILLED, (REPO, events, int(oom))
+    with supervising(crash_settings, store, script, *args):
+        recovered = poll(
+            lambda: r if (r := store.get(run.id)).state == "failed" or r.attempt == 2 else None,
+            timeout=60,
+            what="the killed worker's run to be failed or requeued",
+        )
+
+    if oom:
+        assert recovered.state == "failed" and recovered.attempt == 1
+        assert (recovered.error or "").startswith("out of memory: the kernel's OOM killer")
+        assert (recovered.error or "").endswith("not retried")
+    else:  # an operator's kill -9: the run goes back to the queue, as any lost worker's
+        assert recovered.state == "queued" and recovered.attempt == 2

@@ -20,7 +20,7 @@ from trainctl.store.checkpoints import CheckpointStore
 from trainctl.store.plans import CheckpointRef
 from trainctl.store.runs import Run, RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES
-from trainctl.worker.runner import WorkerConfig, public_error
+from trainctl.worker.runner import WorkerConfig, parse_config, public_error
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = tuple(TERMINAL_STATES)
@@ -265,3 +265,15 @@ def test_a_train_run_sweeps_what_a_killed_save_left_in_its_experiment(
     assert wait_state(runs, run).state == "succeeded"
     assert not leftover.exists()
     assert any(".staging-step_4" in e.data.get("message", "") for e in runs.events(run.id))
+
+
+def test_empty_environment_variables_leave_the_worker_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "WORKER_NICE", "DATABASE_URL"):
+        monkeypatch.setenv(f"TRAINCTL_{name}", "")  # what `docker run -e NAME=` passes
+
+    config = parse_config([])
+
+    assert (config.lease_seconds, config.heartbeat_seconds, config.nice) == (30.0, 5.0, 0)
+    assert config.database_url.startswith("sqlite:///")

@@ -1,0 +1,179 @@
+"""How much memory a run needs at its peak, estimated from its plan before it is queued
+(docs/architecture.md, "Requests and plans").
+
+A request inside every documented bound can still need far more memory than any worker has
+(preset `base` with 4,096 sequences of 256 tokens per forward pass on a CPU). Run as it is,
+the worker is killed by the kernel's OOM killer, and the kernel may pick other processes
+too. So submit refuses it, with the estimate and the limit, when it fits no worker.
+
+The estimate counts, per process (each rank of a data-parallel run holds all of it):
+weights, gradients and optimizer state in fp32, the activations kept for backward (the
+layer inputs only, plus one layer's, with per-layer activation checkpointing), the tied
+head's logits, an async checkpoint's staging copy, and a fixed runtime overhead. It errs
+high, but within a small factor of what PyTorch allocates.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.plans import BenchmarkPlan, Plan, TrainPlan, ValidatePlan
+from trainctl.store.presets import ModelConfig
+
+GIB = 1 << 30
+# The runtime before any tensor: torch's libraries and allocator pools on a CPU, the CUDA
+# context and cuBLAS/cuDNN workspaces on a GPU.
+RUNTIME_BYTES = {"cpu": GIB, "cuda": GIB}
+# fp32 master weights and gradients; AdamW keeps two moments, Muon one momentum buffer:
+# two per parameter bounds both.
+STATE_BYTES_PER_PARAM = 4 * (1 + 1 + 2)
+# The eager head computes logits in chunks of this many elements (worker.model).
+HEAD_CHUNK_ELEMENTS = 1 << 26
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights_and_optimizer: int
+    activations: int
+    head: int
+    checkpoint_staging: int
+    runtime: int
+
+    @property
+    def total(self) -> int:
+        return (
+            self.weights_and_optimizer
+            + self.activations
+            + self.head
+            + self.checkpoint_staging
+            + self.runtime
+        )
+
+    def describe(self) -> str:
+        parts = {
+            "weights, gradients and optimizer state": self.weights_and_optimizer,
+            "activations": self.activations,
+            "head logits": self.head,
+            "async checkpoint staging": self.checkpoint_staging,
+            "runtime": self.runtime,
+        }
+        return ", ".join(f"{name} {gib(size)}" for name, size in parts.items() if size)
+
+
+def gib(size: int) -> str:
+    return f"{size / GIB:,.1f} GiB"
+
+
+def estimate_peak(
+    config: ModelConfig,
+    *,
+    device: str,
+    micro_batch_size: int,
+    seq_len: int,
+    async_checkpoint: bool = False,
+    training: bool = True,
+) -> MemoryEstimate:
+    """The peak memory of one process, for one micro-batch in flight. `training` False: a
+    validation, which keeps weights only and no activations for backward."""
+    params = config.param_counts()["total"]
+    tokens = micro_batch_size * seq_len
+    # Autocast keeps most saved activations in bf16 on CUDA; on a CPU everything is fp32.
+    element = 2 if device == "cuda" else 4
+    d, f, kv = config.d_model, config.ffn_hidden, config.n_kv_heads * config.head_dim
+    # Per token and layer, what backward needs: norm inputs and outputs, q, k, v, the
+    # attention output (flash attention keeps no T x T matrix), and SwiGLU's four
+    # ffn-wide tensors.
+    per_layer = tokens * (10 * d + 2 * kv + 4 * f) * element
+    layers = config.n_layers + config.mtp_depth
+    if not training:
+        activations = per_layer  # no graph is kept: one layer's tensors at a time
+    elif config.use_checkpoint_per_layer:
+        activations = layers * tokens * d * element + per_layer
+    else:
+        activations = layers * per_layer
+    vocab_elements = tokens * config.vocab_size
+    # Compiled, the head is a plain expression that keeps the logits (and their gradient);
+    # eager, a fused function works through them a chunk at a time.
+    head = (
+        2 * 4 * vocab_elements
+        if config.use_compile
+        else 2 * 4 * min(vocab_elements, HEAD_CHUNK_ELEMENTS)
+    )
+    return MemoryEstimate(
+        weights_and_optimizer=params * (STATE_BYTES_PER_PARAM if training else 4),
+        activations=activations,
+        head=head if training else 4 * min(vocab_elements, HEAD_CHUNK_ELEMENTS),
+        # The staging copy (weights and optimizer state) is host memory: on a GPU it is
+        # not the device's.
+        checkpoint_staging=params * 4 * 3 if async_checkpoint and device == "cpu" else 0,
+        runtime=RUNTIME_BYTES.get(device, GIB),
+    )
+
+
+def refuse_unless_it_fits(
+    estimate: MemoryEstimate, processes: int, device: str, limit: int | None, what: str
+) -> None:
+    """InvalidRequest naming the estimate and the limit when `processes` copies of the run
+    (ranks) do not fit the largest worker's memory. A GPU rank has a device each; CPU
+    ranks share the node's memory. Without a known limit, nothing is refused."""
+    if limit is None:
+        return
+    need = estimate.total * (processes if device == "cpu" else 1)
+    if need <= limit:
+        return
+    ranks = f" for each of {processes} processes" if processes > 1 and device == "cpu" else ""
+    where = "GPU memory" if device == "cuda" else "memory"
+    raise InvalidRequest(
+        f"{what} needs about {gib(need)} of {where}{ranks} ({estimate.describe()}), more "
+        f"than the largest worker has: {gib(limit)}; use a smaller micro_batch_size or "
+        "seq_len (grad_accum_steps keeps the batch), activation checkpointing, or a "
+        "smaller model"
+    )
+
+
+def plan_estimate(plan: Plan) -> tuple[MemoryEstimate, int]:
+    """(the peak of one process, the processes) of a plan."""
+    if isinstance(plan, ValidatePlan):
+        estimate = estimate_peak(
+            plan.model,
+            device=plan.device,
+            micro_batch_size=plan.batch_size,
+            seq_len=plan.seq_len,
+            training=False,
+        )
+        return estimate, 1
+    b = plan.batch
+    estimate = estimate_peak(
+        plan.model.config,
+        device=plan.device,
+        micro_batch_size=b.micro_batch_size,
+        seq_len=b.seq_len,
+        async_checkpoint=isinstance(plan, TrainPlan) and plan.async_checkpoint,
+    )
+    return estimate, plan.nproc_per_node if isinstance(plan, TrainPlan) else 1
+
+
+def admit(plan: Plan, limit: int | None) -> None:
+    """Refuse a plan that fits no worker's memory (see `refuse_unless_it_fits`)."""
+    estimate, processes = plan_estimate(plan)
+    what = {TrainPlan: "this train run", BenchmarkPlan: "this benchmark"}.get(
+        type(plan), "this validation"
+    )
+    refuse_unless_it_fits(estimate, processes, plan.device, limit, what)
+
+
+def host_memory_bytes() -> int:
+    """The memory this process may use: the machine's, or its cgroup's limit when lower
+    (a container's `--memory`)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
