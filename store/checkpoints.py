@@ -195,6 +195,24 @@ def _created_key(info: CheckpointInfo) -> tuple[float, float, int, str] | None:
     return (created, mtime, info.step if info.step is not None else -1, info.tag)
 
 
+_reported: dict[Path, tuple[int, str]] = {}
+_reported_lock = threading.Lock()
+
+
+def _report_hidden(folder: Path, why: CheckpointCorrupt) -> None:
+    """Log, once per state of the folder, why a folder is not listed: a bad checkpoint is
+    skipped, never an error of the listing, but someone should hear of it."""
+    try:
+        state = (folder.lstat().st_mtime_ns, str(why))
+    except OSError:
+        return  # gone: nothing to report
+    with _reported_lock:
+        if _reported.get(folder) == state:
+            return
+        _reported[folder] = state
+    logger.warning("not listing %s: %s", folder, why)
+
+
 def _is_real_dir(path: Path) -> bool:
     """A folder that is not a symlink: the store never reads or writes through a link, which
     anyone who can write to a shared checkpoint filesystem could plant."""
@@ -421,9 +439,10 @@ class CheckpointStore:
             for folder in folders:
                 try:
                     infos.append(_load_info(experiment, folder.name, folder))
-                except CheckpointCorrupt:
+                except CheckpointCorrupt as exc:
                     # Incomplete or damaged: invisible by design. Gone: the snapshot is stale.
                     vanished = vanished or not folder.exists()
+                    _report_hidden(folder, exc)
             if not vanished:
                 break
         return infos

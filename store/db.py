@@ -105,10 +105,13 @@ runs = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("started_at", UTCDateTime, nullable=True),
     Column("finished_at", UTCDateTime, nullable=True),
+    # The name of the API token the run was submitted with; None without token identities.
+    Column("submitted_by", String(128), nullable=True),
     Index("ix_runs_state_created", "state", "created_at", "seq"),
     Index("ix_runs_created", "created_at", "seq"),
     Index("ix_runs_experiment", "experiment"),
     Index("ix_runs_worker", "worker_id"),
+    Index("ix_runs_submitted_by", "submitted_by", "state"),
 )
 
 # The database itself enforces "one active train run per experiment", so two services
@@ -146,6 +149,19 @@ workers = Table(
     Column("info", JSON, nullable=False),
     Column("started_at", UTCDateTime, nullable=False),
     Column("last_seen_at", UTCDateTime, nullable=False),
+)
+
+
+# Tokens an admin created: a name, a scope, and the sha256 of the token, which is shown once.
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("scope", String(16), nullable=False),
+    Column("token_sha256", String(64), nullable=False, unique=True),
+    Column("created_by", String(128), nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("last_used_at", UTCDateTime, nullable=True),
 )
 
 

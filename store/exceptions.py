@@ -16,6 +16,14 @@ class Conflict(TrainctlError):
     """The request is valid but clashes with current state (HTTP 409)."""
 
 
+class QueueFull(TrainctlError):
+    """Too many runs are queued; the client should retry later (HTTP 429)."""
+
+
+class Forbidden(TrainctlError):
+    """The caller's token is valid but its scope does not allow this (HTTP 403)."""
+
+
 class InvalidRequest(TrainctlError, ValueError):
     """The request itself is wrong (HTTP 422).
 

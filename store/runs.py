@@ -36,6 +36,7 @@ from trainctl.store.exceptions import (
     ExperimentBusy,
     InvalidRequest,
     LeaseLost,
+    QueueFull,
     RunNotCancellable,
     RunNotFound,
     WorkerNotFound,
@@ -70,6 +71,8 @@ class Run:
     lease_expires_at: datetime | None
     idempotency_key: str | None
     depends_on: list[Checkpoint]
+    submitted_by: str | None = None
+    """The name of the API token the run was submitted with, where tokens have names."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,36 @@ class Worker:
     started_at: datetime
     last_seen_at: datetime
     current_run_id: str | None
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """How many runs may wait at once: in all, and per token name (None: no limit)."""
+
+    total: int | None = None
+    per_submitter: int | None = None
+    retry_after: int = 30
+
+    def check(self, conn: Connection, submitted_by: str | None) -> None:
+        """Inside the enqueueing transaction, so that concurrent submits cannot all pass."""
+        queued = runs.c.state == "queued"
+        count = select(func.count()).select_from(runs)
+        if self.total is not None and conn.execute(count.where(queued)).scalar_one() >= self.total:
+            raise QueueFull(
+                f"{self.total} runs are queued already, the most this service accepts; "
+                f"retry in {self.retry_after} s or cancel queued runs"
+            )
+        mine = and_(queued, runs.c.submitted_by == submitted_by)
+        limit = self.per_submitter
+        if (
+            limit is not None
+            and submitted_by is not None
+            and conn.execute(count.where(mine)).scalar_one() >= limit
+        ):
+            raise QueueFull(
+                f"token {submitted_by!r} has {limit} runs queued, the most one token may; "
+                f"retry in {self.retry_after} s or cancel some of them"
+            )
 
 
 class RunStore:
@@ -135,11 +168,14 @@ class RunStore:
         max_attempts: int = 3,
         depends_on: Iterable[Checkpoint] = (),
         request_digest: str | None = None,
+        submitted_by: str | None = None,
+        queue_limits: QueueLimits | None = None,
     ) -> Run:
         """Add a queued run, or return the run an earlier request with the same key created.
 
-        Raises `Conflict` when the idempotency key was used for a different request and
-        `ExperimentBusy` when a train run is enqueued while the experiment has an active one.
+        Raises `Conflict` when the idempotency key was used for a different request,
+        `ExperimentBusy` when a train run is enqueued while the experiment has an active one,
+        and `QueueFull` when `queue_limits` are reached.
         """
         if kind not in RUN_KINDS:
             raise ValueError(f"unknown run kind {kind!r}; expected one of {RUN_KINDS}")
@@ -153,21 +189,24 @@ class RunStore:
             "idempotency_key": idempotency_key,
             "depends_on": [[exp, tag] for exp, tag in depends_on],
             "request_digest": request_digest,
+            "submitted_by": submitted_by,
         }
         try:
-            return self._enqueue_once(values)
+            return self._enqueue_once(values, queue_limits)
         except IntegrityError:
             # A concurrent request inserted the same key or an active train run between our
             # check and our insert (possible on PostgreSQL); checking again now explains why.
-            return self._enqueue_once(values)
+            return self._enqueue_once(values, queue_limits)
 
-    def _enqueue_once(self, values: dict[str, Any]) -> Run:
+    def _enqueue_once(self, values: dict[str, Any], limits: QueueLimits | None) -> Run:
         with write_transaction(self.engine) as conn:
             key = values["idempotency_key"]
             if key is not None:
                 existing = _fetch_one(conn, runs.c.idempotency_key == key)
                 if existing is not None:
                     return _replay(existing, values)
+            if limits is not None:
+                limits.check(conn, values["submitted_by"])
             if values["kind"] == "train":
                 active = _active_train_row(conn, values["experiment"])
                 if active is not None:
@@ -204,6 +243,7 @@ class RunStore:
         kind: str | None = None,
         state: str | None = None,
         experiment: str | None = None,
+        submitted_by: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> tuple[list[Run], str | None]:
@@ -220,6 +260,8 @@ class RunStore:
             conditions.append(runs.c.state == state)
         if experiment is not None:
             conditions.append(runs.c.experiment == experiment)
+        if submitted_by is not None:
+            conditions.append(runs.c.submitted_by == submitted_by)
         if cursor is not None:
             created_at, seq = _decode_cursor(cursor)
             conditions.append(
@@ -595,6 +637,7 @@ def _run_from_row(row: Row[Any]) -> Run:
         lease_expires_at=row.lease_expires_at,
         idempotency_key=row.idempotency_key,
         depends_on=[(exp, tag) for exp, tag in row.depends_on],
+        submitted_by=row.submitted_by,
     )
 
 

@@ -536,3 +536,17 @@ def test_latest_of_an_experiment_reads_only_the_newest_folders(
     monkeypatch.setattr(checkpoints_module, "_load_info", counting)
     assert store.latest("exp").tag == "step_29"
     assert read == ["step_30", "step_29"]  # not all 30: this is the most polled read
+
+
+def test_a_hidden_bad_folder_is_reported_once_in_the_log(
+    store: CheckpointStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = save(store, "exp", step=2)
+    (folder / MANIFEST_FILE).write_text("{not json")
+
+    with caplog.at_level("WARNING", logger="trainctl.store.checkpoints"):
+        for _ in range(3):
+            assert store.list_checkpoints("exp") == []
+
+    [record] = [r for r in caplog.records if "not listing" in r.getMessage()]
+    assert str(folder) in record.getMessage() and "cannot be read as JSON" in record.getMessage()
