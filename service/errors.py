@@ -16,9 +16,11 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import iter_route_contexts
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from trainctl.service.middleware import REQUEST_ID_HEADER
 from trainctl.service.schemas import ErrorPublic, ValidationErrorPublic
@@ -124,7 +126,7 @@ async def handle_database_unavailable(request: Request, exc: Exception) -> JSONR
 async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
     """FastAPI's own answer, in words a user can act on where FastAPI's are generic."""
     assert isinstance(exc, StarletteHTTPException)
-    detail = exc.detail
+    detail, headers = exc.detail, exc.headers
     if exc.status_code == 404 and detail == "Not Found":
         detail = (
             f"no endpoint matches {request.method} {request.url.path}; names in a path must be "
@@ -133,11 +135,27 @@ async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
     elif exc.status_code == 400 and detail == "There was an error parsing the body":
         detail = "the body cannot be parsed: send JSON encoded as UTF-8"
     elif exc.status_code == 405 and detail == "Method Not Allowed":
-        allowed = (exc.headers or {}).get("Allow", "")
+        allowed = allowed_methods(request, exc)
+        headers = {**(headers or {}), "Allow": allowed}
         detail = f"{request.method} is not allowed on {request.url.path}; allowed: {allowed}"
-    return JSONResponse(
-        status_code=exc.status_code, content={"detail": detail}, headers=exc.headers
-    )
+    return JSONResponse(status_code=exc.status_code, content={"detail": detail}, headers=headers)
+
+
+def allowed_methods(request: Request, exc: StarletteHTTPException) -> str:
+    """Every method of the path that matched (`DELETE, GET` on a checkpoint).
+
+    Starlette's 405 names the methods of the first route whose path matched, but a path has
+    one route per method (FastAPI declares them so): the others are allowed too. The first
+    path that matches is the one the router chose (`/runs/train` before `/runs/{run_id}`).
+    """
+    methods: dict[str, set[str]] = {}
+    for route in iter_route_contexts(request.app.routes):
+        if route.path is not None and route.methods:
+            match, _ = route.matches(request.scope)
+            if match is not Match.NONE:
+                methods.setdefault(route.path, set()).update(route.methods)
+    chosen = next(iter(methods.values()), None)  # none: a mount, /static, answered itself
+    return ", ".join(sorted(chosen)) if chosen else (exc.headers or {}).get("Allow", "")
 
 
 async def handle_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
