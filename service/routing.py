@@ -5,21 +5,74 @@
 - A query parameter the route does not take, or one given twice, is a 422 that names it.
   FastAPI ignores the first and keeps the last of the second, so `GET /runs?stat=running` (a
   typo for `state`) listed every run, and `?limit=5&limit=500` quietly meant 500.
+- Integers are read as JSON Schema reads them: `548`, `548.0` and `5.48e2` are the same
+  integer, in a body, a query string or a header. A value of another JSON type (`true`,
+  `"548"` in a body) or with a fraction (`5.5`) is still a 422 naming the field: the request
+  models are strict about types, and this only decides which JSON numbers are integers.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
+import re
+import sys
 from collections.abc import Callable, Coroutine
+from decimal import Decimal
 from typing import Any
 
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import BeforeValidator
+from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from trainctl.service.errors import error_responses
+
+# The grammar of a JSON number (RFC 8259): what a query string or header integer may look like.
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_MAX_DIGITS = sys.int_info.default_max_str_digits  # 4300
+
+
+def read_json_number(text: str) -> int | float:
+    """A JSON number with a fraction or an exponent: an int when its value is integral.
+
+    Python's json reads `548.0` as a float, which a StrictInt field refuses; JSON Schema calls
+    it the integer 548. Decimal, not float, decides: `1.0000000000000001` is not integral.
+    Past the digits Python reads in an int by default (`1e5000`), the number stays a float
+    (infinite), which every bound of the API refuses, rather than a costly huge int.
+    """
+    number = Decimal(text)
+    if number == number.to_integral_value() and number.adjusted() < _MAX_DIGITS:
+        return int(number)
+    return float(text)
+
+
+def _integer_text(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    if not _JSON_NUMBER.fullmatch(value):  # pydantic's lax mode would take "1_000" or " 7"
+        raise PydanticCustomError(
+            "int_parsing", "Input should be a valid integer, unable to parse string as an integer"
+        )
+    return read_json_number(value)  # a float left here is refused, "fractional part"
+
+
+JSON_NUMBER_TEXT = BeforeValidator(_integer_text)
+"""Reads an integer query or header parameter as a JSON number (see the module docstring).
+It goes after the bounds, `Annotated[int, Query(ge=1), JSON_NUMBER_TEXT]`: before them,
+pydantic writes the bounds into the schema as `ge`/`le`, which no JSON Schema tool reads."""
+
+
+class JsonNumbersRequest(Request):
+    """A request whose JSON body reads integral numbers as ints (`read_json_number`)."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json_numbers"):
+            self._json_numbers = json.loads(await self.body(), parse_float=read_json_number)
+        return self._json_numbers
 
 
 class ApiRoute(APIRoute):
@@ -43,7 +96,7 @@ class ApiRoute(APIRoute):
             ]
             if errors:
                 raise RequestValidationError(errors)
-            return await handler(request)
+            return await handler(JsonNumbersRequest(request.scope, request.receive))
 
         return strict_query
 

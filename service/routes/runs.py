@@ -10,7 +10,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from trainctl.service import history, sse
 from trainctl.service.deps import CheckpointsDep, RunsDep, SettingsDep
 from trainctl.service.errors import error_responses
-from trainctl.service.routing import ApiRoute
+from trainctl.service.routing import JSON_NUMBER_TEXT, ApiRoute
 from trainctl.service.schemas import (
     LogsPublic,
     MetricsPublic,
@@ -105,7 +105,7 @@ def list_runs(
     kind: RunKind | None = None,
     state: RunState | None = None,
     experiment: Annotated[str | None, Query(max_length=200)] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    limit: Annotated[int, Query(ge=1, le=500), JSON_NUMBER_TEXT] = 50,
     cursor: Annotated[str | None, Query(max_length=1000)] = None,
 ) -> RunsPublic:
     """List runs, newest first, a page at a time."""
@@ -148,10 +148,14 @@ def stream_run_events(
     run_id: str,
     runs: RunsDep,
     last_event_id: Annotated[
-        int | None, Header(ge=0, le=sse.MAX_EVENT_ID, description="Resume after this event id.")
+        int | None,
+        Header(ge=0, le=sse.MAX_EVENT_ID, description="Resume after this event id."),
+        JSON_NUMBER_TEXT,
     ] = None,
     after: Annotated[
-        int | None, Query(ge=0, le=sse.MAX_EVENT_ID, description="Like Last-Event-ID.")
+        int | None,
+        Query(ge=0, le=sse.MAX_EVENT_ID, description="Like Last-Event-ID."),
+        JSON_NUMBER_TEXT,
     ] = None,
 ) -> StreamingResponse:
     """Stream a run's events (SSE), resumable with Last-Event-ID, until the run finishes."""
