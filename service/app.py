@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -13,7 +14,7 @@ from trainctl.service.errors import error_responses, install_error_handlers
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.middleware import RequestMiddleware
 from trainctl.service.routes import checkpoints, dashboard, metrics, runs, system
-from trainctl.service.routing import operation_id
+from trainctl.service.routing import operation_id, without_null_parameters
 from trainctl.service.settings import Settings, get_settings
 from trainctl.service.supervisor import Supervisor, default_worker_count
 from trainctl.store.checkpoints import CheckpointStore
@@ -26,6 +27,15 @@ Submit **train**, **validate** and **benchmark** runs, follow them (server-sent 
 metrics, logs) and manage the checkpoints they write. When the server has a
 `TRAINCTL_API_TOKEN`, every endpoint but `/healthz` needs `Authorization: Bearer <token>`.
 """
+
+
+class TrainctlApi(FastAPI):
+    """FastAPI, with a schema that states what the server accepts (`service.routing`)."""
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            self.openapi_schema = without_null_parameters(super().openapi())
+        return self.openapi_schema
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -54,7 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 supervisor.stop()  # workers checkpoint and hand their runs back first
             store.close()
 
-    app = FastAPI(
+    app = TrainctlApi(
         title="trainctl",
         version="0.1.0",
         description=DESCRIPTION,

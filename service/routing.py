@@ -9,6 +9,7 @@
   integer, in a body, a query string or a header. A value of another JSON type (`true`,
   `"548"` in a body) or with a fraction (`5.5`) is still a 422 naming the field: the request
   models are strict about types, and this only decides which JSON numbers are integers.
+- A query or header parameter is given or left out; it cannot be null, and the schema says so.
 """
 
 from __future__ import annotations
@@ -121,3 +122,24 @@ def _query_error(request: Request, name: str, allowed: frozenset[str]) -> dict[s
 
 def operation_id(route: APIRoute) -> str:
     return route.name
+
+
+def without_null_parameters(schema: dict[str, Any]) -> dict[str, Any]:
+    """Drop `null` from the schema of every path, query and header parameter, in place.
+
+    FastAPI writes an optional parameter (`int | None = None`) as `anyOf: [integer, null]`;
+    but a query string or a header has no null, and a generator that sends the text "null"
+    for one gets a 422. An optional parameter is one left out, which `required` says.
+    """
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                options = parameter["schema"].get("anyOf", [])
+                kept = [option for option in options if option != {"type": "null"}]
+                if len(kept) < len(options):
+                    del parameter["schema"]["anyOf"]
+                    if len(kept) == 1:
+                        parameter["schema"].update(kept[0])
+                    else:
+                        parameter["schema"]["anyOf"] = kept
+    return schema

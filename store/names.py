@@ -3,7 +3,8 @@
 A name is 1-128 letters, digits, '.', '_' or '-', starts with a letter or digit and has no
 '..': it can never climb out of the checkpoint store, nor hide among the store's own
 dot-folders (``.staging-*``, ``.trash-*``, ``.guard-*``). Requests, plans, the checkpoint
-store and its manifests all check names here.
+store, its manifests and the API's path and query parameters all check names here, and the
+OpenAPI schema publishes the same pattern and length, so a client can check a name first.
 """
 
 from __future__ import annotations
@@ -11,20 +12,32 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, Field
+from pydantic import Field
 
 from trainctl.store.exceptions import InvalidName
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+MAX_NAME_LENGTH = 128
+# Every '.' is followed by a letter, digit, '_' or '-', or ends the name: no '..', written
+# without look-ahead so that JSON Schema validators (ECMA 262) and pydantic's regex engine,
+# which has none, read it as Python does. The length is MAX_NAME_LENGTH, checked apart.
+NAME_REGEX = r"[A-Za-z0-9](?:[A-Za-z0-9_-]|\.[A-Za-z0-9_-])*\.?"
+"""A name, unanchored: for patterns that hold names (`<experiment>/<tag>`)."""
+NAME_PATTERN = f"^{NAME_REGEX}$"
 _NAME_RE = re.compile(NAME_PATTERN)
 NAME_RULE = (
-    "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit and without '..'"
+    f"1-{MAX_NAME_LENGTH} letters, digits, '.', '_' or '-', starting with a letter or digit "
+    "and without '..'"
 )
+NAME_DESCRIPTION = f"A name of {NAME_RULE}."
 
 
 def is_valid_name(value: object) -> bool:
     # fullmatch, not match: `$` also matches before a trailing newline.
-    return isinstance(value, str) and _NAME_RE.fullmatch(value) is not None and ".." not in value
+    return (
+        isinstance(value, str)
+        and len(value) <= MAX_NAME_LENGTH
+        and _NAME_RE.fullmatch(value) is not None
+    )
 
 
 def validate_name(kind: str, value: object) -> str:
@@ -35,16 +48,7 @@ def validate_name(kind: str, value: object) -> str:
     return value
 
 
-def _checked(value: str) -> str:
-    if not is_valid_name(value):
-        raise ValueError(f"use {NAME_RULE}")
-    return value
-
-
+# The pattern and the length are the whole rule: pydantic checks them, the schema shows them.
 Name = Annotated[
-    str,
-    # The pattern publishes the rule in the OpenAPI schema; the validator also refuses '..',
-    # which a regular expression without look-ahead cannot say.
-    Field(pattern=NAME_PATTERN, description="Letters, digits, '.', '_', '-'; no '..'."),
-    AfterValidator(_checked),
+    str, Field(pattern=NAME_PATTERN, max_length=MAX_NAME_LENGTH, description=NAME_DESCRIPTION)
 ]

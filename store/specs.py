@@ -24,7 +24,7 @@ from pydantic import (
 
 from trainctl.store.checkpoints import BEST_TAG, LATEST_REF
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.names import Name, is_valid_name
+from trainctl.store.names import MAX_NAME_LENGTH, NAME_REGEX, NAME_RULE, Name, is_valid_name
 from trainctl.store.presets import PRESETS, ModelConfig, get_preset
 
 MAX_STEPS = 10_000_000
@@ -36,6 +36,8 @@ MAX_MODEL_PARAMS = 20_000_000_000
 MAX_NPROC_PER_NODE = 16
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
+# What a validation reads; the pattern cannot bound each name's length, so a validator does.
+CHECKPOINT_REF_PATTERN = f"^(?:{LATEST_REF}|{BEST_TAG}|{NAME_REGEX}/{NAME_REGEX})$"
 # Filled in by the server when it resolves a request; older clients echoed them back.
 SERVER_FILLED = ("model_config_resolved", "warnings")
 
@@ -257,20 +259,11 @@ class TrainRequest(TrainOptions, Request):
         description="Validate every this many steps; a better loss "
         "saves the 'best' checkpoint. Default: checkpoint_every.",
     )
-    resume_from: str | None = Field(
+    # 'latest' is itself a valid name: the name rule is the whole rule.
+    resume_from: Name | None = Field(
         None, description="'latest' or a tag of this experiment to continue from."
     )
     device: DeviceChoice = Field("auto", description="Where to run.")
-
-    @field_validator("resume_from")
-    @classmethod
-    def _resume_ref(cls, v: str | None) -> str | None:
-        if v is not None and v != LATEST_REF and not is_valid_name(v):
-            raise ValueError(
-                "resume_from must be 'latest' or a checkpoint tag (letters, digits, '.', '_', "
-                "'-'; no '..')"
-            )
-        return v
 
 
 class BenchmarkRequest(BenchmarkOptions, Request):
@@ -289,8 +282,10 @@ class BenchmarkRequest(BenchmarkOptions, Request):
 class ValidateRequest(ValidateOptions, Request):
     checkpoint: str = Field(
         LATEST_REF,
+        pattern=CHECKPOINT_REF_PATTERN,
+        max_length=2 * MAX_NAME_LENGTH + 1,
         description="'latest', 'best', or '<experiment>/<tag>'; with 'latest' or "
-        "'best', `experiment` narrows the search.",
+        f"'best', `experiment` narrows the search. Each name is {NAME_RULE}.",
     )
     experiment: Name | None = Field(None, description="Experiment for latest/best.")
     seq_len: StrictInt | None = Field(None, ge=8, le=131_072, description="Default: profile's.")
@@ -302,5 +297,7 @@ class ValidateRequest(ValidateOptions, Request):
         parts = v.split("/")
         named = len(parts) == 2 and all(is_valid_name(p) for p in parts)
         if v not in (LATEST_REF, BEST_TAG) and not named:
-            raise ValueError("checkpoint must be 'latest', 'best' or '<experiment>/<tag>'")
+            raise ValueError(
+                f"checkpoint must be 'latest', 'best' or '<experiment>/<tag>', each {NAME_RULE}"
+            )
         return v

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
 from trainctl.service import files
@@ -12,6 +12,7 @@ from trainctl.service.deps import CheckpointsDep, ProtectionDep
 from trainctl.service.errors import error_responses
 from trainctl.service.routing import ApiRoute
 from trainctl.service.schemas import CheckpointPublic, CheckpointsPublic, PruneRequest, PruneResult
+from trainctl.store.names import MAX_NAME_LENGTH, NAME_PATTERN, NAME_RULE
 
 router = APIRouter(
     route_class=ApiRoute,
@@ -21,9 +22,27 @@ router = APIRouter(
 )
 NOT_FOUND = error_responses(404)
 
+# Every name in a path or a query is checked against the store's rule (store.names), which the
+# schema publishes: a client can check a name before it sends it.
 ExperimentFilter = Annotated[
-    str | None, Query(max_length=128, description="Only this experiment; default: all.")
+    str | None,
+    Query(
+        pattern=NAME_PATTERN,
+        max_length=MAX_NAME_LENGTH,
+        description=f"Only this experiment; default: all. A name of {NAME_RULE}.",
+    ),
 ]
+
+
+def _name_in_path(what: str) -> Any:
+    return Path(
+        pattern=NAME_PATTERN, max_length=MAX_NAME_LENGTH, description=f"{what}: {NAME_RULE}."
+    )
+
+
+Experiment = Annotated[str, _name_in_path("The experiment")]
+Tag = Annotated[str, _name_in_path("The checkpoint's tag (step_200, best)")]
+FileName = Annotated[str, _name_in_path("A file of the checkpoint (model.safetensors)")]
 
 
 @router.get("", response_model=CheckpointsPublic)
@@ -72,7 +91,9 @@ def prune_checkpoints(body: PruneRequest, policy: ProtectionDep) -> PruneResult:
 
 
 @router.get("/{experiment}/{tag}", response_model=CheckpointPublic, responses=NOT_FOUND)
-async def read_checkpoint(experiment: str, tag: str, ckpts: CheckpointsDep) -> CheckpointPublic:
+async def read_checkpoint(
+    experiment: Experiment, tag: Tag, ckpts: CheckpointsDep
+) -> CheckpointPublic:
     """Read one checkpoint: metadata and its files' sizes and sha256."""
     return CheckpointPublic.model_validate(ckpts.get(experiment, tag))
 
@@ -90,9 +111,9 @@ async def read_checkpoint(experiment: str, tag: str, ckpts: CheckpointsDep) -> C
     },
 )  # fmt: skip
 def download_checkpoint_file(
-    experiment: str,
-    tag: str,
-    name: str,
+    experiment: Experiment,
+    tag: Tag,
+    name: FileName,
     ckpts: CheckpointsDep,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
@@ -106,7 +127,9 @@ def download_checkpoint_file(
     responses={200: {"description": "A tar of `<tag>/<file>` members.",
                      "content": {"application/x-tar": {}}}, **NOT_FOUND},
 )  # fmt: skip
-def download_checkpoint_archive(experiment: str, tag: str, ckpts: CheckpointsDep) -> Response:
+def download_checkpoint_archive(
+    experiment: Experiment, tag: Tag, ckpts: CheckpointsDep
+) -> Response:
     """Download a whole checkpoint as a streamed tar."""
     return files.checkpoint_archive_response(ckpts, experiment, tag)
 
@@ -114,6 +137,6 @@ def download_checkpoint_archive(experiment: str, tag: str, ckpts: CheckpointsDep
 @router.delete(
     "/{experiment}/{tag}", response_model=CheckpointPublic, responses=error_responses(404, 409, 503)
 )
-def delete_checkpoint(experiment: str, tag: str, policy: ProtectionDep) -> CheckpointPublic:
+def delete_checkpoint(experiment: Experiment, tag: Tag, policy: ProtectionDep) -> CheckpointPublic:
     """Delete a checkpoint unless a queued or running run needs it."""
     return CheckpointPublic.model_validate(policy.delete(experiment, tag))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from pydantic import AfterValidator
 
 from trainctl.service import history, sse
 from trainctl.service.deps import CheckpointsDep, RunsDep, SettingsDep
@@ -44,6 +46,28 @@ ACCEPTED: dict[int | str, dict[str, Any]] = {
     **error_responses(400, 409, 413),
 }
 RUN_NOT_FOUND = error_responses(404)
+# A page's next_cursor: unpadded URL-safe base64 of the last run's position. The pattern is
+# checked here, in words like the store's rather than pydantic's; the format names the rule
+# no pattern states: only what the server wrote is a cursor, any other is a 422 (the store's).
+CURSOR_FORMAT = "trainctl-cursor"
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]+$"
+
+
+def _cursor_text(cursor: str | None) -> str | None:
+    if cursor is not None and not re.fullmatch(CURSOR_PATTERN, cursor):
+        raise ValueError(f"invalid cursor {cursor!r}: pass the next_cursor of a previous page")
+    return cursor
+
+
+Cursor = Annotated[
+    str | None,
+    Query(
+        max_length=1000,
+        description="The next_cursor of the previous page, unchanged; any other value is a 422.",
+        json_schema_extra={"format": CURSOR_FORMAT, "pattern": CURSOR_PATTERN, "minLength": 1},
+    ),
+    AfterValidator(_cursor_text),
+]
 
 
 def _accepted(run: Run, response: Response) -> RunPublic:
@@ -106,7 +130,7 @@ def list_runs(
     state: RunState | None = None,
     experiment: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=500), JSON_NUMBER_TEXT] = 50,
-    cursor: Annotated[str | None, Query(max_length=1000)] = None,
+    cursor: Cursor = None,
 ) -> RunsPublic:
     """List runs, newest first, a page at a time."""
     page, next_cursor = runs.list_runs(
