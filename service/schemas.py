@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from trainctl.store.access import Scope
 from trainctl.store.names import Name
 from trainctl.store.vocabulary import EventType, RunKind, RunState
 
@@ -63,6 +64,9 @@ class RunPublic(Public):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    submitted_by: str | None = Field(
+        description="The name of the API token that submitted the run; null without tokens."
+    )
 
 
 class RunsPublic(BaseModel):
@@ -181,3 +185,31 @@ class ReadinessPublic(BaseModel):
     status: Literal["ready"]
     database: Literal["ok"]
     workers_alive: int
+
+
+class TokenCreate(BaseModel):
+    """An API token to create: its name and what it may do."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name = Field(description="Who holds it: a person, a team, a pipeline.")
+    scope: Scope = Field(
+        description="read: every GET; submit: also submit and cancel runs; admin: all, "
+        "including deleting and pruning checkpoints and managing tokens."
+    )
+
+
+class TokenPublic(Public):
+    name: str
+    scope: Scope
+    created_by: str | None = Field(description="The token that created it.")
+    created_at: datetime
+    last_used_at: datetime | None = Field(description="To the minute; null if never used.")
+
+
+class TokenCreated(TokenPublic):
+    token: str = Field(description="The token itself: shown this once, never again.")
+
+
+class TokensPublic(BaseModel):
+    items: list[TokenPublic]
