@@ -14,9 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from trainctl.store.access import Scope
 from trainctl.store.names import Name
-from trainctl.store.vocabulary import EventType, RunKind, RunState
+from trainctl.store.vocabulary import EventType, RunKind, RunState, Scope
 
 
 class ErrorPublic(BaseModel):

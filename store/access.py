@@ -21,7 +21,7 @@ import hmac
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, get_args
+from typing import Any
 
 from sqlalchemy import Row, delete, insert, select, update
 from sqlalchemy.engine import Engine
@@ -29,9 +29,8 @@ from sqlalchemy.exc import IntegrityError
 
 from trainctl.store.db import api_tokens, read_transaction, write_transaction
 from trainctl.store.exceptions import Conflict, NotFound
+from trainctl.store.vocabulary import SCOPES, Scope
 
-Scope = Literal["read", "submit", "admin"]
-SCOPES: tuple[Scope, ...] = get_args(Scope)  # in order: each allows what those before do
 BOOTSTRAP = "bootstrap"
 TOKEN_PREFIX = "tc_"
 # Recording every use would be a write per request; once a minute says when it was used.

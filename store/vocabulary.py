@@ -1,4 +1,4 @@
-"""The words of the run life cycle (docs/architecture.md, "Runs"), defined once.
+"""The words of the run life cycle and of access (docs/architecture.md, "Runs"), defined once.
 
 The store checks writes against them, the API publishes them as enums, and the SDK waits for
 the terminal states. This module imports nothing, so the light clients can use it too.
@@ -11,9 +11,12 @@ from typing import Literal, get_args
 RunKind = Literal["train", "validate", "benchmark"]
 RunState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 EventType = Literal["state", "metrics", "log"]
+# What an API token may do, each scope allowing what those before it do (store/access.py).
+Scope = Literal["read", "submit", "admin"]
 
 RUN_KINDS: tuple[RunKind, ...] = get_args(RunKind)
 RUN_STATES: tuple[RunState, ...] = get_args(RunState)
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
+SCOPES: tuple[Scope, ...] = get_args(Scope)
 TERMINAL_STATES: frozenset[RunState] = frozenset({"succeeded", "failed", "cancelled"})
 ACTIVE_STATES: frozenset[RunState] = frozenset({"queued", "running"})
