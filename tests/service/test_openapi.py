@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, iter_route_contexts
 
 from trainctl.service.openapi import OPENAPI_FILE, render_openapi
 
@@ -31,8 +31,10 @@ def test_each_operation_is_named_after_its_handler_and_summarised_by_its_docstri
     app: FastAPI,
 ) -> None:
     paths = app.openapi()["paths"]
-    routes = [r for r in app.routes if isinstance(r, APIRoute)]
+    # The routes of included routers, with their prefixes (`app.routes` holds the routers).
+    routes = [r for r in iter_route_contexts(app.routes) if isinstance(r.original_route, APIRoute)]
 
+    assert len(routes) == sum(len(operations) for operations in paths.values())
     for route in routes:
         for method in route.methods or ():
             operation = paths[route.path_format][method.lower()]
