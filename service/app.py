@@ -13,10 +13,11 @@ from trainctl.service.deps import AUTH
 from trainctl.service.errors import error_responses, install_error_handlers
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.middleware import RequestMiddleware
-from trainctl.service.routes import checkpoints, dashboard, metrics, runs, system
+from trainctl.service.routes import checkpoints, dashboard, metrics, runs, system, tokens
 from trainctl.service.routing import operation_id, without_null_parameters
 from trainctl.service.settings import Settings, get_settings
 from trainctl.service.supervisor import Supervisor, default_worker_count
+from trainctl.store.access import TokenStore
 from trainctl.store.checkpoints import CheckpointStore
 from trainctl.store.runs import RunStore
 
@@ -52,6 +53,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         for path in ckpts.cleanup():
             log.warning("cleaned up %s (left by an interrupted save or delete)", path)
         app.state.runs, app.state.checkpoints = store, ckpts
+        bootstrap = settings.api_token.get_secret_value() if settings.api_token else None
+        app.state.tokens = TokenStore(store.engine, bootstrap)
         app.state.supervisor = supervisor = None
         try:
             if default_worker_count(settings)[0] > 0:
@@ -80,6 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(system.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(system.public_router)
     app.include_router(metrics.router, dependencies=[AUTH], responses=unauthorized)
+    app.include_router(tokens.router, responses=unauthorized)
     dashboard.mount_dashboard(app)
     app.state.metrics = ServiceMetrics()
     app.add_middleware(RequestMiddleware, metrics=app.state.metrics)

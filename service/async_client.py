@@ -33,6 +33,8 @@ from trainctl.service.schemas import (
     ReadinessPublic,
     RunPublic,
     RunsPublic,
+    TokenCreated,
+    TokenPublic,
     WorkerPublic,
 )
 from trainctl.service.sdk_calls import Progress
@@ -59,6 +61,7 @@ from trainctl.service.sdk_steps import (
     ask,
     client_kwargs,
 )
+from trainctl.store.vocabulary import Scope
 
 __all__ = [
     "ApiError",
@@ -197,6 +200,18 @@ class AsyncTrainctlClient:
 
     async def readiness(self) -> ReadinessPublic:
         return await self._call(calls.readiness())
+
+    # --- tokens (admin) ---
+
+    async def create_token(self, name: str, scope: Scope) -> TokenCreated:
+        """A new API token; `.token` is the secret, shown this once."""
+        return await self._call(calls.create_token(name, scope))
+
+    async def list_tokens(self) -> list[TokenPublic]:
+        return await self._call(calls.list_tokens())
+
+    async def revoke_token(self, name: str) -> TokenPublic:
+        return await self._call(calls.revoke_token(name))
 
     # --- the driver: performs the steps of `service.sdk_calls` with httpx.AsyncClient ---
 

@@ -44,6 +44,8 @@ from trainctl.service.schemas import (
     ReadinessPublic,
     RunPublic,
     RunsPublic,
+    TokenCreated,
+    TokenPublic,
     WorkerPublic,
 )
 from trainctl.service.sdk_calls import Progress
@@ -70,6 +72,7 @@ from trainctl.service.sdk_steps import (
     ask,
     client_kwargs,
 )
+from trainctl.store.vocabulary import Scope
 
 __all__ = [
     "ApiError",
@@ -225,6 +228,18 @@ class TrainctlClient:
 
     def readiness(self) -> ReadinessPublic:
         return self._call(calls.readiness())
+
+    # --- tokens (admin) ---
+
+    def create_token(self, name: str, scope: Scope) -> TokenCreated:
+        """A new API token; `.token` is the secret, shown this once."""
+        return self._call(calls.create_token(name, scope))
+
+    def list_tokens(self) -> list[TokenPublic]:
+        return self._call(calls.list_tokens())
+
+    def revoke_token(self, name: str) -> TokenPublic:
+        return self._call(calls.revoke_token(name))
 
     # --- the driver: performs the steps of `service.sdk_calls` with httpx.Client ---
 

@@ -1,5 +1,5 @@
 """Dependencies the routes declare: settings, the two stores, the checkpoint protection
-policy, and the bearer-token check.
+policy, and who the caller is and what its token's scope allows (store/access.py).
 
 The settings and the stores live on `app.state` (`create_app` and the lifespan put them
 there); tests replace any of these with `app.dependency_overrides`. Every dependency here is
@@ -9,16 +9,18 @@ and those hand-offs were most of the cost of a cheap GET.
 
 from __future__ import annotations
 
-import hmac
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from trainctl.service.settings import Settings
+from trainctl.store.access import Principal, TokenStore
 from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.exceptions import Forbidden
 from trainctl.store.protection import ProtectionPolicy
 from trainctl.store.runs import RunStore
+from trainctl.store.vocabulary import Scope
 
 
 async def get_app_settings(request: Request) -> Settings:
@@ -56,22 +58,48 @@ ProtectionDep = Annotated[ProtectionPolicy, Depends(get_protection)]
 _bearer = HTTPBearer(auto_error=False, description="TRAINCTL_API_TOKEN, when the server sets one.")
 
 
-async def require_token(
+async def get_tokens(request: Request) -> TokenStore:
+    tokens: TokenStore = request.app.state.tokens
+    return tokens
+
+
+async def authenticate(
     settings: SettingsDep,
+    tokens: Annotated[TokenStore, Depends(get_tokens)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
-    """Let the request through if no token is configured or it carries the right one."""
+) -> Principal | None:
+    """Who sends the request; None when the service has no token (a loopback service: every
+    request may do everything, and runs record no submitter)."""
     if settings.api_token is None:
-        return
-    expected = settings.api_token.get_secret_value().encode()
-    given = credentials.credentials.encode() if credentials is not None else b""
-    # compare_digest: the time taken must not reveal how much of the token was right.
-    if credentials is None or not hmac.compare_digest(given, expected):
+        return None
+    principal = tokens.identify(credentials.credentials) if credentials is not None else None
+    if principal is None:
         raise HTTPException(
             status_code=status.HTTP_401_UNAUTHORIZED,
-            detail="missing or wrong API token: send 'Authorization: Bearer <TRAINCTL_API_TOKEN>'",
+            detail="missing or wrong API token: send 'Authorization: Bearer <token>' with "
+            "TRAINCTL_API_TOKEN or a token made with `trainctl tokens create`",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    return principal
 
 
-AUTH = Depends(require_token)
+def requires(scope: Scope) -> Any:
+    """A dependency that lets through only tokens whose scope allows `scope`."""
+
+    async def check(
+        principal: Annotated[Principal | None, Depends(authenticate)],
+    ) -> Principal | None:
+        if principal is not None and not principal.allows(scope):
+            raise Forbidden(
+                f"token {principal.name!r} has scope {principal.scope!r}; this needs "
+                f"{scope!r} (ask an admin: trainctl tokens create NAME --scope {scope})"
+            )
+        return principal
+
+    return Depends(check)
+
+
+AUTH = requires("read")
+"""Every route but /healthz: any valid token."""
+Submitter = Annotated[Principal | None, requires("submit")]
+Admin = Annotated[Principal | None, requires("admin")]

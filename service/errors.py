@@ -27,10 +27,13 @@ from trainctl.service.schemas import ErrorPublic, ValidationErrorPublic
 from trainctl.store.exceptions import (
     CheckpointCorrupt,
     Conflict,
+    Forbidden,
     InvalidRequest,
     NotFound,
+    QueueFull,
     TrainctlError,
 )
+from trainctl.store.runs import QUEUE_RETRY_SECONDS
 
 log = logging.getLogger("trainctl.service")
 
@@ -39,6 +42,8 @@ STATUS_BY_ERROR: tuple[tuple[type[TrainctlError], int], ...] = (
     (NotFound, 404),
     (Conflict, 409),
     (InvalidRequest, 422),
+    (Forbidden, 403),
+    (QueueFull, 429),
     # The checkpoint exists but is damaged or does not fit: the store's state, not the request.
     (CheckpointCorrupt, 409),
 )
@@ -51,10 +56,12 @@ def status_for(exc: TrainctlError) -> int:
 ERROR_DESCRIPTIONS = {
     400: "The body cannot be read at all (it is not UTF-8 text).",
     401: "No token, or the wrong one, while the server has a TRAINCTL_API_TOKEN.",
+    403: "The token is valid, but its scope does not allow this.",
     404: "Nothing by that name, or no endpoint matches the path.",
     409: "The request clashes with the current state (see `detail`).",
     413: "The body is larger than the server accepts.",
     422: "The request is invalid; `detail` names every bad field.",
+    429: "Too many runs are queued (in all, or for this token); retry after `Retry-After`.",
     503: "The run database cannot be queried; retry after `Retry-After` seconds.",
 }
 
@@ -111,7 +118,8 @@ async def handle_domain_error(request: Request, exc: Exception) -> JSONResponse:
     code = status_for(exc)
     if code >= 500:
         log.error("unmapped domain error on %s %s", request.method, request.url.path, exc_info=exc)
-    return JSONResponse(status_code=code, content={"detail": str(exc)})
+    headers = {"Retry-After": str(QUEUE_RETRY_SECONDS)} if isinstance(exc, QueueFull) else None
+    return JSONResponse(status_code=code, content={"detail": str(exc)}, headers=headers)
 
 
 async def handle_database_unavailable(request: Request, exc: Exception) -> JSONResponse:

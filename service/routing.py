@@ -22,6 +22,7 @@ from collections.abc import Callable, Coroutine
 from decimal import Decimal
 from typing import Any
 
+from fastapi import Path
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
@@ -31,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from trainctl.service.errors import error_responses
+from trainctl.store.names import MAX_NAME_LENGTH, NAME_PATTERN, NAME_RULE
 
 # The grammar of a JSON number (RFC 8259): what a query string or header integer may look like.
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
@@ -143,3 +145,11 @@ def without_null_parameters(schema: dict[str, Any]) -> dict[str, Any]:
                     else:
                         parameter["schema"]["anyOf"] = kept
     return schema
+
+
+def name_in_path(what: str) -> Any:
+    """A path parameter holding a store name: the store's rule (store.names), published in
+    the schema so that a client can check a name before it sends it."""
+    return Path(
+        pattern=NAME_PATTERN, max_length=MAX_NAME_LENGTH, description=f"{what}: {NAME_RULE}."
+    )

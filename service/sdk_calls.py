@@ -34,6 +34,9 @@ from trainctl.service.schemas import (
     ReadinessPublic,
     RunPublic,
     RunsPublic,
+    TokenCreated,
+    TokenPublic,
+    TokensPublic,
     WorkerPublic,
     WorkersPublic,
 )
@@ -53,7 +56,7 @@ from trainctl.service.sdk_steps import (
     read_bytes,
     read_line,
 )
-from trainctl.store.vocabulary import TERMINAL_STATES
+from trainctl.store.vocabulary import TERMINAL_STATES, Scope
 
 Progress = Callable[[int, int | None], None]
 """Download progress: (bytes on disk, total bytes or None)."""
@@ -221,6 +224,24 @@ def health() -> Call[HealthPublic]:
 
 def readiness() -> Call[ReadinessPublic]:
     return Call(Request("GET", "/readyz"), ReadinessPublic.model_validate_json)
+
+
+# --- tokens (admin) ---
+
+
+def create_token(name: str, scope: Scope) -> Call[TokenCreated]:
+    body = {"name": name, "scope": scope}
+    return Call(Request("POST", "/tokens", json=body), TokenCreated.model_validate_json)
+
+
+def list_tokens() -> Call[list[TokenPublic]]:
+    return Call(
+        Request("GET", "/tokens"), lambda body: TokensPublic.model_validate_json(body).items
+    )
+
+
+def revoke_token(name: str) -> Call[TokenPublic]:
+    return Call(Request("DELETE", f"/tokens/{name}"), TokenPublic.model_validate_json)
 
 
 # --- the parts of the calls above ---------------------------------------------------------

@@ -73,6 +73,12 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(5.0, gt=0, le=600, description="Worker heartbeat period.")
     reap_seconds: float = Field(2.0, gt=0, le=600, description="How often leases are checked.")
     max_attempts: int = Field(3, ge=1, le=100, description="Attempts per run before it fails.")
+    max_queued_runs: int = Field(
+        1000, ge=1, le=1_000_000, description="Runs that may wait at once; beyond, 429."
+    )
+    max_queued_runs_per_token: int = Field(
+        100, ge=1, le=1_000_000, description="Runs one API token may have waiting; beyond, 429."
+    )
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body accepted.")
 
     @field_validator("data_roots", mode="before")

@@ -14,11 +14,12 @@ from contextlib import nullcontext
 
 from trainctl.service.devices import cuda_available, memory_limit
 from trainctl.service.settings import Settings
+from trainctl.store.access import Principal
 from trainctl.store.checkpoints import CheckpointStore
 from trainctl.store.memory import admit
 from trainctl.store.plans import Plan, resolve_benchmark, resolve_train, resolve_validate
 from trainctl.store.protection import ProtectionPolicy
-from trainctl.store.runs import Run, RunStore
+from trainctl.store.runs import QueueLimits, Run, RunStore
 from trainctl.store.specs import BenchmarkRequest, Request, TrainRequest, ValidateRequest
 from trainctl.store.vocabulary import RunKind
 
@@ -36,6 +37,7 @@ def submit_run(
     settings: Settings,
     runs: RunStore,
     ckpts: CheckpointStore,
+    submitter: Principal | None = None,
     idempotency_key: str | None = None,
 ) -> Run:
     digest = request_digest(kind, request)
@@ -54,6 +56,8 @@ def submit_run(
             max_attempts=settings.max_attempts,
             depends_on=[(ref.experiment, ref.tag)] if ref else [],
             request_digest=digest if idempotency_key else None,
+            submitted_by=submitter.name if submitter else None,
+            queue_limits=QueueLimits(settings.max_queued_runs, settings.max_queued_runs_per_token),
         )
 
 

@@ -100,13 +100,16 @@ class Worker:
     current_run_id: str | None
 
 
+QUEUE_RETRY_SECONDS = 30
+"""What a client refused for a full queue is told to wait (Retry-After)."""
+
+
 @dataclass(frozen=True)
 class QueueLimits:
     """How many runs may wait at once: in all, and per token name (None: no limit)."""
 
     total: int | None = None
     per_submitter: int | None = None
-    retry_after: int = 30
 
     def check(self, conn: Connection, submitted_by: str | None) -> None:
         """Inside the enqueueing transaction, so that concurrent submits cannot all pass."""
@@ -115,7 +118,7 @@ class QueueLimits:
         if self.total is not None and conn.execute(count.where(queued)).scalar_one() >= self.total:
             raise QueueFull(
                 f"{self.total} runs are queued already, the most this service accepts; "
-                f"retry in {self.retry_after} s or cancel queued runs"
+                f"retry in {QUEUE_RETRY_SECONDS} s or cancel queued runs"
             )
         mine = and_(queued, runs.c.submitted_by == submitted_by)
         limit = self.per_submitter
@@ -126,7 +129,7 @@ class QueueLimits:
         ):
             raise QueueFull(
                 f"token {submitted_by!r} has {limit} runs queued, the most one token may; "
-                f"retry in {self.retry_after} s or cancel some of them"
+                f"retry in {QUEUE_RETRY_SECONDS} s or cancel some of them"
             )
 
 

@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from trainctl.service.cli import checkpoints, data, runs, server, submit, workers
+from trainctl.service.cli import checkpoints, data, runs, server, submit, tokens, workers
 from trainctl.service.cli.common import CliGroup
 
 app = typer.Typer(
@@ -83,3 +83,4 @@ app.add_typer(runs.app, name="runs")
 app.add_typer(checkpoints.app, name="checkpoints")
 workers.register(app)
 app.add_typer(data.app, name="data")
+app.add_typer(tokens.app, name="tokens")

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query, Response
+from fastapi import APIRouter, Header, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
 from trainctl.service import files
-from trainctl.service.deps import CheckpointsDep, ProtectionDep
+from trainctl.service.deps import CheckpointsDep, ProtectionDep, requires
 from trainctl.service.errors import error_responses
-from trainctl.service.routing import ApiRoute
+from trainctl.service.routing import ApiRoute, name_in_path
 from trainctl.service.schemas import CheckpointPublic, CheckpointsPublic, PruneRequest, PruneResult
 from trainctl.store.names import MAX_NAME_LENGTH, NAME_PATTERN, NAME_RULE
 
@@ -34,15 +34,9 @@ ExperimentFilter = Annotated[
 ]
 
 
-def _name_in_path(what: str) -> Any:
-    return Path(
-        pattern=NAME_PATTERN, max_length=MAX_NAME_LENGTH, description=f"{what}: {NAME_RULE}."
-    )
-
-
-Experiment = Annotated[str, _name_in_path("The experiment")]
-Tag = Annotated[str, _name_in_path("The checkpoint's tag (step_200, best)")]
-FileName = Annotated[str, _name_in_path("A file of the checkpoint (model.safetensors)")]
+Experiment = Annotated[str, name_in_path("The experiment")]
+Tag = Annotated[str, name_in_path("The checkpoint's tag (step_200, best)")]
+FileName = Annotated[str, name_in_path("A file of the checkpoint (model.safetensors)")]
 
 
 @router.get("", response_model=CheckpointsPublic)
@@ -80,7 +74,10 @@ async def read_best_checkpoint(
 
 
 @router.post(
-    "/prune", response_model=PruneResult, responses=error_responses(400, 404, 409, 413, 503)
+    "/prune",
+    response_model=PruneResult,
+    responses=error_responses(400, 403, 404, 409, 413, 503),
+    dependencies=[requires("admin")],
 )
 def prune_checkpoints(body: PruneRequest, policy: ProtectionDep) -> PruneResult:
     """Delete old step checkpoints; never the latest, best or ones runs need."""
@@ -135,7 +132,10 @@ def download_checkpoint_archive(
 
 
 @router.delete(
-    "/{experiment}/{tag}", response_model=CheckpointPublic, responses=error_responses(404, 409, 503)
+    "/{experiment}/{tag}",
+    response_model=CheckpointPublic,
+    responses=error_responses(403, 404, 409, 503),
+    dependencies=[requires("admin")],
 )
 def delete_checkpoint(experiment: Experiment, tag: Tag, policy: ProtectionDep) -> CheckpointPublic:
     """Delete a checkpoint unless a queued or running run needs it."""

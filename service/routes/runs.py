@@ -10,7 +10,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import AfterValidator
 
 from trainctl.service import history, sse
-from trainctl.service.deps import CheckpointsDep, RunsDep, SettingsDep
+from trainctl.service.deps import CheckpointsDep, RunsDep, SettingsDep, Submitter
 from trainctl.service.errors import error_responses
 from trainctl.service.routing import JSON_NUMBER_TEXT, ApiRoute
 from trainctl.service.schemas import (
@@ -43,7 +43,7 @@ IdempotencyKey = Annotated[
 # train run, or the checkpoint to validate is damaged.
 ACCEPTED: dict[int | str, dict[str, Any]] = {
     202: {"description": "Queued. `Location` is the run's URL."},
-    **error_responses(400, 409, 413),
+    **error_responses(400, 403, 409, 413, 429),
 }
 RUN_NOT_FOUND = error_responses(404)
 # A page's next_cursor: unpadded URL-safe base64 of the last run's position. The pattern is
@@ -83,11 +83,12 @@ def create_train_run(
     settings: SettingsDep,
     runs: RunsDep,
     ckpts: CheckpointsDep,
+    submitter: Submitter,
     idempotency_key: IdempotencyKey = None,
 ) -> RunPublic:
     """Queue a train run; the stored spec is its plan, every default resolved."""
     run = submit_run("train", request, settings=settings, runs=runs, ckpts=ckpts,
-                     idempotency_key=idempotency_key)  # fmt: skip
+                     submitter=submitter, idempotency_key=idempotency_key)  # fmt: skip
     return _accepted(run, response)
 
 
@@ -99,11 +100,12 @@ def create_validate_run(
     settings: SettingsDep,
     runs: RunsDep,
     ckpts: CheckpointsDep,
+    submitter: Submitter,
     idempotency_key: IdempotencyKey = None,
 ) -> RunPublic:
     """Queue a validation of a checkpoint, pinned now to a concrete experiment/tag."""
     run = submit_run("validate", request, settings=settings, runs=runs, ckpts=ckpts,
-                     idempotency_key=idempotency_key)  # fmt: skip
+                     submitter=submitter, idempotency_key=idempotency_key)  # fmt: skip
     return _accepted(run, response)
 
 
@@ -115,11 +117,12 @@ def create_benchmark_run(
     settings: SettingsDep,
     runs: RunsDep,
     ckpts: CheckpointsDep,
+    submitter: Submitter,
     idempotency_key: IdempotencyKey = None,
 ) -> RunPublic:
     """Queue a throughput benchmark."""
     run = submit_run("benchmark", request, settings=settings, runs=runs, ckpts=ckpts,
-                     idempotency_key=idempotency_key)  # fmt: skip
+                     submitter=submitter, idempotency_key=idempotency_key)  # fmt: skip
     return _accepted(run, response)
 
 
@@ -129,12 +132,20 @@ def list_runs(
     kind: RunKind | None = None,
     state: RunState | None = None,
     experiment: Annotated[str | None, Query(max_length=200)] = None,
+    submitted_by: Annotated[
+        str | None, Query(max_length=128, description="Runs of this API token (its name).")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500), JSON_NUMBER_TEXT] = 50,
     cursor: Cursor = None,
 ) -> RunsPublic:
     """List runs, newest first, a page at a time."""
     page, next_cursor = runs.list_runs(
-        kind=kind, state=state, experiment=experiment, limit=limit, cursor=cursor
+        kind=kind,
+        state=state,
+        experiment=experiment,
+        submitted_by=submitted_by,
+        limit=limit,
+        cursor=cursor,
     )
     return RunsPublic(
         items=[RunPublic.model_validate(run) for run in page], next_cursor=next_cursor
@@ -149,8 +160,8 @@ async def read_run(run_id: str, runs: RunsDep) -> RunPublic:
     return RunPublic.model_validate(runs.get(run_id))
 
 
-@router.post("/{run_id}/cancel", response_model=RunPublic, responses=error_responses(404, 409))
-def cancel_run(run_id: str, runs: RunsDep) -> RunPublic:
+@router.post("/{run_id}/cancel", response_model=RunPublic, responses=error_responses(403, 404, 409))
+def cancel_run(run_id: str, runs: RunsDep, submitter: Submitter) -> RunPublic:
     """Cancel a queued run now, or ask a running one to stop at the next step."""
     return RunPublic.model_validate(runs.request_cancel(run_id))
 

@@ -164,3 +164,23 @@ def test_commands_that_do_not_call_the_service_never_read_the_config(config_home
     code, out, _ = trainctl(config_home, "--version")
 
     assert code == 0 and out.startswith("trainctl ")
+
+
+def test_an_admin_makes_a_token_with_the_cli_and_its_holder_can_read_but_not_delete(
+    service: Service, config_home: Path
+) -> None:
+    admin = {"TRAINCTL_URL": service.url, "TRAINCTL_API_TOKEN": TOKEN}
+    create = ("tokens", "create", "viewer", "--scope", "read")
+    code, token, err = trainctl(config_home, *create, **admin)
+    assert code == 0 and "it is not shown again" in err
+    token = token.strip()
+
+    code, out, _ = trainctl(config_home, "tokens", "list", **admin)
+    assert code == 0 and "viewer" in out and "read" in out and token not in out
+    viewer = {"TRAINCTL_URL": service.url, "TRAINCTL_API_TOKEN": token}
+    assert trainctl(config_home, "runs", "list", "--json", **viewer)[0] == 0
+    code, _, err = trainctl(config_home, "tokens", "list", **viewer)
+    assert code == 3 and "has scope 'read'; this needs 'admin'" in err
+
+    assert trainctl(config_home, "tokens", "revoke", "viewer", **admin)[0] == 0
+    assert trainctl(config_home, "runs", "list", **viewer)[0] == 3
