@@ -281,15 +281,21 @@ def token() -> str | None:
     return TOKEN
 
 
-@pytest.fixture
-def service(tmp_path: Path, token: str | None) -> Iterator[LiveService]:
+@contextmanager
+def live_service(data_dir: Path, token: str | None) -> Iterator[LiveService]:
     """The data is stored first, as by an earlier service process; then uvicorn serves it."""
-    settings = Settings(data_dir=tmp_path, workers=0, api_token=token)
+    settings = Settings(data_dir=data_dir, workers=0, api_token=token)
     with RunStore(settings.db_url) as runs:
         runs.create_all()
         run_ids = seed(settings, runs, CheckpointStore(settings.checkpoint_dir))
     with serve(create_app(settings)) as url, RunStore(settings.db_url) as runs:
         yield LiveService(url, run_ids, runs)
+
+
+@pytest.fixture
+def service(tmp_path: Path, token: str | None) -> Iterator[LiveService]:
+    with live_service(tmp_path, token) as live:
+        yield live
 
 
 # One server per endpoint and mode, shared by that endpoint's generated requests.
@@ -325,16 +331,30 @@ def test_requests_without_the_token_are_refused_with_a_documented_401(
         assert response.status_code >= 400, f"{case.operation.label} answered without the token"
 
 
-def test_sequences_of_calls_get_documented_answers(service: LiveService) -> None:
+def test_sequences_of_calls_get_documented_answers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     """Schemathesis's stateful phase: calls chained by the links it infers from the schema
-    (submit, then read, cancel or follow the run; list checkpoints, then read or delete one)."""
+    (submit, then read, cancel or follow the run; list checkpoints, then read or delete one).
+
+    Each sequence gets a server of its own, freshly seeded: which calls a sequence can make
+    depends on what earlier ones left (a deleted checkpoint, an active train run), and
+    Hypothesis needs a sequence it replays to meet the same state.
+    """
     schema = schemathesis.openapi.from_path(REPO / OPENAPI_FILE)
-    schema.config.update(base_url=service.url, request_timeout=10)
+    schema.config.update(request_timeout=10)
     schema.config.generation.update(deterministic=True)
 
     class Workflow(schema.as_state_machine()):
+        def setup(self) -> None:
+            self.serving = live_service(tmp_path_factory.mktemp("sequence"), TOKEN)
+            self.service = self.serving.__enter__()
+
+        def teardown(self) -> None:
+            self.serving.__exit__(None, None, None)
+
         def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
-            return {"headers": BEARER}
+            return {"base_url": self.service.url, "headers": BEARER}
 
         def before_call(self, case: schemathesis.Case) -> None:
             # A run's event stream ends when the run does, and no worker runs the runs this
@@ -342,7 +362,7 @@ def test_sequences_of_calls_get_documented_answers(service: LiveService) -> None
             run_id = (case.path_parameters or {}).get("run_id")
             if case.operation.path.endswith("/events") and isinstance(run_id, str):
                 with suppress(NotFound, Conflict):
-                    service.runs.request_cancel(run_id)
+                    self.service.runs.request_cancel(run_id)
 
         def validate_response(
             self, response: Any, case: schemathesis.Case, *args: Any, **kwargs: Any
