@@ -27,7 +27,7 @@ TokenName = Annotated[str, name_in_path("The token's name")]
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=TokenCreated,
-    responses=error_responses(409),
+    responses=error_responses(400, 409, 413),  # 400, 413: a body unreadable or too large
 )
 def create_token(body: TokenCreate, tokens: TokensDep, admin: Admin) -> TokenCreated:
     """Create a token; the answer holds the token itself, shown this once."""
