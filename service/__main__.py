@@ -3,28 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import sys
 
 import uvicorn
 
 from trainctl.service.app import create_app
 from trainctl.service.logs import configure_logging
-from trainctl.service.settings import get_settings
+from trainctl.service.settings import get_settings, is_loopback
 
 # On SIGTERM uvicorn waits for open responses to finish, and an event stream of a queued run
 # never does: past this it cancels them (clients resume by event id), so the lifespan, which
 # lets workers checkpoint and hand their runs back, is not left to Docker's SIGKILL.
 GRACEFUL_SHUTDOWN_SECONDS = 5
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name other than localhost may resolve anywhere
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from trainctl.service.deps import AUTH
 from trainctl.service.errors import error_responses, install_error_handlers
 from trainctl.service.metrics import ServiceMetrics
-from trainctl.service.middleware import RequestMiddleware
+from trainctl.service.middleware import HostAllowList, RequestMiddleware, SecurityHeaders
 from trainctl.service.routes import checkpoints, dashboard, metrics, runs, system, tokens
 from trainctl.service.routing import operation_id, without_null_parameters
 from trainctl.service.settings import Settings, get_settings
@@ -86,5 +86,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(tokens.router, responses=unauthorized)
     dashboard.mount_dashboard(app)
     app.state.metrics = ServiceMetrics()
+    # The last added is the outermost: every answer, the Host check's too, carries the request
+    # id and the security headers, and the Host check comes before any route or token check.
+    app.add_middleware(HostAllowList, allowed=settings.host_allow_list)
+    app.add_middleware(SecurityHeaders)
     app.add_middleware(RequestMiddleware, metrics=app.state.metrics)
     return app

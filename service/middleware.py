@@ -12,6 +12,7 @@ import time
 import uuid
 
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainctl.service.logs import REQUEST_ID
@@ -84,3 +85,74 @@ class RequestMiddleware:
                 },
             )
             REQUEST_ID.reset(token)
+
+
+class HostAllowList:
+    """Answer 400 to a request whose Host header names no host this service is for.
+
+    A loopback service without a token trusts whoever can reach it; through DNS rebinding a
+    web page the user visits can reach it too, but its requests carry the page's host name.
+    """
+
+    def __init__(self, app: ASGIApp, allowed: list[str]) -> None:
+        self.app, self.allowed = app, {h.lower().strip("[]") for h in allowed}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or "*" in self.allowed:
+            await self.app(scope, receive, send)
+            return
+        host = _host_name(Headers(scope=scope).get("host", ""))
+        if host in self.allowed:
+            await self.app(scope, receive, send)
+            return
+        shown = host if VALID_REQUEST_ID.fullmatch(host) else "(unprintable)"
+        response = JSONResponse(
+            status_code=400,
+            content={
+                "detail": f"host {shown!r} is not one this service answers to; set "
+                "TRAINCTL_ALLOWED_HOSTS to serve it (it guards a loopback service against "
+                "DNS rebinding)"
+            },
+        )
+        await response(scope, receive, send)
+
+
+def _host_name(header: str) -> str:
+    """The host of a Host header, without its port: `[::1]:8000` -> `::1`."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+# Every answer: nothing here is meant to be framed, sniffed, or to leak its URL onwards. The
+# dashboard loads only its own scripts and styles (vendored, no CDN) and calls only this API.
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+        "frame-ancestors 'none'"
+    ),
+}
+
+
+class SecurityHeaders:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers.setdefault(name, value)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

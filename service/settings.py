@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve anywhere
 
 
 class Settings(BaseSettings):
@@ -65,6 +77,11 @@ class Settings(BaseSettings):
         description="Bearer token required when set; surrounding whitespace is dropped, and a "
         "blank token is no token.",
     )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host header values served (comma-separated, '*' for any); default: the "
+        "loopback names when bound to a loopback address, any otherwise (a token guards it).",
+    )
     data_roots: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,
         description="Folders specs may read training data from (os.pathsep-separated).",
@@ -80,6 +97,21 @@ class Settings(BaseSettings):
         100, ge=1, le=1_000_000, description="Runs one API token may have waiting; beyond, 429."
     )
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body accepted.")
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [h.strip().lower() for h in v.split(",") if h.strip()]
+        return v
+
+    @property
+    def host_allow_list(self) -> list[str]:
+        """The Host names served. On loopback the default keeps a web page the user visits
+        from driving the API through DNS rebinding (its requests name the attacker's host)."""
+        if self.allowed_hosts:
+            return self.allowed_hosts
+        return list(LOOPBACK_NAMES) if is_loopback(self.host) else ["*"]
 
     @field_validator("data_roots", mode="before")
     @classmethod

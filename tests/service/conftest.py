@@ -31,7 +31,8 @@ def app(settings: Settings) -> FastAPI:
 
 @pytest.fixture
 def client(app: FastAPI) -> Iterator[TestClient]:
-    with TestClient(app) as test_client:  # the context runs the lifespan
+    # The context runs the lifespan; localhost: a loopback service answers only to its names.
+    with TestClient(app, base_url="http://localhost") as test_client:
         yield test_client
 
 

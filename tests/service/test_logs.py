@@ -89,7 +89,8 @@ def test_an_unhandled_error_is_a_500_whose_request_id_finds_its_one_logged_trace
     out = io.StringIO()
     configure_logging(out)
 
-    with TestClient(buggy_app, raise_server_exceptions=False) as client:
+    local = "http://localhost"
+    with TestClient(buggy_app, raise_server_exceptions=False, base_url=local) as client:
         response = client.get("/bug", headers={"X-Request-ID": given} if given else {})
 
     request_id = response.headers["X-Request-ID"]
@@ -111,7 +112,7 @@ def test_the_server_does_not_log_a_reraised_traceback_a_second_time(
 ) -> None:
     out = io.StringIO()
     configure_logging(out)
-    with TestClient(buggy_app) as client, pytest.raises(Bug) as caught:
+    with TestClient(buggy_app, base_url="http://localhost") as client, pytest.raises(Bug) as caught:
         # Starlette re-raises the error once its handler has answered.
         client.get("/bug", headers={"X-Request-ID": "req-9"})
 

@@ -526,7 +526,7 @@ def test_a_data_path_outside_the_roots_is_422_naming_only_the_pattern(
 ) -> None:
     (tmp_path / "datasets").mkdir()
     settings = Settings(data_dir=tmp_path / "data", workers=0, data_roots=[tmp_path / "datasets"])
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://localhost") as client:
         body = {**CPU_TRAIN, "data": {"source": "text", "paths": paths}}
         response = submit(client, "train", body)
 

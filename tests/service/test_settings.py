@@ -66,3 +66,21 @@ def test_whitespace_around_a_token_is_dropped(monkeypatch: pytest.MonkeyPatch) -
     token = Settings().api_token
 
     assert token is not None and token.get_secret_value() == "s3cret token"
+
+
+@pytest.mark.parametrize(
+    ("host", "allowed", "expected"),
+    [
+        ("127.0.0.1", "", ["localhost", "127.0.0.1", "::1"]),
+        ("0.0.0.0", "", ["*"]),  # a public service needs a token; the token guards it
+        ("0.0.0.0", "gpu-node.lab, gpu-node", ["gpu-node.lab", "gpu-node"]),
+        ("127.0.0.1", "*", ["*"]),
+    ],
+)
+def test_the_host_allow_list_defaults_to_the_loopback_names_on_loopback(
+    monkeypatch: pytest.MonkeyPatch, host: str, allowed: str, expected: list[str]
+) -> None:
+    monkeypatch.setenv("TRAINCTL_HOST", host)
+    monkeypatch.setenv("TRAINCTL_ALLOWED_HOSTS", allowed)
+
+    assert Settings().host_allow_list == expected

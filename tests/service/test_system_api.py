@@ -16,10 +16,10 @@ from pydantic import SecretStr
 
 from tests.e2e.conftest import Service, free_port
 from tests.polling import poll
-from trainctl.service.__main__ import is_loopback, main
+from trainctl.service.__main__ import main
 from trainctl.service.app import create_app
 from trainctl.service.deps import get_runs
-from trainctl.service.settings import Settings, get_settings
+from trainctl.service.settings import Settings, get_settings, is_loopback
 from trainctl.store.runs import RunStore
 
 TOKEN = "s3cret-token"
@@ -71,7 +71,7 @@ def test_workers_are_listed_with_whether_they_are_alive(
 @pytest.fixture
 def locked(tmp_path: Path) -> Iterator[TestClient]:
     settings = Settings(data_dir=tmp_path, workers=0, api_token=SecretStr(TOKEN))
-    with TestClient(create_app(settings)) as test_client:
+    with TestClient(create_app(settings), base_url="http://localhost") as test_client:
         yield test_client
 
 
@@ -166,7 +166,7 @@ def test_a_client_following_a_run_does_not_hold_up_the_services_stop(tmp_path: P
 def test_the_app_creates_a_missing_data_dir_at_startup(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "fresh" / "data", workers=0)
 
-    with TestClient(create_app(settings)) as fresh:
+    with TestClient(create_app(settings), base_url="http://localhost") as fresh:
         assert fresh.get("/readyz").status_code == 200
 
     assert (settings.data_dir / "trainctl.db").is_file()
@@ -175,7 +175,7 @@ def test_the_app_creates_a_missing_data_dir_at_startup(tmp_path: Path) -> None:
 def test_local_workers_run_niced_so_training_yields_the_cpu_to_the_api(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, workers=1, worker_nice=7)
     own = os.getpriority(os.PRIO_PROCESS, 0)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://localhost") as client:
         supervisor = client.app.state.supervisor  # type: ignore[attr-defined]
         pid = supervisor.slots[0].process.pid
         # The worker renices itself first thing; the API process keeps its own niceness.

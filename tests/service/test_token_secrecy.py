@@ -19,7 +19,7 @@ def test_the_token_never_appears_in_any_log_record(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     app = create_app(Settings(data_dir=tmp_path, workers=0, api_token=TOKEN))
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://localhost") as client:
         good = {"Authorization": f"Bearer {TOKEN}"}
         bad = {"Authorization": f"Bearer {TOKEN}x"}
         assert client.get("/runs", headers=good).status_code == 200

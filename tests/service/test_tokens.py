@@ -28,7 +28,7 @@ def app_settings(tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def api(app_settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(app_settings)) as client:
+    with TestClient(create_app(app_settings), base_url="http://localhost") as client:
         yield client
 
 
