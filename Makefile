@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q -e ".[all,dev]"
+	$(PIP) install -q --no-deps "openapi-python-client>=0.29,<0.30"
 	touch $(STAMP)
 
 # The service with its embedded defaults: SQLite and checkpoints under ./data, one local

@@ -8,11 +8,17 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from trainctl.service.deps import AUTH
 from trainctl.service.errors import error_responses, install_error_handlers
 from trainctl.service.metrics import ServiceMetrics
-from trainctl.service.middleware import HostAllowList, RequestMiddleware, SecurityHeaders
+from trainctl.service.middleware import (
+    HostAllowList,
+    JsonErrors,
+    RequestMiddleware,
+    SecurityHeaders,
+)
 from trainctl.service.routes import checkpoints, dashboard, metrics, runs, system, tokens
 from trainctl.service.routing import operation_id, without_null_parameters
 from trainctl.service.settings import Settings, get_settings
@@ -31,12 +37,17 @@ metrics, logs) and manage the checkpoints they write. When the server has a
 
 
 class TrainctlApi(FastAPI):
-    """FastAPI, with a schema that states what the server accepts (`service.routing`)."""
+    """FastAPI, with a schema that states what the server accepts (`service.routing`), and
+    errors in JSON even where the framework answers below every middleware of ours."""
 
     def openapi(self) -> dict[str, Any]:
         if self.openapi_schema is None:
             self.openapi_schema = without_null_parameters(super().openapi())
         return self.openapi_schema
+
+    def build_middleware_stack(self) -> ASGIApp:
+        # Outermost: the body-size limit (413) sits outside the middleware a user can add.
+        return JsonErrors(super().build_middleware_stack(), max_body_bytes=self.max_body_size)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -6,10 +6,12 @@ pass through unbuffered and their duration is measured to the end of the stream.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
 import uuid
+from http import HTTPStatus
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse
@@ -156,3 +158,52 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+class JsonErrors:
+    """Every error answer as `{"detail": ...}`, including those the framework writes in plain
+    text below the routes: a body over the size limit (413), a bad or unsatisfiable Range of
+    a download (400, 416)."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int | None) -> None:
+        self.app = app
+        self.details = {
+            413: f"the request body is larger than the {max_body_bytes or 0:,} bytes this "
+            "service accepts (TRAINCTL_MAX_BODY_BYTES)",
+            416: "the requested range lies outside the file; Content-Range gives its size",
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        held: Message | None = None
+        body: list[bytes] = []
+
+        async def send_json(message: Message) -> None:
+            nonlocal held
+            if message["type"] == "http.response.start" and _plain_error(message):
+                held = message  # answered once its body, the framework's words, is read
+                return
+            if held is None:
+                await send(message)
+                return
+            body.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            words = b"".join(body).decode("utf-8", "replace").strip()
+            status = held["status"]
+            detail = self.details.get(status) or words or HTTPStatus(status).phrase
+            payload = json.dumps({"detail": detail}).encode()
+            headers = MutableHeaders(raw=list(held["headers"]))
+            headers["content-type"] = "application/json"
+            headers["content-length"] = str(len(payload))
+            await send({**held, "headers": headers.raw})
+            await send({"type": "http.response.body", "body": payload})
+
+        await self.app(scope, receive, send_json)
+
+
+def _plain_error(start: Message) -> bool:
+    content_type = Headers(raw=start.get("headers", [])).get("content-type", "")
+    return int(start["status"]) >= 400 and content_type.startswith("text/plain")

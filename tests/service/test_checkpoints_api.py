@@ -301,3 +301,30 @@ def test_paths_that_try_to_leave_the_store_get_a_4xx_with_a_reason(
         detail = response.json()["detail"]
         assert isinstance(detail, str) and len(detail) > 20, detail
     assert len(three.list_checkpoints()) == 5  # nothing was deleted
+
+
+@pytest.mark.parametrize(
+    ("range_header", "status", "detail"),
+    [
+        ("bytes=999999999-", 416, "the requested range lies outside the file"),
+        ("bytes=abc", 400, "Range header"),
+    ],
+)
+def test_a_bad_range_is_answered_in_json(
+    client: TestClient, three: CheckpointStore, range_header: str, status: int, detail: str
+) -> None:
+    url = "/checkpoints/exp/step_20/files/model.safetensors"
+    response = client.get(url, headers={"Range": range_header})
+
+    assert response.status_code == status
+    assert response.headers["content-type"] == "application/json"
+    assert detail in response.json()["detail"]
+
+
+@pytest.mark.parametrize("path", ["/runs/train", "/checkpoints/prune", "/tokens", "/runs"])
+def test_a_body_over_the_limit_is_413_in_json_everywhere(client: TestClient, path: str) -> None:
+    big = b'{"steps": 1, "pad": "' + b"x" * (2 << 20) + b'"}'
+    response = client.post(path, content=big, headers={"Content-Type": "application/json"})
+
+    assert response.status_code == 413
+    assert "larger than the 1,048,576 bytes this service accepts" in response.json()["detail"]
