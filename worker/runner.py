@@ -175,11 +175,13 @@ class Worker:
         try:
             with Heartbeat(ctx, self.config.heartbeat_seconds, self.config.lease_seconds):
                 outcome = execute(ctx, self.config.checkpoint_dir)
-        except LeaseLost as exc:
-            # Not a failure of the run: it belongs to another attempt now, which reports it.
-            log.warning("run %s: %s; leaving it to its new owner", run.id, exc)
-            return
         except Exception as exc:
+            if isinstance(exc, LeaseLost) or ctx.lease_lost.is_set():
+                # Not a failure of the run: it belongs to another attempt now, which reports
+                # it. (What broke here may be that attempt's doing: it sweeps the save this
+                # worker left half-written when it stalled.)
+                log.warning("run %s: %s; leaving it to its new owner", run.id, exc)
+                return
             self.fail(ctx, exc)
             return
         self.report(ctx, outcome)

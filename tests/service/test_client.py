@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import socket
 import tarfile
-import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
 import anyio
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from tests.service.conftest import save_checkpoint
+from tests.service.serving import serve
 from trainctl.service.app import create_app
 from trainctl.service.async_client import AsyncTrainctlClient
 from trainctl.service.client import ApiError, DownloadError, TrainctlClient
@@ -29,26 +25,6 @@ from trainctl.store.runs import RunStore
 
 CPU_TRAIN = {"experiment": "exp", "steps": 20, "device": "cpu"}
 T = TypeVar("T")
-
-
-@contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    """Serve `app` with uvicorn on 127.0.0.1 and a free port, in a thread; yields its URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 @pytest.fixture

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from tests.polling import poll
+from tests.service.serving import serve
 from trainctl.service.app import create_app
 from trainctl.service.client import TrainctlClient
 from trainctl.service.settings import Settings
@@ -42,20 +40,8 @@ pytestmark = pytest.mark.skipif(
 def base_url(tmp_path: Path) -> Iterator[str]:
     """The app with one worker process and a token, served by uvicorn on a free port."""
     settings = Settings(data_dir=tmp_path, workers=1, api_token=TOKEN, heartbeat_seconds=0.5)
-    app = create_app(settings)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    poll(lambda: server.started, timeout=30, what="uvicorn to start")
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    try:
+    with serve(create_app(settings), stop_timeout=60) as url:
         yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
-        sock.close()
 
 
 def points(page: playwright.Page, chart: str) -> int:

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
-import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -31,13 +28,12 @@ from typing import Any
 
 import pytest
 import schemathesis
-import uvicorn
-from fastapi import FastAPI
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from schemathesis.checks import CHECKS, CheckContext, load_all_checks
 
 from tests.service.conftest import finish, save_checkpoint
+from tests.service.serving import serve
 from trainctl.service.app import create_app
 from trainctl.service.openapi import OPENAPI_FILE
 from trainctl.service.routes.runs import CURSOR_FORMAT
@@ -230,26 +226,6 @@ SENT: Counter[str] = Counter()
 def report_requests_sent() -> Iterator[None]:
     yield
     print(f"\nschemathesis: requests checked, by mode: {dict(SENT)}")
-
-
-@contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    """Serve `app` with uvicorn on 127.0.0.1 and a free port, in a thread; yields its URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 @dataclass

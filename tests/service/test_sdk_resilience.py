@@ -26,7 +26,8 @@ import pytest
 from fastapi import FastAPI
 
 import trainctl
-from tests.service.test_client import CPU_TRAIN, serve
+from tests.service.serving import serve
+from tests.service.test_client import CPU_TRAIN
 from trainctl.service.app import create_app
 from trainctl.service.async_client import AsyncTrainctlClient
 from trainctl.service.client import ApiError, StreamInterrupted, TrainctlClient

@@ -1,0 +1,31 @@
+"""The app served for real: uvicorn in a thread on 127.0.0.1 and a free port."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import uvicorn
+from fastapi import FastAPI
+
+from tests.polling import poll
+
+
+@contextmanager
+def serve(app: FastAPI, stop_timeout: float = 30) -> Iterator[str]:
+    """Serve `app` (its lifespan included) until the block ends; yields its URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    poll(lambda: server.started or not thread.is_alive(), timeout=30, what="uvicorn to start")
+    assert server.started, "uvicorn did not start"
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=stop_timeout)
+        sock.close()
