@@ -12,10 +12,17 @@ import os
 import sysconfig
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 SHARD_MAGIC = 20240520
+# Version 1 is llm.c's: uint16 tokens (its fineweb.py GPT-2 shards read as they are).
+# Version 2 holds uint32 tokens, for vocabularies above 65,536.
+SHARD_DTYPES: dict[int, np.dtype[np.unsignedinteger[Any]]] = {
+    1: np.dtype(np.uint16),
+    2: np.dtype(np.uint32),
+}
 SHARD_VERSION = 1
 SHARD_HEADER_INTS = 256
 SHARD_HEADER_BYTES = SHARD_HEADER_INTS * 4
@@ -29,17 +36,22 @@ class DataError(ValueError):
 # --- token shards (llm.c / modded-nanogpt .bin format) ----------------------------------
 
 
-def write_shard(path: str | Path, tokens: np.ndarray | Sequence[int]) -> None:
-    """Write uint16 tokens with the 256-int32 header (magic, version, token count)."""
+def write_shard(
+    path: str | Path, tokens: np.ndarray | Sequence[int], dtype: str = "uint16"
+) -> None:
+    """Write tokens with the 256-int32 header (magic, version, token count): version 1 for
+    uint16 tokens, 2 for uint32."""
+    version = next(v for v, t in SHARD_DTYPES.items() if t == np.dtype(dtype))
     arr = np.asarray(tokens)
-    if arr.size and (arr.min() < 0 or arr.max() >= 2**16):
-        raise DataError("shard tokens must fit in uint16 (0..65535)")
+    limit = int(np.iinfo(SHARD_DTYPES[version]).max)
+    if arr.size and (arr.min() < 0 or arr.max() > limit):
+        raise DataError(f"shard tokens must fit in {dtype} (0..{limit})")
     header = np.zeros(SHARD_HEADER_INTS, dtype=np.int32)
-    header[:3] = (SHARD_MAGIC, SHARD_VERSION, arr.size)
+    header[:3] = (SHARD_MAGIC, version, arr.size)
     tmp = Path(f"{path}.tmp")
     with open(tmp, "wb") as f:
         f.write(header.tobytes())
-        f.write(arr.astype(np.uint16).tobytes())
+        f.write(arr.astype(SHARD_DTYPES[version]).tobytes())
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -55,14 +67,17 @@ def read_shard(path: str | Path) -> np.ndarray:
     magic, version, count = (int(v) for v in header[:3])
     if magic != SHARD_MAGIC:
         raise DataError(f"{path}: bad magic {magic}, expected {SHARD_MAGIC} (not a .bin shard)")
-    if version != SHARD_VERSION:
-        raise DataError(f"{path}: unsupported shard version {version}, expected {SHARD_VERSION}")
-    expected = SHARD_HEADER_BYTES + 2 * count
+    if version not in SHARD_DTYPES:
+        raise DataError(
+            f"{path}: unsupported shard version {version}, expected one of {sorted(SHARD_DTYPES)}"
+        )
+    dtype = SHARD_DTYPES[version]
+    expected = SHARD_HEADER_BYTES + dtype.itemsize * count
     if count < 0 or size != expected:
         raise DataError(
             f"{path}: header says {count} tokens ({expected} bytes) but the file has {size} bytes"
         )
-    return np.memmap(path, dtype=np.uint16, mode="r", offset=SHARD_HEADER_BYTES, shape=(count,))
+    return np.memmap(path, dtype=dtype, mode="r", offset=SHARD_HEADER_BYTES, shape=(count,))
 
 
 # --- text as byte-level tokens -----------------------------------------------------------
