@@ -41,20 +41,56 @@ def write_shard(
 ) -> None:
     """Write tokens with the 256-int32 header (magic, version, token count): version 1 for
     uint16 tokens, 2 for uint32."""
-    version = next(v for v, t in SHARD_DTYPES.items() if t == np.dtype(dtype))
-    arr = np.asarray(tokens)
-    limit = int(np.iinfo(SHARD_DTYPES[version]).max)
-    if arr.size and (arr.min() < 0 or arr.max() > limit):
-        raise DataError(f"shard tokens must fit in {dtype} (0..{limit})")
-    header = np.zeros(SHARD_HEADER_INTS, dtype=np.int32)
-    header[:3] = (SHARD_MAGIC, version, arr.size)
-    tmp = Path(f"{path}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(arr.astype(SHARD_DTYPES[version]).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with ShardWriter(path, dtype) as shard:
+        shard.append(np.asarray(tokens))
+
+
+class ShardWriter:
+    """One shard written as tokens arrive, so a prepare holds a batch, never a whole shard.
+
+    The header's count is written when the shard is closed; until then the tokens go to
+    `<path>.tmp`, which is fsynced and renamed to `path` at close. A writer left by an error
+    (`abort`, or leaving the `with` block by an exception) removes its tmp file.
+    """
+
+    def __init__(self, path: str | Path, dtype: str = "uint16") -> None:
+        self.path = Path(path)
+        self.tmp = Path(f"{path}.tmp")
+        self.version = next(v for v, t in SHARD_DTYPES.items() if t == np.dtype(dtype))
+        self.dtype = SHARD_DTYPES[self.version]
+        self.limit = int(np.iinfo(self.dtype).max)
+        self.count = 0
+        self.file = open(self.tmp, "wb")  # noqa: SIM115 (closed by close or abort)
+        self.file.write(bytes(SHARD_HEADER_BYTES))
+
+    def append(self, tokens: np.ndarray) -> None:
+        if tokens.size and (tokens.min() < 0 or tokens.max() > self.limit):
+            raise DataError(f"shard tokens must fit in {self.dtype} (0..{self.limit})")
+        self.file.write(np.ascontiguousarray(tokens, dtype=self.dtype).data)
+        self.count += tokens.size
+
+    def close(self) -> None:
+        header = np.zeros(SHARD_HEADER_INTS, dtype=np.int32)
+        header[:3] = (SHARD_MAGIC, self.version, self.count)
+        self.file.seek(0)
+        self.file.write(header.tobytes())
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        self.file.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
 
 
 def read_shard(path: str | Path) -> np.ndarray:
