@@ -1,48 +1,185 @@
-"""`trainctl data prepare`: text files → byte-level `.bin` token shards with a val split.
+"""`trainctl data tokenizer train` and `trainctl data prepare`: corpus files (text, JSONL,
+Parquet) → a tokenizer.json, and → a dataset folder (token shards, tokenizer.json,
+dataset.json).
 
-The work is in `cli.shards`, imported by the command: it needs numpy, which a client-only
-install (`pip install trainctl`) does not have.
+The work is in `store.tokenizer` and `store.prepare`, imported by the commands: they need
+numpy and tokenizers, which a client-only install (`pip install trainctl`) does not have.
+Progress and the report of skipped documents go to stderr, the summary to stdout.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.progress import Progress, TextColumn, TimeElapsedColumn
 
 from trainctl.service.cli.common import console, err_console, needs_extra
 from trainctl.service.cli.errors import BadInput
 
-app = typer.Typer(no_args_is_help=True, help="Prepare training data.")
+if TYPE_CHECKING:
+    from trainctl.store.corpus import Skipped
+
+app = typer.Typer(no_args_is_help=True, help="Prepare training data: tokenizers and datasets.")
+tokenizer_app = typer.Typer(no_args_is_help=True, help="Train a tokenizer.")
+app.add_typer(tokenizer_app, name="tokenizer")
+
+Inputs = Annotated[
+    list[Path],
+    typer.Argument(
+        help="Files or folders: text files (a file is a document), .jsonl[.gz|.zst], .parquet.",
+        show_default=False,
+    ),
+]
+TextField = Annotated[str, typer.Option(help="The JSONL field that holds a document's text.")]
+TextColumn_ = Annotated[str, typer.Option(help="The Parquet column that holds the text.")]
+
+
+@tokenizer_app.command("train")
+def train(
+    inputs: Inputs,
+    vocab_size: Annotated[
+        int, typer.Option(min=257, help="Tokens at most: 256 bytes, <|endoftext|>, merges.")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for tokenizer.json.")],
+    text_field: TextField = "text",
+    text_column: TextColumn_ = "text",
+) -> None:
+    """Train a byte-level BPE tokenizer with an <|endoftext|> token (deterministic)."""
+    with needs_extra("worker", "data tokenizer train"):
+        from trainctl.store.tokenizer import TrainProgress, load_tokenizer, train_tokenizer
+
+    skipped: list[Skipped] = []
+    with _shown_progress("tokenizer") as show:
+
+        def on_progress(p: TrainProgress) -> None:
+            show(f"{p.phase}: {p.documents:,} documents, {p.bytes / 1e6:,.1f} MB")
+            skipped[:] = [p.skipped]
+
+        with _as_bad_input(), needs_extra("worker", "data tokenizer train"):
+            path = train_tokenizer(
+                inputs, out, vocab_size, text_field=text_field, text_column=text_column,
+                on_progress=on_progress,
+            )  # fmt: skip
+    if skipped:
+        _report_skipped(skipped[0].documents, skipped[0].to_json()["examples"])
+    tokenizer = load_tokenizer(path)
+    console.print(
+        f"wrote {path}: byte-level BPE, vocabulary {tokenizer.get_vocab_size():,} "
+        f"(asked {vocab_size:,}), <|endoftext|> = {tokenizer.token_to_id('<|endoftext|>')}; "
+        f"prepare with --tokenizer {path}",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 @app.command("prepare")
 def prepare(
-    inputs: Annotated[
-        list[Path], typer.Argument(help="Text files or folders.", show_default=False)
-    ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the shards.")],
+    inputs: Inputs,
+    out: Annotated[Path, typer.Option("--out", "-o", help="A new or empty dataset folder.")],
+    tokenizer: Annotated[
+        str, typer.Option(help="A tokenizer.json (or a folder holding one), or bytes.")
+    ] = "bytes",
+    text_field: TextField = "text",
+    text_column: TextColumn_ = "text",
+    workers: Annotated[
+        int | None,
+        typer.Option(min=1, help="Tokenizing processes [default: every core].", show_default=False),
+    ] = None,
     val_fraction: Annotated[
-        float, typer.Option(min=0.0, max=0.5, help="Tail fraction held out for validation.")
+        float,
+        typer.Option(min=0.0, max=0.5, help="Documents held out for validation (evenly spread)."),
     ] = 0.05,
     shard_tokens: Annotated[
-        int, typer.Option(min=1024, help="Tokens per shard (100M = 200 MB).")
+        int, typer.Option(min=1024, help="Tokens per shard (100M = 200 MB as uint16).")
     ] = 100_000_000,
-    pattern: Annotated[str, typer.Option(help="Files to take from folders (a glob).")] = "*",
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Stop at a bad document instead of skipping it.")
+    ] = False,
 ) -> None:
-    """Turn text into byte-level token shards (train_*.bin, val_*.bin)."""
+    """Tokenize documents into a dataset: train_*.bin, val_*.bin, tokenizer.json, dataset.json."""
     with needs_extra("worker", "data prepare"):
-        from trainctl.service.cli.shards import prepare_shards
-        from trainctl.store.tokens import DataError
+        from trainctl.store.prepare import PrepareProgress, prepare_dataset
+
+        if tokenizer != "bytes":
+            import tokenizers  # noqa: F401 (the extra, checked before any work)
+
+    with _shown_progress("prepare") as show:
+
+        def on_progress(p: PrepareProgress) -> None:
+            rate = p.tokens / p.seconds if p.seconds else 0.0
+            show(
+                f"{p.documents:,} documents, {p.tokens:,} tokens, {rate:,.0f} tokens/s"
+                + (f", {p.skipped:,} skipped" if p.skipped else "")
+            )
+
+        with _as_bad_input(), needs_extra("worker", "data prepare"):
+            dataset = prepare_dataset(
+                inputs, out, None if tokenizer == "bytes" else Path(tokenizer),
+                text_field=text_field, text_column=text_column, val_fraction=val_fraction,
+                shard_tokens=shard_tokens, workers=workers, strict=strict,
+                on_progress=on_progress,
+            )  # fmt: skip
+    _report_skipped(dataset.skipped["documents"], dataset.skipped["examples"])
+    train, val = dataset.splits["train"], dataset.splits["val"]
+    kind = dataset.tokenizer.kind if dataset.tokenizer.kind == "bytes" else "BPE"
+    console.print(
+        f"prepared {dataset.folder.resolve()}: {train.tokens:,} train tokens in "
+        f"{_count(train.shards)}, {val.tokens:,} val tokens in {_count(val.shards)}; "
+        f"{train.documents:,} + {val.documents:,} documents; vocabulary {dataset.vocab_size:,} "
+        f"({kind}, {dataset.token_dtype}); {dataset.bytes_per_token:.3f} bytes per token",
+        markup=False, soft_wrap=True,
+    )  # fmt: skip
+
+
+def _count(shards: list[str]) -> str:
+    return f"{len(shards)} shard{'' if len(shards) == 1 else 's'}"
+
+
+@contextmanager
+def _shown_progress(what: str) -> Iterator[Callable[[str], None]]:
+    """A live line on a terminal's stderr while it runs, `show(text)` replacing its text;
+    when it is done the last text stays as a plain line, and a failure leaves only its error
+    line. Elsewhere (a pipe, a log file) only that last line is written."""
+    shown = ["reading"]
+    started = time.monotonic()
+    if not err_console.is_terminal:
+        yield lambda text: shown.__setitem__(0, text)
+    else:
+        columns = (TextColumn("[bold]{task.description}"), TextColumn("{task.fields[text]}"),
+                   TimeElapsedColumn())  # fmt: skip
+        with Progress(*columns, console=err_console, transient=True) as progress:
+            task = progress.add_task(what, text=shown[0], total=None)
+
+            def show(text: str) -> None:
+                shown[0] = text
+                progress.update(task, text=text)
+
+            yield show
+    seconds = time.monotonic() - started
+    err_console.print(f"{what}: {shown[0]} in {seconds:.1f} s", markup=False, soft_wrap=True)
+
+
+@contextmanager
+def _as_bad_input() -> Iterator[None]:
+    """The input is the problem (no such file, a bad document with --strict, a folder that
+    is not empty): exit 2, one line."""
+    from trainctl.store.tokens import DataError
+
     try:
-        shards = prepare_shards(inputs, out, val_fraction, shard_tokens, pattern)
-    except DataError as exc:  # no such file, nothing to split: the input is the problem
+        yield
+    except DataError as exc:
         raise BadInput(str(exc)) from exc
-    for s in shards:
-        err_console.print(f"wrote {s.path} ({s.split}, {s.tokens:,} tokens)")
-    train = sum(s.tokens for s in shards if s.split == "train")
-    val = sum(s.tokens for s in shards if s.split == "val")
-    where = out.resolve()  # a spec reads relative paths from the first data root, not from here
-    console.print(f"{train:,} train and {val:,} val tokens in {len(shards)} shards; train on them "
-                  f"with --data '{where}/train_*.bin' --val-data '{where}/val_*.bin'")  # fmt: skip
+
+
+def _report_skipped(documents: int, examples: list[dict[str, Any]]) -> None:
+    if not documents:
+        return
+    noun = "document" if documents == 1 else "documents"
+    err_console.print(f"skipped {documents:,} {noun} (not in the output); the first:")
+    for e in examples:
+        err_console.print(f"  {e['file']}:{e['line']}: {e['reason']}", markup=False)
