@@ -123,6 +123,13 @@ class FilePublic(Public):
     sha256: str
 
 
+class TokenizerPublic(Public):
+    kind: Literal["bytes", "bpe"] = Field(
+        description="bytes: a token is a byte; bpe: the tokenizer.json among the files."
+    )
+    sha256: str | None = Field(description="Of that tokenizer.json; null for bytes.")
+
+
 class CheckpointPublic(Public):
     experiment: str
     tag: str
@@ -133,6 +140,11 @@ class CheckpointPublic(Public):
     created_at: str | None = Field(description="ISO 8601, as the writer recorded it.")
     size_bytes: int
     files: list[FilePublic]
+    tokenizer: TokenizerPublic | None = Field(
+        None,
+        description="The tokenizer of its training data; null when unknown (synthetic "
+        "tokens, bare shards, a checkpoint saved before trainctl recorded it).",
+    )
 
 
 class CheckpointsPublic(BaseModel):

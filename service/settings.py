@@ -140,6 +140,11 @@ class Settings(BaseSettings):
         return self.data_dir / "checkpoints"
 
     @property
+    def datasets_dir(self) -> Path:
+        """Where prepare runs write datasets; a run names one of them by its name."""
+        return self.data_dir / "datasets"
+
+    @property
     def log_dir(self) -> Path:
         return self.data_dir / "logs"
 

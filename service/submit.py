@@ -65,13 +65,22 @@ def resolve(
     request: Request, *, settings: Settings, runs: RunStore, ckpts: CheckpointStore
 ) -> Plan:
     cuda = cuda_available(runs, settings.lease_seconds)
+    roots, datasets = settings.data_roots, settings.datasets_dir
     if isinstance(request, TrainRequest):
         return resolve_train(
-            request, cuda_available=cuda, data_roots=settings.data_roots, checkpoints=ckpts
+            request,
+            cuda_available=cuda,
+            data_roots=roots,
+            checkpoints=ckpts,
+            datasets_dir=datasets,
         )
     if isinstance(request, ValidateRequest):
         return resolve_validate(
-            request, cuda_available=cuda, data_roots=settings.data_roots, checkpoints=ckpts
+            request,
+            cuda_available=cuda,
+            data_roots=roots,
+            checkpoints=ckpts,
+            datasets_dir=datasets,
         )
     assert isinstance(request, BenchmarkRequest), f"no plan for a {type(request).__name__}"
     return resolve_benchmark(request, cuda_available=cuda)

@@ -93,6 +93,22 @@ def parse_step(tag: str) -> int | None:
 
 
 @dataclass(frozen=True)
+class TokenizerId:
+    """Which tokenizer made a run's tokens: what a checkpoint records in metadata.json's
+    `tokenizer` and what a validation's data must share with it."""
+
+    kind: str
+    """bytes (a token is a byte) or bpe (a tokenizer.json)."""
+    sha256: str | None
+    """Of the tokenizer.json; None for bytes."""
+
+    def describe(self) -> str:
+        if self.kind == "bytes":
+            return "byte-level tokens"
+        return f"tokens of the {self.kind} tokenizer with sha256 {self.sha256}"
+
+
+@dataclass(frozen=True)
 class CheckpointInfo:
     """What the store knows about one complete checkpoint (manifest + metadata.json)."""
 
@@ -112,6 +128,10 @@ class CheckpointInfo:
 
     model_config: ModelConfig | None
     """The model the checkpoint holds; None when metadata.json records none readable."""
+
+    tokenizer: TokenizerId | None = None
+    """The tokenizer of its training data; None when unknown (synthetic tokens, bare shards,
+    a checkpoint from before datasets). A bpe one's tokenizer.json is in the manifest."""
 
     def require_model_config(self) -> ModelConfig:
         """The checkpoint's model config, or a clear error saying why it is unknown."""
@@ -149,6 +169,14 @@ def _model_config(meta: dict[str, Any]) -> ModelConfig | None:
         return None  # an unreadable config: the checkpoint lists, but nothing can load it
 
 
+def _tokenizer(meta: dict[str, Any]) -> TokenizerId | None:
+    saved = meta.get("tokenizer")
+    if not isinstance(saved, dict) or saved.get("kind") not in ("bytes", "bpe"):
+        return None
+    sha256 = saved.get("sha256")
+    return TokenizerId(saved["kind"], sha256 if isinstance(sha256, str) else None)
+
+
 def _typed(meta: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
     """A metadata field if it has the expected type, else None (bool is not an int here)."""
     value = meta.get(key)
@@ -173,6 +201,7 @@ def _load_info(experiment: str, tag: str, folder: Path) -> CheckpointInfo:
         files=manifest["files"],
         path=folder,
         model_config=_model_config(meta),
+        tokenizer=_tokenizer(meta),
     )
 
 

@@ -16,7 +16,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from trainctl.store.datasets import Dataset
 from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.names import NAME_RULE, is_valid_name
 from trainctl.store.specs import DataSpec
 
 MAX_DATA_FILES = 100_000
@@ -27,8 +29,8 @@ ROOTS_SETTING = "TRAINCTL_DATA_ROOTS"
 
 def resolve_data(data: DataSpec, roots: list[Path]) -> DataSpec:
     """Expand globs now (so a typo is a 422, not a failed run) and confine them to the roots."""
-    if data.source in ("synthetic", "stdlib"):
-        return data
+    if data.source in ("synthetic", "stdlib", "dataset"):
+        return data  # a dataset is resolved with its dataset.json (store.plans)
     return data.model_copy(
         update={
             "paths": [str(p) for p in confine_paths(data.paths, roots, "data.paths")],
@@ -121,3 +123,58 @@ def _files(match: str) -> Iterator[str]:
         for name in names:
             if os.path.isfile(path := os.path.join(folder, name)):
                 yield path
+
+
+# --- a dataset folder -----------------------------------------------------------------------
+
+
+def dataset_folder(ref: str, roots: list[Path], datasets_dir: Path | None, field: str) -> Path:
+    """The real folder `ref` names: a dataset's name under `datasets_dir` (what a prepare run
+    writes), or, with a '/', a folder inside the data roots (relative to the first)."""
+    if "/" not in ref:
+        if not is_valid_name(ref):
+            raise InvalidRequest(
+                f"{field}: {ref!r} is neither a dataset name ({NAME_RULE}) nor a path with a "
+                "'/' to a dataset folder inside the data roots"
+            )
+        if datasets_dir is None:
+            raise InvalidRequest(f"{field}: no datasets folder to find {ref!r} in")
+        folder = datasets_dir / ref
+        if not folder.is_dir():
+            raise InvalidRequest(
+                f"{field}: there is no dataset named {ref!r} in the data dir's datasets/ "
+                "(POST /runs/prepare makes one); name a folder inside the data roots with a "
+                f"path: './{ref}'"
+            )
+        return Path(os.path.realpath(folder))
+    if not roots:
+        raise InvalidRequest(
+            f"{field}: no data roots are configured (set {ROOTS_SETTING}), so no folder may be "
+            "read; name a dataset of the data dir's datasets/ instead"
+        )
+    expansion = _Expansion([Path(os.path.realpath(r)) for r in roots], field)
+    full = ref if os.path.isabs(ref) else str(expansion.roots[0] / ref)
+    if not expansion.inside(full):
+        raise expansion.refuse(ref, f"is outside the data roots ({ROOTS_SETTING})")
+    if not os.path.isdir(full):
+        raise expansion.refuse(ref, "is not a folder")
+    return Path(os.path.realpath(full))
+
+
+def confine_dataset(dataset: Dataset, allowed: list[Path], field: str) -> None:
+    """Every file a dataset names (its shards, its tokenizer) is a file inside `allowed`:
+    a shard that is a link out of the roots, or missing, is refused before a worker reads it."""
+    roots = [Path(os.path.realpath(r)) for r in allowed]
+    names = [name for split in dataset.splits.values() for name in split.shards]
+    if dataset.tokenizer_path is not None:
+        names.append(dataset.tokenizer_path.name)
+    if len(names) > MAX_DATA_FILES:
+        raise InvalidRequest(f"{field}: names more than {MAX_DATA_FILES:,} files")
+    for name in names:
+        real = Path(os.path.realpath(dataset.folder / name))
+        if not any(real.is_relative_to(r) for r in roots):
+            raise InvalidRequest(f"{field}: its file {name!r} lies outside the data roots")
+        if not real.is_file():
+            raise InvalidRequest(
+                f"{field}: its dataset.json lists {name!r}, which is missing; prepare it again"
+            )

@@ -3,10 +3,10 @@ plans").
 
 `resolve_train`, `resolve_validate` and `resolve_benchmark` decide everything a run needs at
 submit time, so that a bad request is a 422 now rather than a failed run later: the device,
-the model config, the batch geometry, the data files, and the concrete checkpoint a resume or
-a validation reads. A plan is frozen and has no optional field the worker must default; the
-run row stores it and `GET /runs/{id}` shows it. Device-dependent defaults come from a
-`Profile` (CPU or CUDA).
+the model config, the batch geometry, the data files or the dataset, and the concrete
+checkpoint a resume or a validation reads. A plan is frozen and has no optional field the
+worker must default; the run row stores it and `GET /runs/{id}` shows it. Device-dependent
+defaults come from a `Profile` (CPU or CUDA).
 """
 
 from __future__ import annotations
@@ -21,10 +21,13 @@ from trainctl.store.checkpoints import (
     LATEST_REF,
     CheckpointInfo,
     CheckpointStore,
+    TokenizerId,
     check_fits,
 )
-from trainctl.store.datapaths import resolve_data
+from trainctl.store.datapaths import confine_dataset, dataset_folder, resolve_data
+from trainctl.store.datasets import DATASET_FILE, Dataset, is_dataset, read_dataset
 from trainctl.store.exceptions import CheckpointNotFound, InvalidRequest, TrainctlError
+from trainctl.store.manifests import sha256_file
 from trainctl.store.names import Name
 from trainctl.store.presets import ModelConfig
 from trainctl.store.specs import (
@@ -40,6 +43,7 @@ from trainctl.store.specs import (
     ValidateOptions,
     ValidateRequest,
 )
+from trainctl.store.tokens import DataError
 
 Device = Literal["cpu", "cuda"]
 # More tokens than this in one forward pass exhausts any single device's memory: a request
@@ -78,6 +82,51 @@ class CheckpointRef(Spec):
         return f"{self.experiment}/{self.tag}"
 
 
+class TokenizerPin(Spec):
+    kind: Literal["bytes", "bpe"] = Field(
+        description="bytes: a token is a byte; bpe: the dataset's tokenizer.json."
+    )
+    sha256: str | None = Field(description="Of its tokenizer.json; null for bytes.")
+    eot_id: int | None = Field(description="The end-of-text token between documents.")
+
+    @property
+    def id(self) -> TokenizerId:
+        return TokenizerId(self.kind, self.sha256)
+
+
+class DatasetPin(Spec):
+    """A dataset as submit read its dataset.json (`store.datasets.Dataset.identity`); a worker
+    that finds the folder saying otherwise fails the run rather than train on other data."""
+
+    folder: str = Field(description="The dataset's folder (its real path).")
+    tokenizer: TokenizerPin = Field(description="The tokenizer its shards were encoded with.")
+    vocab_size: StrictInt = Field(ge=1, description="Token ids are below this.")
+    bytes_per_token: float = Field(
+        gt=0, description="UTF-8 bytes of text per token: what turns a loss into bits per byte."
+    )
+
+    @classmethod
+    def of(cls, dataset: Dataset) -> DatasetPin:
+        return cls.model_validate(dataset.identity())
+
+
+BYTE_TOKENS = TokenizerId("bytes", None)
+
+
+def data_tokenizer(data: DataSpec, dataset: DatasetPin | None) -> TokenizerId | None:
+    """The tokenizer of a run's data; None where nobody knows (synthetic tokens, bare shards)."""
+    if dataset is not None:
+        return dataset.tokenizer.id
+    return BYTE_TOKENS if data.source in ("stdlib", "text") else None
+
+
+def bytes_per_token(data: DataSpec, dataset: DatasetPin | None) -> float | None:
+    """Text bytes per token of a run's data (1 for byte-level text), where it is known."""
+    if dataset is not None:
+        return dataset.bytes_per_token
+    return 1.0 if data.source in ("stdlib", "text") else None
+
+
 class StepPlan(StepOptions):
     """What one training step needs: train runs and benchmarks build it alike."""
 
@@ -88,6 +137,7 @@ class StepPlan(StepOptions):
 
 class TrainPlan(TrainOptions, StepPlan):
     data: DataSpec = Field(description="Training data, paths expanded.")
+    dataset: DatasetPin | None = Field(description="The dataset data.dataset names, pinned.")
     checkpoint_every: StrictInt = Field(ge=1, description="Save step_<N> every this many steps.")
     val_every: StrictInt = Field(ge=1, description="Validate every this many steps.")
     resume_from: CheckpointRef | None = Field(description="The checkpoint the run continues.")
@@ -114,6 +164,7 @@ class BenchmarkPlan(BenchmarkOptions, StepPlan):
 
 
 class ValidatePlan(ValidateOptions):
+    dataset: DatasetPin | None = Field(description="The dataset data.dataset names, pinned.")
     checkpoint: CheckpointRef = Field(description="The checkpoint validated.")
     model: ModelConfig = Field(description="Its model config, from its metadata.")
     seq_len: StrictInt = Field(ge=1, description="Tokens per sequence.")
@@ -211,13 +262,24 @@ def resolve_train(
     cuda_available: bool,
     data_roots: list[Path],
     checkpoints: CheckpointStore | None = None,
+    datasets_dir: Path | None = None,
 ) -> TrainPlan:
-    """The plan of a train request. A resume needs `checkpoints`, to pin the checkpoint."""
+    """The plan of a train request. A resume needs `checkpoints`, to pin the checkpoint; a
+    dataset named by its name needs `datasets_dir`, where prepare runs write them."""
     device = pick_device(request.device, cuda_available)
     profile = TRAIN_PROFILES[device]
     model = _model_plan(request.model, profile)
     if request.data.source in ("stdlib", "text") and model.config.vocab_size < 256:
         raise InvalidRequest("byte-level text needs a vocab_size of at least 256")
+    data, dataset = _data_plan(request.data, data_roots, datasets_dir)
+    if dataset is not None:
+        _check_vocabulary(
+            request.data,
+            dataset,
+            model.config.vocab_size,
+            f"the model's vocab_size of {model.config.vocab_size:,}; raise "
+            f"model.overrides.vocab_size to at least {dataset.vocab_size:,}",
+        )
     checkpoint_every = request.checkpoint_every or max(request.steps // 10, 1)
     return TrainPlan(
         **_options(request, TrainOptions),
@@ -228,10 +290,13 @@ def resolve_train(
             request.batch,
             request.nproc_per_node,
         ),
-        data=resolve_data(request.data, data_roots),
+        data=data,
+        dataset=dataset,
         checkpoint_every=checkpoint_every,
         val_every=request.val_every or checkpoint_every,
-        resume_from=_resume_point(request, model.config, checkpoints),
+        resume_from=_resume_point(
+            request, model.config, checkpoints, data_tokenizer(data, dataset)
+        ),
     )
 
 
@@ -268,8 +333,10 @@ def resolve_validate(
     cuda_available: bool,
     data_roots: list[Path],
     checkpoints: CheckpointStore,
+    datasets_dir: Path | None = None,
 ) -> ValidatePlan:
-    """Pins 'latest', 'best' or 'exp/tag' to one checkpoint now, and takes its model."""
+    """Pins 'latest', 'best' or 'exp/tag' to one checkpoint now, and takes its model; the
+    data must be encoded with the tokenizer the checkpoint was trained with."""
     device = pick_device(request.device, cuda_available)
     info = _validation_checkpoint(checkpoints, request)
     config = info.require_model_config()
@@ -278,8 +345,19 @@ def resolve_validate(
         raise InvalidRequest(
             f"seq_len {seq_len} is above the checkpoint model's max_seq_len {config.max_seq_len}"
         )
+    data, dataset = _data_plan(request.data, data_roots, datasets_dir)
+    source = f"checkpoint {info.experiment}/{info.tag}"
+    if dataset is not None:
+        _check_vocabulary(
+            request.data,
+            dataset,
+            config.vocab_size,
+            f"the vocab_size of {source}'s model, {config.vocab_size:,}",
+        )
+    _check_same_tokenizer(info, data_tokenizer(data, dataset), "data")
     return ValidatePlan(
-        **_options(request, ValidateOptions) | {"data": resolve_data(request.data, data_roots)},
+        **_options(request, ValidateOptions) | {"data": data},
+        dataset=dataset,
         checkpoint=CheckpointRef(experiment=info.experiment, tag=info.tag),
         model=config,
         seq_len=seq_len,
@@ -337,8 +415,59 @@ def _split_across_ranks(resolved: BatchPlan, requested: BatchSpec, nproc: int) -
     return resolved.model_copy(update={"grad_accum_steps": -(-accum // nproc) * nproc})
 
 
+def _data_plan(
+    data: DataSpec, roots: list[Path], datasets_dir: Path | None
+) -> tuple[DataSpec, DatasetPin | None]:
+    """The data with its paths expanded, or the dataset it names read and pinned."""
+    if data.source != "dataset":
+        return resolve_data(data, roots), None
+    assert data.dataset is not None  # DataSpec's rule
+    field = f"data.dataset {data.dataset!r}"
+    folder = dataset_folder(data.dataset, roots, datasets_dir, "data.dataset")
+    if not is_dataset(folder):
+        raise InvalidRequest(
+            f"{field} has no {DATASET_FILE}: not a prepared dataset, or its prepare has not "
+            "finished (wait for it, or prepare it again)"
+        )
+    try:
+        found = read_dataset(folder)
+    except DataError as exc:
+        raise InvalidRequest(f"{field}: {exc}") from None
+    confine_dataset(found, [*roots, *([datasets_dir] if datasets_dir else [])], field)
+    tokenizer = found.tokenizer_path
+    if tokenizer is not None and sha256_file(tokenizer) != found.tokenizer.sha256:
+        raise InvalidRequest(
+            f"{field}: its {tokenizer.name} is not the one its {DATASET_FILE} records (sha256 "
+            "differs): the shards may not be its tokens; prepare it again"
+        )
+    return data.model_copy(update={"dataset": str(folder)}), DatasetPin.of(found)
+
+
+def _check_vocabulary(data: DataSpec, dataset: DatasetPin, vocab_size: int, model: str) -> None:
+    if dataset.vocab_size > vocab_size:
+        raise InvalidRequest(
+            f"data.dataset {data.dataset!r} has a vocabulary of {dataset.vocab_size:,} tokens, "
+            f"more than {model}"
+        )
+
+
+def _check_same_tokenizer(info: CheckpointInfo, tokenizer: TokenizerId | None, what: str) -> None:
+    """A loss over token ids of another tokenizer means nothing: refuse it while it is
+    known on both sides (a checkpoint from before datasets records none)."""
+    if info.tokenizer is None or tokenizer is None or info.tokenizer == tokenizer:
+        return
+    raise InvalidRequest(
+        f"checkpoint {info.experiment}/{info.tag} was trained on {info.tokenizer.describe()}, "
+        f"but the {what} is {tokenizer.describe()}: another tokenizer's token ids mean "
+        "nothing to it; use data encoded with the checkpoint's tokenizer"
+    )
+
+
 def _resume_point(
-    request: TrainRequest, config: ModelConfig, checkpoints: CheckpointStore | None
+    request: TrainRequest,
+    config: ModelConfig,
+    checkpoints: CheckpointStore | None,
+    tokenizer: TokenizerId | None,
 ) -> CheckpointRef | None:
     """The concrete checkpoint `resume_from` names, checked to fit the model being trained."""
     if request.resume_from is None:
@@ -356,6 +485,7 @@ def _resume_point(
     source = f"resume_from: checkpoint {info.tag!r} of experiment {info.experiment!r}"
     advice = "; request the same model preset and overrides"
     check_fits(info.require_model_config(), config, source, advice)
+    _check_same_tokenizer(info, tokenizer, "training data")
     return CheckpointRef(experiment=info.experiment, tag=info.tag)
 
 

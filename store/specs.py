@@ -39,7 +39,12 @@ DeviceChoice = Literal["auto", "cpu", "cuda"]
 # What a validation reads; the pattern cannot bound each name's length, so a validator does.
 CHECKPOINT_REF_PATTERN = f"^(?:{LATEST_REF}|{BEST_TAG}|{NAME_REGEX}/{NAME_REGEX})$"
 # Filled in by the server when it resolves a request; older clients echoed them back.
-SERVER_FILLED = ("model_config_resolved", "warnings")
+# `dataset`: a plan pins the dataset that data.dataset names (store.plans.DatasetPin).
+SERVER_FILLED = ("model_config_resolved", "warnings", "dataset")
+# data.dataset: a name or a folder; never a pattern (the wildcards of store.datapaths), a NUL
+# or a line break.
+DATASET_REF_PATTERN = r"^[^*?\[\x00-\x1f]+$"
+MAX_DATASET_REF_LENGTH = 4096
 
 
 # Numbers and booleans are Strict*: a value must have the JSON type the schema publishes.
@@ -144,11 +149,22 @@ class ScheduleSpec(Spec):
 
 
 class DataSpec(Spec):
-    source: Literal["synthetic", "stdlib", "text", "shards"] = Field(
+    source: Literal["synthetic", "stdlib", "text", "shards", "dataset"] = Field(
         "stdlib",
         description="synthetic: random tokens; stdlib: the Python standard library's source "
         "as byte-level text; text: files under the data roots as bytes; shards: .bin token "
-        "shards (llm.c format) under the data roots.",
+        "shards (llm.c format) under the data roots; dataset: a prepared dataset (its "
+        "dataset.json, train and val shards and tokenizer), named by `dataset`.",
+    )
+    dataset: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_DATASET_REF_LENGTH,
+        pattern=DATASET_REF_PATTERN,
+        description="With source 'dataset': the name of a dataset under the data dir's "
+        f"datasets/ folder (what POST /runs/prepare writes; {NAME_RULE}), or a path with a "
+        "'/' to a dataset folder inside the data roots (absolute, or relative to the first "
+        "root: './corpus'). No wildcards: a dataset is one folder.",
     )
     paths: list[str] = Field(
         default_factory=list,
@@ -172,8 +188,12 @@ class DataSpec(Spec):
     def _paths_match_source(self) -> DataSpec:
         if self.source in ("text", "shards") and not self.paths:
             raise ValueError(f"data source {self.source!r} needs at least one entry in paths")
-        if self.source in ("synthetic", "stdlib") and (self.paths or self.val_paths):
+        if self.source in ("synthetic", "stdlib", "dataset") and (self.paths or self.val_paths):
             raise ValueError(f"data source {self.source!r} takes no paths")
+        if self.source == "dataset" and self.dataset is None:
+            raise ValueError("data source 'dataset' needs `dataset`: a dataset's name or folder")
+        if self.source != "dataset" and self.dataset is not None:
+            raise ValueError(f"data source {self.source!r} takes no dataset; source 'dataset' does")
         return self
 
 

@@ -112,7 +112,9 @@ class AsyncCheckpointer:
         }
         optimizer = stage.tree(state.optimizer, "optimizer")
         # The staged weights are in the saved dtype already: host_weights leaves them be.
-        staged = CheckpointState(state.experiment, state.tag, model, optimizer, state.metadata)
+        staged = CheckpointState(
+            state.experiment, state.tag, model, optimizer, state.metadata, files=state.files
+        )
         return PendingSave(staged, info, stage.copied())
 
     def save(self, state: CheckpointState, write: Write, info: dict[str, Any]) -> list[dict]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import hashlib
 import json
 import os
 import pickle
@@ -24,7 +25,7 @@ import platform
 import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -117,6 +118,9 @@ class CheckpointState:
     metadata: dict[str, Any]
     dtype: torch.dtype | None = None
     """The dtype floating-point weights are saved in; None keeps each tensor's own."""
+    files: dict[str, bytes] = field(default_factory=dict)
+    """Further files, by name, written as they are and listed in the manifest like the
+    others: a bpe run's tokenizer.json. Bytes, not paths: what was checked is what is saved."""
 
     def saved_dtype(self, t: torch.Tensor) -> torch.dtype:
         return self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
@@ -146,8 +150,10 @@ def capture_checkpoint(
     run_id: str | None = None,
     dtype: torch.dtype | None = None,
     extra: dict[str, Any] | None = None,
+    files: dict[str, bytes] | None = None,
 ) -> CheckpointState:
     """The training state at this step, the RNG state included (capture it at the step).
+    `extra` joins the metadata; `files` are saved beside the weights (CheckpointState.files).
 
     No tensor is copied (see CheckpointState): write it or hand it to an AsyncCheckpointer
     before the model or the optimizers take another step.
@@ -172,7 +178,9 @@ def capture_checkpoint(
         **(extra or {}),
     }
     optimizer = {"muon": muon_opt.state_dict(), "adamw": adamw_opt.state_dict()}
-    return CheckpointState(experiment, tag, model_state(model), optimizer, metadata, dtype)
+    return CheckpointState(
+        experiment, tag, model_state(model), optimizer, metadata, dtype, dict(files or {})
+    )
 
 
 def save_checkpoint(
@@ -192,6 +200,7 @@ def save_checkpoint(
     dtype: torch.dtype | None = None,
     protected: Protection = frozenset(),
     extra: dict[str, Any] | None = None,
+    files: dict[str, bytes] | None = None,
     before_commit: Callable[[], None] | None = None,
 ) -> Path:
     """Save into `save_dir/<tag>` (tag defaults to step_<step>) and return the folder.
@@ -220,6 +229,7 @@ def save_checkpoint(
         run_id=run_id,
         dtype=dtype,
         extra=extra,
+        files=files,
     )
     return write_checkpoint(state, save_dir.parent, max_keep, protected, before_commit)
 
@@ -266,8 +276,13 @@ def write_checkpoint(
             }
             hashes[MODEL_FILE] = model.result()
         _fsync_write(staging / METADATA_FILE, json.dumps(state.metadata, indent=2).encode())
+        for name, data in state.files.items():
+            assert name not in (MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE), name
+            _fsync_write(staging / name, data)
+            hashes[name] = hashlib.sha256(data).hexdigest()
         # write_manifest fsyncs every file before it writes the manifest.
-        write_manifest(staging, [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE], hashes)
+        names = [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE, *state.files]
+        write_manifest(staging, names, hashes)
         if before_commit is not None:
             before_commit()
         final = store.commit(staging, experiment, tag)

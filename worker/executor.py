@@ -14,7 +14,14 @@ import torch
 from pydantic import ValidationError
 
 from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.plans import BenchmarkPlan, CheckpointRef, Plan, TrainPlan, ValidatePlan
+from trainctl.store.plans import (
+    BenchmarkPlan,
+    CheckpointRef,
+    Plan,
+    TrainPlan,
+    ValidatePlan,
+    bytes_per_token,
+)
 from trainctl.store.protection import ProtectionPolicy
 from trainctl.worker.benchmark import run_benchmark
 from trainctl.worker.checkpoint import load_checkpoint
@@ -22,7 +29,7 @@ from trainctl.worker.context import RunContext
 from trainctl.worker.data import SyntheticSampler, TokenSampler
 from trainctl.worker.distributed import launch_train
 from trainctl.worker.model import build_model
-from trainctl.worker.train import Trainer, build_token_arrays
+from trainctl.worker.train import Trainer, build_token_arrays, val_metrics
 from trainctl.worker.validation import compute_validation_loss, validate_forward_shape
 
 P = TypeVar("P", bound=Plan)
@@ -118,7 +125,7 @@ def validation_batches(plan: ValidatePlan) -> list[Any]:
         sampler: Any = SyntheticSampler(plan.batch_size, plan.seq_len, vocab_size, data.seed)
     else:
         # Same held-out data a train run on this source validates on.
-        _, val_arrays = build_token_arrays(data)
+        _, val_arrays = build_token_arrays(data, plan.dataset)
         sampler = TokenSampler(val_arrays, plan.batch_size, plan.seq_len, seed=data.seed + 1)
     return [sampler.batch(i) for i in range(plan.num_batches)]
 
@@ -135,7 +142,10 @@ def execute_validate(ctx: RunContext, root: Path) -> Outcome:
     autocast = torch.bfloat16 if device.type == "cuda" else None
     batches = validation_batches(plan)
     val = compute_validation_loss(model, batches=batches, device=device, autocast_dtype=autocast)
-    ctx.metrics({"kind": "val", "val_loss": val["loss"], "val_ppl": val["ppl"]})
+    metrics = val_metrics(val, bytes_per_token(plan.data, plan.dataset))
+    ctx.metrics({"kind": "val", **metrics})
+    if "val_bits_per_byte" in metrics:
+        val = {**val, "bits_per_byte": metrics["val_bits_per_byte"]}
     return Outcome(
         "succeeded",
         {

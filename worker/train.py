@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from trainctl.store.checkpoints import BEST_TAG, CheckpointStore, Protected
+from trainctl.store.datasets import bits_per_byte
 from trainctl.store.exceptions import CheckpointNotFound
-from trainctl.store.plans import BatchPlan, StepPlan, TrainPlan
+from trainctl.store.plans import BatchPlan, DatasetPin, StepPlan, TrainPlan, bytes_per_token
 from trainctl.store.specs import DataSpec, OptimizerSpec
 from trainctl.worker.async_checkpoint import AsyncCheckpointer
 from trainctl.worker.checkpoint import (
@@ -46,6 +47,7 @@ from trainctl.worker.data import (
     split_holdout,
     stdlib_source_files,
 )
+from trainctl.worker.datasets import build_data_record, dataset_arrays, open_dataset
 from trainctl.worker.exceptions import NonFiniteLoss
 from trainctl.worker.model import GPT, build_model
 from trainctl.worker.optim import OptimizerConfig, build_optimizers
@@ -121,9 +123,14 @@ def optimizer_config(o: OptimizerSpec) -> OptimizerConfig:
     )
 
 
-def build_token_arrays(d: DataSpec) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(train arrays, validation arrays) for the real-data sources."""
-    if d.source == "shards":
+def build_token_arrays(
+    d: DataSpec, dataset: DatasetPin | None = None
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(train arrays, validation arrays) for the real-data sources; a dataset's is pinned."""
+    if d.source == "dataset":
+        assert dataset is not None, "a dataset source is pinned at submit"
+        train, val = dataset_arrays(open_dataset(dataset))
+    elif d.source == "shards":
         train = [read_shard(p) for p in expand_paths(d.paths)]
         val = [read_shard(p) for p in expand_paths(d.val_paths)]
     else:
@@ -144,7 +151,7 @@ def build_data(plan: TrainPlan) -> tuple[Sampler, list[Batch]]:
             SyntheticSampler(b.micro_batch_size, b.seq_len, vocab_size, seed=d.seed),
             [val.batch(i) for i in range(plan.val_batches)],
         )
-    train_arrays, val_arrays = build_token_arrays(d)
+    train_arrays, val_arrays = build_token_arrays(d, plan.dataset)
     sampler = TokenSampler(train_arrays, b.micro_batch_size, b.seq_len, seed=d.seed)
     if sampler.max_token() >= vocab_size:
         raise DataError(
@@ -237,6 +244,15 @@ def validate(parts: TrainParts) -> dict[str, float]:
     )
 
 
+def val_metrics(val: dict[str, float], bytes_per_token: float | None) -> dict[str, float]:
+    """A validation's loss and perplexity, and its bits per byte where bytes per token is
+    known: the figure that compares runs with different tokenizers."""
+    metrics = {"val_loss": val["loss"], "val_ppl": val["ppl"]}
+    if bytes_per_token is not None:
+        metrics["val_bits_per_byte"] = bits_per_byte(val["loss"], bytes_per_token)
+    return metrics
+
+
 def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> TrainState:
     if plan.resume_from is None:
         return TrainState()
@@ -304,6 +320,8 @@ class Trainer:
         self.should_stop = should_stop or (lambda: False)
         self.protected = protected or (lambda: frozenset())
         self.parts = build_training(plan, *build_data(plan), total_steps=plan.steps)
+        self.data_record = build_data_record(plan.data, plan.dataset)
+        self.bytes_per_token = bytes_per_token(plan.data, plan.dataset)
         self.state = maybe_resume(self.parts, self.store, plan)
         self.checkpointer = AsyncCheckpointer() if plan.async_checkpoint else None
 
@@ -323,6 +341,8 @@ class Trainer:
             data_position=s.data_position,
             run_id=self.run_id,
             dtype=dtype,
+            extra=self.data_record.metadata,
+            files=self.data_record.files,
         )
 
         info: dict[str, Any] = {
@@ -378,8 +398,7 @@ class Trainer:
             {
                 "kind": "val",
                 "step": self.state.step,
-                "val_loss": val["loss"],
-                "val_ppl": val["ppl"],
+                **val_metrics(val, self.bytes_per_token),
                 "best_loss": self.state.best_loss,
             }
         )
@@ -447,7 +466,7 @@ class Trainer:
         if saved_at != s.step and s.step > 0 and self.store.latest_or_none(plan.experiment) is None:
             self.save()  # a resumed run that had nothing left to do still leaves its checkpoint
         elapsed = time.perf_counter() - started
-        return {
+        result = {
             "step": s.step,
             "total_steps": plan.steps,
             "stopped": stopped,
@@ -458,6 +477,9 @@ class Trainer:
             "elapsed_sec": elapsed,
             "data_wait_frac": wait_total / elapsed if elapsed > 0 else 0.0,
         }
+        if s.last_val_loss is not None and self.bytes_per_token is not None:
+            result["final_val_bits_per_byte"] = bits_per_byte(s.last_val_loss, self.bytes_per_token)
+        return result
 
 
 def train(plan: TrainPlan, checkpoint_root: str | Path, **kwargs: Any) -> dict[str, Any]:

@@ -57,21 +57,24 @@ def save_checkpoint(
     best_loss: float | None = None,
     model_config: dict[str, Any] | None = None,
     weights: bytes = b"weights " * 100,
+    metadata: dict[str, Any] | None = None,
 ) -> Path:
-    """A complete fake checkpoint, written as the worker writes one (no torch needed)."""
+    """A complete fake checkpoint, written as the worker writes one (no torch needed);
+    `metadata` adds to (or replaces) its metadata.json's fields."""
     tag = tag or step_tag(step)
     staging = ckpts.staging_dir(experiment, tag)
     (staging / MODEL_FILE).write_bytes(weights)
     (staging / OPTIMIZER_FILE).write_bytes(b"optimizer state " * 10)
-    metadata = {
+    fields = {
         "step": step,
         "token_count": step * 1024,
         "best_loss": best_loss,
         "run_id": "run-1",
         "created_at": f"2025-01-01T00:00:{step % 60:02d}+00:00",
         "model_config": model_config or get_preset("tiny").to_dict(),
+        **(metadata or {}),
     }
-    (staging / METADATA_FILE).write_text(json.dumps(metadata))
+    (staging / METADATA_FILE).write_text(json.dumps(fields))
     write_manifest(staging, [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE])
     return ckpts.commit(staging, experiment, tag)
 

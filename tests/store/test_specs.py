@@ -145,10 +145,20 @@ def optional_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
     return found
 
 
+# Data other than a dataset names none, and a byte-level tokenizer has no file (nor its hash)
+# and no end-of-text token.
+DATASET_ABSENCES = ["dataset", "dataset.tokenizer.sha256", "dataset.tokenizer.eot_id"]
+
+
 @pytest.mark.parametrize("plan", [TrainPlan, BenchmarkPlan, ValidatePlan])
 def test_a_plan_leaves_the_worker_nothing_to_default(plan: type[BaseModel]) -> None:
-    # A run without a resume point is the one absence a plan states.
-    assert optional_fields(plan) == (["resume_from"] if plan is TrainPlan else [])
+    # A run without a resume point, and one without a dataset, are the absences a plan states.
+    expected = {
+        TrainPlan: ["data.dataset", *DATASET_ABSENCES, "resume_from"],
+        BenchmarkPlan: [],
+        ValidatePlan: ["data.dataset", *DATASET_ABSENCES],
+    }
+    assert sorted(optional_fields(plan)) == sorted(expected[plan])
 
 
 @pytest.mark.parametrize(

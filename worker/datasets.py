@@ -1,0 +1,87 @@
+"""A prepared dataset on the worker (docs/architecture.md, "Datasets"): the pinned folder read
+again and checked against its pin, its shards, and what each checkpoint records of it.
+
+Submit read the dataset's `dataset.json` and pinned what it said (`store.plans.DatasetPin`).
+By the time a worker runs the plan, the folder may have been prepared again with other text
+or another tokenizer; the run then fails, saying so, rather than train on tokens its plan
+never named. The tokenizer file is read once, checked against its sha256 and kept in memory:
+every checkpoint carries those bytes (`tokenizer.json` in its manifest), so a checkpoint can
+be validated, sampled or exported without the dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainctl.store.datasets import TOKENIZER_FILE, Dataset, TokenizerRef, read_dataset
+from trainctl.store.plans import DatasetPin, data_tokenizer
+from trainctl.store.specs import DataSpec
+from trainctl.store.tokens import DataError, read_shard
+
+
+def open_dataset(pin: DatasetPin) -> Dataset:
+    """The pinned dataset, provided its dataset.json still says what it said at submit."""
+    dataset = read_dataset(Path(pin.folder))
+    if DatasetPin.of(dataset) != pin:
+        raise DataError(
+            f"dataset {pin.folder} was prepared again since the run was submitted (its "
+            "dataset.json no longer matches the plan's pin); submit the run again"
+        )
+    return dataset
+
+
+def dataset_arrays(dataset: Dataset) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(train arrays, validation arrays): the splits' shards, memory-mapped."""
+    splits = []
+    for split in ("train", "val"):
+        arrays = [read_shard(path) for path in dataset.shard_paths(split)]
+        for path, array in zip(dataset.shard_paths(split), arrays, strict=True):
+            if array.dtype != np.dtype(dataset.token_dtype):
+                raise DataError(
+                    f"{path}: {array.dtype} tokens, but dataset.json says {dataset.token_dtype}"
+                )
+        splits.append([a for a in arrays if len(a)])
+    return splits[0], splits[1]
+
+
+def read_tokenizer(dataset: Dataset) -> bytes | None:
+    """The dataset's tokenizer.json, checked against the sha256 its dataset.json records."""
+    path = dataset.tokenizer_path
+    if path is None:
+        return None
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != dataset.tokenizer.sha256:
+        raise DataError(
+            f"{path}: not the tokenizer its dataset.json records (sha256 differs); "
+            "prepare the dataset again"
+        )
+    return data
+
+
+@dataclass(frozen=True)
+class DataRecord:
+    """What every checkpoint of a run records of its data."""
+
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """metadata.json's `dataset` (its identity) and `tokenizer` (kind, sha256, eot id);
+    None where unknown."""
+    files: dict[str, bytes] = field(default_factory=dict)
+    """Saved beside the weights and listed in the manifest: a bpe dataset's tokenizer.json."""
+
+
+def build_data_record(data: DataSpec, dataset: DatasetPin | None) -> DataRecord:
+    if dataset is None:
+        known = data_tokenizer(data, None) is not None  # byte-level text
+        tokenizer = asdict(TokenizerRef("bytes")) if known else None
+        return DataRecord({"dataset": None, "tokenizer": tokenizer})
+    found = open_dataset(dataset)
+    tokenizer_file = read_tokenizer(found)
+    return DataRecord(
+        {"dataset": found.identity(), "tokenizer": asdict(found.tokenizer)},
+        {TOKENIZER_FILE: tokenizer_file} if tokenizer_file is not None else {},
+    )
