@@ -60,9 +60,11 @@ Data = Annotated[list[str] | None, opt(DataSpec, "paths", "--data")]
 ValData = Annotated[list[str] | None, opt(DataSpec, "val_paths", "--val-data")]
 Source = Annotated[
     str | None,
-    typer.Option(help="synthetic | stdlib | text | shards; default: shards when every --data "
-                 "ends in .bin, text when --data is given otherwise.", show_default=False),
+    typer.Option(help="synthetic | stdlib | text | shards | dataset; default: dataset with "
+                 "--dataset, shards when every --data ends in .bin, text when --data is given "
+                 "otherwise.", show_default=False),
 ]  # fmt: skip
+DatasetRef = Annotated[str | None, opt(DataSpec, "dataset", "--dataset")]
 Device = Annotated[str | None, opt(TrainRequest, "device")]
 Preset = Annotated[str | None, opt(ModelSpec, "preset")]
 MicroBatch = Annotated[int | None, opt(BatchSpec, "micro_batch_size")]
@@ -70,10 +72,19 @@ GradAccum = Annotated[int | None, opt(BatchSpec, "grad_accum_steps")]
 SeqLen = Annotated[int | None, opt(BatchSpec, "seq_len")]
 
 
-def data_flags(source: str | None, data: list[str] | None, val: list[str] | None) -> dict[str, Any]:
+def data_flags(
+    source: str | None, data: list[str] | None, val: list[str] | None, dataset: str | None
+) -> dict[str, Any]:
+    if source is None and dataset:
+        source = "dataset"
     if source is None and data:
         source = "shards" if all(p.endswith(".bin") for p in data) else "text"
-    return {"data.source": source, "data.paths": data, "data.val_paths": val}
+    return {
+        "data.source": source,
+        "data.paths": data,
+        "data.val_paths": val,
+        "data.dataset": dataset,
+    }
 
 
 def submit_run(
@@ -148,6 +159,7 @@ def submit_train(
     source: Source = None,
     data: Data = None,
     val_data: ValData = None,
+    dataset: DatasetRef = None,
     micro_batch_size: MicroBatch = None,
     grad_accum_steps: GradAccum = None,
     seq_len: SeqLen = None,
@@ -168,7 +180,7 @@ def submit_train(
         "steps": steps,
         "model.preset": preset,
         "device": device,
-        **data_flags(source, data, val_data),
+        **data_flags(source, data, val_data, dataset),
         "batch.micro_batch_size": micro_batch_size,
         "batch.grad_accum_steps": grad_accum_steps,
         "batch.seq_len": seq_len,
@@ -192,6 +204,7 @@ def submit_validate(
     device: Device = None,
     source: Source = None,
     data: Data = None,
+    dataset: DatasetRef = None,
     batch_size: Annotated[int | None, opt(ValidateRequest, "batch_size")] = None,
     seq_len: Annotated[int | None, opt(ValidateRequest, "seq_len")] = None,
     num_batches: Annotated[int | None, opt(ValidateRequest, "num_batches")] = None,
@@ -206,7 +219,7 @@ def submit_validate(
         "checkpoint": checkpoint,
         "experiment": experiment,
         "device": device,
-        **data_flags(source, data, None),
+        **data_flags(source, data, None, dataset),
         "batch_size": batch_size,
         "seq_len": seq_len,
         "num_batches": num_batches,

@@ -43,8 +43,7 @@ class RunBar:
         if event.type == "metrics" and data.get("kind") in STEP_KINDS:
             self.on_step(data)
         elif event.type == "metrics" and data.get("kind") == "val":
-            at = f"step {data['step']}: " if data.get("step") is not None else ""
-            self.progress.console.print(f"  {at}val_loss {data['val_loss']:.4f}")
+            self.progress.console.print(f"  {validation_line(data)}")
         elif event.type == "log":
             self.progress.console.print(f"  {data.get('level', 'info')}: {data.get('message')}")
         elif event.type == "state":
@@ -63,6 +62,15 @@ class RunBar:
             left = (total - step) * sum(self.step_times) / len(self.step_times)
             fields["eta"] = str(timedelta(seconds=round(left)))
         self.progress.update(self.task, completed=step, total=total, **fields)
+
+
+def validation_line(data: dict[str, Any]) -> str:
+    """`step 100: val_loss 2.1234, bits/byte 1.0312`; bits per byte where it is known."""
+    at = f"step {data['step']}: " if data.get("step") is not None else ""
+    line = f"{at}val_loss {data['val_loss']:.4f}"
+    if isinstance(data.get("val_bits_per_byte"), int | float):
+        line += f", bits/byte {data['val_bits_per_byte']:.4f}"
+    return line
 
 
 def watch_to_end(api: TrainctlClient, run_id: str, *, as_json: bool = False) -> RunPublic:

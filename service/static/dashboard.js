@@ -188,17 +188,21 @@ async function readEventStream(path, lastId, onFrame, signal) {
   }
 }
 
-function summary(run) {
+// bpb: the latest validation's bits per byte, where the run's data says how many bytes a
+// token is (the figure that compares runs with different tokenizers); null otherwise.
+function summary(run, bpb) {
   const item = (label, value) => h("div", {}, h("span", {}, label), value);
   return h("div", { class: "summary" }, item("state", stateBadge(run.state)),
     item("kind", run.kind), item("experiment", run.experiment),
     item("progress", progressCell(run.progress)), item("attempt", run.attempt),
-    item("worker", run.worker_id || "-"), item("created", fmt.time(run.created_at)));
+    item("worker", run.worker_id || "-"), item("created", fmt.time(run.created_at)),
+    ...(bpb === null ? [] : [item("val bits/byte", h("span", { class: "bpb" }, fmt.num(bpb)))]));
 }
 
 async function showRun(runId) {
-  const run = await api(`/runs/${encodeURIComponent(runId)}`);
-  const head = h("div", { id: "run-summary" }, summary(run));
+  let run = await api(`/runs/${encodeURIComponent(runId)}`);
+  let bpb = null;
+  const head = h("div", { id: "run-summary" }, summary(run, bpb));
   const outcome = h("pre", { id: "run-outcome" });
   const logs = h("pre", { id: "run-logs" });
   view.replaceChildren(
@@ -210,9 +214,16 @@ async function showRun(runId) {
   const charts = new RunCharts(Math.max(360, (view.clientWidth - 48) / 2));
   const controller = new AbortController();
   const refresh = async () => {
-    const now = await api(`/runs/${encodeURIComponent(runId)}`);
-    head.replaceChildren(summary(now));
-    outcome.textContent = now.error || (now.result ? JSON.stringify(now.result, null, 2) : "");
+    run = await api(`/runs/${encodeURIComponent(runId)}`);
+    head.replaceChildren(summary(run, bpb));
+    outcome.textContent = run.error || (run.result ? JSON.stringify(run.result, null, 2) : "");
+  };
+  const onMetrics = (m) => {
+    charts.add(m);
+    if (typeof m.val_bits_per_byte === "number") {
+      bpb = m.val_bits_per_byte;
+      head.replaceChildren(summary(run, bpb));
+    }
   };
   let lastId = 0;
   const follow = async () => {
@@ -221,7 +232,7 @@ async function showRun(runId) {
         const ended = await readEventStream(`/runs/${encodeURIComponent(runId)}/events`, lastId,
           (type, event, id) => {
             lastId = Number(id) || lastId;
-            if (type === "metrics") charts.add(event.data);
+            if (type === "metrics") onMetrics(event.data);
             else if (type === "log") logs.append(`${event.data.level}: ${event.data.message}\n`);
             else if (type === "state") refresh().catch(showError);
           }, controller.signal);

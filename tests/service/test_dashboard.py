@@ -68,6 +68,9 @@ def test_the_dashboard_charts_a_running_run_live_and_lists_its_checkpoints(
             poll(lambda: points(page, "loss") > before, timeout=60, what="a new loss point")
             assert points(page, "tps") == points(page, "lr") >= before  # all fed by one stream
             assert page.text_content("#run-summary .state") == "running"
+            # Byte-level text: a token is a byte, so each validation knows its bits per byte.
+            page.wait_for_selector("#run-summary .bpb")
+            assert 0 < float(page.text_content("#run-summary .bpb") or "0") < 10
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
 
