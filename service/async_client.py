@@ -130,6 +130,9 @@ class AsyncTrainctlClient:
     async def submit_benchmark(self, **spec: Any) -> RunPublic:
         return await self._call(calls.submit("benchmark", spec, idempotency_key=None))
 
+    async def submit_prepare(self, **spec: Any) -> RunPublic:
+        return await self._call(calls.submit("prepare", spec, idempotency_key=None))
+
     async def get_run(self, run_id: str) -> RunPublic:
         return await self._call(calls.get_run(run_id))
 

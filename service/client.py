@@ -129,7 +129,7 @@ class TrainctlClient:
     def submit(
         self, kind: str, spec: dict[str, Any] | BaseModel, idempotency_key: str | None = None
     ) -> RunPublic:
-        """Queue a run of `kind` (train, validate, benchmark) with a spec (dict or spec model)."""
+        """Queue a run of `kind` (train, validate, benchmark, prepare) with a spec."""
         return self._call(calls.submit(kind, spec, idempotency_key))
 
     def submit_train(self, **spec: Any) -> RunPublic:
@@ -140,6 +140,9 @@ class TrainctlClient:
 
     def submit_benchmark(self, **spec: Any) -> RunPublic:
         return self._call(calls.submit("benchmark", spec, idempotency_key=None))
+
+    def submit_prepare(self, **spec: Any) -> RunPublic:
+        return self._call(calls.submit("prepare", spec, idempotency_key=None))
 
     def get_run(self, run_id: str) -> RunPublic:
         return self._call(calls.get_run(run_id))

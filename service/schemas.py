@@ -41,14 +41,21 @@ class Public(BaseModel):
 
 
 class ProgressPublic(Public):
-    step: int = Field(description="Optimizer steps done (measured steps for a benchmark).")
-    total_steps: int | None = Field(description="Steps the run will take, once known.")
+    step: int = Field(
+        description="Optimizer steps done (measured steps for a benchmark, documents for a "
+        "prepare)."
+    )
+    total_steps: int | None = Field(
+        description="Steps the run will take, once known (never, for a prepare)."
+    )
 
 
 class RunPublic(Public):
     id: str
     kind: RunKind
-    experiment: str = Field(description="Train: the request's; validate: the checkpoint's.")
+    experiment: str = Field(
+        description="Train: the request's; validate: the checkpoint's; prepare: the dataset's name."
+    )
     state: RunState
     spec: dict[str, Any] = Field(
         description="The run's plan: every default filled in, any checkpoint it reads pinned."

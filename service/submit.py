@@ -3,7 +3,8 @@
 Everything a run needs is decided by `store.plans` at submit time, so a bad request is a 422
 now rather than a failed run later. A plan that reads a checkpoint (a resume, a validation)
 is enqueued under the protection policy's pin, so the checkpoint cannot be deleted between
-resolving and enqueueing.
+resolving and enqueueing. A prepare run is refused (409) while another prepare run of the
+same dataset name is queued or running.
 """
 
 from __future__ import annotations
@@ -16,12 +17,26 @@ from trainctl.service.devices import cuda_available, memory_limit
 from trainctl.service.settings import Settings
 from trainctl.store.access import Principal
 from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.exceptions import DatasetExists
 from trainctl.store.memory import admit
-from trainctl.store.plans import Plan, resolve_benchmark, resolve_train, resolve_validate
+from trainctl.store.plans import (
+    PreparePlan,
+    RunPlan,
+    resolve_benchmark,
+    resolve_prepare,
+    resolve_train,
+    resolve_validate,
+)
 from trainctl.store.protection import ProtectionPolicy
 from trainctl.store.runs import QueueLimits, Run, RunStore
-from trainctl.store.specs import BenchmarkRequest, Request, TrainRequest, ValidateRequest
-from trainctl.store.vocabulary import RunKind
+from trainctl.store.specs import (
+    BenchmarkRequest,
+    PrepareRequest,
+    Request,
+    TrainRequest,
+    ValidateRequest,
+)
+from trainctl.store.vocabulary import ACTIVE_STATES, RunKind
 
 
 def request_digest(kind: str, request: Request) -> str:
@@ -44,7 +59,8 @@ def submit_run(
     if idempotency_key and (existing := runs.replay(idempotency_key, kind, digest)):
         return existing  # an idempotent retry gets its run, even if resolving now would differ
     plan = resolve(request, settings=settings, runs=runs, ckpts=ckpts)
-    admit(plan, memory_limit(runs, settings.lease_seconds, plan.device))
+    if not isinstance(plan, PreparePlan):  # a prepare's memory is bounded by its batches
+        admit(plan, memory_limit(runs, settings.lease_seconds, plan.device))
     ref = plan.depends_on
     pin = ProtectionPolicy(runs, ckpts).pinned(ref.experiment, ref.tag) if ref else nullcontext()
     with pin:
@@ -63,9 +79,13 @@ def submit_run(
 
 def resolve(
     request: Request, *, settings: Settings, runs: RunStore, ckpts: CheckpointStore
-) -> Plan:
-    cuda = cuda_available(runs, settings.lease_seconds)
+) -> RunPlan:
     roots, datasets = settings.data_roots, settings.datasets_dir
+    if isinstance(request, PrepareRequest):
+        plan = resolve_prepare(request, data_roots=roots, datasets_dir=datasets)
+        refuse_a_second_prepare(runs, plan.name)
+        return plan
+    cuda = cuda_available(runs, settings.lease_seconds)
     if isinstance(request, TrainRequest):
         return resolve_train(
             request,
@@ -84,3 +104,15 @@ def resolve(
         )
     assert isinstance(request, BenchmarkRequest), f"no plan for a {type(request).__name__}"
     return resolve_benchmark(request, cuda_available=cuda)
+
+
+def refuse_a_second_prepare(runs: RunStore, name: str) -> None:
+    """Two prepare runs of one name would race to publish it: the second is refused now.
+    (Two submitted at the same moment may both pass; the later to finish then fails.)"""
+    for state in ACTIVE_STATES:
+        active, _ = runs.list_runs(kind="prepare", state=state, experiment=name, limit=1)
+        if active:
+            raise DatasetExists(
+                f"name: dataset {name!r} is being prepared by run {active[0].id} ({state}); "
+                "wait for it, or cancel it"
+            )

@@ -71,7 +71,11 @@ class _Expansion:
         self.files.append(Path(os.path.realpath(file)))
 
 
-def confine_paths(patterns: list[str], roots: list[Path], field: str) -> list[Path]:
+def confine_paths(
+    patterns: list[str], roots: list[Path], field: str, *, skip_hidden: bool = False
+) -> list[Path]:
+    """The real files `patterns` reach, each inside the roots; `skip_hidden`: a folder's
+    hidden files and folders are not read (a file named in a pattern always is)."""
     if patterns and not roots:
         raise InvalidRequest(
             f"{field}: no data roots are configured (set {ROOTS_SETTING}), so no files may be read"
@@ -87,7 +91,7 @@ def confine_paths(patterns: list[str], roots: list[Path], field: str) -> list[Pa
         before = len(expansion.files)
         try:
             for match in expansion.bounded(pattern, glob.iglob(full, recursive=True)):
-                for file in expansion.bounded(pattern, _files(match)):
+                for file in expansion.bounded(pattern, _files(match, skip_hidden)):
                     expansion.add(pattern, file)
         except OSError as exc:
             raise expansion.refuse(pattern, f"cannot be read ({exc.strerror})") from None
@@ -109,7 +113,7 @@ def _until_wildcard(parts: tuple[str, ...]) -> Iterator[str]:
         yield part
 
 
-def _files(match: str) -> Iterator[str]:
+def _files(match: str, skip_hidden: bool = False) -> Iterator[str]:
     """A matched file, or every file under a matched folder, without following links to
     folders (a link to a file is checked by the caller like any other file)."""
     if not os.path.isdir(match):
@@ -119,7 +123,10 @@ def _files(match: str) -> Iterator[str]:
     def raise_error(exc: OSError) -> None:
         raise exc
 
-    for folder, _, names in os.walk(match, onerror=raise_error):
+    for folder, folders, names in os.walk(match, onerror=raise_error):
+        if skip_hidden:
+            folders[:] = [f for f in folders if not f.startswith(".")]
+            names = [n for n in names if not n.startswith(".")]
         for name in names:
             if os.path.isfile(path := os.path.join(folder, name)):
                 yield path
@@ -147,17 +154,28 @@ def dataset_folder(ref: str, roots: list[Path], datasets_dir: Path | None, field
                 f"path: './{ref}'"
             )
         return Path(os.path.realpath(folder))
+    folder = confine_path(ref, roots, field)
+    if not folder.is_dir():
+        raise InvalidRequest(f"{field}: {ref!r} is not a folder")
+    return folder
+
+
+def confine_path(ref: str, roots: list[Path], field: str) -> Path:
+    """The real path of one file or folder (no pattern) inside the roots: absolute, or
+    relative to the first root."""
     if not roots:
         raise InvalidRequest(
-            f"{field}: no data roots are configured (set {ROOTS_SETTING}), so no folder may be "
-            "read; name a dataset of the data dir's datasets/ instead"
+            f"{field}: no data roots are configured (set {ROOTS_SETTING}), so nothing there may "
+            "be read"
         )
+    if "\x00" in ref:
+        raise InvalidRequest(f"{field}: {ref!r} contains a NUL byte")  # repr shows it
     expansion = _Expansion([Path(os.path.realpath(r)) for r in roots], field)
     full = ref if os.path.isabs(ref) else str(expansion.roots[0] / ref)
     if not expansion.inside(full):
         raise expansion.refuse(ref, f"is outside the data roots ({ROOTS_SETTING})")
-    if not os.path.isdir(full):
-        raise expansion.refuse(ref, "is not a folder")
+    if not os.path.exists(full):
+        raise expansion.refuse(ref, "does not exist")
     return Path(os.path.realpath(full))
 
 

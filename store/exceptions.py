@@ -53,6 +53,10 @@ class CheckpointProtected(Conflict):
     pass
 
 
+class DatasetExists(Conflict):
+    """A prepare run's dataset name is taken (a dataset, or an active prepare run of it)."""
+
+
 class RunNotCancellable(Conflict):
     pass
 

@@ -1,16 +1,17 @@
 """Plans: what a worker runs, resolved from a request (docs/architecture.md, "Requests and
 plans").
 
-`resolve_train`, `resolve_validate` and `resolve_benchmark` decide everything a run needs at
-submit time, so that a bad request is a 422 now rather than a failed run later: the device,
-the model config, the batch geometry, the data files or the dataset, and the concrete
-checkpoint a resume or a validation reads. A plan is frozen and has no optional field the
-worker must default; the run row stores it and `GET /runs/{id}` shows it. Device-dependent
-defaults come from a `Profile` (CPU or CUDA).
+`resolve_train`, `resolve_validate`, `resolve_benchmark` and `resolve_prepare` decide
+everything a run needs at submit time, so that a bad request is a 422 now rather than a
+failed run later: the device, the model config, the batch geometry, the data files or the
+dataset, and the concrete checkpoint a resume or a validation reads. A plan is frozen and has
+no optional field the worker must default; the run row stores it and `GET /runs/{id}` shows
+it. Device-dependent defaults come from a `Profile` (CPU or CUDA).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,18 +25,38 @@ from trainctl.store.checkpoints import (
     TokenizerId,
     check_fits,
 )
-from trainctl.store.datapaths import confine_dataset, dataset_folder, resolve_data
-from trainctl.store.datasets import DATASET_FILE, Dataset, is_dataset, read_dataset
-from trainctl.store.exceptions import CheckpointNotFound, InvalidRequest, TrainctlError
+from trainctl.store.datapaths import (
+    confine_dataset,
+    confine_path,
+    confine_paths,
+    dataset_folder,
+    resolve_data,
+)
+from trainctl.store.datasets import (
+    DATASET_FILE,
+    TOKENIZER_FILE,
+    Dataset,
+    is_dataset,
+    read_dataset,
+)
+from trainctl.store.exceptions import (
+    CheckpointNotFound,
+    DatasetExists,
+    InvalidRequest,
+    TrainctlError,
+)
 from trainctl.store.manifests import sha256_file
 from trainctl.store.names import Name
 from trainctl.store.presets import ModelConfig
 from trainctl.store.specs import (
+    BYTES_TOKENIZER,
     BatchSpec,
     BenchmarkOptions,
     BenchmarkRequest,
     DataSpec,
     ModelSpec,
+    PrepareOptions,
+    PrepareRequest,
     Spec,
     StepOptions,
     TrainOptions,
@@ -179,7 +200,24 @@ class ValidatePlan(ValidateOptions):
         return self.checkpoint
 
 
+class PreparePlan(PrepareOptions):
+    name: Name = Field(description="The dataset's name.")
+    inputs: list[str] = Field(description="The input files, expanded and confined.")
+    tokenizer: str = Field(description="'bytes', or the real path of the tokenizer.json.")
+    output: str = Field(description="The dataset's folder: <data dir>/datasets/<name>.")
+
+    @property
+    def filed_under(self) -> str:
+        return self.name
+
+    @property
+    def depends_on(self) -> CheckpointRef | None:
+        return None
+
+
 Plan = TrainPlan | BenchmarkPlan | ValidatePlan
+"""The plans that run a model (and so have a device and a memory estimate)."""
+RunPlan = Plan | PreparePlan
 
 
 # --- device profiles ------------------------------------------------------------------------
@@ -363,6 +401,37 @@ def resolve_validate(
         seq_len=seq_len,
         device=device,
     )
+
+
+def resolve_prepare(
+    request: PrepareRequest, *, data_roots: list[Path], datasets_dir: Path
+) -> PreparePlan:
+    """Inputs and tokenizer confined to the roots, the output a new folder of `datasets_dir`."""
+    output = Path(os.path.realpath(datasets_dir)) / request.name
+    if os.path.lexists(output):
+        raise DatasetExists(
+            f"name: the data dir's datasets/ already has a {request.name!r}; choose another "
+            "name, or remove that folder first"
+        )
+    inputs = confine_paths(request.inputs, data_roots, "inputs", skip_hidden=True)
+    return PreparePlan(
+        **_options(request, PrepareOptions),
+        name=request.name,
+        inputs=[str(p) for p in inputs],
+        tokenizer=_tokenizer_file(request.tokenizer, data_roots),
+        output=str(output),
+    )
+
+
+def _tokenizer_file(ref: str, roots: list[Path]) -> str:
+    if ref == BYTES_TOKENIZER:
+        return ref
+    path = confine_path(ref, roots, "tokenizer")
+    if path.is_dir():
+        path = confine_path(str(path / TOKENIZER_FILE), roots, "tokenizer")
+    if not path.is_file():
+        raise InvalidRequest(f"tokenizer: {ref!r} is not a file")
+    return str(path)
 
 
 def _options(request: Spec, shared: type[Spec]) -> dict[str, Any]:

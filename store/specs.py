@@ -45,6 +45,10 @@ SERVER_FILLED = ("model_config_resolved", "warnings", "dataset")
 # or a line break.
 DATASET_REF_PATTERN = r"^[^*?\[\x00-\x1f]+$"
 MAX_DATASET_REF_LENGTH = 4096
+BYTES_TOKENIZER = "bytes"
+MAX_FIELD_NAME_LENGTH = 256
+# More tokenizing processes than this contend for memory bandwidth on any node there is.
+MAX_PREPARE_WORKERS = 256
 
 
 # Numbers and booleans are Strict*: a value must have the JSON type the schema publishes.
@@ -253,6 +257,48 @@ class BenchmarkOptions(StepOptions):
     )
 
 
+class PrepareOptions(Spec):
+    """How a prepare reads its inputs and writes its shards (store.prepare.prepare_dataset)."""
+
+    text_field: str = Field(
+        "text",
+        min_length=1,
+        max_length=MAX_FIELD_NAME_LENGTH,
+        description="JSONL inputs: the field that holds each document's text.",
+    )
+    text_column: str = Field(
+        "text",
+        min_length=1,
+        max_length=MAX_FIELD_NAME_LENGTH,
+        description="Parquet inputs: the column that holds each document's text.",
+    )
+    val_fraction: StrictFloat = Field(
+        0.05,
+        ge=0,
+        le=0.5,
+        description="Fraction of the documents held out for validation, spread evenly "
+        "(every 20th at 0.05); 0 holds none out.",
+    )
+    shard_tokens: StrictInt = Field(
+        100_000_000,
+        ge=1024,
+        le=2**31 - 1,
+        description="Tokens per shard file; the last shard of a split holds the rest.",
+    )
+    workers: StrictInt | None = Field(
+        None,
+        ge=1,
+        le=MAX_PREPARE_WORKERS,
+        description="Tokenizing processes; default: every core the worker may use. The "
+        "shards are the same bytes whatever the number.",
+    )
+    strict: StrictBool = Field(
+        False,
+        description="Stop at the first malformed line, missing field or non-UTF-8 document "
+        "(the run fails, naming its file and line) instead of skipping and counting it.",
+    )
+
+
 class ValidateOptions(Spec):
     data: DataSpec = Field(default_factory=DataSpec, description="Validation data.")
     batch_size: StrictInt = Field(4, ge=1, le=4096, description="Sequences per batch.")
@@ -297,6 +343,30 @@ class BenchmarkRequest(BenchmarkOptions, Request):
         None, description="Per-layer activation checkpointing; default on CUDA only."
     )
     device: DeviceChoice = Field("auto", description="Where to run.")
+
+
+class PrepareRequest(PrepareOptions, Request):
+    name: Name = Field(
+        description="The dataset's name: it is written to the data dir's datasets/<name>, and "
+        "train and validate runs name it so (data.dataset). A name in use, or being prepared, "
+        "is a 409."
+    )
+    inputs: list[str] = Field(
+        min_length=1,
+        max_length=256,
+        description="Files, folders or globs inside the data roots (relative to the first): "
+        "text files, JSONL (.jsonl, .jsonl.gz, .jsonl.zst) and Parquet (.parquet). Folders "
+        "are read in name order, their hidden files skipped.",
+    )
+    tokenizer: str = Field(
+        BYTES_TOKENIZER,
+        min_length=1,
+        max_length=MAX_DATASET_REF_LENGTH,
+        pattern=DATASET_REF_PATTERN,
+        description="'bytes' (a token is a byte), or a tokenizer.json inside the data roots "
+        "(or a folder holding one; relative to the first root), as `trainctl data tokenizer "
+        "train` writes it. It is copied into the dataset.",
+    )
 
 
 class ValidateRequest(ValidateOptions, Request):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-RunKind = Literal["train", "validate", "benchmark"]
+RunKind = Literal["train", "validate", "benchmark", "prepare"]
 RunState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 EventType = Literal["state", "metrics", "log"]
 # What an API token may do, each scope allowing what those before it do (store/access.py).

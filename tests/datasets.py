@@ -38,6 +38,11 @@ def stdlib_texts(max_bytes: int = 400_000) -> list[str]:
     return texts
 
 
+def stdlib_documents(max_bytes: int = 400_000) -> list[str]:
+    """The same source cut into many documents: its top-level blocks (two blank lines apart)."""
+    return [block for text in stdlib_texts(max_bytes) for block in text.split("\n\n\n") if block]
+
+
 def train_tokenizer(out: Path, texts: Sequence[str], vocab_size: int = 512) -> Path:
     """A byte-level BPE with an end-of-text token (id 0), saved as `out`."""
     tokenizer = Tokenizer(models.BPE())

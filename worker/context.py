@@ -82,9 +82,11 @@ class RunContext:
         if "step" in data and "total_steps" in data:
             self.progress(int(data["step"]), int(data["total_steps"]))
 
-    def progress(self, step: int, total_steps: int, force: bool = False) -> None:
+    def progress(self, step: int, total_steps: int | None, force: bool = False) -> None:
+        """`step` of `total_steps` (None: not known, as a prepare's documents)."""
         now = time.monotonic()
-        if force or step >= total_steps or now - self._last_progress >= PROGRESS_INTERVAL:
+        done = total_steps is not None and step >= total_steps
+        if force or done or now - self._last_progress >= PROGRESS_INTERVAL:
             self._last_progress = now
             self._fenced(
                 self.runs.set_progress, self.run.id, self.worker_id, self.attempt, step, total_steps

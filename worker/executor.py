@@ -17,11 +17,13 @@ from trainctl.store.checkpoints import CheckpointStore
 from trainctl.store.plans import (
     BenchmarkPlan,
     CheckpointRef,
-    Plan,
+    PreparePlan,
+    RunPlan,
     TrainPlan,
     ValidatePlan,
     bytes_per_token,
 )
+from trainctl.store.prepare import PrepareStopped
 from trainctl.store.protection import ProtectionPolicy
 from trainctl.worker.benchmark import run_benchmark
 from trainctl.worker.checkpoint import load_checkpoint
@@ -29,10 +31,11 @@ from trainctl.worker.context import RunContext
 from trainctl.worker.data import SyntheticSampler, TokenSampler
 from trainctl.worker.distributed import launch_train
 from trainctl.worker.model import build_model
+from trainctl.worker.prepare import prepare
 from trainctl.worker.train import Trainer, build_token_arrays, val_metrics
 from trainctl.worker.validation import compute_validation_loss, validate_forward_shape
 
-P = TypeVar("P", bound=Plan)
+P = TypeVar("P", bound=RunPlan)
 
 
 @dataclass
@@ -156,7 +159,22 @@ def execute_validate(ctx: RunContext, root: Path) -> Outcome:
     )
 
 
-EXECUTORS = {"train": execute_train, "benchmark": execute_benchmark, "validate": execute_validate}
+def execute_prepare(ctx: RunContext, root: Path) -> Outcome:
+    plan = read_plan(ctx, PreparePlan)
+    ctx.log(f"preparing dataset {plan.name} from {len(plan.inputs)} input files")
+    try:
+        result = prepare(plan, ctx)
+    except PrepareStopped:
+        return stopped_outcome(ctx, {"dataset": plan.name})  # nothing of it is left
+    return Outcome("succeeded", result)
+
+
+EXECUTORS = {
+    "train": execute_train,
+    "benchmark": execute_benchmark,
+    "validate": execute_validate,
+    "prepare": execute_prepare,
+}
 
 
 def execute(ctx: RunContext, checkpoint_root: Path) -> Outcome:

@@ -29,7 +29,7 @@ def progress_text(run: RunPublic) -> str:
 @app.command("list")
 def list_runs(
     ctx: typer.Context,
-    kind: Annotated[str | None, typer.Option(help="train, validate or benchmark.")] = None,
+    kind: Annotated[str | None, typer.Option(help="train, validate, benchmark or prepare.")] = None,
     state: Annotated[str | None, typer.Option(help="queued, running, succeeded, ...")] = None,
     experiment: Annotated[str | None, typer.Option("--experiment", "-e")] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 20,

@@ -1,4 +1,4 @@
-"""`trainctl submit train|validate|benchmark`: queue a run, optionally watch it to the end.
+"""`trainctl submit train|validate|benchmark|prepare`: queue a run, optionally watch it to the end.
 
 The flags mirror the request models (`store.specs`) and take their help from the field
 descriptions; any other field, however nested, is reachable with `--set key.path=value`.
@@ -22,11 +22,12 @@ from trainctl.store.specs import (
     BenchmarkRequest,
     DataSpec,
     ModelSpec,
+    PrepareRequest,
     TrainRequest,
     ValidateRequest,
 )
 
-app = typer.Typer(no_args_is_help=True, help="Queue a train, validate or benchmark run.")
+app = typer.Typer(no_args_is_help=True, help="Queue a train, validate, benchmark or prepare run.")
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
@@ -265,3 +266,42 @@ def submit_benchmark(
     submit_run(
         ctx, "benchmark", spec, watch=watch, idempotency_key=idempotency_key, as_json=as_json
     )
+
+
+@app.command("prepare")
+def submit_prepare(
+    ctx: typer.Context,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Argument(help=doc(PrepareRequest, "inputs"), show_default=False),
+    ] = None,
+    name: Annotated[str | None, opt(PrepareRequest, "name", "--name", "-n")] = None,
+    tokenizer: Annotated[str | None, opt(PrepareRequest, "tokenizer")] = None,
+    text_field: Annotated[str | None, opt(PrepareRequest, "text_field")] = None,
+    text_column: Annotated[str | None, opt(PrepareRequest, "text_column")] = None,
+    val_fraction: Annotated[float | None, opt(PrepareRequest, "val_fraction")] = None,
+    shard_tokens: Annotated[int | None, opt(PrepareRequest, "shard_tokens")] = None,
+    workers: Annotated[int | None, opt(PrepareRequest, "workers")] = None,
+    strict: Annotated[
+        bool | None, typer.Option("--strict/--lenient", help=doc(PrepareRequest, "strict"))
+    ] = None,
+    sets: Sets = None,
+    spec_file: SpecFile = None,
+    watch: Watch = False,
+    idempotency_key: IdempotencyKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Queue a prepare on a worker: INPUTS (inside the data roots) into dataset --name."""
+    flags = {
+        "inputs": inputs,
+        "name": name,
+        "tokenizer": tokenizer,
+        "text_field": text_field,
+        "text_column": text_column,
+        "val_fraction": val_fraction,
+        "shard_tokens": shard_tokens,
+        "workers": workers,
+        "strict": strict,
+    }
+    spec = build_spec(load(spec_file), flags, sets)
+    submit_run(ctx, "prepare", spec, watch=watch, idempotency_key=idempotency_key, as_json=as_json)

@@ -1,8 +1,9 @@
 """Following a run live: a rich progress bar fed by the run's event stream (SSE).
 
-The bar shows step / total, the latest loss, tokens/s and an ETA. The ETA comes from the
-worker's own step times (an average over the last steps), not from how fast events arrive
-here, so it is right even while an already-running run's history replays.
+The bar shows step / total, the latest loss, tokens/s and an ETA (for a prepare: documents
+and tokens done, and tokens/s). The ETA comes from the worker's own step times (an average
+over the last steps), not from how fast events arrive here, so it is right even while an
+already-running run's history replays.
 
 The bar and the events go to stderr; stdout gets the outcome alone: a line, or with --json the
 finished run as one line of JSON.
@@ -42,12 +43,23 @@ class RunBar:
         data = event.data
         if event.type == "metrics" and data.get("kind") in STEP_KINDS:
             self.on_step(data)
+        elif event.type == "metrics" and data.get("kind") == "prepare":
+            self.on_prepare(data)
         elif event.type == "metrics" and data.get("kind") == "val":
             self.progress.console.print(f"  {validation_line(data)}")
         elif event.type == "log":
             self.progress.console.print(f"  {data.get('level', 'info')}: {data.get('message')}")
         elif event.type == "state":
             self.progress.console.print(f"  state: {data.get('state')}")
+
+    def on_prepare(self, data: dict[str, Any]) -> None:
+        """A prepare counts documents, whose total is not known until it ends."""
+        self.progress.update(
+            self.task,
+            completed=int(data.get("documents", 0)),
+            description=f"prepare: {int(data.get('tokens', 0)):,} tokens",
+            speed=f"{float(data.get('tokens_per_sec', 0.0)):,.0f}",
+        )
 
     def on_step(self, data: dict[str, Any]) -> None:
         step, total = int(data["step"]), data.get("total_steps")

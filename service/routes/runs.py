@@ -21,7 +21,12 @@ from trainctl.service.schemas import (
 )
 from trainctl.service.submit import submit_run
 from trainctl.store.runs import Run
-from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
+from trainctl.store.specs import (
+    BenchmarkRequest,
+    PrepareRequest,
+    TrainRequest,
+    ValidateRequest,
+)
 from trainctl.store.vocabulary import RunKind, RunState
 
 # Every route takes parameters (422) and reads or writes the run database (503 when it can't).
@@ -40,7 +45,7 @@ IdempotencyKey = Annotated[
     ),
 ]
 # 409: the idempotency key was used for another request, the experiment already has an active
-# train run, or the checkpoint to validate is damaged.
+# train run, the checkpoint to validate is damaged, or the dataset name to prepare is taken.
 ACCEPTED: dict[int | str, dict[str, Any]] = {
     202: {"description": "Queued. `Location` is the run's URL."},
     **error_responses(400, 403, 409, 413, 429),
@@ -122,6 +127,23 @@ def create_benchmark_run(
 ) -> RunPublic:
     """Queue a throughput benchmark."""
     run = submit_run("benchmark", request, settings=settings, runs=runs, ckpts=ckpts,
+                     submitter=submitter, idempotency_key=idempotency_key)  # fmt: skip
+    return _accepted(run, response)
+
+
+@router.post("/prepare", status_code=status.HTTP_202_ACCEPTED, response_model=RunPublic,
+             responses=ACCEPTED)  # fmt: skip
+def create_prepare_run(
+    request: PrepareRequest,
+    response: Response,
+    settings: SettingsDep,
+    runs: RunsDep,
+    ckpts: CheckpointsDep,
+    submitter: Submitter,
+    idempotency_key: IdempotencyKey = None,
+) -> RunPublic:
+    """Queue a prepare: corpus files under the data roots into a dataset of the data dir."""
+    run = submit_run("prepare", request, settings=settings, runs=runs, ckpts=ckpts,
                      submitter=submitter, idempotency_key=idempotency_key)  # fmt: skip
     return _accepted(run, response)
 

@@ -396,3 +396,20 @@ def test_the_async_client_deletes_prunes_and_finds_the_best_checkpoint(
     assert pruned == ["step_20"]
     assert best == "best"
     assert no_best == 404
+
+
+def test_both_clients_submit_a_prepare_run(tmp_path: Path) -> None:
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("some text")
+    settings = Settings(data_dir=tmp_path / "data", workers=0, data_roots=[tmp_path / "corpus"])
+
+    async def submit_async(url: str) -> str:
+        async with AsyncTrainctlClient(url, timeout=10) as api:
+            return (await api.submit_prepare(name="two", inputs=["a.txt"])).experiment
+
+    with serve(create_app(settings)) as url:
+        with TrainctlClient(url, timeout=10) as api:
+            run = api.submit_prepare(name="one", inputs=["a.txt"], tokenizer="bytes")
+        twin = anyio.run(submit_async, url)
+
+    assert (run.kind, run.experiment, twin) == ("prepare", "one", "two")

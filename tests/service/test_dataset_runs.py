@@ -1,6 +1,6 @@
 """Runs on a prepared dataset through the API: pinned when accepted, refused at submit with a
 422 that says why (an unfinished prepare, a vocabulary larger than the model's, a checkpoint
-trained with another tokenizer)."""
+trained with another tokenizer); and prepare runs, refused with a 409 for a name in use."""
 
 from __future__ import annotations
 
@@ -17,6 +17,14 @@ from trainctl.store.checkpoints import CheckpointStore
 from trainctl.store.datasets import DATASET_FILE, TOKENIZER_FILE, Dataset
 
 TEXTS = stdlib_texts(100_000)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """The app's settings (conftest's `app` reads them), with a data root holding a corpus."""
+    (tmp_path / "roots" / "corpus").mkdir(parents=True)
+    (tmp_path / "roots" / "corpus" / "a.txt").write_text("some text")
+    return Settings(data_dir=tmp_path / "data", workers=0, data_roots=[tmp_path / "roots"])
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +103,39 @@ def test_a_checkpoint_answer_names_the_tokenizer_it_was_trained_with(
         "sha256": "ab" * 32,
     }
     assert client.get("/checkpoints/old/step_10").json()["tokenizer"] is None
+
+
+def test_a_prepare_run_is_queued_filed_under_its_dataset_name(
+    client: TestClient, settings: Settings
+) -> None:
+    r = client.post("/runs/prepare", json={"name": "notes", "inputs": ["corpus"]})
+
+    assert r.status_code == 202, r.text
+    run = r.json()
+    assert (run["kind"], run["experiment"], run["state"]) == ("prepare", "notes", "queued")
+    output = settings.datasets_dir.resolve() / "notes"
+    assert run["spec"]["output"] == str(output) and run["spec"]["tokenizer"] == "bytes"
+    assert run["spec"]["inputs"] == [str(settings.data_roots[0].resolve() / "corpus" / "a.txt")]
+    listed = client.get("/runs", params={"kind": "prepare"}).json()["items"]
+    assert [item["id"] for item in listed] == [run["id"]]
+
+
+def test_a_prepare_of_a_name_in_use_or_being_prepared_is_a_409(
+    client: TestClient, bpe: Dataset
+) -> None:
+    taken = client.post("/runs/prepare", json={"name": "code", "inputs": ["corpus"]})
+    first = client.post("/runs/prepare", json={"name": "notes", "inputs": ["corpus"]})
+    second = client.post("/runs/prepare", json={"name": "notes", "inputs": ["corpus"]})
+
+    assert taken.status_code == 409 and "already has a 'code'" in taken.json()["detail"]
+    assert first.status_code == 202
+    assert second.status_code == 409
+    assert f"being prepared by run {first.json()['id']}" in second.json()["detail"]
+
+
+def test_prepare_inputs_outside_the_data_roots_are_a_422(
+    client: TestClient, tmp_path: Path
+) -> None:
+    r = client.post("/runs/prepare", json={"name": "notes", "inputs": [str(tmp_path)]})
+
+    assert r.status_code == 422 and "outside the data roots" in r.json()["detail"]

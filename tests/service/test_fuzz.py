@@ -52,7 +52,7 @@ MAX_EXAMPLES = 50
 
 TOKEN = "fuzz-token"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
-SUBMITS = {"/runs/train", "/runs/validate", "/runs/benchmark"}
+SUBMITS = {"/runs/train", "/runs/validate", "/runs/benchmark", "/runs/prepare"}
 
 # --- what the app holds ----------------------------------------------------------------------
 

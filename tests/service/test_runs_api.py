@@ -327,7 +327,10 @@ def test_run_pages_follow_the_cursor_to_the_end(client: TestClient) -> None:
 @pytest.mark.parametrize(
     ("params", "expected"),
     [
-        ({"kind": "nap"}, "query.kind: Input should be 'train', 'validate' or 'benchmark'"),
+        (
+            {"kind": "nap"},
+            "query.kind: Input should be 'train', 'validate', 'benchmark' or 'prepare'",
+        ),
         ({"state": "done"}, "query.state"),
         ({"limit": 0}, "query.limit: Input should be greater than or equal to 1"),
         ({"limit": 501}, "query.limit: Input should be less than or equal to 500"),

@@ -1,6 +1,6 @@
 """Plans that read a prepared dataset: found by name or folder, confined, pinned, and refused
 at submit when they cannot work (no dataset.json, a vocabulary larger than the model's, a
-checkpoint trained with another tokenizer)."""
+checkpoint trained with another tokenizer); and the plans of prepare runs that make one."""
 
 from __future__ import annotations
 
@@ -15,16 +15,18 @@ from tests.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset, wri
 from tests.service.conftest import save_checkpoint
 from trainctl.store.checkpoints import CheckpointStore, TokenizerId
 from trainctl.store.datasets import DATASET_FILE, TOKENIZER_FILE, Dataset, read_dataset
-from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.exceptions import DatasetExists, InvalidRequest
 from trainctl.store.plans import (
     DatasetPin,
+    PreparePlan,
     TrainPlan,
     ValidatePlan,
+    resolve_prepare,
     resolve_train,
     resolve_validate,
 )
 from trainctl.store.presets import get_preset
-from trainctl.store.specs import DataSpec, TrainRequest, ValidateRequest
+from trainctl.store.specs import DataSpec, PrepareRequest, TrainRequest, ValidateRequest
 
 TEXTS = stdlib_texts(120_000)
 
@@ -99,7 +101,7 @@ def test_a_dataset_folder_is_named_by_a_path_inside_the_data_roots(
         ("missing", "no dataset named 'missing'"),
         ("../data/datasets/code", "outside the data roots"),
         ("/etc", "outside the data roots"),
-        ("./nothing/here", "is not a folder"),
+        ("./nothing/here", "does not exist"),
         ("a..b", "neither a dataset name"),
     ],
 )
@@ -211,3 +213,69 @@ def test_the_store_reads_the_tokenizer_a_checkpoint_records(tmp_path: Path) -> N
     assert info.tokenizer == TokenizerId("bpe", "ab" * 32)
     metadata = json.loads((info.path / "metadata.json").read_text())
     assert metadata["tokenizer"]["eot_id"] == 0
+
+
+# --- prepare plans ---------------------------------------------------------------------------
+
+
+def prepare(roots: list[Path], datasets_dir: Path, **request: Any) -> PreparePlan:
+    return resolve_prepare(
+        PrepareRequest(**{"name": "corpus", "inputs": ["corpus"], **request}),
+        data_roots=roots,
+        datasets_dir=datasets_dir,
+    )
+
+
+def test_a_prepare_plan_reads_a_folders_files_but_its_hidden_ones(
+    roots: list[Path], datasets_dir: Path
+) -> None:
+    corpus = roots[0] / "corpus"
+    (corpus / "b").mkdir(parents=True)
+    (corpus / ".git").mkdir()
+    for name in ("a.jsonl", "b/c.txt", ".hidden.txt", ".git/config"):
+        (corpus / name).write_text("text")
+
+    p = prepare(roots, datasets_dir, workers=2)
+
+    real = corpus.resolve()
+    assert p.inputs == [str(real / "a.jsonl"), str(real / "b" / "c.txt")]
+    assert p.output == str(datasets_dir.resolve() / "corpus") and p.filed_under == "corpus"
+    assert p.tokenizer == "bytes" and p.workers == 2
+    named = prepare(roots, datasets_dir, inputs=["corpus/.hidden.txt"])  # named: it is read
+    assert named.inputs == [str(real / ".hidden.txt")]
+
+
+def test_a_prepare_plan_takes_a_tokenizer_file_or_folder_inside_the_roots(
+    roots: list[Path], datasets_dir: Path, tokenizer: Path
+) -> None:
+    (roots[0] / "corpus").mkdir()
+    (roots[0] / "corpus" / "a.txt").write_text("text")
+    (roots[0] / "tok").mkdir()
+    (roots[0] / "tok" / TOKENIZER_FILE).write_bytes(tokenizer.read_bytes())
+    expected = str((roots[0] / "tok" / TOKENIZER_FILE).resolve())
+
+    assert prepare(roots, datasets_dir, tokenizer="tok").tokenizer == expected
+    assert prepare(roots, datasets_dir, tokenizer="tok/tokenizer.json").tokenizer == expected
+    with pytest.raises(InvalidRequest, match="outside the data roots"):
+        prepare(roots, datasets_dir, tokenizer=str(tokenizer))
+    with pytest.raises(InvalidRequest, match="does not exist"):
+        prepare(roots, datasets_dir, tokenizer="corpus/tokenizer.json")
+
+
+def test_a_prepare_into_a_name_in_use_is_a_conflict(
+    roots: list[Path], datasets_dir: Path, bpe: Dataset
+) -> None:
+    (roots[0] / "corpus").mkdir()
+    (roots[0] / "corpus" / "a.txt").write_text("text")
+
+    with pytest.raises(DatasetExists, match="already has a 'code'"):
+        prepare(roots, datasets_dir, name="code")
+
+
+def test_prepare_inputs_outside_the_roots_are_refused(
+    roots: list[Path], datasets_dir: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(InvalidRequest, match="outside the data roots"):
+        prepare(roots, datasets_dir, inputs=[str(tmp_path)])
+    with pytest.raises(ValidationError, match="inputs"):
+        PrepareRequest(name="x", inputs=[])

@@ -13,13 +13,14 @@ from pydantic import BaseModel, ValidationError
 from tests.plans import benchmark_plan, train_plan, validate_plan
 from tests.service.conftest import save_checkpoint
 from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.plans import BenchmarkPlan, TrainPlan, ValidatePlan
+from trainctl.store.plans import BenchmarkPlan, PreparePlan, TrainPlan, ValidatePlan
 from trainctl.store.specs import (
     BatchSpec,
     BenchmarkRequest,
     DataSpec,
     ModelSpec,
     OptimizerSpec,
+    PrepareRequest,
     ScheduleSpec,
     TrainRequest,
     ValidateRequest,
@@ -49,13 +50,18 @@ SPECS: list[type[BaseModel]] = [
     ModelSpec,
     BatchSpec,
     OptimizerSpec,
+    PrepareRequest,
     ScheduleSpec,
     DataSpec,
     TrainRequest,
     BenchmarkRequest,
     ValidateRequest,
+    PrepareRequest,
 ]
-REQUIRED: dict[type[BaseModel], dict[str, Any]] = {TrainRequest: {"steps": 10}}
+REQUIRED: dict[type[BaseModel], dict[str, Any]] = {
+    TrainRequest: {"steps": 10},
+    PrepareRequest: {"name": "corpus", "inputs": ["corpus"]},
+}
 # JSON type in the published schema -> values of another type that lax mode would convert.
 WRONG_VALUES = {"integer": [True, "8"], "number": [False, "0.5"], "boolean": [1, "true"]}
 ERROR_TYPES = {"integer": "int_type", "number": "float_type", "boolean": "bool_type"}
@@ -150,20 +156,27 @@ def optional_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
 DATASET_ABSENCES = ["dataset", "dataset.tokenizer.sha256", "dataset.tokenizer.eot_id"]
 
 
-@pytest.mark.parametrize("plan", [TrainPlan, BenchmarkPlan, ValidatePlan])
+@pytest.mark.parametrize("plan", [TrainPlan, BenchmarkPlan, ValidatePlan, PreparePlan])
 def test_a_plan_leaves_the_worker_nothing_to_default(plan: type[BaseModel]) -> None:
-    # A run without a resume point, and one without a dataset, are the absences a plan states.
+    # A run without a resume point, and one without a dataset, are the absences a plan states;
+    # a prepare's tokenizing processes default to the cores of the worker that runs it.
     expected = {
         TrainPlan: ["data.dataset", *DATASET_ABSENCES, "resume_from"],
         BenchmarkPlan: [],
         ValidatePlan: ["data.dataset", *DATASET_ABSENCES],
+        PreparePlan: ["workers"],
     }
     assert sorted(optional_fields(plan)) == sorted(expected[plan])
 
 
 @pytest.mark.parametrize(
     ("request_type", "body"),
-    [(TrainRequest, {"steps": 1}), (BenchmarkRequest, {}), (ValidateRequest, {})],
+    [
+        (TrainRequest, {"steps": 1}),
+        (BenchmarkRequest, {}),
+        (ValidateRequest, {}),
+        (PrepareRequest, {"name": "x", "inputs": ["x"]}),
+    ],
 )
 def test_a_request_has_no_field_the_server_fills_in(
     request_type: type[BaseModel], body: dict[str, Any]
