@@ -6,6 +6,11 @@ must cost the API little whatever a request says: a pattern whose fixed part lie
 the roots is refused before anything is read, the expansion stops at `MAX_DATA_FILES` files
 or `EXPAND_SECONDS`, folders are walked without following links, and a refusal names only the
 request's own pattern, never a file outside the roots.
+
+The same rules confine a prepare run's inputs (whose folders are walked without their hidden
+files, as `trainctl data prepare` reads them) and tokenizer, and the dataset a run names
+(`dataset_folder`: a name under the data dir's datasets/, or a folder inside the roots), down
+to each file its dataset.json lists (`confine_dataset`).
 """
 
 from __future__ import annotations
