@@ -106,7 +106,7 @@ class MetricPublic(BaseModel):
 
     event_id: int
     created_at: datetime
-    kind: str | None = Field(None, description="train, val, warmup or measure.")
+    kind: str | None = Field(None, description="train, val, warmup, measure, prepare.")
 
 
 class MetricsPublic(BaseModel):

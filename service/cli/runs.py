@@ -91,7 +91,7 @@ def show_logs(
 def show_metrics(
     ctx: typer.Context,
     run_id: RunId,
-    kind: Annotated[str | None, typer.Option(help="train, val, warmup or measure.")] = None,
+    kind: Annotated[str | None, typer.Option(help="train, val, warmup, measure, prepare.")] = None,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV (a header, then rows).")] = False,
     as_json: AsJson = False,
 ) -> None:

@@ -231,7 +231,7 @@ def stream_run_events(
 def read_run_metrics(
     run_id: str,
     runs: RunsDep,
-    kind: Annotated[str | None, Query(description="train, val, warmup or measure.")] = None,
+    kind: Annotated[str | None, Query(description="train, val, warmup, measure, prepare.")] = None,
     format: Literal["json", "csv"] = "json",
 ) -> Any:
     """Read a run's metrics history (JSON, or CSV with ?format=csv)."""
