@@ -127,13 +127,15 @@ def prepare(
     _report_skipped(dataset.skipped["documents"], dataset.skipped["examples"])
     train, val = dataset.splits["train"], dataset.splits["val"]
     kind = dataset.tokenizer.kind if dataset.tokenizer.kind == "bytes" else "BPE"
+    where = dataset.folder.resolve()  # a spec reads relative paths from the first data root
     console.print(
-        f"prepared {dataset.folder.resolve()}: {train.tokens:,} train tokens in "
+        f"prepared {where}: {train.tokens:,} train tokens in "
         f"{_count(train.shards)}, {val.tokens:,} val tokens in {_count(val.shards)}; "
         f"{train.documents:,} + {val.documents:,} documents; vocabulary {dataset.vocab_size:,} "
         f"({kind}, {dataset.token_dtype}); {dataset.bytes_per_token:.3f} bytes per token",
         markup=False, soft_wrap=True,
     )  # fmt: skip
+    console.print(f"train on it with --dataset {where}", markup=False, soft_wrap=True)
 
 
 def _count(shards: list[str]) -> str:

@@ -20,8 +20,6 @@ from typer.testing import CliRunner
 
 from tests.e2e.conftest import REPO, Service
 from trainctl.service.cli import app
-from trainctl.service.cli.shards import prepare_shards
-from trainctl.store.tokens import read_shard
 
 NO_CONFIG = REPO / "tests" / "no-such-config-home"
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(3000))
@@ -55,49 +53,33 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_data_prepare_splits_text_into_train_and_val_shards(tmp_path: Path) -> None:
-    (tmp_path / "in" / "sub").mkdir(parents=True)
-    (tmp_path / "in" / "a.txt").write_text("a" * 9000)
-    (tmp_path / "in" / "sub" / "b.txt").write_text("b" * 1000)
-    (tmp_path / "in" / ".hidden").write_text("never read")
-
-    shards = prepare_shards([tmp_path / "in"], tmp_path / "out", 0.1, shard_tokens=4096)
-
-    assert [(s.path.name, s.tokens) for s in shards] == [
-        ("train_000000.bin", 4096), ("train_000001.bin", 4096), ("train_000002.bin", 808),
-        ("val_000000.bin", 1000),
-    ]  # fmt: skip
-    tokens = [read_shard(s.path) for s in shards]
-    assert bytes(tokens[0][:3].astype("uint8")) == b"aaa"
-    assert set(tokens[3].tolist()) == {ord("b")}  # the tail is held out
-
-
 def test_prepare_train_watch_validate_and_download_through_the_cli(
     service: Service, tmp_path: Path
 ) -> None:
     corpus = service.data_dir / "corpus"
-    (corpus / "fox.txt").write_text(TEXT)
-    shards = service.data_dir / "shards"
+    for i in range(20):  # 20 documents: one of them held out for validation
+        (corpus / f"fox{i:02}.txt").write_text(TEXT[: len(TEXT) // 10])
+    dataset = service.data_dir / "fox"
 
-    code, out, err = trainctl(service, "data", "prepare", str(corpus), "--out", str(shards))
-    assert code == 0 and "val_000000.bin" in err and f"--data '{shards}/train_*.bin'" in out
+    code, out, err = trainctl(service, "data", "prepare", str(corpus), "--out", str(dataset))
+    assert code == 0 and out.endswith(f"train on it with --dataset {dataset}\n"), err
 
     code, out, err = trainctl(
         service, "submit", "train", "-e", "cli", "--steps", "30", "--checkpoint-every", "10",
-        "--data", f"{shards}/train_*.bin", "--val-data", f"{shards}/val_*.bin",
-        "--set", "batch.seq_len=64", "--idempotency-key", "cli-1", "--watch",
+        "--dataset", str(dataset), "--set", "batch.seq_len=64", "--idempotency-key", "cli-1",
+        "--watch",
     )  # fmt: skip
     assert code == 0, err
     run_id = out.split("submitted train run ")[1].split()[0]
     assert f"run {run_id} succeeded" in out and "saved checkpoint cli/step_30" in err
     code, out, _ = trainctl(service, "runs", "show", run_id)
     run = json.loads(out)
-    assert run["spec"]["data"]["source"] == "shards" and run["spec"]["batch"]["seq_len"] == 64
+    assert run["spec"]["data"]["source"] == "dataset" and run["spec"]["batch"]["seq_len"] == 64
     assert run_id in trainctl(service, "runs", "list", "--kind", "train")[1]
 
     code, out, err = trainctl(
         service, "submit", "validate", "--checkpoint", "latest", "-e", "cli",
-        "--data", f"{shards}/val_*.bin", "--seq-len", "64", "--watch",
+        "--dataset", str(dataset), "--seq-len", "64", "--watch",
     )  # fmt: skip
     assert code == 0 and "succeeded: loss" in out, err
 

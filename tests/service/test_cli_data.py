@@ -59,6 +59,7 @@ def test_train_a_tokenizer_then_prepare_a_dataset_with_it(corpus: Path, tmp_path
         f"prepared {tmp_path / 'ds'}: {train.tokens:,} train tokens in 1 shard, "
         f"{val.tokens:,} val tokens in 1 shard; 54 + 6 documents; vocabulary 600 (BPE, uint16); "
         f"{dataset.bytes_per_token:.3f} bytes per token\n"
+        f"train on it with --dataset {tmp_path / 'ds'}\n"
     )
     assert err.startswith(f"prepare: 60 documents, {train.tokens + val.tokens:,} tokens, ")
     assert "tokens/s, 1 skipped in " in err and f"{corpus}/docs.jsonl:4: not valid JSON" in err
