@@ -22,6 +22,8 @@ MODULES = [
     "checkpoint_io",
     "data_loader",
     "api_load",
+    "tokenize",
+    "bits_per_byte",
 ]
 
 

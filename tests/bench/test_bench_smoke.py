@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench import checkpoint_io, model_step, time_to_quality
+from bench import bits_per_byte, checkpoint_io, model_step, time_to_quality, tokenize
 
 
 def test_bench_measurements_run_at_toy_sizes_and_report_figures(
@@ -31,3 +31,20 @@ def test_bench_measurements_run_at_toy_sizes_and_report_figures(
     assert len(names) == len(set(names))
     assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
     assert any(f.target is not None for f in figures)
+
+
+def test_dataset_measurements_run_at_toy_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        tokenize, "QUICK", dict(vocab=300, speed_mb=1, rounds=1, rss_mb=(1, 2))
+    )
+    monkeypatch.setattr(
+        bits_per_byte,
+        "QUICK",
+        dict(seconds=0.5, calibrate=3, files=60, vocab=300, B=2, T=32, val_batches=1),
+    )
+    figures = [*tokenize.run(quick=True), *bits_per_byte.run(quick=True)]
+
+    assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
+    assert [f.name for f in figures if f.name.startswith("bits per byte")] == [
+        "bits per byte: bytes", "bits per byte: BPE 300", "bits per byte: bytes / BPE",
+    ]  # fmt: skip
