@@ -57,6 +57,16 @@ RUN_NOT_FOUND = error_responses(404)
 CURSOR_FORMAT = "trainctl-cursor"
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]+$"
 
+# A chart is a few thousand pixels wide: a longer history is down-sampled for it, not shipped.
+MAX_POINTS = Query(
+    ge=2,
+    le=1_000_000,
+    description="At most this many rows (all of them when left out), for a chart of a long "
+    "run: each kind gets an equal share (a kind with fewer rows keeps them all), keeps its "
+    "first and last rows and, between them, the rows of the smallest and largest loss "
+    "(val_loss for val rows) of evenly sized buckets.",
+)
+
 
 def _cursor_text(cursor: str | None) -> str | None:
     if cursor is not None and not re.fullmatch(CURSOR_PATTERN, cursor):
@@ -233,9 +243,12 @@ def read_run_metrics(
     runs: RunsDep,
     kind: Annotated[str | None, Query(description="train, val, warmup, measure, prepare.")] = None,
     format: Literal["json", "csv"] = "json",
+    max_points: Annotated[int | None, MAX_POINTS, JSON_NUMBER_TEXT] = None,
 ) -> Any:
     """Read a run's metrics history (JSON, or CSV with ?format=csv)."""
     rows = history.metric_rows(runs, run_id, kind)
+    if max_points is not None:
+        rows = history.downsample(rows, max_points)
     if format == "csv":
         return PlainTextResponse(history.metrics_csv(rows), media_type="text/csv")
     return {"items": rows}
