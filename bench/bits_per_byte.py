@@ -60,7 +60,7 @@ def run(quick: bool = False) -> list[Figure]:
         f"tiny, {size['B']}x{size['T']} tokens a step, {size['seconds']:.0f} s each; held out: "
         f"{held_out.documents:,} files, {held_out.bytes / 1e6:.1f} MB"
     )
-    figures = []
+    figures: list[Figure] = []
     for name, (bpb, steps, seconds, d) in results.items():
         figures.append(
             Figure(f"bits per byte: {name}", bpb, "bit/B", lower_is_better=True,
