@@ -17,7 +17,15 @@ from torch.utils.checkpoint import checkpoint
 
 from trainctl.store.presets import PRESETS, ModelConfig, get_preset, register_preset
 
-__all__ = ["GPT", "PRESETS", "ModelConfig", "build_model", "get_preset", "register_preset"]
+__all__ = [
+    "GPT",
+    "PRESETS",
+    "KVCache",
+    "ModelConfig",
+    "build_model",
+    "get_preset",
+    "register_preset",
+]
 
 IGNORE_INDEX = -100
 
@@ -46,6 +54,69 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+class LayerKV:
+    """One layer's view of a `KVCache`: its buffers and the positions already filled."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, pos: int) -> None:
+        self.k, self.v, self.pos = k, v, pos
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new positions' keys and values; return every position's so far."""
+        end = self.pos + k.shape[2]
+        self.k[:, :, self.pos : end] = k  # (B, n_kv, T, hd) into (B, n_kv, max_len, hd)
+        self.v[:, :, self.pos : end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def mask(self, T: int) -> torch.Tensor | None:
+        """Which keys each of `T` new queries may see, where SDPA's `is_causal` is not right.
+
+        Query i sits at position pos + i and sees keys 0..pos + i: the causal mask aligned to
+        the bottom right of the (T, pos + T) scores. `is_causal` aligns it to the top left,
+        which is right only for an empty cache; one query sees every key, so needs no mask.
+        """
+        if T == 1 or self.pos == 0:
+            return None
+        ones = torch.ones(T, self.pos + T, dtype=torch.bool, device=self.k.device)
+        return ones.tril(diagonal=self.pos)
+
+
+class KVCache:
+    """Keys and values of the positions a model has seen, for decoding one token at a time.
+
+    Each layer's buffers are allocated once, (B, n_kv_heads, max_len, head_dim): a step
+    writes its position in place instead of concatenating (and copying) the whole past.
+    Every row holds the same `pos` positions; `GPT.forward_cached` appends and advances it.
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        batch_size: int,
+        max_len: int,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if max_len > cfg.max_seq_len:
+            raise ValueError(
+                f"a cache of {max_len} positions exceeds the model's max_seq_len {cfg.max_seq_len}"
+            )
+        shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.max_len = max_len
+        self.pos = 0
+
+    def layer(self, i: int) -> LayerKV:
+        return LayerKV(self.k[i], self.v[i], self.pos)
+
+    def check_room(self, T: int) -> None:
+        if self.pos + T > self.max_len:
+            raise ValueError(
+                f"sequence length {self.pos + T} exceeds the cache's {self.max_len} positions"
+            )
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -57,7 +128,11 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerKV | None = None
+    ) -> torch.Tensor:
+        """`cos`, `sin`: the RoPE tables at x's absolute positions. With `kv`, x continues the
+        positions it holds: its keys and values are appended and attention sees them all."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
@@ -65,9 +140,15 @@ class Attention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads
-        )
+        gqa = self.n_kv_heads != self.n_heads
+        if kv is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            mask = kv.mask(T)
+            k, v = kv.append(k, v)  # (B, n_kv, pos + T, hd)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=gqa
+            )
         return cast(torch.Tensor, self.wo(y.transpose(1, 2).reshape(B, T, -1)))
 
 
@@ -90,8 +171,10 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerKV | None = None
+    ) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, kv)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -140,19 +223,28 @@ class GPT(nn.Module):
             else:
                 nn.init.normal_(p, 0.0, std)
 
-    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
-        T = idx.shape[1]
-        if T > self.config.max_seq_len:
+    def hidden(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Final hidden states of `idx`: (B, T) -> (B, T, C). With a cache, idx continues the
+        `cache.pos` positions it holds (see `forward_cached`)."""
+        start, T = (cache.pos if cache is not None else 0), idx.shape[1]
+        if start + T > self.config.max_seq_len:
             raise ValueError(
-                f"sequence length {T} exceeds the model's max_seq_len {self.config.max_seq_len}"
+                f"sequence length {start + T} exceeds the model's max_seq_len "
+                f"{self.config.max_seq_len}"
             )
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        if cache is not None:
+            cache.check_room(T)
+        cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
         x = self.tok_emb(idx)  # (B, T, C)
-        for block in self.blocks:
-            if self.config.use_checkpoint_per_layer and self.training:
+        for i, block in enumerate(self.blocks):
+            if cache is not None:
+                x = block(x, cos, sin, cache.layer(i))
+            elif self.config.use_checkpoint_per_layer and self.training:
                 x = checkpoint(block, x, cos, sin, use_reentrant=False)
             else:
                 x = block(x, cos, sin)
+        if cache is not None:
+            cache.pos += T
         return cast(torch.Tensor, self.final_norm(x))
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
@@ -165,6 +257,21 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits of the next token at every position: (B, T) -> (B, T, vocab)."""
         return self.head(self.hidden(idx))
+
+    def forward_cached(
+        self, idx: torch.Tensor, cache: KVCache, *, last_only: bool = False
+    ) -> torch.Tensor:
+        """`forward` of idx as the continuation of the positions `cache` holds, appending
+        idx's keys and values to it: a whole prompt at once, then one token per step.
+
+        (B, T) -> (B, T, vocab), or (B, 1, vocab) with `last_only` (a prompt's last position
+        is all that sampling needs; the head over every position costs T x vocab x C).
+        A method of its own, not an argument of `forward`: a compiled model compiles
+        `forward`, and a cache position that changes every step would recompile it each time.
+        The MTP heads take no part: they are a training signal.
+        """
+        h = self.hidden(idx, cache)
+        return self.head(h[:, -1:] if last_only else h)
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Training loss (next-token plus weighted MTP losses) and the next-token loss alone."""
