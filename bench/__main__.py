@@ -24,6 +24,7 @@ MODULES = [
     "api_load",
     "tokenize",
     "bits_per_byte",
+    "generate",
 ]
 
 
