@@ -11,7 +11,7 @@ from trainctl.store.checkpoints import CheckpointStore
 from trainctl.store.datasets import TOKENIZER_FILE
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.generation import GenerationSettings
-from trainctl.store.manifests import MODEL_FILE
+from trainctl.store.manifests import METADATA_FILE, MODEL_FILE
 from trainctl.store.presets import get_preset
 from trainctl.store.tokenizer import EOT, train_tokenizer
 from trainctl.store.tokens import stdlib_source_files
@@ -214,6 +214,14 @@ def test_generation_leaves_a_training_model_as_it_found_it() -> None:
     assert model.training
 
 
+@pytest.mark.gpu
+def test_on_cuda_generation_runs_under_bf16_autocast_and_repeats_with_its_seed() -> None:
+    model = build_model("tiny", device="cuda", seed=0)
+    first = generate_text(model, TextCodec(), ["def ", "class"], SAMPLED)
+    assert first == generate_text(model, TextCodec(), ["def ", "class"], SAMPLED)
+    assert all(len(c.token_ids) == SAMPLED.max_new_tokens for c in first)
+
+
 # --- text -----------------------------------------------------------------------------------
 
 
@@ -362,11 +370,27 @@ def test_a_checkpoint_of_unknown_tokens_continues_token_ids_only(tmp_path: Path)
     assert load_for_generation(byte_level)[1] is not None
 
 
-def test_a_damaged_checkpoint_fails_with_the_integrity_error(tmp_path: Path) -> None:
+def flip_a_byte(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01  # same size, so only a deep check sees it
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("by", ["info", "folder"])
+def test_a_damaged_checkpoint_fails_with_the_integrity_error(tmp_path: Path, by: str) -> None:
     folder = save(build_model("tiny", seed=1), tmp_path, extra={"tokenizer": {"kind": "bytes"}})
-    weights = folder / MODEL_FILE
-    data = bytearray(weights.read_bytes())
-    data[-100] ^= 0xFF  # same size, so only a deep check sees it
-    weights.write_bytes(bytes(data))
+    info = CheckpointStore(tmp_path).get("exp", "step_3")
+    flip_a_byte(folder / MODEL_FILE, -100)
     with pytest.raises(CheckpointCorrupt, match=r"model\.safetensors"):
+        load_for_generation(info if by == "info" else folder)
+
+
+def test_a_damaged_or_truncated_folder_says_so_rather_than_not_found(tmp_path: Path) -> None:
+    folder = save(build_model("tiny", seed=1), tmp_path)
+    flip_a_byte(folder / METADATA_FILE, 0)  # no longer JSON: the store would hide it
+    with pytest.raises(CheckpointCorrupt, match=r"metadata\.json"):
         load_for_generation(folder)
+    other = save(build_model("tiny", seed=1), tmp_path / "b")
+    (other / MODEL_FILE).write_bytes((other / MODEL_FILE).read_bytes()[:-10])
+    with pytest.raises(CheckpointCorrupt, match=r"model\.safetensors"):
+        load_for_generation(other)
