@@ -1,0 +1,214 @@
+// The run page: summary, live charts, the result in words, the validation history, the log,
+// and buttons to cancel an active run or resume a stopped train run.
+//
+// A long run is not replayed event by event: the page reads the down-sampled metrics
+// (?max_points) and the log once, then follows the event stream from the last metrics event.
+
+import { api, followRun, metricRow, postJson, runPath } from "./api.js";
+import { fmt, h, progressCell, showError, stateBadge, tableWrap } from "./dom.js";
+import { FittedChart } from "./charts.js";
+import { describeResult } from "./result.js";
+
+const REFRESH_MS = 2000;
+const MAX_POINTS = 3000;  // the charts' resolution: a few per pixel of the widest chart
+const ACTIVE = new Set(["queued", "running"]);
+const RESUMABLE = new Set(["failed", "cancelled"]);
+
+const CHARTS = [
+  { id: "loss", title: "Loss", series: [["loss", "train loss", "#1f6feb"], ["val_loss", "val loss", "#d9480f"]] },
+  { id: "lr", title: "Learning rate", series: [["lr_muon", "Muon", "#2f9e44", "muon"], ["lr_adamw", "AdamW", "#7048e8", "adamw"]] },
+  { id: "tps", title: "Tokens / s", series: [["tokens_per_sec", "tokens/s", "#0c8599"]] },
+];
+
+function chartOptions(spec) {
+  const axes = [{ label: "step", values: (u, vals) => vals.map(fmt.compact) }];
+  spec.series.forEach(([, , stroke, scale], i) => {
+    // Muon's and AdamW's lrs differ ~70x: each gets its own axis, left and right.
+    if (scale) axes.push({ scale, side: i ? 1 : 3, stroke, values: (u, vals) => vals.map(fmt.compact), size: 56 });
+  });
+  if (axes.length === 1) axes.push({ size: 56, values: (u, vals) => vals.map(fmt.compact) });
+  return {
+    scales: { x: { time: false } }, axes,
+    series: [{ label: "step" }, ...spec.series.map(([, label, stroke, scale]) => ({
+      label, stroke, spanGaps: true, points: { show: label.startsWith("val") },
+      ...(scale ? { scale } : {}) }))],
+  };
+}
+
+class RunCharts {
+  constructor() {
+    this.steps = [];  // x values; one entry per train or benchmark-measure step
+    this.data = Object.fromEntries(CHARTS.map((c) => [c.id, c.series.map(() => [])]));
+    this.pending = false;
+  }
+
+  mount() {
+    this.plots = CHARTS.map((c) => [c, new FittedChart(document.getElementById(`chart-${c.id}`),
+      chartOptions(c), [[], ...c.series.map(() => [])])]);
+  }
+
+  add(m) {
+    if (m.kind === "train" || m.kind === "measure") {
+      this.steps.push(m.step);
+      for (const c of CHARTS) c.series.forEach(([key], i) => this.data[c.id][i].push(m[key] ?? null));
+    } else if (m.kind === "val" && this.steps.length) {
+      const i = this.steps.lastIndexOf(m.step);
+      if (i >= 0) this.data.loss[1][i] = m.val_loss;
+    }
+    if (!this.pending) {  // redraw at most once a frame, however fast events arrive
+      this.pending = true;
+      requestAnimationFrame(() => this.draw());
+    }
+  }
+
+  draw() {
+    this.pending = false;
+    for (const [c, plot] of this.plots) {
+      plot.setData([this.steps, ...this.data[c.id]]);
+      document.getElementById(`chart-${c.id}`).dataset.points = String(this.steps.length);
+    }
+  }
+
+  destroy() { for (const [, plot] of this.plots || []) plot.destroy(); }
+}
+
+// bpb: the latest validation's bits per byte, where the run's data says how many bytes a
+// token is (the figure that compares runs with different tokenizers); null otherwise.
+function summary(run, bpb) {
+  const item = (label, value) => h("div", {}, h("span", {}, label), value);
+  return h("div", { class: "summary" }, item("state", stateBadge(run.state)),
+    item("kind", run.kind), item("experiment", run.experiment),
+    item("progress", progressCell(run.progress)), item("attempt", run.attempt),
+    item("worker", run.worker_id || "-"), item("created", fmt.time(run.created_at)),
+    ...(bpb === null ? [] : [item("val bits/byte", h("span", { class: "bpb" }, fmt.num(bpb)))]));
+}
+
+function validationTable(rows) {
+  const hasBpb = rows.some((r) => typeof r.val_bits_per_byte === "number");
+  const best = Math.min(...rows.map((r) => r.val_loss));
+  const head = ["step", "val loss", "perplexity", ...(hasBpb ? ["bits/byte"] : []), "at"];
+  return h("table", { id: "run-validation" },
+    h("tr", {}, ...head.map((c) => h("th", {}, c))),
+    ...rows.map((r) => h("tr", { "data-step": r.step ?? "", class: r.val_loss === best ? "best" : null },
+      h("td", { class: "num" }, r.step === undefined ? "" : fmt.int(r.step)),
+      h("td", { class: "num" }, fmt.num(r.val_loss)), h("td", { class: "num" }, fmt.num(r.val_ppl)),
+      ...(hasBpb ? [h("td", { class: "num" }, fmt.num(r.val_bits_per_byte))] : []),
+      h("td", {}, fmt.time(r.created_at)))));
+}
+
+// The run's plan as a request again, continuing from its experiment's latest checkpoint: the
+// same route and body a client resumes with (POST /runs/train, "resume_from": "latest").
+// The plan's resolved parts are the server's to fill in again: the model config (a request
+// names the preset and its overrides) and the pinned dataset. A dataset the run named by its
+// name is pinned as its folder, <data dir>/datasets/<name>; a request names it by name again.
+export function resumeRequest(spec) {
+  const { model, dataset, resume_from: _, ...rest } = spec;
+  let data = spec.data;
+  if (data.source === "dataset" && dataset) {
+    const parts = data.dataset.split("/");
+    if (parts.at(-2) === "datasets") data = { ...data, dataset: parts.at(-1) };
+  }
+  return { ...rest, data, model: { preset: model.preset, overrides: model.overrides },
+    resume_from: "latest" };
+}
+
+function actions(run, refresh) {
+  const buttons = [];
+  if (ACTIVE.has(run.state)) {
+    buttons.push(h("button", { type: "button", id: "cancel-run", onclick: async (e) => {
+      if (!confirm(`Cancel run ${run.id}? A running run stops at its next step.`)) return;
+      e.target.disabled = true;
+      await postJson(`${runPath(run.id)}/cancel`, {}).then(refresh).catch(showError);
+    } }, "Cancel run"));
+  }
+  if (run.kind === "train" && RESUMABLE.has(run.state)) {
+    buttons.push(h("button", { type: "button", id: "resume-run", onclick: async (e) => {
+      e.target.disabled = true;  // one click, one run
+      try {
+        const resumed = await postJson("/runs/train", resumeRequest(run.spec));
+        location.hash = `#/runs/${resumed.id}`;
+      } catch (err) {
+        e.target.disabled = false;
+        showError(err);
+      }
+    }, title: `A new train run of ${run.experiment} from its latest checkpoint` },
+    "Resume from latest checkpoint"));
+  }
+  return buttons;
+}
+
+// Latest samples (issue 15): the model's sample outputs go here once runs write sample
+// events; the section stays hidden until then.
+function samplesSection() {
+  return h("section", { id: "run-samples", class: "panel", hidden: true },
+    h("h3", {}, "Latest samples"), h("div", { class: "samples" }));
+}
+
+export async function showRun(view, runId) {
+  let run = await api(runPath(runId));
+  let bpb = null;
+  const valRows = [];
+  const head = h("div", { id: "run-summary" }, summary(run, bpb));
+  // (refresh is defined below; a button calls it only once clicked)
+  const bar = h("div", { id: "run-actions", class: "toolbar" },
+    ...actions(run, () => refresh().catch(showError)));
+  const result = h("div", { id: "run-result" }, describeResult(run));
+  const validation = h("div", { class: "table-wrap" }, h("p", { class: "hint" }, "No validation yet."));
+  const logs = h("pre", { id: "run-logs" });
+  view.replaceChildren(
+    h("h2", { class: "run-title" }, `Run ${run.id}`),
+    bar, head,
+    h("div", { class: "charts" }, ...CHARTS.map((c) =>
+      h("div", { class: "chart" }, h("h3", {}, c.title),
+        h("div", { class: "plot", id: `chart-${c.id}`, "data-points": "0" })))),
+    h("div", { class: "panels" },
+      h("section", { class: "panel" }, h("h3", {}, "Result"), result),
+      h("section", { class: "panel" }, h("h3", {}, "Validation"), validation)),
+    samplesSection(),
+    h("h3", {}, "Log"), logs);
+  const charts = new RunCharts();
+  charts.mount();
+
+  let barState = run.state;
+  const refresh = async () => {
+    run = await api(runPath(runId));
+    head.replaceChildren(summary(run, bpb));
+    // The buttons change with the state only: one replaced under the pointer loses its click.
+    if (run.state !== barState) {
+      barState = run.state;
+      bar.replaceChildren(...actions(run, () => refresh().catch(showError)));
+    }
+    result.replaceChildren(describeResult(run));
+  };
+  const onMetrics = (m) => {
+    charts.add(m);
+    if (m.kind === "val" && typeof m.val_loss === "number") {
+      valRows.push(m);
+      validation.replaceChildren(validationTable(valRows));
+    }
+    if (typeof m.val_bits_per_byte === "number") {
+      bpb = m.val_bits_per_byte;
+      head.replaceChildren(summary(run, bpb));
+    }
+  };
+
+  const past = await api(`${runPath(runId)}/metrics?max_points=${MAX_POINTS}`);
+  past.items.forEach(onMetrics);
+  // Read after the metrics, so it holds every log line up to the last metrics event; the
+  // stream then starts there and skips the lines already shown.
+  const { items: lines } = await api(`${runPath(runId)}/logs`);
+  const shownLog = lines.length ? lines.at(-1).event_id : 0;
+  logs.append(...lines.map((l) => `${l.level}: ${l.message}\n`));
+  const after = past.items.length ? past.items.at(-1).event_id : 0;
+
+  const controller = new AbortController();
+  const follow = followRun(runId, after, (type, event) => {
+    if (type === "metrics") onMetrics(metricRow(event));
+    else if (type === "log" && event.id > shownLog) logs.append(`${event.data.level}: ${event.data.message}\n`);
+    else if (type === "state") refresh().catch(showError);
+  }, controller.signal);
+  follow.then((ended) => ended && refresh()).catch(showError);
+  refresh().catch(showError);
+  const timer = setInterval(() => refresh().catch(showError), REFRESH_MS);
+  return () => { controller.abort(); clearInterval(timer); charts.destroy(); };
+}
