@@ -19,7 +19,7 @@ from trainctl.service.middleware import (
     RequestMiddleware,
     SecurityHeaders,
 )
-from trainctl.service.routes import checkpoints, dashboard, metrics, runs, system, tokens
+from trainctl.service.routes import checkpoints, dashboard, exports, metrics, runs, system, tokens
 from trainctl.service.routing import operation_id, without_null_parameters
 from trainctl.service.settings import Settings, get_settings
 from trainctl.service.supervisor import Supervisor, default_worker_count
@@ -60,10 +60,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = RunStore(settings.db_url)
         store.create_all()
         ckpts = CheckpointStore(settings.checkpoint_dir)
-        # Before any worker starts: a staging folder now is a save that died with its worker.
-        for path in ckpts.cleanup():
+        exports = CheckpointStore(settings.exports_dir)
+        # Before any worker starts: a staging folder now is a save (or an export) that died
+        # with its worker.
+        for path in ckpts.cleanup() + exports.cleanup():
             log.warning("cleaned up %s (left by an interrupted save or delete)", path)
-        app.state.runs, app.state.checkpoints = store, ckpts
+        app.state.runs, app.state.checkpoints, app.state.exports = store, ckpts, exports
         bootstrap = settings.api_token.get_secret_value() if settings.api_token else None
         app.state.tokens = TokenStore(store.engine, bootstrap)
         app.state.supervisor = supervisor = None
@@ -91,6 +93,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     unauthorized = error_responses(401)
     app.include_router(runs.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(checkpoints.router, dependencies=[AUTH], responses=unauthorized)
+    app.include_router(exports.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(system.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(system.public_router)
     app.include_router(metrics.router, dependencies=[AUTH], responses=unauthorized)

@@ -43,8 +43,14 @@ async def get_checkpoints(request: Request) -> CheckpointStore:
     return ckpts
 
 
+async def get_exports(request: Request) -> CheckpointStore:
+    exports: CheckpointStore = request.app.state.exports
+    return exports
+
+
 RunsDep = Annotated[RunStore, Depends(get_runs)]
 CheckpointsDep = Annotated[CheckpointStore, Depends(get_checkpoints)]
+ExportsDep = Annotated[CheckpointStore, Depends(get_exports)]
 
 
 async def get_protection(runs: RunsDep, ckpts: CheckpointsDep) -> ProtectionPolicy:

@@ -145,6 +145,11 @@ class Settings(BaseSettings):
         return self.data_dir / "datasets"
 
     @property
+    def exports_dir(self) -> Path:
+        """Where export runs write: exports/<experiment>/<tag>, served under /exports."""
+        return self.data_dir / "exports"
+
+    @property
     def log_dir(self) -> Path:
         return self.data_dir / "logs"
 

@@ -4,7 +4,8 @@ Everything a run needs is decided by `store.plans` at submit time, so a bad requ
 now rather than a failed run later. A plan that reads a checkpoint (a resume, a validation)
 is enqueued under the protection policy's pin, so the checkpoint cannot be deleted between
 resolving and enqueueing. A prepare run is refused (409) while another prepare run of the
-same dataset name is queued or running.
+same dataset name is queued or running, and an export while another export of the same
+checkpoint is.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ from trainctl.service.devices import cuda_available, memory_limit
 from trainctl.service.settings import Settings
 from trainctl.store.access import Principal
 from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.exceptions import DatasetExists
+from trainctl.store.exceptions import DatasetExists, ExportExists
 from trainctl.store.memory import admit
 from trainctl.store.plans import (
+    ExportPlan,
     PreparePlan,
     RunPlan,
     resolve_benchmark,
+    resolve_export,
     resolve_prepare,
+    resolve_sample,
     resolve_train,
     resolve_validate,
 )
@@ -31,8 +35,10 @@ from trainctl.store.protection import ProtectionPolicy
 from trainctl.store.runs import QueueLimits, Run, RunStore
 from trainctl.store.specs import (
     BenchmarkRequest,
+    ExportRequest,
     PrepareRequest,
     Request,
+    SampleRequest,
     TrainRequest,
     ValidateRequest,
 )
@@ -59,7 +65,8 @@ def submit_run(
     if idempotency_key and (existing := runs.replay(idempotency_key, kind, digest)):
         return existing  # an idempotent retry gets its run, even if resolving now would differ
     plan = resolve(request, settings=settings, runs=runs, ckpts=ckpts)
-    if not isinstance(plan, PreparePlan):  # a prepare's memory is bounded by its batches
+    # A prepare's memory is bounded by its batches; an export reads one checkpoint on a CPU.
+    if not isinstance(plan, PreparePlan | ExportPlan):
         admit(plan, memory_limit(runs, settings.lease_seconds, plan.device))
     ref = plan.depends_on
     pin = ProtectionPolicy(runs, ckpts).pinned(ref.experiment, ref.tag) if ref else nullcontext()
@@ -85,7 +92,13 @@ def resolve(
         plan = resolve_prepare(request, data_roots=roots, datasets_dir=datasets)
         refuse_a_second_prepare(runs, plan.name)
         return plan
+    if isinstance(request, ExportRequest):
+        export = resolve_export(request, checkpoints=ckpts, exports_dir=settings.exports_dir)
+        refuse_a_second_export(runs, export)
+        return export
     cuda = cuda_available(runs, settings.lease_seconds)
+    if isinstance(request, SampleRequest):
+        return resolve_sample(request, cuda_available=cuda, checkpoints=ckpts)
     if isinstance(request, TrainRequest):
         return resolve_train(
             request,
@@ -104,6 +117,19 @@ def resolve(
         )
     assert isinstance(request, BenchmarkRequest), f"no plan for a {type(request).__name__}"
     return resolve_benchmark(request, cuda_available=cuda)
+
+
+def refuse_a_second_export(runs: RunStore, plan: ExportPlan) -> None:
+    """Like a prepare: two exports of one checkpoint would race to publish one folder."""
+    ref = plan.checkpoint
+    for state in ACTIVE_STATES:
+        active, _ = runs.list_runs(kind="export", state=state, experiment=ref.experiment, limit=500)
+        for run in active:
+            if run.spec.get("output") == plan.output:
+                raise ExportExists(
+                    f"checkpoint {ref} is being exported by run {run.id} ({state}); wait for "
+                    "it, or cancel it"
+                )
 
 
 def refuse_a_second_prepare(runs: RunStore, name: str) -> None:

@@ -57,6 +57,10 @@ class DatasetExists(Conflict):
     """A prepare run's dataset name is taken (a dataset, or an active prepare run of it)."""
 
 
+class ExportExists(Conflict):
+    """An export run's folder is taken: that checkpoint is exported already."""
+
+
 class RunNotCancellable(Conflict):
     pass
 

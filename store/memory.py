@@ -15,12 +15,13 @@ high, but within a small factor of what PyTorch allocates.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.plans import BenchmarkPlan, Plan, TrainPlan, ValidatePlan
+from trainctl.store.plans import BenchmarkPlan, Plan, SamplePlan, TrainPlan, ValidatePlan
 from trainctl.store.presets import ModelConfig
 
 GIB = 1 << 30
@@ -145,6 +146,20 @@ def plan_estimate(plan: Plan) -> tuple[MemoryEstimate, int]:
             training=False,
         )
         return estimate, 1
+    if isinstance(plan, SamplePlan):
+        # Every prompt decodes at once, over at most the whole context: a validation's
+        # forward of that batch, and the keys and values of every layer kept for it.
+        longest = max(len(p) for p in plan.prompt_tokens) + plan.generation.max_new_tokens
+        estimate = estimate_peak(
+            plan.model,
+            device=plan.device,
+            micro_batch_size=len(plan.prompt_tokens),
+            seq_len=longest,
+            training=False,
+        )
+        kv = plan.model.n_kv_heads * plan.model.head_dim
+        cache = 2 * plan.model.n_layers * len(plan.prompt_tokens) * longest * kv * 4
+        return dataclasses.replace(estimate, activations=estimate.activations + cache), 1
     b = plan.batch
     estimate = estimate_peak(
         plan.model.config,
@@ -159,7 +174,11 @@ def plan_estimate(plan: Plan) -> tuple[MemoryEstimate, int]:
 def admit(plan: Plan, limit: int | None) -> None:
     """Refuse a plan that fits no worker's memory (see `refuse_unless_it_fits`)."""
     estimate, processes = plan_estimate(plan)
-    what = {TrainPlan: "this train run", BenchmarkPlan: "this benchmark"}.get(
+    what = {
+        TrainPlan: "this train run",
+        BenchmarkPlan: "this benchmark",
+        SamplePlan: "this sample run",
+    }.get(
         type(plan), "this validation"
     )
     refuse_unless_it_fits(estimate, processes, plan.device, limit, what)

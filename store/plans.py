@@ -1,12 +1,12 @@
 """Plans: what a worker runs, resolved from a request (docs/architecture.md, "Requests and
 plans").
 
-`resolve_train`, `resolve_validate`, `resolve_benchmark` and `resolve_prepare` decide
-everything a run needs at submit time, so that a bad request is a 422 now rather than a
-failed run later: the device, the model config, the batch geometry, the data files or the
-dataset, and the concrete checkpoint a resume or a validation reads. A plan is frozen and has
-no optional field the worker must default; the run row stores it and `GET /runs/{id}` shows
-it. Device-dependent defaults come from a `Profile` (CPU or CUDA).
+`resolve_train`, `resolve_validate`, `resolve_benchmark`, `resolve_prepare`, `resolve_sample`
+and `resolve_export` decide everything a run needs at submit time, so that a bad request is a
+422 now rather than a failed run later: the device, the model config, the batch geometry, the
+data files or the dataset, and the concrete checkpoint a resume or a validation reads. A plan
+is frozen and has no optional field the worker must default; the run row stores it and `GET
+/runs/{id}` shows it. Device-dependent defaults come from a `Profile` (CPU or CUDA).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from trainctl.store.checkpoints import (
     TokenizerId,
     check_fits,
 )
+from trainctl.store.codec import TextCodec, build_codec
 from trainctl.store.datapaths import (
     confine_dataset,
     confine_path,
@@ -42,9 +43,12 @@ from trainctl.store.datasets import (
 from trainctl.store.exceptions import (
     CheckpointNotFound,
     DatasetExists,
+    ExportExists,
     InvalidRequest,
     TrainctlError,
 )
+from trainctl.store.exports import ExportDtype, check_exportable
+from trainctl.store.generation import GenerationSettings, check_context
 from trainctl.store.manifests import sha256_file
 from trainctl.store.names import Name
 from trainctl.store.presets import ModelConfig
@@ -53,10 +57,13 @@ from trainctl.store.specs import (
     BatchSpec,
     BenchmarkOptions,
     BenchmarkRequest,
+    CheckpointChoice,
     DataSpec,
+    ExportRequest,
     ModelSpec,
     PrepareOptions,
     PrepareRequest,
+    SampleRequest,
     Spec,
     StepOptions,
     TrainOptions,
@@ -215,9 +222,45 @@ class PreparePlan(PrepareOptions):
         return None
 
 
-Plan = TrainPlan | BenchmarkPlan | ValidatePlan
+class SamplePlan(Spec):
+    checkpoint: CheckpointRef = Field(description="The checkpoint that generates.")
+    model: ModelConfig = Field(description="Its model config, from its metadata.")
+    tokenizer: TokenizerPin | None = Field(
+        description="The checkpoint's tokenizer; null where it records none (token ids only)."
+    )
+    prompts: list[str] | None = Field(description="The prompts as sent, if text.")
+    prompt_tokens: list[list[StrictInt]] = Field(description="Each prompt's token ids.")
+    generation: GenerationSettings = Field(description="How to sample, where to stop.")
+    device: Device
+
+    @property
+    def filed_under(self) -> str:
+        return self.checkpoint.experiment
+
+    @property
+    def depends_on(self) -> CheckpointRef | None:
+        return self.checkpoint
+
+
+class ExportPlan(Spec):
+    checkpoint: CheckpointRef = Field(description="The checkpoint exported.")
+    model: ModelConfig = Field(description="Its model config, from its metadata.")
+    format: Literal["hf"] = Field(description="hf: a Hugging Face transformers folder.")
+    dtype: ExportDtype = Field(description="The exported weights' dtype.")
+    output: str = Field(description="The export's folder: <data dir>/exports/<experiment>/<tag>.")
+
+    @property
+    def filed_under(self) -> str:
+        return self.checkpoint.experiment
+
+    @property
+    def depends_on(self) -> CheckpointRef | None:
+        return self.checkpoint
+
+
+Plan = TrainPlan | BenchmarkPlan | ValidatePlan | SamplePlan
 """The plans that run a model (and so have a device and a memory estimate)."""
-RunPlan = Plan | PreparePlan
+RunPlan = Plan | PreparePlan | ExportPlan
 
 
 # --- device profiles ------------------------------------------------------------------------
@@ -318,6 +361,8 @@ def resolve_train(
             f"the model's vocab_size of {model.config.vocab_size:,}; raise "
             f"model.overrides.vocab_size to at least {dataset.vocab_size:,}",
         )
+    if request.sample_every is not None:
+        _check_samples(request, data, dataset, model.config)
     checkpoint_every = request.checkpoint_every or max(request.steps // 10, 1)
     return TrainPlan(
         **_options(request, TrainOptions),
@@ -376,7 +421,7 @@ def resolve_validate(
     """Pins 'latest', 'best' or 'exp/tag' to one checkpoint now, and takes its model; the
     data must be encoded with the tokenizer the checkpoint was trained with."""
     device = pick_device(request.device, cuda_available)
-    info = _validation_checkpoint(checkpoints, request)
+    info = _chosen_checkpoint(checkpoints, request, "validate")
     config = info.require_model_config()
     seq_len = request.seq_len or min(TRAIN_PROFILES[device].seq_len, config.max_seq_len)
     if seq_len > config.max_seq_len:
@@ -421,6 +466,133 @@ def resolve_prepare(
         tokenizer=_tokenizer_file(request.tokenizer, data_roots),
         output=str(output),
     )
+
+
+def resolve_sample(
+    request: SampleRequest, *, cuda_available: bool, checkpoints: CheckpointStore
+) -> SamplePlan:
+    """Pins the checkpoint and encodes the prompts with its tokenizer now, so that a prompt
+    or a length that cannot work is a 422, not a failed run."""
+    device = pick_device(request.device, cuda_available)
+    info = _chosen_checkpoint(checkpoints, request, "sample from")
+    config = info.require_model_config()
+    codec = checkpoint_codec(info)
+    source = f"checkpoint {info.experiment}/{info.tag}"
+    if request.prompts is not None:
+        if codec is None:
+            raise InvalidRequest(
+                f"prompts: {source} records no tokenizer (it was trained on synthetic tokens "
+                "or bare shards), so it cannot encode text or decode its completions; send "
+                "prompt_tokens (token ids) instead"
+            )
+        tokens = [codec.encode(p) for p in request.prompts]
+    else:
+        tokens = request.prompt_tokens or []
+        check_token_ids(tokens, config.vocab_size, "prompt_tokens", source)
+    for i, ids in enumerate(tokens):
+        where = f"prompt {i}" if len(tokens) > 1 else "prompt"
+        try:
+            check_context(len(ids), request.generation.max_new_tokens, config.max_seq_len)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"{where}: {exc} ({source})") from None
+    return SamplePlan(
+        checkpoint=CheckpointRef(experiment=info.experiment, tag=info.tag),
+        model=config,
+        tokenizer=_tokenizer_pin(info, codec),
+        prompts=request.prompts,
+        prompt_tokens=tokens,
+        generation=request.generation,
+        device=device,
+    )
+
+
+def resolve_export(
+    request: ExportRequest, *, checkpoints: CheckpointStore, exports_dir: Path
+) -> ExportPlan:
+    """Pins the checkpoint, refuses a model that the format cannot express, and names the new
+    folder, which must not exist yet (an export is never overwritten)."""
+    info = _chosen_checkpoint(checkpoints, request, "export")
+    config = info.require_model_config()
+    check_exportable(config)
+    output = Path(os.path.realpath(exports_dir)) / info.experiment / info.tag
+    if os.path.lexists(output):
+        raise ExportExists(
+            f"checkpoint {info.experiment}/{info.tag} is already exported (GET /exports/"
+            f"{info.experiment}/{info.tag}); delete that export first to export it again"
+        )
+    return ExportPlan(
+        checkpoint=CheckpointRef(experiment=info.experiment, tag=info.tag),
+        model=config,
+        format=request.format,
+        dtype=request.dtype,
+        output=str(output),
+    )
+
+
+def _check_samples(
+    request: TrainRequest, data: DataSpec, dataset: DatasetPin | None, config: ModelConfig
+) -> None:
+    """Samples need text in and out, and each prompt with its completion must fit the model."""
+    codec = data_codec(data, dataset)
+    if codec is None:
+        raise InvalidRequest(
+            f"sample_every: the tokens of data source {data.source!r} come from no known "
+            "tokenizer, so prompts cannot be encoded nor samples decoded; train on a dataset, "
+            "stdlib or text, or leave sample_every out"
+        )
+    for i, prompt in enumerate(request.sample_prompts):
+        try:
+            check_context(
+                len(codec.encode(prompt)), request.sample_settings.max_new_tokens,
+                config.max_seq_len,
+            )  # fmt: skip
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"sample_prompts[{i}]: {exc}") from None
+
+
+def data_codec(data: DataSpec, dataset: DatasetPin | None) -> TextCodec | None:
+    """The text codec of a run's data: its dataset's tokenizer, bytes for byte-level text,
+    None where unknown."""
+    tokenizer_json = None
+    if dataset is not None and dataset.tokenizer.kind == "bpe":
+        tokenizer_json = (Path(dataset.folder) / TOKENIZER_FILE).read_bytes()
+    try:
+        return build_codec(data_tokenizer(data, dataset), tokenizer_json)
+    except DataError as exc:
+        raise InvalidRequest(f"data.dataset: {exc}") from None
+
+
+def checkpoint_codec(info: CheckpointInfo) -> TextCodec | None:
+    """The text codec of a checkpoint's tokenizer (its tokenizer.json checked against the
+    recorded sha256); None where it records none."""
+    tokenizer_json = None
+    if info.tokenizer is not None and info.tokenizer.kind == "bpe":
+        try:
+            tokenizer_json = (info.path / TOKENIZER_FILE).read_bytes()
+        except OSError as exc:
+            raise InvalidRequest(
+                f"checkpoint {info.experiment}/{info.tag}: cannot read its {TOKENIZER_FILE} "
+                f"({exc.strerror})"
+            ) from None
+    try:
+        return build_codec(info.tokenizer, tokenizer_json)
+    except DataError as exc:
+        raise InvalidRequest(f"checkpoint {info.experiment}/{info.tag}: {exc}") from None
+
+
+def check_token_ids(tokens: list[list[int]], vocab_size: int, field: str, source: str) -> None:
+    for i, ids in enumerate(tokens):
+        if ids and max(ids) >= vocab_size:
+            raise InvalidRequest(
+                f"{field}[{i}]: token id {max(ids)} is not below the vocab_size of {source}'s "
+                f"model, {vocab_size:,}"
+            )
+
+
+def _tokenizer_pin(info: CheckpointInfo, codec: TextCodec | None) -> TokenizerPin | None:
+    if info.tokenizer is None or codec is None:
+        return None
+    return TokenizerPin(kind=info.tokenizer.kind, sha256=info.tokenizer.sha256, eot_id=codec.eot_id)
 
 
 def _tokenizer_file(ref: str, roots: list[Path]) -> str:
@@ -558,16 +730,16 @@ def _resume_point(
     return CheckpointRef(experiment=info.experiment, tag=info.tag)
 
 
-def _validation_checkpoint(
-    checkpoints: CheckpointStore, request: ValidateRequest
+def _chosen_checkpoint(
+    checkpoints: CheckpointStore, choice: CheckpointChoice, purpose: str
 ) -> CheckpointInfo:
     """'latest', 'best' (optionally within `experiment`) or 'exp/tag' → one checkpoint now."""
     try:
-        if request.checkpoint == LATEST_REF:
-            return checkpoints.latest(request.experiment)
-        if request.checkpoint == BEST_TAG:
-            return checkpoints.best(request.experiment)
-        experiment, tag = request.checkpoint.split("/")
+        if choice.checkpoint == LATEST_REF:
+            return checkpoints.latest(choice.experiment)
+        if choice.checkpoint == BEST_TAG:
+            return checkpoints.best(choice.experiment)
+        experiment, tag = choice.checkpoint.split("/")
         return checkpoints.get(experiment, tag)
     except CheckpointNotFound as exc:
-        raise InvalidRequest(f"checkpoint: {exc}; nothing to validate") from None
+        raise InvalidRequest(f"checkpoint: {exc}; nothing to {purpose}") from None

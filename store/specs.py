@@ -9,7 +9,7 @@ bases) are defined here once and used by both.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -24,6 +24,8 @@ from pydantic import (
 
 from trainctl.store.checkpoints import BEST_TAG, LATEST_REF
 from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.exports import EXPORT_DTYPES, ExportDtype
+from trainctl.store.generation import GenerationSettings
 from trainctl.store.names import MAX_NAME_LENGTH, NAME_REGEX, NAME_RULE, Name, is_valid_name
 from trainctl.store.presets import PRESETS, ModelConfig, get_preset
 
@@ -49,6 +51,12 @@ BYTES_TOKENIZER = "bytes"
 MAX_FIELD_NAME_LENGTH = 256
 # More tokenizing processes than this contend for memory bandwidth on any node there is.
 MAX_PREPARE_WORKERS = 256
+# Prompts of one sample run, and of a train run's samples (each one is decoded every time).
+MAX_PROMPTS = 64
+MAX_TRAIN_PROMPTS = 8
+# A prompt is checked against the model's context at submit; this bounds the request itself.
+MAX_PROMPT_CHARS = 1 << 20
+MAX_PROMPT_TOKENS = 131_072  # the longest context (store.presets.BOUNDS)
 
 
 # Numbers and booleans are Strict*: a value must have the JSON type the schema publishes.
@@ -201,6 +209,37 @@ class DataSpec(Spec):
         return self
 
 
+Prompt = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_PROMPT_CHARS, description="Text to continue."),
+]
+
+
+class CheckpointChoice(Spec):
+    """The checkpoint a validate, sample or export run reads, named as the client knows it;
+    the plan pins it (store.plans.CheckpointRef)."""
+
+    checkpoint: str = Field(
+        LATEST_REF,
+        pattern=CHECKPOINT_REF_PATTERN,
+        max_length=2 * MAX_NAME_LENGTH + 1,
+        description="'latest', 'best', or '<experiment>/<tag>'; with 'latest' or "
+        f"'best', `experiment` narrows the search. Each name is {NAME_RULE}.",
+    )
+    experiment: Name | None = Field(None, description="Experiment for latest/best.")
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _checkpoint_ref(cls, v: str) -> str:
+        parts = v.split("/")
+        named = len(parts) == 2 and all(is_valid_name(p) for p in parts)
+        if v not in (LATEST_REF, BEST_TAG) and not named:
+            raise ValueError(
+                f"checkpoint must be 'latest', 'best' or '<experiment>/<tag>', each {NAME_RULE}"
+            )
+        return v
+
+
 # --- what a request and its plan share ------------------------------------------------------
 
 
@@ -238,6 +277,25 @@ class TrainOptions(StepOptions):
         "CPU-only node the writer competes with training for the same cores.",
     )
     val_batches: StrictInt = Field(8, ge=1, le=10_000, description="Batches per validation.")
+    sample_every: StrictInt | None = Field(
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="Every this many steps (and at the last), continue each of "
+        "`sample_prompts` with `sample_settings` and write a `sample` event (step, prompt, "
+        "completion, seed). Null: no samples. Needs data whose tokenizer is known (a "
+        "dataset, stdlib or text).",
+    )
+    sample_prompts: list[Prompt] = Field(
+        default_factory=list,
+        max_length=MAX_TRAIN_PROMPTS,
+        description=f"What the samples continue, at most {MAX_TRAIN_PROMPTS}.",
+    )
+    sample_settings: GenerationSettings = Field(
+        default_factory=lambda: GenerationSettings(max_new_tokens=64),
+        description="How the samples are generated; their seed is the same at every step, so "
+        "samples differ only because the model does.",
+    )
     nproc_per_node: StrictInt = Field(
         1,
         ge=1,
@@ -247,6 +305,12 @@ class TrainOptions(StepOptions):
         "each process runs grad_accum_steps / nproc_per_node micro-batches, so "
         "grad_accum_steps must be a multiple of it (by default it is rounded up to one).",
     )
+
+    @model_validator(mode="after")
+    def _samples_have_prompts(self) -> TrainOptions:
+        if self.sample_every is not None and not self.sample_prompts:
+            raise ValueError("sample_every needs sample_prompts: the texts the samples continue")
+        return self
 
 
 class BenchmarkOptions(StepOptions):
@@ -369,25 +433,54 @@ class PrepareRequest(PrepareOptions, Request):
     )
 
 
-class ValidateRequest(ValidateOptions, Request):
-    checkpoint: str = Field(
-        LATEST_REF,
-        pattern=CHECKPOINT_REF_PATTERN,
-        max_length=2 * MAX_NAME_LENGTH + 1,
-        description="'latest', 'best', or '<experiment>/<tag>'; with 'latest' or "
-        f"'best', `experiment` narrows the search. Each name is {NAME_RULE}.",
-    )
-    experiment: Name | None = Field(None, description="Experiment for latest/best.")
+class ValidateRequest(ValidateOptions, CheckpointChoice, Request):
     seq_len: StrictInt | None = Field(None, ge=8, le=131_072, description="Default: profile's.")
     device: DeviceChoice = Field("auto", description="Where to run.")
 
-    @field_validator("checkpoint")
-    @classmethod
-    def _checkpoint_ref(cls, v: str) -> str:
-        parts = v.split("/")
-        named = len(parts) == 2 and all(is_valid_name(p) for p in parts)
-        if v not in (LATEST_REF, BEST_TAG) and not named:
-            raise ValueError(
-                f"checkpoint must be 'latest', 'best' or '<experiment>/<tag>', each {NAME_RULE}"
-            )
-        return v
+
+class SampleRequest(CheckpointChoice, Request):
+    prompts: list[Prompt] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_PROMPTS,
+        description="Texts to continue, encoded with the checkpoint's tokenizer (a byte-level "
+        "checkpoint's: UTF-8 bytes). A checkpoint that records no tokenizer takes "
+        "`prompt_tokens` instead.",
+    )
+    prompt_tokens: list[list[StrictInt]] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_PROMPTS,
+        description="Token ids to continue, one list per prompt, each id below the model's "
+        "vocab_size; the completions are token ids then (and text too where the checkpoint's "
+        "tokenizer is known).",
+    )
+    generation: GenerationSettings = Field(
+        default_factory=GenerationSettings, description="How to sample, where to stop."
+    )
+    device: DeviceChoice = Field("auto", description="Where to run.")
+
+    @model_validator(mode="after")
+    def _one_kind_of_prompt(self) -> SampleRequest:
+        if (self.prompts is None) == (self.prompt_tokens is None):
+            raise ValueError("give either prompts (text) or prompt_tokens (token ids), not both")
+        for ids in self.prompt_tokens or []:
+            if not 1 <= len(ids) <= MAX_PROMPT_TOKENS or min(ids) < 0:
+                raise ValueError(
+                    f"each of prompt_tokens must hold 1 to {MAX_PROMPT_TOKENS:,} token ids, "
+                    "none negative"
+                )
+        return self
+
+
+class ExportRequest(CheckpointChoice, Request):
+    format: Literal["hf"] = Field(
+        "hf",
+        description="hf: a Hugging Face transformers folder (config.json, model.safetensors, "
+        "generation_config.json, tokenizer files, a model card) that "
+        "AutoModelForCausalLM.from_pretrained loads without trust_remote_code.",
+    )
+    dtype: ExportDtype = Field(
+        "float32",
+        description=f"The weights' dtype in model.safetensors: {' or '.join(EXPORT_DTYPES)}.",
+    )

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-RunKind = Literal["train", "validate", "benchmark", "prepare"]
+RunKind = Literal["train", "validate", "benchmark", "prepare", "sample", "export"]
 RunState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-EventType = Literal["state", "metrics", "log"]
+EventType = Literal["state", "metrics", "log", "sample"]
 # What an API token may do, each scope allowing what those before it do (store/access.py).
 Scope = Literal["read", "submit", "admin"]
 

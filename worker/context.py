@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from trainctl.store.exceptions import LeaseLost
 from trainctl.store.runs import Run, RunStore
+from trainctl.store.vocabulary import EventType
 
 log = logging.getLogger("trainctl.worker")
 StopReason = Literal["cancel", "shutdown", "lease_lost"]
@@ -54,14 +55,7 @@ class RunContext:
     def log(self, message: str, level: str = "info", **fields: Any) -> None:
         """A log event; `fields` are data for programs beside the message for people."""
         log.log(logging.getLevelName(level.upper()), "run %s: %s", self.run.id, message)
-        self._fenced(
-            self.runs.append_event,
-            self.run.id,
-            "log",
-            {"level": level, "message": message, **fields},
-            worker_id=self.worker_id,
-            attempt=self.attempt,
-        )
+        self._event("log", {"level": level, "message": message, **fields})
 
     def log_checkpoint(self, saved: dict[str, Any]) -> None:
         """A Trainer's `on_checkpoint`: the saved checkpoint, in words and as data (the
@@ -71,16 +65,23 @@ class RunContext:
         self.log(f"saved checkpoint {where} at step {saved['step']}", checkpoint=checkpoint)
 
     def metrics(self, data: dict[str, Any]) -> None:
+        self._event("metrics", data)
+        if "step" in data and "total_steps" in data:
+            self.progress(int(data["step"]), int(data["total_steps"]))
+
+    def sample(self, data: dict[str, Any]) -> None:
+        """Generated text: a training sample, or a piece of a sample run's completion."""
+        self._event("sample", data)
+
+    def _event(self, type: EventType, data: dict[str, Any]) -> None:
         self._fenced(
             self.runs.append_event,
             self.run.id,
-            "metrics",
+            type,
             data,
             worker_id=self.worker_id,
             attempt=self.attempt,
         )
-        if "step" in data and "total_steps" in data:
-            self.progress(int(data["step"]), int(data["total_steps"]))
 
     def progress(self, step: int, total_steps: int | None, force: bool = False) -> None:
         """`step` of `total_steps` (None: not known, as a prepare's documents)."""

@@ -255,11 +255,14 @@ def agreed_stop(local: Callable[[], bool], device: torch.device) -> Callable[[],
 
 
 class RankTrainer(Trainer):
-    """A Trainer of which only rank 0 writes checkpoints (the others hold the same state)."""
+    """A Trainer of which only rank 0 writes checkpoints and samples (the others hold the
+    same state)."""
 
     def __init__(self, *args: Any, rank: int, **kwargs: Any) -> None:
         self.rank = rank
         super().__init__(*args, **kwargs)
+        if rank != 0:
+            self.samples = None  # rank 0 reports, and samples; the others wait at the next step
 
     def save(self, tag: str | None = None) -> Path:
         if self.rank == 0:
@@ -336,6 +339,7 @@ def train_rank(
         on_metrics=on_metrics,
         on_checkpoint=ctx.log_checkpoint if ctx else None,
         on_progress=ctx.progress if ctx else None,
+        on_sample=ctx.sample if ctx else None,
         should_stop=agreed_stop(local_stop, device or torch.device("cpu")),
         protected=policy.asker(plan.experiment),
         before_commit=ctx.confirm_lease if ctx else None,

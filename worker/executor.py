@@ -13,12 +13,14 @@ from typing import Any, Literal, TypeVar, cast
 import torch
 from pydantic import ValidationError
 
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints import CheckpointStore, check_fits
 from trainctl.store.plans import (
     BenchmarkPlan,
     CheckpointRef,
+    ExportPlan,
     PreparePlan,
     RunPlan,
+    SamplePlan,
     TrainPlan,
     ValidatePlan,
     bytes_per_token,
@@ -30,8 +32,10 @@ from trainctl.worker.checkpoint import load_checkpoint
 from trainctl.worker.context import RunContext
 from trainctl.worker.data import SyntheticSampler, TokenSampler
 from trainctl.worker.distributed import launch_train
+from trainctl.worker.export import export_hf
 from trainctl.worker.model import build_model
 from trainctl.worker.prepare import prepare
+from trainctl.worker.sampling import run_sample
 from trainctl.worker.train import Trainer, build_token_arrays, val_metrics
 from trainctl.worker.validation import compute_validation_loss, validate_forward_shape
 
@@ -101,6 +105,7 @@ def execute_train(ctx: RunContext, root: Path) -> Outcome:
             on_metrics=ctx.metrics,
             on_checkpoint=ctx.log_checkpoint,
             on_progress=ctx.progress,
+            on_sample=ctx.sample,
             should_stop=ctx.should_stop,
             protected=ProtectionPolicy(ctx.runs, store).asker(plan.experiment),
             before_commit=ctx.confirm_lease,
@@ -159,6 +164,34 @@ def execute_validate(ctx: RunContext, root: Path) -> Outcome:
     )
 
 
+def execute_sample(ctx: RunContext, root: Path) -> Outcome:
+    plan = read_plan(ctx, SamplePlan)
+    return Outcome("succeeded", run_sample(plan, ctx, root, check_device(plan.device)))
+
+
+def execute_export(ctx: RunContext, root: Path) -> Outcome:
+    plan = read_plan(ctx, ExportPlan)
+    ref, output = plan.checkpoint, Path(plan.output)
+    info = CheckpointStore(root).get(ref.experiment, ref.tag)
+    # A tag ('best') may have been saved again since submit: export what was asked for.
+    check_fits(info.require_model_config(), plan.model, f"checkpoint {ref}")
+    # What an export killed mid-write left beside its folder (the service sweeps it too).
+    for leftover in CheckpointStore(output.parent.parent).cleanup(ref.experiment):
+        ctx.log(f"cleaned up {leftover.name} (left by an interrupted export)")
+    ctx.log(f"exporting checkpoint {ref} (step {info.step}) as {plan.format}, {plan.dtype}")
+    exported = export_hf(info.path, output, dtype=plan.dtype, facts={"export run": ctx.run.id})
+    for difference in exported.differences:
+        ctx.log(f"differs from trainctl: {difference}", level="warning")
+    return Outcome(
+        "succeeded",
+        {
+            **exported.to_dict(),
+            "checkpoint": {"experiment": ref.experiment, "tag": ref.tag, "step": info.step},
+            "export": {"experiment": ref.experiment, "tag": ref.tag},
+        },
+    )
+
+
 def execute_prepare(ctx: RunContext, root: Path) -> Outcome:
     plan = read_plan(ctx, PreparePlan)
     ctx.log(f"preparing dataset {plan.name} from {len(plan.inputs)} input files")
@@ -174,6 +207,8 @@ EXECUTORS = {
     "benchmark": execute_benchmark,
     "validate": execute_validate,
     "prepare": execute_prepare,
+    "sample": execute_sample,
+    "export": execute_export,
 }
 
 

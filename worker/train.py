@@ -51,6 +51,7 @@ from trainctl.worker.datasets import build_data_record, dataset_arrays, open_dat
 from trainctl.worker.exceptions import NonFiniteLoss
 from trainctl.worker.model import GPT, build_model
 from trainctl.worker.optim import OptimizerConfig, build_optimizers
+from trainctl.worker.sampling import TrainingSamples
 from trainctl.worker.schedule import WSDScheduler, build_scheduler
 from trainctl.worker.validation import compute_validation_loss
 
@@ -306,6 +307,7 @@ class Trainer:
         on_metrics: Callback | None = None,
         on_checkpoint: Callback | None = None,
         on_progress: Callable[[int, int], None] | None = None,
+        on_sample: Callback | None = None,
         should_stop: Callable[[], bool] | None = None,
         protected: Callable[[], Protected] | None = None,
         before_commit: Callable[[], None] | None = None,
@@ -317,6 +319,7 @@ class Trainer:
         self.on_checkpoint = on_checkpoint or (lambda m: None)
         # Every step, unlike metrics: the receiver throttles by time (RunContext.progress).
         self.on_progress = on_progress or (lambda step, total: None)
+        self.on_sample = on_sample or (lambda m: None)
         self.should_stop = should_stop or (lambda: False)
         self.protected = protected or (lambda: frozenset())
         self.parts = build_training(plan, *build_data(plan), total_steps=plan.steps)
@@ -324,6 +327,8 @@ class Trainer:
         self.bytes_per_token = bytes_per_token(plan.data, plan.dataset)
         self.state = maybe_resume(self.parts, self.store, plan)
         self.checkpointer = AsyncCheckpointer() if plan.async_checkpoint else None
+        every = plan.sample_every
+        self.samples = TrainingSamples(plan, every) if every is not None else None
 
     def save(self, tag: str | None = None) -> Path:
         p, s = self.parts, self.state
@@ -404,6 +409,11 @@ class Trainer:
         )
         return improved
 
+    def maybe_sample(self, final: bool) -> None:
+        if self.samples is not None and self.samples.due(self.state.step, final):
+            for sample in self.samples.take(self.parts.model, self.state.step):
+                self.on_sample(sample)
+
     def should_checkpoint(self, final: bool) -> bool:
         return final or self.state.step % self.plan.checkpoint_every == 0
 
@@ -451,6 +461,7 @@ class Trainer:
                     self.report(metrics, interval)  # the last step is always written
                 if self.maybe_validate(final):
                     self.save(BEST_TAG)
+                self.maybe_sample(final)
                 if self.should_checkpoint(final) or stopped:
                     self.save()
                     saved_at = s.step

@@ -23,7 +23,10 @@ from trainctl.service.submit import submit_run
 from trainctl.store.runs import Run
 from trainctl.store.specs import (
     BenchmarkRequest,
+    ExportRequest,
     PrepareRequest,
+    Request,
+    SampleRequest,
     TrainRequest,
     ValidateRequest,
 )
@@ -45,7 +48,8 @@ IdempotencyKey = Annotated[
     ),
 ]
 # 409: the idempotency key was used for another request, the experiment already has an active
-# train run, the checkpoint to validate is damaged, or the dataset name to prepare is taken.
+# train run, the checkpoint to read is damaged, the dataset name to prepare is taken, or the
+# checkpoint is exported already.
 ACCEPTED: dict[int | str, dict[str, Any]] = {
     202: {"description": "Queued. `Location` is the run's URL."},
     **error_responses(400, 403, 409, 413, 429),
@@ -90,72 +94,56 @@ def _accepted(run: Run, response: Response) -> RunPublic:
     return RunPublic.model_validate(run)
 
 
-@router.post("/train", status_code=status.HTTP_202_ACCEPTED, response_model=RunPublic,
-             responses=ACCEPTED)  # fmt: skip
-def create_train_run(
-    request: TrainRequest,
-    response: Response,
-    settings: SettingsDep,
-    runs: RunsDep,
-    ckpts: CheckpointsDep,
-    submitter: Submitter,
-    idempotency_key: IdempotencyKey = None,
-) -> RunPublic:
-    """Queue a train run; the stored spec is its plan, every default resolved."""
-    run = submit_run("train", request, settings=settings, runs=runs, ckpts=ckpts,
-                     submitter=submitter, idempotency_key=idempotency_key)  # fmt: skip
-    return _accepted(run, response)
+def _submit_route(kind: RunKind, body: type[Request], summary: str) -> None:
+    """POST /runs/<kind>: resolve the request into a plan and queue it (service.submit).
+    One definition for every kind; each keeps its own name, body schema and summary."""
+
+    def create(
+        request: Any,
+        response: Response,
+        settings: SettingsDep,
+        runs: RunsDep,
+        ckpts: CheckpointsDep,
+        submitter: Submitter,
+        idempotency_key: IdempotencyKey = None,
+    ) -> RunPublic:
+        run = submit_run(kind, request, settings=settings, runs=runs, ckpts=ckpts,
+                         submitter=submitter, idempotency_key=idempotency_key)  # fmt: skip
+        return _accepted(run, response)
+
+    create.__annotations__["request"] = body  # the body schema FastAPI reads and publishes
+    create.__name__ = create.__qualname__ = f"create_{kind}_run"  # the operation id's stem
+    create.__doc__ = summary
+    router.post(f"/{kind}", status_code=status.HTTP_202_ACCEPTED, response_model=RunPublic,
+                responses=ACCEPTED)(create)  # fmt: skip
 
 
-@router.post("/validate", status_code=status.HTTP_202_ACCEPTED, response_model=RunPublic,
-             responses=ACCEPTED)  # fmt: skip
-def create_validate_run(
-    request: ValidateRequest,
-    response: Response,
-    settings: SettingsDep,
-    runs: RunsDep,
-    ckpts: CheckpointsDep,
-    submitter: Submitter,
-    idempotency_key: IdempotencyKey = None,
-) -> RunPublic:
-    """Queue a validation of a checkpoint, pinned now to a concrete experiment/tag."""
-    run = submit_run("validate", request, settings=settings, runs=runs, ckpts=ckpts,
-                     submitter=submitter, idempotency_key=idempotency_key)  # fmt: skip
-    return _accepted(run, response)
-
-
-@router.post("/benchmark", status_code=status.HTTP_202_ACCEPTED, response_model=RunPublic,
-             responses=ACCEPTED)  # fmt: skip
-def create_benchmark_run(
-    request: BenchmarkRequest,
-    response: Response,
-    settings: SettingsDep,
-    runs: RunsDep,
-    ckpts: CheckpointsDep,
-    submitter: Submitter,
-    idempotency_key: IdempotencyKey = None,
-) -> RunPublic:
-    """Queue a throughput benchmark."""
-    run = submit_run("benchmark", request, settings=settings, runs=runs, ckpts=ckpts,
-                     submitter=submitter, idempotency_key=idempotency_key)  # fmt: skip
-    return _accepted(run, response)
-
-
-@router.post("/prepare", status_code=status.HTTP_202_ACCEPTED, response_model=RunPublic,
-             responses=ACCEPTED)  # fmt: skip
-def create_prepare_run(
-    request: PrepareRequest,
-    response: Response,
-    settings: SettingsDep,
-    runs: RunsDep,
-    ckpts: CheckpointsDep,
-    submitter: Submitter,
-    idempotency_key: IdempotencyKey = None,
-) -> RunPublic:
-    """Queue a prepare: corpus files under the data roots into a dataset of the data dir."""
-    run = submit_run("prepare", request, settings=settings, runs=runs, ckpts=ckpts,
-                     submitter=submitter, idempotency_key=idempotency_key)  # fmt: skip
-    return _accepted(run, response)
+_submit_route(
+    "train", TrainRequest, "Queue a train run; the stored spec is its plan, every default resolved."
+)
+_submit_route(
+    "validate",
+    ValidateRequest,
+    "Queue a validation of a checkpoint, pinned now to a concrete experiment/tag.",
+)
+_submit_route("benchmark", BenchmarkRequest, "Queue a throughput benchmark.")
+_submit_route(
+    "prepare",
+    PrepareRequest,
+    "Queue a prepare: corpus files under the data roots into a dataset of the data dir.",
+)
+_submit_route(
+    "sample",
+    SampleRequest,
+    "Queue a sample run: continue prompts with a checkpoint; the completions stream as "
+    "`sample` events and are the run's result.",
+)
+_submit_route(
+    "export",
+    ExportRequest,
+    "Queue an export of a checkpoint to a Hugging Face transformers folder, served under "
+    "/exports/{experiment}/{tag}.",
+)
 
 
 @router.get("", response_model=RunsPublic)

@@ -13,7 +13,14 @@ from pydantic import BaseModel, ValidationError
 from tests.plans import benchmark_plan, train_plan, validate_plan
 from tests.service.conftest import save_checkpoint
 from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.plans import BenchmarkPlan, PreparePlan, TrainPlan, ValidatePlan
+from trainctl.store.plans import (
+    BenchmarkPlan,
+    ExportPlan,
+    PreparePlan,
+    SamplePlan,
+    TrainPlan,
+    ValidatePlan,
+)
 from trainctl.store.specs import (
     BatchSpec,
     BenchmarkRequest,
@@ -156,15 +163,30 @@ def optional_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
 DATASET_ABSENCES = ["dataset", "dataset.tokenizer.sha256", "dataset.tokenizer.eot_id"]
 
 
-@pytest.mark.parametrize("plan", [TrainPlan, BenchmarkPlan, ValidatePlan, PreparePlan])
+# Sampling without a top-k limit states it with a null.
+SAMPLE_ABSENCES = ["sample_every", "sample_settings.top_k"]
+
+
+@pytest.mark.parametrize(
+    "plan", [TrainPlan, BenchmarkPlan, ValidatePlan, PreparePlan, SamplePlan, ExportPlan]
+)
 def test_a_plan_leaves_the_worker_nothing_to_default(plan: type[BaseModel]) -> None:
-    # A run without a resume point, and one without a dataset, are the absences a plan states;
-    # a prepare's tokenizing processes default to the cores of the worker that runs it.
+    # A run without a resume point, without a dataset or without samples, are the absences a
+    # plan states; a prepare's tokenizing processes default to the cores of the worker that
+    # runs it; a checkpoint without a known tokenizer samples from token ids, not text.
     expected = {
-        TrainPlan: ["data.dataset", *DATASET_ABSENCES, "resume_from"],
+        TrainPlan: ["data.dataset", *DATASET_ABSENCES, "resume_from", *SAMPLE_ABSENCES],
         BenchmarkPlan: [],
         ValidatePlan: ["data.dataset", *DATASET_ABSENCES],
         PreparePlan: ["workers"],
+        SamplePlan: [
+            "tokenizer",
+            "tokenizer.sha256",
+            "tokenizer.eot_id",
+            "prompts",
+            "generation.top_k",
+        ],
+        ExportPlan: [],
     }
     assert sorted(optional_fields(plan)) == sorted(expected[plan])
 

@@ -1,0 +1,90 @@
+"""Exports: checkpoints written in another framework's format by export runs (POST
+/runs/export), listed, read, downloaded and deleted like checkpoints.
+
+An export folder is laid out as a checkpoint is (a manifest of sizes and sha256, written last;
+a metadata.json), in a store of its own under the data dir, so the checkpoint store's checks
+and the same file, Range and archive responses serve it (docs/architecture.md, "Exports").
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Response
+
+from trainctl.service import files
+from trainctl.service.deps import ExportsDep, requires
+from trainctl.service.errors import error_responses
+from trainctl.service.routing import ApiRoute, name_in_path
+from trainctl.service.schemas import CheckpointPublic, CheckpointsPublic
+
+router = APIRouter(
+    route_class=ApiRoute,
+    prefix="/exports",
+    tags=["exports"],
+    responses=error_responses(422),  # names that are not safe experiment, tag or file names
+)
+NOT_FOUND = error_responses(404)
+
+Experiment = Annotated[str, name_in_path("The experiment of the exported checkpoint")]
+Tag = Annotated[str, name_in_path("The exported checkpoint's tag (step_200, best)")]
+FileName = Annotated[str, name_in_path("A file of the export (model.safetensors)")]
+
+
+@router.get("", response_model=CheckpointsPublic)
+def list_exports(exports: ExportsDep) -> CheckpointsPublic:
+    """List complete exports, by experiment and tag of the checkpoint they were made from."""
+    return CheckpointsPublic(
+        items=[CheckpointPublic.model_validate(i) for i in exports.list_checkpoints()]
+    )
+
+
+@router.get("/{experiment}/{tag}", response_model=CheckpointPublic, responses=NOT_FOUND)
+def read_export(experiment: Experiment, tag: Tag, exports: ExportsDep) -> CheckpointPublic:
+    """Read one export: the checkpoint's training facts and the files' sizes and sha256."""
+    return CheckpointPublic.model_validate(exports.get(experiment, tag))
+
+
+@router.get(
+    "/{experiment}/{tag}/files/{name:path}",
+    response_class=Response,
+    responses={
+        200: {"description": "The file; Range requests get 206.",
+              "content": {"application/octet-stream": {}, "application/json": {}}},
+        206: {"description": "The requested byte range."},
+        304: {"description": "If-None-Match matched the ETag (the file's sha256)."},
+        416: {"description": "The range is outside the file."},
+        **NOT_FOUND,
+    },
+)  # fmt: skip
+def download_export_file(
+    experiment: Experiment,
+    tag: Tag,
+    name: FileName,
+    exports: ExportsDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """Download one file of an export (Range requests; ETag = sha256)."""
+    return files.checkpoint_file_response(exports, experiment, tag, name, if_none_match)
+
+
+@router.get(
+    "/{experiment}/{tag}/archive",
+    response_class=Response,
+    responses={200: {"description": "A tar of `<tag>/<file>` members.",
+                     "content": {"application/x-tar": {}}}, **NOT_FOUND},
+)  # fmt: skip
+def download_export_archive(experiment: Experiment, tag: Tag, exports: ExportsDep) -> Response:
+    """Download a whole export as a streamed tar."""
+    return files.checkpoint_archive_response(exports, experiment, tag)
+
+
+@router.delete(
+    "/{experiment}/{tag}",
+    response_model=CheckpointPublic,
+    responses=error_responses(403, 404, 503),
+    dependencies=[requires("admin")],
+)
+def delete_export(experiment: Experiment, tag: Tag, exports: ExportsDep) -> CheckpointPublic:
+    """Delete an export (its checkpoint stays); the checkpoint can then be exported again."""
+    return CheckpointPublic.model_validate(exports.delete(experiment, tag))
