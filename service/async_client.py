@@ -37,7 +37,7 @@ from trainctl.service.schemas import (
     TokenPublic,
     WorkerPublic,
 )
-from trainctl.service.sdk_calls import Progress
+from trainctl.service.sdk_calls import Progress, SamplePiece, TrainingSample
 from trainctl.service.sdk_steps import (
     CHUNK,
     ApiError,
@@ -71,7 +71,9 @@ __all__ = [
     "InvalidRequest",
     "NotFound",
     "Progress",
+    "SamplePiece",
     "StreamInterrupted",
+    "TrainingSample",
     "Unauthorized",
 ]
 
@@ -133,6 +135,12 @@ class AsyncTrainctlClient:
     async def submit_prepare(self, **spec: Any) -> RunPublic:
         return await self._call(calls.submit("prepare", spec, idempotency_key=None))
 
+    async def submit_sample(self, **spec: Any) -> RunPublic:
+        return await self._call(calls.submit("sample", spec, idempotency_key=None))
+
+    async def submit_export(self, **spec: Any) -> RunPublic:
+        return await self._call(calls.submit("export", spec, idempotency_key=None))
+
     async def get_run(self, run_id: str) -> RunPublic:
         return await self._call(calls.get_run(run_id))
 
@@ -150,6 +158,11 @@ class AsyncTrainctlClient:
 
     def events(self, run_id: str, last_event_id: int | None = None) -> AsyncIterator[EventPublic]:
         return self._iterate(calls.events(run_id, last_event_id))
+
+    def sample_stream(
+        self, run_id: str, last_event_id: int | None = None
+    ) -> AsyncIterator[SamplePiece]:
+        return self._iterate(calls.sample_stream(run_id, last_event_id))
 
     async def metrics(self, run_id: str, kind: str | None = None) -> list[MetricPublic]:
         return await self._call(calls.metrics(run_id, kind))
@@ -169,7 +182,7 @@ class AsyncTrainctlClient:
         return await self._call(calls.best_checkpoint(experiment))
 
     async def get_checkpoint(self, experiment: str, tag: str) -> CheckpointPublic:
-        return await self._call(calls.get_checkpoint(experiment, tag))
+        return await self._call(calls.get_stored("checkpoints", experiment, tag))
 
     async def download_file(
         self,
@@ -180,18 +193,46 @@ class AsyncTrainctlClient:
         *,
         on_progress: Progress | None = None,
     ) -> Path:
-        return await self._run(calls.download_file(experiment, tag, name, dest, on_progress))
+        return await self._run(
+            calls.download_file("checkpoints", experiment, tag, name, dest, on_progress)
+        )
 
     async def download_archive(self, experiment: str, tag: str, dest: Path) -> Path:
-        return await self._run(calls.download_archive(experiment, tag, dest))
+        return await self._run(calls.download_archive("checkpoints", experiment, tag, dest))
 
     async def delete_checkpoint(self, experiment: str, tag: str) -> CheckpointPublic:
-        return await self._call(calls.delete_checkpoint(experiment, tag))
+        return await self._call(calls.delete_stored("checkpoints", experiment, tag))
 
     async def prune(
         self, experiment: str, keep_last: int, keep_best: bool = True, dry_run: bool = False
     ) -> PruneResult:
         return await self._call(calls.prune(experiment, keep_last, keep_best, dry_run))
+
+    # --- exports ---
+
+    async def list_exports(self) -> list[CheckpointPublic]:
+        return await self._call(calls.list_exports())
+
+    async def get_export(self, experiment: str, tag: str) -> CheckpointPublic:
+        return await self._call(calls.get_stored("exports", experiment, tag))
+
+    async def download_export_file(
+        self,
+        experiment: str,
+        tag: str,
+        name: str,
+        dest: Path,
+        *,
+        on_progress: Progress | None = None,
+    ) -> Path:
+        download = calls.download_file("exports", experiment, tag, name, dest, on_progress)
+        return await self._run(download)
+
+    async def download_export_archive(self, experiment: str, tag: str, dest: Path) -> Path:
+        return await self._run(calls.download_archive("exports", experiment, tag, dest))
+
+    async def delete_export(self, experiment: str, tag: str) -> CheckpointPublic:
+        return await self._call(calls.delete_stored("exports", experiment, tag))
 
     # --- system ---
 

@@ -6,6 +6,9 @@
         for event in api.events(run.id):          # EventPublic, until the run ends
             print(event.type, event.data)
         api.download_file("demo", "best", "model.safetensors", Path("weights/"))
+        sample = api.submit_sample(checkpoint="demo/best", prompts=["def "])
+        for piece in api.sample_stream(sample.id):  # SamplePiece: index, delta, finish_reason
+            print(piece.delta, end="")
 
 Answers are the API's own response models (`service.schemas`: RunPublic, CheckpointPublic,
 ...), so a field typo is a type error, not a KeyError at runtime. Every non-2xx answer raises
@@ -48,7 +51,7 @@ from trainctl.service.schemas import (
     TokenPublic,
     WorkerPublic,
 )
-from trainctl.service.sdk_calls import Progress
+from trainctl.service.sdk_calls import Progress, SamplePiece, TrainingSample
 from trainctl.service.sdk_steps import (
     CHUNK,
     ApiError,
@@ -81,8 +84,10 @@ __all__ = [
     "InvalidRequest",
     "NotFound",
     "Progress",
+    "SamplePiece",
     "StreamInterrupted",
     "TrainctlClient",
+    "TrainingSample",
     "Unauthorized",
 ]
 
@@ -144,6 +149,12 @@ class TrainctlClient:
     def submit_prepare(self, **spec: Any) -> RunPublic:
         return self._call(calls.submit("prepare", spec, idempotency_key=None))
 
+    def submit_sample(self, **spec: Any) -> RunPublic:
+        return self._call(calls.submit("sample", spec, idempotency_key=None))
+
+    def submit_export(self, **spec: Any) -> RunPublic:
+        return self._call(calls.submit("export", spec, idempotency_key=None))
+
     def get_run(self, run_id: str) -> RunPublic:
         return self._call(calls.get_run(run_id))
 
@@ -171,6 +182,12 @@ class TrainctlClient:
         """
         return self._iterate(calls.events(run_id, last_event_id))
 
+    def sample_stream(self, run_id: str, last_event_id: int | None = None) -> Iterator[SamplePiece]:
+        """A sample run's text as it is generated: `events` read as `SamplePiece`s (index,
+        delta, finish_reason), ending when the run has finished. `get_run(run_id).result`
+        then holds the whole completions, or `.error` why there are none."""
+        return self._iterate(calls.sample_stream(run_id, last_event_id))
+
     def metrics(self, run_id: str, kind: str | None = None) -> list[MetricPublic]:
         """The run's metrics history; each row has the worker's numbers as extra fields."""
         return self._call(calls.metrics(run_id, kind))
@@ -190,7 +207,7 @@ class TrainctlClient:
         return self._call(calls.best_checkpoint(experiment))
 
     def get_checkpoint(self, experiment: str, tag: str) -> CheckpointPublic:
-        return self._call(calls.get_checkpoint(experiment, tag))
+        return self._call(calls.get_stored("checkpoints", experiment, tag))
 
     def download_file(
         self,
@@ -207,19 +224,49 @@ class TrainctlClient:
         download leaves the `.part` file, and the next call resumes it with a Range request
         (If-Range: the ETag, so a file that changed meanwhile is fetched whole again).
         """
-        return self._run(calls.download_file(experiment, tag, name, dest, on_progress))
+        return self._run(
+            calls.download_file("checkpoints", experiment, tag, name, dest, on_progress)
+        )
 
     def download_archive(self, experiment: str, tag: str, dest: Path) -> Path:
         """Stream the checkpoint's tar to `dest` (a file path, or a folder to put it in)."""
-        return self._run(calls.download_archive(experiment, tag, dest))
+        return self._run(calls.download_archive("checkpoints", experiment, tag, dest))
 
     def delete_checkpoint(self, experiment: str, tag: str) -> CheckpointPublic:
-        return self._call(calls.delete_checkpoint(experiment, tag))
+        return self._call(calls.delete_stored("checkpoints", experiment, tag))
 
     def prune(
         self, experiment: str, keep_last: int, keep_best: bool = True, dry_run: bool = False
     ) -> PruneResult:
         return self._call(calls.prune(experiment, keep_last, keep_best, dry_run))
+
+    # --- exports: checkpoints written as transformers folders by export runs ---
+
+    def list_exports(self) -> list[CheckpointPublic]:
+        return self._call(calls.list_exports())
+
+    def get_export(self, experiment: str, tag: str) -> CheckpointPublic:
+        """The export of checkpoint experiment/tag: its training facts and files."""
+        return self._call(calls.get_stored("exports", experiment, tag))
+
+    def download_export_file(
+        self,
+        experiment: str,
+        tag: str,
+        name: str,
+        dest: Path,
+        *,
+        on_progress: Progress | None = None,
+    ) -> Path:
+        """As `download_file`, from the export: resumable, sha256-checked."""
+        return self._run(calls.download_file("exports", experiment, tag, name, dest, on_progress))
+
+    def download_export_archive(self, experiment: str, tag: str, dest: Path) -> Path:
+        return self._run(calls.download_archive("exports", experiment, tag, dest))
+
+    def delete_export(self, experiment: str, tag: str) -> CheckpointPublic:
+        """Delete the export (admin scope); its checkpoint stays and can be exported again."""
+        return self._call(calls.delete_stored("exports", experiment, tag))
 
     # --- system ---
 

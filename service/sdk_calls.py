@@ -3,7 +3,8 @@
 A call that is one request is a `Call`: method, path, query, body, headers, and how its answer
 is read. A call made of several requests is a generator of steps (`service.sdk_steps`):
 `iter_runs` follows cursors, `wait` polls until the run is finished, `events` follows the SSE
-stream to its `end` frame (reconnecting where it broke off), and the downloads stream to disk.
+stream to its `end` frame (reconnecting where it broke off; `sample_stream` is the same stream
+read as a sample run's text), and the downloads stream to disk.
 Every request is retried where that is safe (`sdk_steps.send`). `TrainctlClient` and
 `AsyncTrainctlClient` perform the steps; their methods are one line each.
 """
@@ -16,10 +17,10 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal, TypeVar
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from trainctl.service.schemas import (
     CheckpointPublic,
@@ -60,6 +61,14 @@ from trainctl.store.vocabulary import TERMINAL_STATES, Scope
 
 Progress = Callable[[int, int | None], None]
 """Download progress: (bytes on disk, total bytes or None)."""
+Store = Literal["checkpoints", "exports"]
+"""Where a checkpoint-like folder is served: `/checkpoints/...`, or `/exports/...` for the
+transformers folders export runs write. Both answer the same models and the same file, Range
+and archive responses, so one definition of each call reads either."""
+FinishReason = Literal["eot", "stop", "length"]
+"""Why a completion ended: the end-of-text token, a stop string, or max_new_tokens (as
+worker.generate says it; the SDK does not import the worker, which needs torch)."""
+T = TypeVar("T")
 
 # --- runs ---
 
@@ -110,6 +119,17 @@ def wait(run_id: str, timeout: float | None, poll: float) -> Steps[RunPublic]:
 
 
 def events(run_id: str, last_event_id: int | None) -> Items[EventPublic]:
+    return follow(run_id, last_event_id, lambda event: event)
+
+
+def sample_stream(run_id: str, last_event_id: int | None) -> Items[SamplePiece]:
+    return follow(run_id, last_event_id, SamplePiece.from_event)
+
+
+def follow(
+    run_id: str, last_event_id: int | None, pick: Callable[[EventPublic], T | None]
+) -> Items[T]:
+    """The run's events as `pick` reads them (None: not one it wants), to the run's end."""
     last = last_event_id  # of the last event delivered: where a reconnect resumes
     drops = 0  # in a row, without an event delivered in between
     while True:
@@ -127,7 +147,8 @@ def events(run_id: str, last_event_id: int | None) -> Items[EventPublic]:
                 event = EventPublic.model_validate_json(data)
                 if last is None or event.id > last:
                     last, drops = event.id, 0
-                    yield Emit(event)
+                    if (item := pick(event)) is not None:
+                        yield Emit(item)
             why = "the stream ended before the run's end frame"
         except httpx.TransportError as exc:
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -164,17 +185,17 @@ def best_checkpoint(experiment: str | None) -> Call[CheckpointPublic]:
     return Call(request, CheckpointPublic.model_validate_json)
 
 
-def get_checkpoint(experiment: str, tag: str) -> Call[CheckpointPublic]:
-    request = Request("GET", f"/checkpoints/{experiment}/{tag}")
+def get_stored(store: Store, experiment: str, tag: str) -> Call[CheckpointPublic]:
+    request = Request("GET", f"/{store}/{experiment}/{tag}")
     return Call(request, CheckpointPublic.model_validate_json)
 
 
 def download_file(
-    experiment: str, tag: str, name: str, dest: Path, on_progress: Progress | None
+    store: Store, experiment: str, tag: str, name: str, dest: Path, on_progress: Progress | None
 ) -> Steps[Path]:
-    checkpoint = yield from ask(get_checkpoint(experiment, tag))
-    download = Download(checkpoint, name, Path(dest), on_progress)
-    url = f"/checkpoints/{experiment}/{tag}/files/{name}"
+    stored = yield from ask(get_stored(store, experiment, tag))
+    download = Download(stored, name, Path(dest), on_progress)
+    url = f"/{store}/{experiment}/{tag}/files/{name}"
     response = yield from open_stream(Request("GET", url, headers=download.request_headers()))
     with download.open(resumed=response.status_code == 206) as out:
         while (chunk := (yield from read_bytes())) is not None:
@@ -182,11 +203,11 @@ def download_file(
     return download.finish()
 
 
-def download_archive(experiment: str, tag: str, dest: Path) -> Steps[Path]:
+def download_archive(store: Store, experiment: str, tag: str, dest: Path) -> Steps[Path]:
     dest = Path(dest)
     target = dest / f"{experiment}-{tag}.tar" if dest.is_dir() else dest
     partial = target.with_name(f"{target.name}.part")
-    yield from open_stream(Request("GET", f"/checkpoints/{experiment}/{tag}/archive"))
+    yield from open_stream(Request("GET", f"/{store}/{experiment}/{tag}/archive"))
     with open(partial, "wb") as out:
         while (chunk := (yield from read_bytes())) is not None:
             out.write(chunk)
@@ -194,8 +215,8 @@ def download_archive(experiment: str, tag: str, dest: Path) -> Steps[Path]:
     return target
 
 
-def delete_checkpoint(experiment: str, tag: str) -> Call[CheckpointPublic]:
-    request = Request("DELETE", f"/checkpoints/{experiment}/{tag}")
+def delete_stored(store: Store, experiment: str, tag: str) -> Call[CheckpointPublic]:
+    request = Request("DELETE", f"/{store}/{experiment}/{tag}")
     return Call(request, CheckpointPublic.model_validate_json)
 
 
@@ -207,6 +228,15 @@ def prune(experiment: str, keep_last: int, keep_best: bool, dry_run: bool) -> Ca
         "dry_run": dry_run,
     }
     return Call(Request("POST", "/checkpoints/prune", json=body), PruneResult.model_validate_json)
+
+
+# --- exports (checkpoints as transformers folders; their other calls are the stored ones) ---
+
+
+def list_exports() -> Call[list[CheckpointPublic]]:
+    return Call(
+        Request("GET", "/exports"), lambda body: CheckpointsPublic.model_validate_json(body).items
+    )
 
 
 # --- system ---
@@ -302,6 +332,49 @@ class Download:
             )
         os.replace(self.part, self.target)
         return self.target
+
+
+class SamplePiece(BaseModel):
+    """A piece of a sample run's text: the data of its `sample` events.
+
+    A completion's pieces, joined in order, are its text; the last one says why it ended.
+    Pieces of several completions may come interleaved (the prompts are decoded together).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    """Which completion: the place of its prompt in the request's prompts."""
+    delta: str
+    """The text that follows the completion's previous pieces (may be empty in the last)."""
+    finish_reason: FinishReason | None = None
+    """None until the completion's last piece."""
+
+    @classmethod
+    def from_event(cls, event: EventPublic) -> SamplePiece | None:
+        """The piece a sample run's event carries; None for its other events (state, log).
+
+        Only for sample runs: a train run's `sample` events are `TrainingSample`s.
+        """
+        return cls.model_validate(event.data) if event.type == "sample" else None
+
+
+class TrainingSample(BaseModel):
+    """The data of a train run's `sample` events (`sample_every`): one prompt continued by the
+    model at a step, with the same seed every time, so samples differ only as the model does."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    prompt: str
+    completion: str
+    finish_reason: FinishReason | None = None
+    seed: int
+
+    @classmethod
+    def from_event(cls, event: EventPublic) -> TrainingSample | None:
+        """The sample a train run's event carries; None for its other events."""
+        return cls.model_validate(event.data) if event.type == "sample" else None
 
 
 class SseFrames:
