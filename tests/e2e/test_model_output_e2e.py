@@ -1,0 +1,228 @@
+"""A usable model out, end to end (issue 15's acceptance): a `tiny` model trained a few hundred
+steps on stdlib source writes samples as it trains; a sample run continues prompts with its
+checkpoint; an export run writes a folder that transformers loads and that computes the same
+function; and what cannot work is refused at submit with a 422, or fails saying why."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from tests.e2e.conftest import Service
+from trainctl.store.generation import GenerationSettings
+from trainctl.worker.generate import generate_tokens, load_for_generation
+
+STEPS = 300
+TINY = {"micro_batch_size": 8, "seq_len": 128}
+PROMPTS = ["def ", "import "]
+AS_TRAINED: dict[str, tuple[int, int]] = {}  # the experiment's files when training ended
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, dict[str, Any]]]:
+    """The service, and a finished train run of `tiny` on stdlib source with samples."""
+    service = Service(tmp_path_factory.mktemp("model-output")).start()
+    try:
+        run = submit(
+            service, "train", experiment="code", steps=STEPS, checkpoint_every=150,
+            val_every=150, batch=TINY, sample_every=150, sample_prompts=PROMPTS,
+            sample_settings={"max_new_tokens": 24, "temperature": 0.0},
+        )  # fmt: skip
+        done = finished(service, run["id"])
+        # What sample and export runs read must stay as training left it.
+        AS_TRAINED.update(tree(service.data_dir / "checkpoints" / "code"))
+        yield service, done
+    finally:
+        service.stop()
+
+
+def submit(service: Service, kind: str, **body: Any) -> dict[str, Any]:
+    r = httpx.post(f"{service.url}/runs/{kind}", json=body, timeout=60)
+    assert r.status_code == 202, r.text
+    run: dict[str, Any] = r.json()
+    return run
+
+
+def finished(service: Service, run_id: str, timeout: float = 900) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run: dict[str, Any] = httpx.get(f"{service.url}/runs/{run_id}", timeout=60).json()
+        if run["state"] in ("succeeded", "failed", "cancelled"):
+            return run
+        time.sleep(0.5)
+    raise AssertionError(f"run {run_id} did not finish in {timeout} s:\n{service.log_tail()}")
+
+
+def events(service: Service, run_id: str, type: str) -> list[dict[str, Any]]:
+    """The data of the run's events of `type`, read from its (finished) SSE stream."""
+    text = httpx.get(f"{service.url}/runs/{run_id}/events", timeout=60).text
+    frames = [
+        json.loads(line[len("data: ") :])
+        for line in text.splitlines()
+        if line.startswith("data: {")
+    ]
+    return [f["data"] for f in frames if f.get("type") == type]
+
+
+def tree(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `folder`: (size, mtime in ns); what a reader must leave alone."""
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_samples_are_written_as_the_model_trains(trained: tuple[Service, dict[str, Any]]) -> None:
+    service, run = trained
+    assert run["state"] == "succeeded", run["error"]
+
+    samples = events(service, run["id"], "sample")
+
+    assert [(s["step"], s["prompt"]) for s in samples] == [
+        (150, "def "), (150, "import "), (300, "def "), (300, "import "),
+    ]  # fmt: skip
+    assert all(s["completion"] and s["seed"] == 0 for s in samples)
+    assert {s["finish_reason"] for s in samples} == {"length"}  # bytes: no end-of-text token
+
+
+def test_a_sample_run_streams_its_completions_and_returns_them(
+    trained: tuple[Service, dict[str, Any]],
+) -> None:
+    service, _ = trained
+    run = submit(
+        service, "sample", checkpoint="latest", experiment="code", prompts=PROMPTS,
+        generation={"max_new_tokens": 48, "temperature": 0.8, "top_k": 50, "seed": 7},
+    )  # fmt: skip
+    done = finished(service, run["id"])
+    assert done["state"] == "succeeded", done["error"]
+
+    result = done["result"]
+    texts = [c["text"] for c in result["completions"]]
+    assert [c["prompt"] for c in result["completions"]] == PROMPTS
+    assert all(len(t) > 0 for t in texts) and result["checkpoint"]["step"] == STEPS
+    streamed = ["", ""]
+    for piece in events(service, run["id"], "sample"):
+        streamed[piece["index"]] += piece["delta"]
+    assert streamed == texts  # the stream is the completion, piece by piece
+
+    same = submit(service, "sample", checkpoint="code/step_300", prompts=PROMPTS,
+                  generation=run["spec"]["generation"])  # fmt: skip
+    again = finished(service, same["id"])
+    assert [c["text"] for c in again["result"]["completions"]] == texts  # same seed, same text
+
+
+def test_the_export_loads_in_transformers_and_computes_the_same_function(
+    trained: tuple[Service, dict[str, Any]], tmp_path: Path
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    service, _ = trained
+    checkpoint = service.data_dir / "checkpoints" / "code" / "step_300"
+
+    done = finished(service, submit(service, "export", checkpoint="code/step_300")["id"])
+    assert done["state"] == "succeeded", done["error"]
+    assert done["result"]["architecture"] == "Qwen3ForCausalLM"
+    assert any("softcap" in d for d in done["result"]["differences"])
+    listed = httpx.get(f"{service.url}/exports/code/step_300", timeout=60).json()
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    for f in listed["files"]:
+        body = httpx.get(f"{service.url}/exports/code/step_300/files/{f['name']}", timeout=60)
+        assert hashlib.sha256(body.content).hexdigest() == f["sha256"]
+        (folder / f["name"]).write_bytes(body.content)
+    # The sample and export runs before wrote nothing into a training checkpoint.
+    assert tree(service.data_dir / "checkpoints" / "code") == AS_TRAINED
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    ours, codec = load_for_generation(checkpoint)
+    assert codec is not None
+    ids = torch.tensor([codec.encode("def main():\n    return 1\n")])
+    assert (
+        tokenizer(tokenizer.decode(ids[0]), add_special_tokens=False).input_ids == ids[0].tolist()
+    )
+    cap = ours.config.logit_softcap
+    with torch.no_grad():
+        theirs = cap * torch.tanh(hf(ids).logits / cap)
+        mine = ours(ids)
+    assert torch.allclose(theirs, mine, atol=1e-4, rtol=0), (theirs - mine).abs().max()
+
+    greedy = GenerationSettings(max_new_tokens=64, temperature=0.0)
+    (tokens,) = generate_tokens(ours, ids.tolist(), greedy)
+    out = hf.generate(ids, max_new_tokens=64, do_sample=False, pad_token_id=0)
+    assert out[0, ids.shape[1] :].tolist() == tokens
+
+    again = httpx.post(f"{service.url}/runs/export", json={"checkpoint": "code/step_300"})
+    assert again.status_code == 409 and "already exported" in again.json()["detail"]
+
+
+def test_what_cannot_work_is_refused_at_submit_naming_the_limit(
+    trained: tuple[Service, dict[str, Any]],
+) -> None:
+    service, _ = trained
+    raw = submit(
+        service, "train", experiment="raw", steps=2, batch=TINY, data={"source": "synthetic"}
+    )
+    assert finished(service, raw["id"])["state"] == "succeeded"
+    on = {"checkpoint": "code/step_300"}
+    x = {**on, "prompts": ["x"]}
+    cases = [
+        ({**on, "prompts": ["x" * 600]}, "prompt of 600 tokens leaves no room in the model's "
+                                         "context (max_seq_len 512)"),
+        ({**on, "prompts": ["x"], "generation": {"max_new_tokens": 600}},
+         "+ max_new_tokens 600 = 601 exceeds the model's context (max_seq_len 512)"),
+        ({"checkpoint": "raw/step_2", "prompts": ["x"]},
+         "records no tokenizer (it was trained on synthetic tokens or bare shards)"),
+        ({**x, "generation": {"temperature": -0.5}}, "temperature must be >= 0"),
+        ({**x, "generation": {"top_p": 0}}, "top_p: Input should be greater than 0"),
+        ({**x, "generation": {"top_p": 1.5}}, "top_p: Input should be less than or equal to 1"),
+        ({**x, "prompt_tokens": [[1]]}, "either prompts (text) or prompt_tokens"),
+        ({"checkpoint": "raw/step_2", "prompt_tokens": [[1, 2, 900]]}, "token id 900 is not below"),
+    ]  # fmt: skip
+    for body, expected in cases:
+        r = httpx.post(f"{service.url}/runs/sample", json=body, timeout=60)
+        assert r.status_code == 422 and expected in r.json()["detail"], (body, r.text)
+    r = httpx.post(
+        f"{service.url}/runs/train",
+        json={"steps": 4, "data": {"source": "synthetic"}, "sample_every": 2,
+              "sample_prompts": ["x"]},
+    )  # fmt: skip
+    assert r.status_code == 422 and "come from no known tokenizer" in r.json()["detail"]
+
+    # Token ids work where text cannot.
+    ok = finished(service, submit(
+        service, "sample", checkpoint="raw/step_2", prompt_tokens=[[1, 2, 3]],
+        generation={"max_new_tokens": 5},
+    )["id"])  # fmt: skip
+    assert ok["state"] == "succeeded" and len(ok["result"]["completions"][0]["token_ids"]) == 5
+
+
+def test_a_sample_run_on_a_damaged_checkpoint_fails_with_the_integrity_message(
+    trained: tuple[Service, dict[str, Any]],
+) -> None:
+    service, _ = trained
+    raw = submit(
+        service, "train", experiment="broken", steps=2, batch=TINY, data={"source": "synthetic"}
+    )
+    assert finished(service, raw["id"])["state"] == "succeeded"
+    weights = service.data_dir / "checkpoints" / "broken" / "step_2" / "model.safetensors"
+    with open(weights, "r+b") as f:  # a flipped byte, past the header
+        f.seek(os.path.getsize(weights) - 10)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+    run = submit(service, "sample", checkpoint="broken/step_2", prompt_tokens=[[1, 2]])
+    done = finished(service, run["id"])
+
+    assert done["state"] == "failed"
+    assert "model.safetensors" in done["error"] and "does not match the manifest" in done["error"]
