@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench import bits_per_byte, checkpoint_io, model_step, time_to_quality, tokenize
+from bench import bits_per_byte, checkpoint_io, generate, model_step, time_to_quality, tokenize
 
 
 def test_bench_measurements_run_at_toy_sizes_and_report_figures(
@@ -34,9 +34,7 @@ def test_bench_measurements_run_at_toy_sizes_and_report_figures(
 
 
 def test_dataset_measurements_run_at_toy_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(
-        tokenize, "QUICK", dict(vocab=300, speed_mb=1, rounds=1, rss_mb=(1, 2))
-    )
+    monkeypatch.setattr(tokenize, "QUICK", dict(vocab=300, speed_mb=1, rounds=1, rss_mb=(1, 2)))
     monkeypatch.setattr(
         bits_per_byte,
         "QUICK",
@@ -48,3 +46,14 @@ def test_dataset_measurements_run_at_toy_sizes(monkeypatch: pytest.MonkeyPatch) 
     assert [f.name for f in figures if f.name.startswith("bits per byte")] == [
         "bits per byte: bytes", "bits per byte: BPE 300", "bits per byte: bytes / BPE",
     ]  # fmt: skip
+
+
+def test_the_generation_measurement_runs_at_toy_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers", reason="the HF peer needs the bench extra")
+    monkeypatch.setattr(
+        generate, "QUICK", dict(sizes=["tiny"], batches=[1, 2], prompt=4, new=8, rounds=1)
+    )
+    figures = generate.run(quick=True)
+
+    assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
+    assert any("transformers" in f.name or "peer" in f.name for f in figures), figures
