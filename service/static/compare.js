@@ -8,7 +8,7 @@
 import { Unauthorized, api, followRun, metricRow, runPath } from "./api.js";
 import { fmt, h, showError, stateBadge, tableWrap } from "./dom.js";
 import { FittedChart, PALETTE, ema, joinTables } from "./charts.js";
-import { flatten, formatValue } from "./result.js";
+import { flatten, formatValue, label } from "./result.js";
 
 const MAX_POINTS = 2000;
 const ACTIVE = new Set(["queued", "running"]);
@@ -142,8 +142,9 @@ function settingRows(curves) {
     return i < 0 ? SETTING_ORDER.length : i;
   };
   keys.sort((a, b) => rank(a) - rank(b));
+  // 12 significant digits: 3e-4 * 0.1 reads 0.00003, not 0.000029999999999999997.
   const show = (v) => (v === undefined || v === null || (Array.isArray(v) && !v.length) ? "–"
-    : Array.isArray(v) ? v.join(", ") : String(v));
+    : Array.isArray(v) ? v.join(", ") : typeof v === "number" ? String(+v.toPrecision(12)) : String(v));
   const rows = [["kind", curves.map((c) => c.run.kind)], ["state", curves.map((c) => c.run.state)],
     ...keys.map((k) => [k, flat.map((m) => show(m.get(k)))])];
   const at = rows.findLastIndex(([k]) => k.startsWith("batch.")) + 1;
@@ -166,7 +167,7 @@ function settingsTable(curves) {
   });
   // Outcomes differ by nature: listed below the settings, not marked.
   const results = RESULT_KEYS.map((k) => h("tr", { "data-key": `result.${k}`, class: "result" },
-    h("th", {}, `result: ${k.replaceAll("_", " ")}`),
+    h("th", {}, `result: ${label(k)}`),
     ...curves.map((c) => h("td", {}, c.run.result && k in c.run.result
       ? formatValue(k, c.run.result[k]) : "–"))));
   return [head, ...body, ...results];

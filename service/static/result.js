@@ -42,7 +42,7 @@ export function formatValue(key, v) {
   return Number.isInteger(v) ? fmt.int(v) : fmt.sig(v);
 }
 
-const label = (key) => LABELS[key] || key.replaceAll("_", " ").replaceAll(".", ": ");
+export const label = (key) => LABELS[key] || key.replaceAll("_", " ").replaceAll(".", ": ");
 
 // Nested objects (a validation's checkpoint) become "checkpoint: tag" rows; a train run's
 // checkpoint is a tag already.
