@@ -112,3 +112,34 @@ def test_bytes_is_the_default_and_the_workers_default_to_every_core(
     dataset = read_dataset(tmp_path / "ds")
     assert code == 0, err
     assert dataset.tokenizer.kind == "bytes" and "vocabulary 256 (bytes, uint16); 1.000" in out
+
+
+def test_a_parquet_corpus_prepares_through_the_cli_to_the_jsonl_corpus_s_shards(
+    corpus: Path, tmp_path: Path
+) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    lines = (corpus / "docs.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines if line.startswith('{"id"')]  # not the bad one
+    (tmp_path / "pq").mkdir()
+    table = pa.table({"id": [r["id"] for r in rows], "content": [r["content"] for r in rows]})
+    pq.write_table(table, tmp_path / "pq" / "docs.parquet", row_group_size=7)
+    code, _, err = trainctl(
+        "data", "tokenizer", "train", corpus, "--vocab-size", "400", "--out", tmp_path / "tok",
+        "--text-field", "content",
+    )  # fmt: skip
+    assert code == 0, err
+
+    for name, source, option in [
+        ("jsonl", corpus, "--text-field"), ("parquet", tmp_path / "pq", "--text-column"),
+    ]:  # fmt: skip
+        code, out, err = trainctl(
+            "data", "prepare", source, "--out", tmp_path / name, "--tokenizer", tmp_path / "tok",
+            option, "content", "--workers", "2",
+        )  # fmt: skip
+        assert code == 0 and "57 + 3 documents" in out, err
+
+    jsonl, parquet = read_dataset(tmp_path / "jsonl"), read_dataset(tmp_path / "parquet")
+    assert jsonl.splits == parquet.splits and jsonl.tokenizer == parquet.tokenizer
+    for shard in jsonl.shard_paths("train") + jsonl.shard_paths("val"):
+        assert shard.read_bytes() == (tmp_path / "parquet" / shard.name).read_bytes()
