@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from trainctl.service.cli.common import client, console, err_console, print_json
-from trainctl.service.cli.watch import watch_to_end
+from trainctl.service.cli.watch import Samples, watch_to_end
 from trainctl.service.schemas import RunPublic
 
 app = typer.Typer(no_args_is_help=True, help="List, inspect, cancel and follow runs.")
@@ -29,7 +29,9 @@ def progress_text(run: RunPublic) -> str:
 @app.command("list")
 def list_runs(
     ctx: typer.Context,
-    kind: Annotated[str | None, typer.Option(help="train, validate, benchmark or prepare.")] = None,
+    kind: Annotated[
+        str | None, typer.Option(help="train, validate, benchmark, prepare, sample or export.")
+    ] = None,
     state: Annotated[str | None, typer.Option(help="queued, running, succeeded, ...")] = None,
     experiment: Annotated[str | None, typer.Option("--experiment", "-e")] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 20,
@@ -145,7 +147,9 @@ def cancel_run(ctx: typer.Context, run_id: RunId) -> None:
 
 
 @app.command("watch")
-def watch_run(ctx: typer.Context, run_id: RunId, as_json: AsJson = False) -> None:
+def watch_run(
+    ctx: typer.Context, run_id: RunId, samples: Samples = False, as_json: AsJson = False
+) -> None:
     """Follow a run live (step, loss, tokens/s, ETA) until it ends; exit 1 unless it succeeded."""
     with client(ctx) as api:
-        watch_to_end(api, run_id, as_json=as_json)
+        watch_to_end(api, run_id, as_json=as_json, samples=samples)

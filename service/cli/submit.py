@@ -2,7 +2,8 @@
 
 The flags mirror the request models (`store.specs`) and take their help from the field
 descriptions; any other field, however nested, is reachable with `--set key.path=value`.
-A `--spec` file to start from is YAML (.yaml, .yml) or JSON (any other name).
+A `--spec` file to start from is YAML (.yaml, .yml) or JSON (any other name). Sample and
+export runs have commands of their own: `trainctl sample`, `trainctl checkpoints export`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pydantic import BaseModel
 
 from trainctl.service.cli.common import build_spec, client, console, err_console, print_json
 from trainctl.service.cli.errors import BadInput
-from trainctl.service.cli.watch import watch_to_end
+from trainctl.service.cli.watch import Samples, watch_to_end
 from trainctl.store.specs import (
     BatchSpec,
     BenchmarkRequest,
@@ -96,6 +97,7 @@ def submit_run(
     watch: bool,
     idempotency_key: str | None,
     as_json: bool,
+    samples: bool = False,
 ) -> None:
     with client(ctx) as api:
         run = api.submit(kind, spec, idempotency_key)
@@ -104,7 +106,7 @@ def submit_run(
         else:
             console.print(f"submitted {kind} run {run.id} ({run.state})")
         if watch:
-            watch_to_end(api, run.id, as_json=as_json)
+            watch_to_end(api, run.id, as_json=as_json, samples=samples)
         else:
             err_console.print(f"follow it: trainctl runs watch {run.id}")
 
@@ -169,9 +171,17 @@ def submit_train(
     max_keep: Annotated[int | None, opt(TrainRequest, "max_keep")] = None,
     resume_from: Annotated[str | None, opt(TrainRequest, "resume_from")] = None,
     seed: Annotated[int | None, opt(TrainRequest, "seed")] = None,
+    sample_every: Annotated[int | None, opt(TrainRequest, "sample_every")] = None,
+    sample_prompts: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--sample-prompt", help="A text the samples continue (repeatable).", show_default=False
+        ),
+    ] = None,
     sets: Sets = None,
     spec_file: SpecFile = None,
     watch: Watch = False,
+    samples: Samples = False,
     idempotency_key: IdempotencyKey = None,
     as_json: AsJson = False,
 ) -> None:
@@ -190,9 +200,12 @@ def submit_train(
         "max_keep": max_keep,
         "resume_from": resume_from,
         "seed": seed,
+        "sample_every": sample_every,
+        "sample_prompts": sample_prompts,
     }
     spec = build_spec(load(spec_file), flags, sets)
-    submit_run(ctx, "train", spec, watch=watch, idempotency_key=idempotency_key, as_json=as_json)
+    submit_run(ctx, "train", spec, watch=watch, idempotency_key=idempotency_key, as_json=as_json,
+               samples=samples)  # fmt: skip
 
 
 @app.command("validate")

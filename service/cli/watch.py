@@ -6,28 +6,41 @@ over the last steps), not from how fast events arrive here, so it is right even 
 already-running run's history replays.
 
 The bar and the events go to stderr; stdout gets the outcome alone: a line, or with --json the
-finished run as one line of JSON.
+finished run as one line of JSON. With `samples`, a train run's samples (`sample_every`) are
+shown among the events, a line each.
 """
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any, NoReturn
 
+import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from trainctl.service.cli.common import console, err_console, fail, print_json
-from trainctl.service.client import TrainctlClient
+from trainctl.service.cli.errors import EXIT_INTERRUPTED
+from trainctl.service.client import TrainctlClient, TrainingSample
 from trainctl.service.schemas import EventPublic, RunPublic
 
 STEP_KINDS = ("train", "measure", "warmup")
+STEPLESS_RUNS = ("validate", "sample", "export")  # no steps to count: no bar
 RECENT_STEPS = 20
+Samples = Annotated[
+    bool,
+    typer.Option(
+        "--samples", help="Also print a train run's samples (sample_every): step, prompt → text."
+    ),
+]
 
 
 class RunBar:
-    def __init__(self, progress: Progress, run: RunPublic) -> None:
+    def __init__(self, progress: Progress, run: RunPublic, *, samples: bool = False) -> None:
         self.progress = progress
+        # Only a train run's sample events are TrainingSamples (a sample run's are pieces).
+        self.samples = samples and run.kind == "train"
         self.task = progress.add_task(
             f"{run.kind} {run.id[:8]}",
             total=run.progress.total_steps,
@@ -35,7 +48,7 @@ class RunBar:
             loss="-",
             speed="-",
             eta="-",
-            visible=run.kind != "validate",  # a validation has no steps to count
+            visible=run.kind not in STEPLESS_RUNS,
         )
         self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
 
@@ -46,11 +59,15 @@ class RunBar:
         elif event.type == "metrics" and data.get("kind") == "prepare":
             self.on_prepare(data)
         elif event.type == "metrics" and data.get("kind") == "val":
-            self.progress.console.print(f"  {validation_line(data)}")
-        elif event.type == "log":
-            self.progress.console.print(f"  {data.get('level', 'info')}: {data.get('message')}")
-        elif event.type == "state":
-            self.progress.console.print(f"  state: {data.get('state')}")
+            self.print(validation_line(data))
+        elif self.samples and (sample := TrainingSample.from_event(event)) is not None:
+            self.print(sample_line(sample))
+        elif (line := event_line(event)) is not None:
+            self.print(line)
+
+    def print(self, line: str) -> None:
+        """A line above the bar; as it is: a log message or a sample is not rich markup."""
+        self.progress.console.print(f"  {line}", markup=False, emoji=False)
 
     def on_prepare(self, data: dict[str, Any]) -> None:
         """A prepare counts documents, whose total is not known until it ends."""
@@ -76,6 +93,25 @@ class RunBar:
         self.progress.update(self.task, completed=step, total=total, **fields)
 
 
+def event_line(event: EventPublic) -> str | None:
+    """How a log or state event reads (`info: saved ...`, `state: running`); None for others."""
+    if event.type == "log":
+        return f"{event.data.get('level', 'info')}: {event.data.get('message')}"
+    if event.type == "state":
+        return f"state: {event.data.get('state')}"
+    return None
+
+
+def sample_line(sample: TrainingSample) -> str:
+    """`step 30: "def " → "main():\n"`: quoted, so a completion's newlines and control
+    characters keep to one line."""
+    return f"step {sample.step}: {quoted(sample.prompt)} → {quoted(sample.completion)}"
+
+
+def quoted(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
 def validation_line(data: dict[str, Any]) -> str:
     """`step 100: val_loss 2.1234, bits/byte 1.0312`; bits per byte where it is known."""
     at = f"step {data['step']}: " if data.get("step") is not None else ""
@@ -85,8 +121,18 @@ def validation_line(data: dict[str, Any]) -> str:
     return line
 
 
-def watch_to_end(api: TrainctlClient, run_id: str, *, as_json: bool = False) -> RunPublic:
+def watch_to_end(
+    api: TrainctlClient, run_id: str, *, as_json: bool = False, samples: bool = False
+) -> RunPublic:
     """Follow the run until it ends; print its outcome; exit 1 unless it succeeded."""
+    return report(follow(api, run_id, samples=samples), as_json=as_json)
+
+
+def follow(api: TrainctlClient, run_id: str, *, samples: bool = False) -> RunPublic:
+    """Show the run's bar and events on stderr until it ends; the finished run.
+
+    Ctrl-C stops following (exit 130) and leaves the run going.
+    """
     run = api.get_run(run_id)
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -98,23 +144,35 @@ def watch_to_end(api: TrainctlClient, run_id: str, *, as_json: bool = False) -> 
     )
     try:
         with Progress(*columns, console=err_console) as progress:
-            bar = RunBar(progress, run)
+            bar = RunBar(progress, run, samples=samples)
             for event in api.events(run_id):
                 bar.on_event(event)
     except KeyboardInterrupt:
-        fail(f"stopped watching; run {run_id} goes on (trainctl runs cancel {run_id})", 130)
-    return report(api.get_run(run_id), as_json=as_json)
+        stopped(run_id)
+    return api.get_run(run_id)
+
+
+def stopped(run_id: str) -> NoReturn:
+    fail(
+        f"stopped watching; run {run_id} goes on (trainctl runs cancel {run_id})", EXIT_INTERRUPTED
+    )
 
 
 def report(run: RunPublic, *, as_json: bool = False) -> RunPublic:
     if as_json:
         print_json(run, one_line=True)
+    require_success(run)
+    shown = {k: v for k, v in (run.result or {}).items() if not isinstance(v, dict | list)}
+    (err_console if as_json else console).print(
+        f"run {run.id} succeeded: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
+    )
+    return run
+
+
+def require_success(run: RunPublic) -> None:
+    """Exit 1 with why, unless the run succeeded."""
     if run.state == "succeeded":
-        shown = {k: v for k, v in (run.result or {}).items() if not isinstance(v, dict | list)}
-        (err_console if as_json else console).print(
-            f"run {run.id} succeeded: " + ", ".join(f"{k} {_fmt(v)}" for k, v in shown.items())
-        )
-        return run
+        return
     if run.state == "failed":
         fail(f"run {run.id} failed: {run.error}")
     fail(f"run {run.id} was {run.state}" + (f": {run.error}" if run.error else ""))
