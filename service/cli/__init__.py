@@ -5,7 +5,9 @@
     trainctl data prepare corpus/ --out data/shards  # text -> .bin token shards
     trainctl submit train -e demo --steps 200 --data 'shards/train_*.bin' --watch
     trainctl runs list | show ID | logs ID -f | metrics ID | cancel ID | watch ID
-    trainctl checkpoints list | latest | show EXP TAG | prune EXP | download | delete
+    trainctl checkpoints list | latest | show EXP TAG | prune EXP | download | delete | export
+    trainctl sample EXP TAG "def " --max-new-tokens 64      # the text as it is generated
+    trainctl exports list | show EXP TAG | download EXP TAG -o DIR | delete EXP TAG
     trainctl workers
 
 It talks to TRAINCTL_URL with TRAINCTL_API_TOKEN, or a profile of
@@ -20,7 +22,17 @@ from typing import Annotated
 
 import typer
 
-from trainctl.service.cli import checkpoints, data, runs, server, submit, tokens, workers
+from trainctl.service.cli import (
+    checkpoints,
+    data,
+    exports,
+    runs,
+    sample,
+    server,
+    submit,
+    tokens,
+    workers,
+)
 from trainctl.service.cli.common import CliGroup
 
 app = typer.Typer(
@@ -81,6 +93,8 @@ server.register(app)
 app.add_typer(submit.app, name="submit")
 app.add_typer(runs.app, name="runs")
 app.add_typer(checkpoints.app, name="checkpoints")
+app.add_typer(exports.app, name="exports")
+sample.register(app)
 workers.register(app)
 app.add_typer(data.app, name="data")
 app.add_typer(tokens.app, name="tokens")

@@ -1,11 +1,17 @@
-"""`trainctl checkpoints list|latest|show|prune|download|delete`."""
+"""`trainctl checkpoints list|latest|show|prune|download|delete|export`.
+
+An export (`checkpoints export`) is served like a checkpoint, so `trainctl exports` shows,
+downloads and deletes it with the table, download and delete code here.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Protocol
 
 import typer
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -16,17 +22,52 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from trainctl.service.cli.common import client, confirm, console, err_console, fail, print_json
+from trainctl.service.cli.common import (
+    checkpoint_choice,
+    client,
+    confirm,
+    console,
+    err_console,
+    fail,
+    print_json,
+)
+from trainctl.service.cli.errors import BadInput
+from trainctl.service.cli.submit import opt
+from trainctl.service.cli.watch import follow, require_success
+from trainctl.service.client import Progress as OnProgress
 from trainctl.service.client import TrainctlClient
 from trainctl.service.schemas import CheckpointPublic
+from trainctl.store.manifests import MANIFEST_FILE
+from trainctl.store.specs import ExportRequest
 
 app = typer.Typer(
-    no_args_is_help=True, help="List, inspect, prune, download and delete checkpoints."
+    no_args_is_help=True, help="List, inspect, prune, download, delete and export checkpoints."
 )
 Experiment = Annotated[str, typer.Argument(help="The experiment.", show_default=False)]
 Tag = Annotated[str, typer.Argument(help="step_<N>, best, a user tag; or latest.")]
 ExperimentFilter = Annotated[str | None, typer.Option("--experiment", "-e", help="Only this.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+Out = Annotated[
+    Path | None, typer.Option("--out", "-o", help="Folder; default ./<experiment>-<tag>.")
+]
+Files = Annotated[
+    list[str] | None, typer.Option("--file", "-f", help="Only these files (repeatable).")
+]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")]
+
+
+class FetchFile(Protocol):
+    """`TrainctlClient.download_file` or `.download_export_file`: one file of one store."""
+
+    def __call__(
+        self,
+        experiment: str,
+        tag: str,
+        name: str,
+        dest: Path,
+        *,
+        on_progress: OnProgress | None = None,
+    ) -> Path: ...
 
 
 def size(n: int) -> str:
@@ -119,36 +160,42 @@ def prune_checkpoints(
 
 @app.command("download")
 def download_checkpoint(
-    ctx: typer.Context,
-    experiment: Experiment,
-    tag: Tag,
-    out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Folder; default ./<experiment>-<tag>.")
-    ] = None,
-    files: Annotated[
-        list[str] | None, typer.Option("--file", "-f", help="Only these files (repeatable).")
-    ] = None,
+    ctx: typer.Context, experiment: Experiment, tag: Tag, out: Out = None, files: Files = None
 ) -> None:
     """Download a checkpoint's files: resumable (.part + Range), sha256-verified."""
     with client(ctx) as api:
         c = resolve(api, experiment, tag)
-        folder = out or Path(f"{c.experiment}-{c.tag}")
-        folder.mkdir(parents=True, exist_ok=True)
-        names = files or [f.name for f in c.files] + ["manifest.json"]
-        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                   TransferSpeedColumn())  # fmt: skip
-        with Progress(*columns, console=err_console) as progress:
-            for name in names:
-                task = progress.add_task(name, total=None)
+        download(api.download_file, c, out, files)
 
-                def advance(done: int, total: int | None, task: TaskID = task) -> None:
-                    progress.update(task, completed=done, total=total)
 
-                api.download_file(c.experiment, c.tag, name, folder / name, on_progress=advance)
-    verified = [n for n in names if n != "manifest.json"]
-    console.print(
+def download(
+    fetch: FetchFile,
+    c: CheckpointPublic,
+    out: Path | None,
+    files: list[str] | None,
+    *,
+    say: Console = console,
+) -> Path:
+    """Every file of `c` (or `files`) into `out`, a bar each on stderr; the folder. `say`
+    gets the line saying where they are (stderr where stdout holds JSON)."""
+    folder = out or Path(f"{c.experiment}-{c.tag}")
+    folder.mkdir(parents=True, exist_ok=True)
+    names = files or [f.name for f in c.files] + [MANIFEST_FILE]
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+               TransferSpeedColumn())  # fmt: skip
+    with Progress(*columns, console=err_console) as progress:
+        for name in names:
+            task = progress.add_task(name, total=None)
+
+            def advance(done: int, total: int | None, task: TaskID = task) -> None:
+                progress.update(task, completed=done, total=total)
+
+            fetch(c.experiment, c.tag, name, folder / name, on_progress=advance)
+    verified = [n for n in names if n != MANIFEST_FILE]  # the manifest is what they match
+    say.print(
         f"downloaded {c.experiment}/{c.tag} to {folder}/ ({len(verified)} files, sha256 verified)"
     )
+    return folder
 
 
 @app.command("delete")
@@ -156,19 +203,95 @@ def delete_checkpoint(
     ctx: typer.Context,
     experiment: Experiment,
     tag: Annotated[str, typer.Argument(help="step_<N>, best or a user tag.", show_default=False)],
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
+    yes: Yes = False,
     as_json: AsJson = False,
 ) -> None:
     """Delete one checkpoint; one that a run still needs is refused (HTTP 409)."""
     with client(ctx) as api:
         c = api.get_checkpoint(experiment, tag)  # a typo fails here, before the question
-        question = (
-            f"delete checkpoint {c.experiment}/{c.tag} (step {c.step}, {size(c.size_bytes)})?"
-        )
-        if not yes and not confirm(question):
-            fail("nothing deleted (--yes deletes without asking)")
-        deleted = api.delete_checkpoint(experiment, tag)
-    if as_json:
-        print_json(deleted)
-    else:
-        console.print(f"deleted {deleted.experiment}/{deleted.tag}")
+        deleted = delete(f"checkpoint {c.experiment}/{c.tag}", c, api.delete_checkpoint, yes)
+    print_json(deleted) if as_json else console.print(f"deleted {deleted.experiment}/{deleted.tag}")
+
+
+def delete(
+    what: str,
+    c: CheckpointPublic,
+    remove: Callable[[str, str], CheckpointPublic],
+    yes: bool,
+) -> CheckpointPublic:
+    """Ask first (unless `yes`), then `remove` it: what was deleted."""
+    question = f"delete {what} (step {c.step}, {size(c.size_bytes)})?"
+    if not yes and not confirm(question):
+        fail("nothing deleted (--yes deletes without asking)")
+    return remove(c.experiment, c.tag)
+
+
+@app.command("export")
+def export_checkpoint(
+    ctx: typer.Context,
+    experiment: Experiment,
+    tag: Tag,
+    export_format: Annotated[str | None, opt(ExportRequest, "format", "--format")] = None,
+    dtype: Annotated[str | None, opt(ExportRequest, "dtype", "--dtype")] = None,
+    watch: Annotated[
+        bool, typer.Option("--watch/--no-watch", help="Wait for the export and say where it is.")
+    ] = True,
+    download_to: Annotated[
+        Path | None,
+        typer.Option(
+            "--download",
+            help="Then download it into this folder (sha256-verified).",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print the export's result (the queued run with --no-watch)."),
+    ] = False,
+) -> None:
+    """Export a checkpoint as a Hugging Face transformers folder (an export run).
+
+    The folder loads with transformers' AutoModelForCausalLM.from_pretrained; what it computes
+    differently from trainctl, if anything, is listed when the export ends.
+    """
+    if download_to is not None and not watch:
+        raise BadInput("--download waits for the export to finish: leave out --no-watch")
+    spec: dict[str, Any] = {
+        **checkpoint_choice(experiment, tag),
+        "format": export_format,
+        "dtype": dtype,
+    }
+    with client(ctx) as api:
+        run = api.submit_export(**{k: v for k, v in spec.items() if v is not None})
+        if not watch:
+            print_json(run) if as_json else console.print(f"submitted export run {run.id}")
+            err_console.print(f"follow it: trainctl runs watch {run.id}")
+            return
+        err_console.print(f"submitted export run {run.id}")
+        run = follow(api, run.id)
+        require_success(run)
+        result = run.result or {}
+        print_json(result) if as_json else print_export(result)
+        e, t = result["export"]["experiment"], result["export"]["tag"]
+        if download_to is not None:
+            export = api.get_export(e, t)
+            say = err_console if as_json else console
+            download(api.download_export_file, export, download_to, None, say=say)
+        else:
+            err_console.print(f"download it: trainctl exports download {e} {t} -o DIR")
+
+
+def print_export(result: dict[str, Any]) -> None:
+    """Where the export is, and what it computes differently from trainctl (stdout; printed
+    as they are: these lines are data, not rich markup)."""
+    e, t = result["export"]["experiment"], result["export"]["tag"]
+    print(
+        f"exported {e}/{t} (step {result['checkpoint']['step']}) as {result['format']}: "
+        f"{result['architecture']}, {result['dtype']}, tokenizer {result['tokenizer']}"
+    )
+    print(f"folder on the service: {result['folder']}")
+    for title in ("differences", "notes"):
+        if result.get(title):
+            print(f"{title}:")
+            for line in result[title]:
+                print(f"  - {line}")

@@ -143,6 +143,14 @@ def needs_extra(extra: str, command: str) -> Iterator[None]:
         ) from exc
 
 
+def checkpoint_choice(experiment: str, tag: str) -> dict[str, str]:
+    """A request's `checkpoint` (and `experiment`) for EXP TAG as the commands take them:
+    `latest` is the experiment's highest step, any other tag is that checkpoint."""
+    if tag == "latest":
+        return {"checkpoint": "latest", "experiment": experiment}
+    return {"checkpoint": f"{experiment}/{tag}"}
+
+
 def confirm(question: str) -> bool:
     """Ask on stderr and read a line from stdin: only y or yes agrees; end of input is no."""
     print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
