@@ -67,9 +67,12 @@ export async function showRuns(view, params) {
     row.cells.forEach((td, i) => td.replaceChildren(values[i]));
   };
 
+  let rendering = 0;  // counts renders: a slower, older answer (another filter) is dropped
   const render = async () => {
+    const mine = ++rendering;
     const query = experiment ? `&experiment=${encodeURIComponent(experiment)}` : "";
     const page = await api(`/runs?limit=100${query}`);
+    if (mine !== rendering) return;
     shown = page.items;
     for (const r of shown) {
       experiments.add(r.experiment);

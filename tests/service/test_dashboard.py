@@ -280,6 +280,9 @@ def test_runs_picked_in_the_table_open_a_compare_view_whose_url_holds_the_select
     page.wait_for_selector(f"tr[data-run='{b.id}']")
     page.select_option("#experiment-filter", "cmp")  # the experiment's runs, then all of them
     poll(lambda: "experiment=cmp" in page.url, what="the filter in the URL")
+    # The table shows the experiment's runs only (the URL changes before the rows do).
+    experiments = "#runs tr[data-run] td:nth-child(4)"
+    poll(lambda: set(page.locator(experiments).all_text_contents()) == {"cmp"}, what="the filter")
     page.wait_for_selector(f"tr[data-run='{a.id}']")
     page.check("#select-all")
     page.click("#compare-button")
