@@ -21,6 +21,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -28,6 +29,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    UniqueConstraint,
     and_,
     create_engine,
     event,
@@ -162,6 +164,70 @@ api_tokens = Table(
     Column("created_by", String(128), nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
     Column("last_used_at", UTCDateTime, nullable=True),
+)
+
+
+# Webhooks (docs/architecture.md, "Webhooks"): URLs told of run state changes. The secret is
+# kept as it is, not as a digest: the service signs every delivery with it.
+webhooks = Table(
+    "webhooks",
+    metadata,
+    # AUTOINCREMENT: an id is never reused, so a removed webhook's id never names another.
+    Column("id", _ID_INT, primary_key=True, autoincrement=True),
+    Column("url", Text, nullable=False),
+    Column("events", JSON, nullable=False),
+    Column("secret", String(100), nullable=False),
+    # The newest event when it was registered: a webhook hears of changes after that only.
+    Column("after_event_id", BigInteger, nullable=False),
+    Column("created_by", String(128), nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    sqlite_autoincrement=True,
+)
+
+# One notification of one state change to one webhook, sent until it is answered with a 2xx
+# or its attempts are used up. Its id is the delivery id receivers deduplicate on.
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("webhook_id", _ID_INT, ForeignKey("webhooks.id"), nullable=False),
+    Column("event_id", BigInteger, nullable=False),
+    Column("run_id", String(32), nullable=False),
+    Column("event", String(16), nullable=False),
+    Column("body", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("next_attempt_at", UTCDateTime, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    # One delivery per webhook and event, whoever dispatches and however often it reads.
+    UniqueConstraint("webhook_id", "event_id", name="uq_webhook_deliveries_event"),
+    Index("ix_webhook_deliveries_due", "state", "next_attempt_at"),
+    Index("ix_webhook_deliveries_webhook", "webhook_id", "created_at"),
+)
+
+# The delivery log: every attempt, with the receiver's status code or why there was none.
+webhook_attempts = Table(
+    "webhook_attempts",
+    metadata,
+    Column("id", _ID_INT, primary_key=True, autoincrement=True),
+    Column("delivery_id", String(32), ForeignKey("webhook_deliveries.id"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("duration_ms", Float, nullable=False),
+    Column("status_code", Integer, nullable=True),
+    Column("error", Text, nullable=True),
+    Index("ix_webhook_attempts_delivery", "delivery_id", "attempt"),
+)
+
+# One row: how far the dispatcher has read the event log, and which service dispatches (a
+# lease, so that of several services sharing the database one sends).
+webhook_dispatcher = Table(
+    "webhook_dispatcher",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("cursor", BigInteger, nullable=False),
+    Column("holder", String(100), nullable=True),
+    Column("lease_expires_at", UTCDateTime, nullable=True),
 )
 
 
