@@ -19,13 +19,24 @@ from trainctl.service.middleware import (
     RequestMiddleware,
     SecurityHeaders,
 )
-from trainctl.service.routes import checkpoints, dashboard, exports, metrics, runs, system, tokens
+from trainctl.service.routes import (
+    checkpoints,
+    dashboard,
+    exports,
+    metrics,
+    runs,
+    system,
+    tokens,
+    webhooks,
+)
 from trainctl.service.routing import operation_id, without_null_parameters
 from trainctl.service.settings import Settings, get_settings
 from trainctl.service.supervisor import Supervisor, default_worker_count
+from trainctl.service.webhooks.dispatcher import DispatchConfig, Dispatcher
 from trainctl.store.access import TokenStore
 from trainctl.store.checkpoints import CheckpointStore
 from trainctl.store.runs import RunStore
+from trainctl.store.webhooks import WebhookStore
 
 log = logging.getLogger("trainctl.service")
 
@@ -69,7 +80,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         bootstrap = settings.api_token.get_secret_value() if settings.api_token else None
         app.state.tokens = TokenStore(store.engine, bootstrap)
         app.state.supervisor = supervisor = None
+        app.state.webhooks = WebhookStore(store.engine)
+        app.state.webhook_dispatcher = dispatcher = None
         try:
+            # Its own thread: a slow receiver never holds up a request (service/webhooks).
+            dispatcher = Dispatcher(
+                app.state.webhooks, store, DispatchConfig.from_settings(settings)
+            )
+            app.state.webhook_dispatcher = dispatcher
+            dispatcher.start()
             if default_worker_count(settings)[0] > 0:
                 supervisor = Supervisor(settings, store, metrics=app.state.metrics)
                 app.state.supervisor = supervisor
@@ -78,6 +97,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             if supervisor is not None:
                 supervisor.stop()  # workers checkpoint and hand their runs back first
+            if dispatcher is not None:
+                dispatcher.stop()  # a send it cuts short is due again at the next start
             store.close()
 
     app = TrainctlApi(
@@ -98,6 +119,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(system.public_router)
     app.include_router(metrics.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(tokens.router, responses=unauthorized)
+    app.include_router(webhooks.router, responses=unauthorized)
     dashboard.mount_dashboard(app)
     app.state.metrics = ServiceMetrics()
     # The last added is the outermost: every answer, the Host check's too, carries the request

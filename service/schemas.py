@@ -10,10 +10,11 @@ response against it. The store returns plain records (`Run`, `Event`, `Worker`,
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from trainctl.service.webhooks.targets import MAX_URL_LENGTH, URL_PATTERN, URL_RULE, check_url
 from trainctl.store.names import Name
 from trainctl.store.vocabulary import EventType, RunKind, RunState, Scope
 
@@ -231,3 +232,93 @@ class TokenCreated(TokenPublic):
 
 class TokensPublic(BaseModel):
     items: list[TokenPublic]
+
+
+# --- webhooks (service/webhooks; docs/architecture.md, "Webhooks") ---------------------------
+
+TERMINAL_EVENTS: list[RunState] = ["cancelled", "failed", "succeeded"]
+
+
+class WebhookCreate(BaseModel):
+    """A URL to POST run state changes to, and which changes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: Annotated[
+        str,
+        Field(
+            max_length=MAX_URL_LENGTH,
+            description=f"Where to POST: {URL_RULE}. No user name or password: receivers "
+            "check the signature. Where it may connect is checked when it does "
+            "(TRAINCTL_WEBHOOK_ALLOWED_HOSTS).",
+            json_schema_extra={"pattern": URL_PATTERN},
+        ),
+        AfterValidator(check_url),
+    ]
+    events: list[RunState] = Field(
+        default_factory=lambda: list(TERMINAL_EVENTS),
+        min_length=1,
+        description="The states whose entry is notified; default the terminal ones. `queued` "
+        "is a run put back in the queue (a lost worker), never its submission.",
+    )
+
+
+class WebhookPublic(Public):
+    id: int
+    url: str
+    events: list[RunState]
+    created_by: str | None = Field(description="The token that registered it.")
+    created_at: datetime
+
+
+class WebhookCreated(WebhookPublic):
+    secret: str = Field(
+        description="The key of every delivery's HMAC-SHA256 signature: shown this once."
+    )
+
+
+class WebhooksPublic(BaseModel):
+    items: list[WebhookPublic]
+
+
+class DeliveryAttemptPublic(Public):
+    """One try at sending a delivery, as the delivery log keeps it."""
+
+    attempt: int
+    started_at: datetime
+    duration_ms: float
+    status_code: int | None = Field(description="The receiver's answer; null when none came.")
+    error: str | None = Field(description="Why no answer came (timeout, refused, ...), or null.")
+
+
+class DeliveryPublic(Public):
+    id: str = Field(description="The delivery id (X-Trainctl-Delivery): the same on retries.")
+    webhook_id: int
+    run_id: str
+    event_id: int = Field(description="The run's `state` event this delivery tells of.")
+    event: RunState = Field(description="The state the run entered.")
+    state: Literal["pending", "succeeded", "failed"] = Field(
+        description="succeeded: a 2xx came; failed: every attempt was used; pending: neither."
+    )
+    next_attempt_at: datetime | None = Field(description="When a pending delivery is tried next.")
+    created_at: datetime
+    attempts: list[DeliveryAttemptPublic]
+
+
+class DeliveriesPublic(BaseModel):
+    items: list[DeliveryPublic]
+
+
+class WebhookPayload(BaseModel):
+    """The JSON body of every delivery, signed in its X-Trainctl-Signature header."""
+
+    delivery_id: str = Field(description="Deduplicate on it: a delivery may come twice.")
+    event: RunState = Field(description="The state the run entered.")
+    previous: RunState = Field(description="The state it left.")
+    reason: str = Field(description="Why, in words (as the run's state event says).")
+    event_id: int = Field(description="The run's `state` event in its event log.")
+    occurred_at: datetime
+    run: RunPublic = Field(
+        description="The run when the delivery was made, which may be after the event: a "
+        "run that started may have finished by then."
+    )

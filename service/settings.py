@@ -10,6 +10,8 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from trainctl.service.webhooks.targets import HostPolicy
+
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
@@ -97,6 +99,30 @@ class Settings(BaseSettings):
         100, ge=1, le=1_000_000, description="Runs one API token may have waiting; beyond, 429."
     )
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body accepted.")
+    webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Hosts webhooks may send to (comma-separated): names, '*.example.com', IP "
+        "addresses or networks (10.0.0.0/8). Default: any address but link-local, multicast, "
+        "unspecified, reserved and cloud metadata ones.",
+    )
+    webhook_timeout_seconds: float = Field(
+        5.0, gt=0, le=300, description="The most one webhook delivery attempt may take."
+    )
+    webhook_max_attempts: int = Field(
+        10, ge=1, le=100, description="Attempts per webhook delivery before it is given up."
+    )
+    webhook_retry_seconds: float = Field(
+        10.0, gt=0, le=86400, description="Wait before a delivery's first retry; doubles after."
+    )
+    webhook_retry_max_seconds: float = Field(
+        3600.0, gt=0, le=86400, description="Longest wait between a delivery's attempts."
+    )
+    webhook_concurrency: int = Field(
+        4, ge=1, le=64, description="Webhook deliveries sent at once, by one service."
+    )
+    webhook_poll_seconds: float = Field(
+        0.5, gt=0, le=60, description="How often the webhook dispatcher reads the event log."
+    )
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod
@@ -104,6 +130,19 @@ class Settings(BaseSettings):
         if isinstance(v, str):
             return [h.strip().lower() for h in v.split(",") if h.strip()]
         return v
+
+    @field_validator("webhook_allowed_hosts", mode="before")
+    @classmethod
+    def _split_webhook_hosts(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = [h.strip().lower() for h in v.split(",") if h.strip()]
+        if isinstance(v, list):
+            HostPolicy.parse(v)  # a bad entry stops the service at start, naming it
+        return v
+
+    @property
+    def webhook_policy(self) -> HostPolicy:
+        return HostPolicy.parse(self.webhook_allowed_hosts)
 
     @property
     def host_allow_list(self) -> list[str]:
