@@ -12,7 +12,7 @@ the event loop, a chunk of up to 1 MiB at a time, as the sync client does.)
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing, closing
 from pathlib import Path
 from types import TracebackType
@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from trainctl.service import sdk_calls as calls
 from trainctl.service.schemas import (
     CheckpointPublic,
+    DeliveryPublic,
     EventPublic,
     HealthPublic,
     LogPublic,
@@ -35,6 +36,8 @@ from trainctl.service.schemas import (
     RunsPublic,
     TokenCreated,
     TokenPublic,
+    WebhookCreated,
+    WebhookPublic,
     WorkerPublic,
 )
 from trainctl.service.sdk_calls import Progress, SamplePiece, TrainingSample
@@ -61,7 +64,7 @@ from trainctl.service.sdk_steps import (
     ask,
     client_kwargs,
 )
-from trainctl.store.vocabulary import Scope
+from trainctl.store.vocabulary import RunState, Scope
 
 __all__ = [
     "ApiError",
@@ -256,6 +259,27 @@ class AsyncTrainctlClient:
 
     async def revoke_token(self, name: str) -> TokenPublic:
         return await self._call(calls.revoke_token(name))
+
+    # --- webhooks (admin) ---
+
+    async def create_webhook(
+        self, url: str, events: Sequence[RunState] | None = None
+    ) -> WebhookCreated:
+        """Register `url` for run state changes (default: the terminal ones); `.secret` signs
+        every delivery and is shown this once."""
+        return await self._call(calls.create_webhook(url, events))
+
+    async def list_webhooks(self) -> list[WebhookPublic]:
+        return await self._call(calls.list_webhooks())
+
+    async def delete_webhook(self, webhook_id: int) -> WebhookPublic:
+        return await self._call(calls.delete_webhook(webhook_id))
+
+    async def webhook_deliveries(
+        self, webhook_id: int, limit: int | None = None
+    ) -> list[DeliveryPublic]:
+        """The webhook's newest deliveries, each with its attempts (the delivery log)."""
+        return await self._call(calls.webhook_deliveries(webhook_id, limit))
 
     # --- the driver: performs the steps of `service.sdk_calls` with httpx.AsyncClient ---
 

@@ -27,7 +27,7 @@ httpx.Client, blocking.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import closing
 from pathlib import Path
 from types import TracebackType
@@ -39,6 +39,7 @@ from pydantic import BaseModel
 from trainctl.service import sdk_calls as calls
 from trainctl.service.schemas import (
     CheckpointPublic,
+    DeliveryPublic,
     EventPublic,
     HealthPublic,
     LogPublic,
@@ -49,6 +50,8 @@ from trainctl.service.schemas import (
     RunsPublic,
     TokenCreated,
     TokenPublic,
+    WebhookCreated,
+    WebhookPublic,
     WorkerPublic,
 )
 from trainctl.service.sdk_calls import Progress, SamplePiece, TrainingSample
@@ -75,7 +78,7 @@ from trainctl.service.sdk_steps import (
     ask,
     client_kwargs,
 )
-from trainctl.store.vocabulary import Scope
+from trainctl.store.vocabulary import RunState, Scope
 
 __all__ = [
     "ApiError",
@@ -290,6 +293,23 @@ class TrainctlClient:
 
     def revoke_token(self, name: str) -> TokenPublic:
         return self._call(calls.revoke_token(name))
+
+    # --- webhooks (admin) ---
+
+    def create_webhook(self, url: str, events: Sequence[RunState] | None = None) -> WebhookCreated:
+        """Register `url` for run state changes (default: the terminal ones); `.secret` signs
+        every delivery and is shown this once."""
+        return self._call(calls.create_webhook(url, events))
+
+    def list_webhooks(self) -> list[WebhookPublic]:
+        return self._call(calls.list_webhooks())
+
+    def delete_webhook(self, webhook_id: int) -> WebhookPublic:
+        return self._call(calls.delete_webhook(webhook_id))
+
+    def webhook_deliveries(self, webhook_id: int, limit: int | None = None) -> list[DeliveryPublic]:
+        """The webhook's newest deliveries, each with its attempts (the delivery log)."""
+        return self._call(calls.webhook_deliveries(webhook_id, limit))
 
     # --- the driver: performs the steps of `service.sdk_calls` with httpx.Client ---
 

@@ -15,7 +15,7 @@ import hashlib
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
 
@@ -25,6 +25,8 @@ from pydantic import BaseModel, ConfigDict
 from trainctl.service.schemas import (
     CheckpointPublic,
     CheckpointsPublic,
+    DeliveriesPublic,
+    DeliveryPublic,
     EventPublic,
     HealthPublic,
     LogPublic,
@@ -38,6 +40,9 @@ from trainctl.service.schemas import (
     TokenCreated,
     TokenPublic,
     TokensPublic,
+    WebhookCreated,
+    WebhookPublic,
+    WebhooksPublic,
     WorkerPublic,
     WorkersPublic,
 )
@@ -57,7 +62,7 @@ from trainctl.service.sdk_steps import (
     read_bytes,
     read_line,
 )
-from trainctl.store.vocabulary import TERMINAL_STATES, Scope
+from trainctl.store.vocabulary import TERMINAL_STATES, RunState, Scope
 
 Progress = Callable[[int, int | None], None]
 """Download progress: (bytes on disk, total bytes or None)."""
@@ -272,6 +277,31 @@ def list_tokens() -> Call[list[TokenPublic]]:
 
 def revoke_token(name: str) -> Call[TokenPublic]:
     return Call(Request("DELETE", f"/tokens/{name}"), TokenPublic.model_validate_json)
+
+
+# --- webhooks (admin) ---
+
+
+def create_webhook(url: str, events: Sequence[RunState] | None) -> Call[WebhookCreated]:
+    body: dict[str, Any] = {"url": url}
+    if events is not None:
+        body["events"] = list(events)
+    return Call(Request("POST", "/webhooks", json=body), WebhookCreated.model_validate_json)
+
+
+def list_webhooks() -> Call[list[WebhookPublic]]:
+    return Call(
+        Request("GET", "/webhooks"), lambda body: WebhooksPublic.model_validate_json(body).items
+    )
+
+
+def delete_webhook(webhook_id: int) -> Call[WebhookPublic]:
+    return Call(Request("DELETE", f"/webhooks/{webhook_id}"), WebhookPublic.model_validate_json)
+
+
+def webhook_deliveries(webhook_id: int, limit: int | None) -> Call[list[DeliveryPublic]]:
+    request = Request("GET", f"/webhooks/{webhook_id}/deliveries", params=only(limit=limit))
+    return Call(request, lambda body: DeliveriesPublic.model_validate_json(body).items)
 
 
 # --- the parts of the calls above ---------------------------------------------------------

@@ -9,6 +9,7 @@
     trainctl sample EXP TAG "def " --max-new-tokens 64      # the text as it is generated
     trainctl exports list | show EXP TAG | download EXP TAG -o DIR | delete EXP TAG
     trainctl workers
+    trainctl webhooks add URL --events succeeded,failed | list | remove ID | deliveries ID
 
 It talks to TRAINCTL_URL with TRAINCTL_API_TOKEN, or a profile of
 ~/.config/trainctl/config.toml. Data goes to stdout, progress to stderr. Errors print one
@@ -31,6 +32,7 @@ from trainctl.service.cli import (
     server,
     submit,
     tokens,
+    webhooks,
     workers,
 )
 from trainctl.service.cli.common import CliGroup
@@ -98,3 +100,4 @@ sample.register(app)
 workers.register(app)
 app.add_typer(data.app, name="data")
 app.add_typer(tokens.app, name="tokens")
+app.add_typer(webhooks.app, name="webhooks")
