@@ -1,0 +1,389 @@
+"""Webhooks against a real receiver: a threading HTTP server on loopback that records every
+POST and checks its signature the way README "Notifications" tells receivers to. The service
+is served by uvicorn with its dispatcher; runs change state through the run store, as a
+worker changes them (tests/e2e/test_webhooks_e2e.py does it with a real worker)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.polling import poll
+from tests.service.serving import serve
+from trainctl.service.app import create_app
+from trainctl.service.settings import Settings
+from trainctl.store.runs import Run, RunStore
+
+# --- the receiver -----------------------------------------------------------------------------
+
+
+@dataclass
+class Received:
+    headers: dict[str, str]
+    body: bytes
+    path: str
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        parsed: dict[str, Any] = json.loads(self.body)
+        return parsed
+
+
+def signature_is_valid(secret: str, header: str, body: bytes, tolerance: float = 300) -> bool:
+    """README "Notifications": `t=<unix>,v1=<hex>`, v1 = HMAC-SHA256(secret, f"{t}." + body)."""
+    fields = dict(item.split("=", 1) for item in header.split(","))
+    signed = fields["t"].encode() + b"." + body
+    expected = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    fresh = abs(time.time() - int(fields["t"])) <= tolerance
+    return fresh and hmac.compare_digest(expected, fields["v1"])
+
+
+@dataclass
+class Receiver:
+    """Answers each POST with the next of `statuses` (then 200); while `hold` is clear, a
+    request waits for it (a slow receiver), setting `holding` meanwhile."""
+
+    statuses: list[int] = field(default_factory=list)
+    hold: threading.Event = field(default_factory=threading.Event)
+    holding: threading.Event = field(default_factory=threading.Event)
+    received: list[Received] = field(default_factory=list)
+    server: ThreadingHTTPServer | None = None
+
+    def __post_init__(self) -> None:
+        self.hold.set()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_port}/hook"
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.received.append(Received(dict(self.headers), body, self.path))
+                if not receiver.hold.is_set():
+                    receiver.holding.set()
+                    receiver.hold.wait(timeout=30)
+                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                except OSError:
+                    pass  # the service gave up waiting and closed the connection
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        return Handler
+
+    def __enter__(self) -> Receiver:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.hold.set()
+        assert self.server is not None
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with Receiver() as r:
+        yield r
+
+
+def dead_url() -> str:
+    """A loopback port nothing listens on: connections are refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/hook"
+
+
+# --- the service ------------------------------------------------------------------------------
+
+
+def fast_settings(data_dir: Path, **overrides: Any) -> Settings:
+    """Retries in a tenth of a second, attempts cut after one, a dispatcher that reads often."""
+    values: dict[str, Any] = {
+        "data_dir": data_dir,
+        "workers": 0,
+        "webhook_poll_seconds": 0.05,
+        "webhook_retry_seconds": 0.1,
+        "webhook_retry_max_seconds": 0.2,
+        "webhook_timeout_seconds": 1.0,
+        "webhook_max_attempts": 3,
+    }
+    return Settings(**(values | overrides))
+
+
+@dataclass
+class Live:
+    url: str
+    runs: RunStore
+
+    def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        return httpx.post(self.url + path, json=body, timeout=10)
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=10)
+
+    def add_webhook(self, url: str, **body: Any) -> dict[str, Any]:
+        response = self.post("/webhooks", {"url": url, **body})
+        assert response.status_code == 201, response.text
+        created: dict[str, Any] = response.json()
+        return created
+
+    def deliveries(self, webhook_id: int) -> list[dict[str, Any]]:
+        response = self.get(f"/webhooks/{webhook_id}/deliveries")
+        assert response.status_code == 200, response.text
+        items: list[dict[str, Any]] = response.json()["items"]
+        return items
+
+    def settled(self, webhook_id: int, count: int = 1) -> list[dict[str, Any]]:
+        """The webhook's deliveries once `count` of them are no longer pending."""
+        return poll(
+            lambda: (
+                len(items := self.deliveries(webhook_id)) >= count
+                and all(d["state"] != "pending" for d in items)
+                and items
+            ),
+            timeout=30,
+            what=f"{count} deliveries of webhook {webhook_id} to settle",
+        )
+
+    def run_to_end(self, state: str = "succeeded") -> Run:
+        """A run claimed and finished as a worker would: running, then `state`."""
+        run = self.runs.enqueue("benchmark", "hooks", {"steps": 1})
+        claimed = self.runs.claim("test-worker", lease_seconds=60)
+        assert claimed is not None and claimed.id == run.id
+        result = {"tokens_per_sec": 1.0} if state == "succeeded" else None
+        error = None if state == "succeeded" else "it broke"
+        return self.runs.finish(run.id, "test-worker", 1, state, result=result, error=error)
+
+
+@contextmanager
+def live(settings: Settings) -> Iterator[Live]:
+    with serve(create_app(settings)) as url, RunStore(settings.db_url) as runs:
+        yield Live(url, runs)
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[Live]:
+    with live(fast_settings(tmp_path)) as s:
+        yield s
+
+
+# --- notifications ----------------------------------------------------------------------------
+
+
+def test_a_finished_run_is_posted_signed_with_its_delivery_id_and_public_shape(
+    service: Live, receiver: Receiver
+) -> None:
+    webhook = service.add_webhook(receiver.url)
+    run = service.run_to_end("succeeded")
+
+    (delivery,) = service.settled(webhook["id"])
+    (request,) = receiver.received  # `running` is not a default event: only the end came
+    payload = request.payload
+    assert request.path == "/hook"
+    assert request.headers["Content-Type"] == "application/json"
+    assert signature_is_valid(webhook["secret"], request.headers["X-Trainctl-Signature"],
+                              request.body)  # fmt: skip
+    assert not signature_is_valid("whsec_another", request.headers["X-Trainctl-Signature"],
+                                  request.body)  # fmt: skip
+    assert request.headers["X-Trainctl-Delivery"] == payload["delivery_id"] == delivery["id"]
+    assert request.headers["X-Trainctl-Event"] == "succeeded"
+    assert (payload["event"], payload["previous"]) == ("succeeded", "running")
+    assert payload["run"] == service.get(f"/runs/{run.id}").json()  # the run's public shape
+    assert (delivery["run_id"], delivery["event"], delivery["state"]) == (
+        run.id, "succeeded", "succeeded"
+    )  # fmt: skip
+    assert [(a["attempt"], a["status_code"], a["error"]) for a in delivery["attempts"]] == [
+        (1, 200, None)
+    ]
+
+
+def test_events_choose_which_state_changes_are_posted(service: Live, receiver: Receiver) -> None:
+    webhook = service.add_webhook(receiver.url, events=["running", "failed"])
+    assert webhook["events"] == ["failed", "running"]
+    service.run_to_end("succeeded")
+    failed = service.run_to_end("failed")
+
+    service.settled(webhook["id"], count=3)
+
+    events = [(r.payload["run"]["id"], r.payload["event"]) for r in receiver.received]
+    assert len(events) == 3 and (failed.id, "failed") in events
+    assert [e for _, e in events].count("running") == 2
+
+
+def test_a_receiver_that_fails_is_retried_with_the_same_delivery_id_and_logged(
+    service: Live, receiver: Receiver
+) -> None:
+    receiver.statuses = [500, 503]
+    webhook = service.add_webhook(receiver.url)
+    service.run_to_end()
+
+    (delivery,) = service.settled(webhook["id"])
+
+    assert delivery["state"] == "succeeded"
+    assert [(a["attempt"], a["status_code"]) for a in delivery["attempts"]] == [
+        (1, 500), (2, 503), (3, 200)
+    ]  # fmt: skip
+    assert all(a["duration_ms"] >= 0 and a["started_at"] for a in delivery["attempts"])
+    assert {r.headers["X-Trainctl-Delivery"] for r in receiver.received} == {delivery["id"]}
+    assert len({r.body for r in receiver.received}) == 1  # every attempt sends the same body
+
+
+def test_a_receiver_that_never_answers_2xx_is_given_up_after_the_attempts(
+    service: Live, receiver: Receiver
+) -> None:
+    receiver.statuses = [500, 500, 500, 500]
+    webhook = service.add_webhook(receiver.url)
+    service.run_to_end()
+
+    (delivery,) = service.settled(webhook["id"])
+
+    assert delivery["state"] == "failed" and delivery["next_attempt_at"] is None
+    assert [a["status_code"] for a in delivery["attempts"]] == [500, 500, 500]
+
+
+def test_a_dead_receiver_is_retried_logged_and_given_up(service: Live) -> None:
+    webhook = service.add_webhook(dead_url())
+    service.run_to_end()
+
+    (delivery,) = service.settled(webhook["id"])
+
+    assert delivery["state"] == "failed"
+    assert len(delivery["attempts"]) == 3
+    for attempt in delivery["attempts"]:
+        assert attempt["status_code"] is None and attempt["error"].startswith("ConnectError")
+
+
+def test_a_slow_receiver_never_blocks_the_api(service: Live, receiver: Receiver) -> None:
+    receiver.hold.clear()  # each POST waits: longer than the service's 1 s timeout
+    webhook = service.add_webhook(receiver.url, events=["succeeded"])
+    service.run_to_end()
+    assert receiver.holding.wait(timeout=30), "the delivery never came"
+
+    # The delivery is in flight, its receiver silent: the API answers all the same.
+    assert service.get("/healthz").status_code == 200
+    assert service.get("/runs").status_code == 200
+    assert service.post("/webhooks", {"url": receiver.url}).status_code == 201
+    in_flight = service.deliveries(webhook["id"])
+    assert in_flight[0]["state"] == "pending"
+
+    (delivery,) = service.settled(webhook["id"])
+    assert delivery["state"] == "failed"
+    assert [a["error"] for a in delivery["attempts"]] == ["no answer within 1 s"] * 3
+    assert all(a["duration_ms"] < 10_000 for a in delivery["attempts"])
+
+
+def test_a_removed_webhook_gets_nothing_more(service: Live, receiver: Receiver) -> None:
+    webhook = service.add_webhook(receiver.url)
+    removed = httpx.delete(f"{service.url}/webhooks/{webhook['id']}", timeout=10)
+    assert removed.status_code == 200 and removed.json()["url"] == receiver.url
+    kept = service.add_webhook(receiver.url, events=["failed"])
+    service.run_to_end("failed")
+
+    service.settled(kept["id"])
+
+    assert [r.headers["X-Trainctl-Delivery"] for r in receiver.received] == [
+        d["id"] for d in service.deliveries(kept["id"])
+    ]
+    assert service.get(f"/webhooks/{webhook['id']}/deliveries").status_code == 404
+    assert httpx.delete(f"{service.url}/webhooks/{webhook['id']}").status_code == 404
+
+
+def test_a_webhook_hears_only_of_changes_after_it_was_registered(
+    service: Live, receiver: Receiver
+) -> None:
+    before = service.run_to_end()
+    webhook = service.add_webhook(receiver.url)
+    after = service.run_to_end()
+
+    (delivery,) = service.settled(webhook["id"])
+
+    assert delivery["run_id"] == after.id != before.id
+    assert [r.payload["run"]["id"] for r in receiver.received] == [after.id]
+
+
+def test_a_restart_neither_loses_nor_repeats_a_notification(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    settings = fast_settings(tmp_path)
+    with live(settings) as first:
+        webhook = first.add_webhook(receiver.url)
+        one = first.run_to_end()
+        first.settled(webhook["id"])
+    # While no service runs, a run ends (a worker on another node finishing it).
+    with RunStore(settings.db_url) as runs:
+        two = Live("", runs).run_to_end("failed")
+
+    with live(settings) as second:
+        three = second.run_to_end("cancelled")
+        deliveries = second.settled(webhook["id"], count=3)
+
+    ids = [r.headers["X-Trainctl-Delivery"] for r in receiver.received]
+    assert len(ids) == len(set(ids)) == 3
+    assert sorted(r.payload["run"]["id"] for r in receiver.received) == sorted(
+        [one.id, two.id, three.id]
+    )
+    assert sorted(d["id"] for d in deliveries) == sorted(ids)
+
+
+def test_two_services_on_one_database_send_each_notification_once(
+    database_url: str, tmp_path: Path, receiver: Receiver
+) -> None:
+    """Only the lease holder dispatches; both read the same event log."""
+    first = fast_settings(tmp_path / "a", database_url=database_url)
+    second = fast_settings(tmp_path / "b", database_url=database_url)
+    with live(first) as a, live(second) as b:
+        webhook = a.add_webhook(receiver.url, events=["running", "succeeded"])
+        for _ in range(3):
+            b.run_to_end()
+        deliveries = b.settled(webhook["id"], count=6)
+
+    assert len(deliveries) == 6
+    ids = [r.headers["X-Trainctl-Delivery"] for r in receiver.received]
+    assert sorted(ids) == sorted(d["id"] for d in deliveries)
+
+
+def test_a_host_the_allow_list_no_longer_names_is_refused_where_it_connects(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """Registered while any host was allowed; the operator then narrowed the list."""
+    with live(fast_settings(tmp_path)) as open_service:
+        webhook = open_service.add_webhook(receiver.url)
+
+    narrowed = fast_settings(tmp_path, webhook_allowed_hosts="hooks.example.com,10.0.0.0/8")
+    with live(narrowed) as service:
+        refused = service.post("/webhooks", {"url": receiver.url})
+        assert refused.status_code == 422
+        assert "not in TRAINCTL_WEBHOOK_ALLOWED_HOSTS" in refused.json()["detail"]
+        service.run_to_end()
+        (delivery,) = service.settled(webhook["id"])
+
+    assert receiver.received == []  # nothing was written to the refused address
+    assert delivery["attempts"][0]["error"] == (
+        "refused: 127.0.0.1 (127.0.0.1) is not in TRAINCTL_WEBHOOK_ALLOWED_HOSTS"
+    )
