@@ -5,6 +5,7 @@
 // well without a change here.
 
 import { fmt, h } from "./dom.js";
+import { completionBody, completionText, promptLabel } from "./samples.js";
 
 const LABELS = {
   step: "steps done",
@@ -26,6 +27,7 @@ const LABELS = {
   forward_shape: "forward output shape",
   experiment: "experiment",
   checkpoint: "checkpoint",
+  generated_tokens: "generated",
 };
 
 export function formatValue(key, v) {
@@ -51,11 +53,20 @@ export function flatten(obj, prefix = "") {
     ? flatten(v, `${prefix}${k}.`) : [[`${prefix}${k}`, v]]));
 }
 
+// A sample run's completions: each prompt with its continuation, as text, and why it ended.
+function completionList(completions) {
+  return h("ol", { class: "completions" }, ...completions.map((c, i) => h("li", { "data-index": i },
+    completionText(promptLabel(c), completionBody(c)),
+    h("span", { class: "sample-finish", "data-finish": c.finish_reason ?? "" },
+      `${fmt.int((c.token_ids || []).length)} tokens, ended: ${c.finish_reason}`))));
+}
+
 export function describeResult(run) {
   const parts = [];
   if (run.error) parts.push(h("p", { class: "run-error", role: "status" }, run.error));
   if (run.result) {
-    const rows = flatten(run.result);
+    const { completions, ...rest } = run.result;
+    const rows = flatten(rest);
     // step and total_steps read best as one "40 / 40".
     const steps = run.result.total_steps !== undefined && run.result.step !== undefined;
     parts.push(h("dl", { class: "result" }, ...rows
@@ -65,6 +76,7 @@ export function describeResult(run) {
         h("dd", { "data-key": k }, steps && k === "step"
           ? `${fmt.int(v)} / ${fmt.int(run.result.total_steps)}` : formatValue(k.split(".").at(-1), v)),
       ])));
+    if (Array.isArray(completions)) parts.push(completionList(completions));
   }
   if (!parts.length) parts.push(h("p", { class: "hint" }, `No result yet: the run is ${run.state}.`));
   return h("div", {}, ...parts);

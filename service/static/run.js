@@ -1,13 +1,16 @@
-// The run page: summary, live charts, the result in words, the validation history, the log,
-// and buttons to cancel an active run or resume a stopped train run.
+// The run page: summary, live charts, the result in words, the validation history, the
+// model's samples, the log, and buttons to cancel an active run or resume a stopped train run.
 //
 // A long run is not replayed event by event: the page reads the down-sampled metrics
 // (?max_points) and the log once, then follows the event stream from the last metrics event.
+// A run that writes samples is the exception: no route lists its past `sample` events, so its
+// stream starts at the beginning and the metrics and lines already shown are skipped.
 
 import { api, followRun, metricRow, postJson, runPath } from "./api.js";
 import { fmt, h, progressCell, showError, stateBadge, tableWrap } from "./dom.js";
 import { FittedChart } from "./charts.js";
 import { describeResult } from "./result.js";
+import { samplesFor } from "./samples.js";
 
 const REFRESH_MS = 2000;
 const MAX_POINTS = 3000;  // the charts' resolution: a few per pixel of the widest chart
@@ -137,13 +140,6 @@ function actions(run, refresh) {
   return buttons;
 }
 
-// Latest samples (issue 15): the model's sample outputs go here once runs write sample
-// events; the section stays hidden until then.
-function samplesSection() {
-  return h("section", { id: "run-samples", class: "panel", hidden: true },
-    h("h3", {}, "Latest samples"), h("div", { class: "samples" }));
-}
-
 export async function showRun(view, runId) {
   let run = await api(runPath(runId));
   let bpb = null;
@@ -153,23 +149,26 @@ export async function showRun(view, runId) {
   const bar = h("div", { id: "run-actions", class: "toolbar" },
     ...actions(run, () => refresh().catch(showError)));
   const result = h("div", { id: "run-result" }, describeResult(run));
+  const samples = samplesFor(run);  // null for a run without samples
   const validation = h("div", { class: "table-wrap" }, h("p", { class: "hint" }, "No validation yet."));
   const logs = h("pre", { id: "run-logs" });
+  const metered = run.kind !== "sample";  // a sample run writes no metrics: no charts for it
   view.replaceChildren(
     h("h2", { class: "run-title" }, `Run ${run.id}`),
     bar, head,
-    h("div", { class: "charts" }, ...CHARTS.map((c) =>
+    ...(metered ? [h("div", { class: "charts" }, ...CHARTS.map((c) =>
       h("div", { class: "chart" }, h("h3", {}, c.title),
-        h("div", { class: "plot", id: `chart-${c.id}`, "data-points": "0" })))),
+        h("div", { class: "plot", id: `chart-${c.id}`, "data-points": "0" }))))] : []),
     h("div", { class: "panels" },
       h("section", { class: "panel" }, h("h3", {}, "Result"), result),
-      h("section", { class: "panel" }, h("h3", {}, "Validation"), validation)),
-    samplesSection(),
+      ...(metered ? [h("section", { class: "panel" }, h("h3", {}, "Validation"), validation)] : [])),
+    ...(samples ? [samples.section] : []),
     h("h3", {}, "Log"), logs);
-  const charts = new RunCharts();
-  charts.mount();
+  const charts = metered ? new RunCharts() : null;
+  charts?.mount();
 
   let barState = run.state;
+  let shownResult = JSON.stringify([run.state, run.result, run.error]);
   const refresh = async () => {
     run = await api(runPath(runId));
     head.replaceChildren(summary(run, bpb));
@@ -178,10 +177,16 @@ export async function showRun(view, runId) {
       barState = run.state;
       bar.replaceChildren(...actions(run, () => refresh().catch(showError)));
     }
-    result.replaceChildren(describeResult(run));
+    // Redrawn only when it changed: a redraw every REFRESH_MS would drop a text selection.
+    const now = JSON.stringify([run.state, run.result, run.error]);
+    if (now !== shownResult) {
+      shownResult = now;
+      result.replaceChildren(describeResult(run));
+    }
+    samples?.update(run);
   };
   const onMetrics = (m) => {
-    charts.add(m);
+    charts?.add(m);
     if (m.kind === "val" && typeof m.val_loss === "number") {
       valRows.push(m);
       validation.replaceChildren(validationTable(valRows));
@@ -202,7 +207,11 @@ export async function showRun(view, runId) {
   const after = past.items.length ? past.items.at(-1).event_id : 0;
 
   const controller = new AbortController();
-  const follow = followRun(runId, after, (type, event) => {
+  const follow = followRun(runId, samples ? 0 : after, (type, event) => {
+    if (type === "sample") return samples?.add(event.data);
+    // A retried attempt writes its samples again, from the start.
+    if (type === "state" && event.data.state === "running") samples?.restart();
+    if (event.id <= after) return;  // shown already, from the metrics read above
     if (type === "metrics") onMetrics(metricRow(event));
     else if (type === "log" && event.id > shownLog) logs.append(`${event.data.level}: ${event.data.message}\n`);
     else if (type === "state") refresh().catch(showError);
@@ -210,5 +219,5 @@ export async function showRun(view, runId) {
   follow.then((ended) => ended && refresh()).catch(showError);
   refresh().catch(showError);
   const timer = setInterval(() => refresh().catch(showError), REFRESH_MS);
-  return () => { controller.abort(); clearInterval(timer); charts.destroy(); };
+  return () => { controller.abort(); clearInterval(timer); charts?.destroy(); };
 }
