@@ -5,13 +5,12 @@ worker changes them (tests/e2e/test_webhooks_e2e.py does it with a real worker).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
+import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +24,7 @@ from tests.polling import poll
 from tests.service.serving import serve
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
+from trainctl.service.webhooks.signing import sign
 from trainctl.store.runs import Run, RunStore
 
 # --- the receiver -----------------------------------------------------------------------------
@@ -42,13 +42,35 @@ class Received:
         return parsed
 
 
-def signature_is_valid(secret: str, header: str, body: bytes, tolerance: float = 300) -> bool:
-    """README "Notifications": `t=<unix>,v1=<hex>`, v1 = HMAC-SHA256(secret, f"{t}." + body)."""
-    fields = dict(item.split("=", 1) for item in header.split(","))
-    signed = fields["t"].encode() + b"." + body
-    expected = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
-    fresh = abs(time.time() - int(fields["t"])) <= tolerance
-    return fresh and hmac.compare_digest(expected, fields["v1"])
+def readme_verify() -> Callable[[str, bytes, str], bool]:
+    """The signature check README "Notifications" gives receivers, run as it is written there."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Notifications\n", 1)[1].split("\n## ", 1)[0]
+    found = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert found, 'README "Notifications" has no Python block'
+    namespace: dict[str, Any] = {}
+    exec(found.group(1), namespace)
+    verify: Callable[[str, bytes, str], bool] = namespace["verify"]
+    return verify
+
+
+README_VERIFY = readme_verify()
+
+
+def signature_is_valid(secret: str, header: str, body: bytes) -> bool:
+    return README_VERIFY(secret, body, header)
+
+
+def test_the_readme_check_accepts_what_the_service_signs_and_nothing_else() -> None:
+    body, now = b'{"event":"failed"}', int(time.time())
+    header = sign("whsec_1", body, timestamp=now)
+
+    assert README_VERIFY("whsec_1", body, header)
+    assert not README_VERIFY("whsec_2", body, header)
+    assert not README_VERIFY("whsec_1", body + b" ", header)
+    assert not README_VERIFY("whsec_1", body, sign("whsec_1", body, timestamp=now - 301))
+    for malformed in ("", "garbage", "v1=abc", f"t={now}", f"t={now},t={now},{header}"):
+        assert not README_VERIFY("whsec_1", body, malformed), malformed
 
 
 @dataclass
