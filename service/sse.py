@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from trainctl.service.history import PAGE
 from trainctl.service.schemas import EventPublic, StreamEndPublic
 from trainctl.store.runs import Event, RunStore
-from trainctl.store.vocabulary import TERMINAL_STATES
+from trainctl.store.vocabulary import EVENT_TYPES, TERMINAL_STATES
 
 POLL_SECONDS = 0.25
 MAX_EVENT_ID = 2**63 - 1
@@ -39,7 +39,7 @@ FRAME_SCHEMA: dict[str, Any] = {
     "required": ["event", "data"],
     "properties": {
         "id": {"type": "string", "description": "The event's id; the end frame has none."},
-        "event": {"type": "string", "enum": ["state", "metrics", "log", "end"]},
+        "event": {"type": "string", "enum": [*EVENT_TYPES, "end"]},
         "data": {
             "type": "string",
             "contentMediaType": "application/json",
