@@ -44,7 +44,7 @@ from trainctl.store.exceptions import Conflict, NotFound
 from trainctl.store.manifests import MANIFEST_FILE, METADATA_FILE, MODEL_FILE, OPTIMIZER_FILE
 from trainctl.store.runs import RunStore
 from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
-from trainctl.store.vocabulary import RunState
+from trainctl.store.vocabulary import RUN_KINDS, RunState
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_EXAMPLES = 50
@@ -52,7 +52,7 @@ MAX_EXAMPLES = 50
 
 TOKEN = "fuzz-token"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
-SUBMITS = {"/runs/train", "/runs/validate", "/runs/benchmark", "/runs/prepare"}
+SUBMITS = {f"/runs/{kind}" for kind in RUN_KINDS}
 
 # --- what the app holds ----------------------------------------------------------------------
 
