@@ -166,6 +166,32 @@ api_tokens = Table(
     Column("last_used_at", UTCDateTime, nullable=True),
 )
 
+# Metrics sinks (docs/architecture.md, "Metrics sinks"; store/sinks.py). A cursor is how far
+# one sink has mirrored one train run's events; `memo` is what the sink keeps of the run
+# (the MLflow run it made). A mirror row per sink says which service mirrors it (a lease) and
+# up to which `runs.seq` it has looked for train runs that name it.
+sink_cursors = Table(
+    "sink_cursors",
+    metadata,
+    Column("run_id", String(32), ForeignKey("runs.id"), primary_key=True),
+    Column("sink", String(32), primary_key=True),
+    Column("last_event_id", BigInteger, nullable=False),
+    Column("done", Boolean, nullable=False),
+    Column("memo", JSON, nullable=False),
+    Column("outage_since", UTCDateTime, nullable=True),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Index("ix_sink_cursors_open", "sink", "done", "updated_at"),
+)
+
+sink_mirrors = Table(
+    "sink_mirrors",
+    metadata,
+    Column("sink", String(32), primary_key=True),
+    Column("runs_seen", BigInteger, nullable=False),
+    Column("holder", String(100), nullable=True),
+    Column("lease_expires_at", UTCDateTime, nullable=True),
+)
+
 
 # Webhooks (docs/architecture.md, "Webhooks"): URLs told of run state changes. The secret is
 # kept as it is, not as a digest: the service signs every delivery with it.
