@@ -6,11 +6,13 @@ import ipaddress
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trainctl.service.webhooks.targets import HostPolicy
+from trainctl.store.specs import MLFLOW_SETTING, Tracker
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -92,6 +94,29 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(5.0, gt=0, le=600, description="Worker heartbeat period.")
     reap_seconds: float = Field(2.0, gt=0, le=600, description="How often leases are checked.")
     max_attempts: int = Field(3, ge=1, le=100, description="Attempts per run before it fails.")
+    trackers: Annotated[list[Tracker], NoDecode] = Field(
+        default_factory=list,
+        description="Trackers a train run is mirrored to when its spec names none "
+        "(comma-separated: tensorboard, mlflow).",
+    )
+    mlflow_uri: str | None = Field(
+        None,
+        description="The MLflow tracking server runs with the 'mlflow' tracker are mirrored to "
+        "(http or https; user:password@ in it for basic authentication).",
+    )
+    mlflow_timeout_seconds: float = Field(
+        10.0, gt=0, le=300, description="The most one request to the MLflow server may take."
+    )
+    sink_poll_seconds: float = Field(
+        1.0, gt=0, le=60, description="How often the metrics sinks read the event log."
+    )
+    sink_retry_max_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="Longest wait between a sink's attempts while its tracker is down; the "
+        "first wait is 1 s, doubling after.",
+    )
     max_queued_runs: int = Field(
         1000, ge=1, le=1_000_000, description="Runs that may wait at once; beyond, 429."
     )
@@ -152,6 +177,31 @@ class Settings(BaseSettings):
             return self.allowed_hosts
         return list(LOOPBACK_NAMES) if is_loopback(self.host) else ["*"]
 
+    @field_validator("trackers", mode="before")
+    @classmethod
+    def _split_trackers(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [t.strip().lower() for t in v.split(",") if t.strip()]
+        return v
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _http_uri(cls, v: str | None) -> str | None:
+        # The service speaks MLflow's REST API (service/sinks/mlflow.py): a file: or
+        # databricks: URI would need the mlflow package in the API process.
+        v = v.strip() if v else None
+        if v and urlsplit(v).scheme not in ("http", "https"):
+            raise ValueError(f"TRAINCTL_MLFLOW_URI must be an http or https URL, got {v!r}")
+        return v or None
+
+    @model_validator(mode="after")
+    def _trackers_configured(self) -> Settings:
+        if len(set(self.trackers)) != len(self.trackers):
+            raise ValueError(f"TRAINCTL_TRACKERS names a tracker twice: {self.trackers}")
+        if "mlflow" in self.trackers and self.mlflow_uri is None:
+            raise ValueError(f"TRAINCTL_TRACKERS names mlflow, but {MLFLOW_SETTING} is not set")
+        return self
+
     @field_validator("data_roots", mode="before")
     @classmethod
     def _split_roots(cls, v: object) -> object:
@@ -187,6 +237,11 @@ class Settings(BaseSettings):
     def exports_dir(self) -> Path:
         """Where export runs write: exports/<experiment>/<tag>, served under /exports."""
         return self.data_dir / "exports"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        """Where the tensorboard tracker writes: tensorboard/<experiment>/<run id>."""
+        return self.data_dir / "tensorboard"
 
     @property
     def log_dir(self) -> Path:

@@ -106,6 +106,8 @@ def resolve(
             data_roots=roots,
             checkpoints=ckpts,
             datasets_dir=datasets,
+            default_trackers=settings.trackers,
+            mlflow_configured=settings.mlflow_uri is not None,
         )
     if isinstance(request, ValidateRequest):
         return resolve_validate(

@@ -12,6 +12,7 @@ is frozen and has no optional field the worker must default; the run row stores 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,6 +55,7 @@ from trainctl.store.names import Name
 from trainctl.store.presets import ModelConfig
 from trainctl.store.specs import (
     BYTES_TOKENIZER,
+    MLFLOW_SETTING,
     BatchSpec,
     BenchmarkOptions,
     BenchmarkRequest,
@@ -66,6 +68,7 @@ from trainctl.store.specs import (
     SampleRequest,
     Spec,
     StepOptions,
+    Tracker,
     TrainOptions,
     TrainRequest,
     ValidateOptions,
@@ -344,9 +347,12 @@ def resolve_train(
     data_roots: list[Path],
     checkpoints: CheckpointStore | None = None,
     datasets_dir: Path | None = None,
+    default_trackers: Sequence[Tracker] = (),
+    mlflow_configured: bool = False,
 ) -> TrainPlan:
     """The plan of a train request. A resume needs `checkpoints`, to pin the checkpoint; a
-    dataset named by its name needs `datasets_dir`, where prepare runs write them."""
+    dataset named by its name needs `datasets_dir`, where prepare runs write them.
+    `default_trackers` are the service's (TRAINCTL_TRACKERS), for a request that names none."""
     device = pick_device(request.device, cuda_available)
     profile = TRAIN_PROFILES[device]
     model = _model_plan(request.model, profile)
@@ -365,7 +371,8 @@ def resolve_train(
         _check_samples(request, data, dataset, model.config)
     checkpoint_every = request.checkpoint_every or max(request.steps // 10, 1)
     return TrainPlan(
-        **_options(request, TrainOptions),
+        **_options(request, TrainOptions)
+        | _trackers(request, default_trackers, mlflow_configured, data_roots),
         device=device,
         model=model,
         batch=_split_across_ranks(
@@ -604,6 +611,27 @@ def _tokenizer_file(ref: str, roots: list[Path]) -> str:
     if not path.is_file():
         raise InvalidRequest(f"tokenizer: {ref!r} is not a file")
     return str(path)
+
+
+def _trackers(
+    request: TrainRequest, default: Sequence[Tracker], mlflow_configured: bool, roots: list[Path]
+) -> dict[str, Any]:
+    """The trackers the run is mirrored to and the real folder of its TensorBoard files."""
+    trackers = list(default) if request.trackers is None else request.trackers
+    if "mlflow" in trackers and not mlflow_configured:
+        raise InvalidRequest(
+            f"trackers: 'mlflow' needs a tracking server, and this service has none: set "
+            f"{MLFLOW_SETTING} (or leave 'mlflow' out)"
+        )
+    folder = request.tensorboard_dir
+    if folder is not None:
+        if "tensorboard" not in trackers:
+            raise InvalidRequest("tensorboard_dir: the run has no 'tensorboard' tracker")
+        real = confine_path(folder, roots, "tensorboard_dir")
+        if not real.is_dir():
+            raise InvalidRequest(f"tensorboard_dir: {folder!r} is not a folder")
+        folder = str(real)
+    return {"trackers": trackers, "tensorboard_dir": folder}
 
 
 def _options(request: Spec, shared: type[Spec]) -> dict[str, Any]:

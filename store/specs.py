@@ -57,6 +57,12 @@ MAX_TRAIN_PROMPTS = 8
 # A prompt is checked against the model's context at submit; this bounds the request itself.
 MAX_PROMPT_CHARS = 1 << 20
 MAX_PROMPT_TOKENS = 131_072  # the longest context (store.presets.BOUNDS)
+# Where the service can mirror a train run's metrics (docs/architecture.md, "Metrics sinks").
+Tracker = Literal["tensorboard", "mlflow"]
+TRACKERS: tuple[Tracker, ...] = ("tensorboard", "mlflow")
+MLFLOW_SETTING = "TRAINCTL_MLFLOW_URI"
+# A folder named in a spec: no NUL, line break or other control character.
+FOLDER_PATTERN = r"^[^\x00-\x1f]+$"
 
 
 # Numbers and booleans are Strict*: a value must have the JSON type the schema publishes.
@@ -296,6 +302,25 @@ class TrainOptions(StepOptions):
         description="How the samples are generated; their seed is the same at every step, so "
         "samples differ only because the model does.",
     )
+    trackers: list[Tracker] | None = Field(
+        None,
+        max_length=len(TRACKERS),
+        description="Where the service mirrors the run's metrics while it trains: "
+        "'tensorboard' (event files in <folder>/<experiment>/<run id>/, the folder being "
+        "`tensorboard_dir` or the data dir's tensorboard/) and 'mlflow' (the tracking server "
+        "the service's TRAINCTL_MLFLOW_URI names). Null: the service's TRAINCTL_TRACKERS; "
+        "[]: none. The run's event log stays the record: a tracker that is down never slows "
+        "or fails the run, and gets what it missed when it is back.",
+    )
+    tensorboard_dir: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_DATASET_REF_LENGTH,
+        pattern=FOLDER_PATTERN,
+        description="With the 'tensorboard' tracker: an existing folder inside the data roots "
+        "(absolute, or relative to the first root) to write the event files under; default: "
+        "the data dir's tensorboard/.",
+    )
     nproc_per_node: StrictInt = Field(
         1,
         ge=1,
@@ -305,6 +330,13 @@ class TrainOptions(StepOptions):
         "each process runs grad_accum_steps / nproc_per_node micro-batches, so "
         "grad_accum_steps must be a multiple of it (by default it is rounded up to one).",
     )
+
+    @field_validator("trackers")
+    @classmethod
+    def _each_tracker_once(cls, v: list[Tracker] | None) -> list[Tracker] | None:
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError(f"name each tracker once, got {v}")
+        return v
 
     @model_validator(mode="after")
     def _samples_have_prompts(self) -> TrainOptions:
