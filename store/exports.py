@@ -141,6 +141,9 @@ def tokenizer_config(eos_token: str | None, max_length: int) -> dict[str, Any]:
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": max_length,
         "clean_up_tokenization_spaces": False,
+        # Without it the tokenizer also returns token_type_ids, which a causal LM's
+        # generate(**tokenizer(text)) refuses ("model_kwargs are not used").
+        "model_input_names": ["input_ids", "attention_mask"],
     }
     if eos_token is not None:
         data |= {"eos_token": eos_token, "pad_token": eos_token}

@@ -197,6 +197,19 @@ def test_the_bpe_tokenizer_loads_offline_and_round_trips_text(
     assert config["eos_token_id"] == tokenizer.eos_token_id
 
 
+def test_generate_takes_the_tokenizer_s_output_as_it_is(
+    bpe_export: tuple[GPT, Path, ExportResult],
+) -> None:
+    _, _, result = bpe_export
+    tokenizer = transformers.AutoTokenizer.from_pretrained(result.folder)
+    model = transformers.AutoModelForCausalLM.from_pretrained(result.folder)
+
+    inputs = tokenizer("import os\n", return_tensors="pt")  # what every model card shows
+    out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+
+    assert set(inputs) == {"input_ids", "attention_mask"} and out.shape[1] > 0
+
+
 def test_differences_name_the_softcap_and_the_dropped_mtp_heads(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
