@@ -176,7 +176,7 @@ class AsyncTrainctlClient:
     # --- checkpoints ---
 
     async def list_checkpoints(self, experiment: str | None = None) -> list[CheckpointPublic]:
-        return await self._call(calls.list_checkpoints(experiment))
+        return await self._call(calls.list_stored("checkpoints", experiment))
 
     async def latest_checkpoint(self, experiment: str | None = None) -> CheckpointPublic:
         return await self._call(calls.latest_checkpoint(experiment))
@@ -213,8 +213,8 @@ class AsyncTrainctlClient:
 
     # --- exports ---
 
-    async def list_exports(self) -> list[CheckpointPublic]:
-        return await self._call(calls.list_exports())
+    async def list_exports(self, experiment: str | None = None) -> list[CheckpointPublic]:
+        return await self._call(calls.list_stored("exports", experiment))
 
     async def get_export(self, experiment: str, tag: str) -> CheckpointPublic:
         return await self._call(calls.get_stored("exports", experiment, tag))

@@ -201,7 +201,7 @@ class TrainctlClient:
     # --- checkpoints ---
 
     def list_checkpoints(self, experiment: str | None = None) -> list[CheckpointPublic]:
-        return self._call(calls.list_checkpoints(experiment))
+        return self._call(calls.list_stored("checkpoints", experiment))
 
     def latest_checkpoint(self, experiment: str | None = None) -> CheckpointPublic:
         return self._call(calls.latest_checkpoint(experiment))
@@ -245,8 +245,8 @@ class TrainctlClient:
 
     # --- exports: checkpoints written as transformers folders by export runs ---
 
-    def list_exports(self) -> list[CheckpointPublic]:
-        return self._call(calls.list_exports())
+    def list_exports(self, experiment: str | None = None) -> list[CheckpointPublic]:
+        return self._call(calls.list_stored("exports", experiment))
 
     def get_export(self, experiment: str, tag: str) -> CheckpointPublic:
         """The export of checkpoint experiment/tag: its training facts and files."""

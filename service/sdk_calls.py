@@ -175,8 +175,8 @@ def logs(run_id: str) -> Call[list[LogPublic]]:
 # --- checkpoints ---
 
 
-def list_checkpoints(experiment: str | None) -> Call[list[CheckpointPublic]]:
-    request = Request("GET", "/checkpoints", params=only(experiment=experiment))
+def list_stored(store: Store, experiment: str | None) -> Call[list[CheckpointPublic]]:
+    request = Request("GET", f"/{store}", params=only(experiment=experiment))
     return Call(request, lambda body: CheckpointsPublic.model_validate_json(body).items)
 
 
@@ -233,15 +233,6 @@ def prune(experiment: str, keep_last: int, keep_best: bool, dry_run: bool) -> Ca
         "dry_run": dry_run,
     }
     return Call(Request("POST", "/checkpoints/prune", json=body), PruneResult.model_validate_json)
-
-
-# --- exports (checkpoints as transformers folders; their other calls are the stored ones) ---
-
-
-def list_exports() -> Call[list[CheckpointPublic]]:
-    return Call(
-        Request("GET", "/exports"), lambda body: CheckpointsPublic.model_validate_json(body).items
-    )
 
 
 # --- system ---

@@ -14,6 +14,7 @@ import typer
 from trainctl.service.cli.checkpoints import (
     AsJson,
     Experiment,
+    ExperimentFilter,
     Files,
     Out,
     Yes,
@@ -34,10 +35,12 @@ Tag = Annotated[
 
 
 @app.command("list")
-def list_exports(ctx: typer.Context, as_json: AsJson = False) -> None:
+def list_exports(
+    ctx: typer.Context, experiment: ExperimentFilter = None, as_json: AsJson = False
+) -> None:
     """List complete exports."""
     with client(ctx) as api:
-        items = api.list_exports()
+        items = api.list_exports(experiment)
     if as_json:
         print_json(items)
     elif items:

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Header, Response
 from trainctl.service import files
 from trainctl.service.deps import ExportsDep, requires
 from trainctl.service.errors import error_responses
+from trainctl.service.routes.checkpoints import ExperimentFilter
 from trainctl.service.routing import ApiRoute, name_in_path
 from trainctl.service.schemas import CheckpointPublic, CheckpointsPublic
 
@@ -32,11 +33,10 @@ FileName = Annotated[str, name_in_path("A file of the export (model.safetensors)
 
 
 @router.get("", response_model=CheckpointsPublic)
-def list_exports(exports: ExportsDep) -> CheckpointsPublic:
+def list_exports(exports: ExportsDep, experiment: ExperimentFilter = None) -> CheckpointsPublic:
     """List complete exports, by experiment and tag of the checkpoint they were made from."""
-    return CheckpointsPublic(
-        items=[CheckpointPublic.model_validate(i) for i in exports.list_checkpoints()]
-    )
+    items = [CheckpointPublic.model_validate(i) for i in exports.list_checkpoints(experiment)]
+    return CheckpointsPublic(items=items)
 
 
 @router.get("/{experiment}/{tag}", response_model=CheckpointPublic, responses=NOT_FOUND)

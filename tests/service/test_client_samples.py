@@ -145,6 +145,7 @@ def test_exports_are_listed_read_downloaded_and_deleted_like_checkpoints(
     seen: list[tuple[int, int | None]] = []
 
     listed = api.list_exports()
+    mine, elsewhere = api.list_exports(experiment="exp"), api.list_exports(experiment="other")
     export = api.get_export("exp", "step_10")
     file = api.download_export_file(
         "exp", "step_10", MODEL_FILE, tmp_path, on_progress=lambda *p: seen.append(p)
@@ -153,6 +154,7 @@ def test_exports_are_listed_read_downloaded_and_deleted_like_checkpoints(
     deleted = api.delete_export("exp", "step_10")
 
     assert [(e.experiment, e.tag) for e in listed] == [("exp", "step_10")] and listed == [export]
+    assert mine == listed and elsewhere == [] and api.list_exports() == []  # filtered; deleted
     assert hashlib.sha256(file.read_bytes()).hexdigest() == sha256
     assert seen[-1] == (file.stat().st_size, file.stat().st_size)
     with tarfile.open(archive) as tar:
