@@ -40,6 +40,19 @@ class CheckpointFileResponse(FileResponse):
             os.close(self.fd)  # also when the client went away mid-download
 
 
+# What the file and archive routes of a store (/checkpoints, /exports) answer, for OpenAPI.
+FILE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "The file (JSON for metadata and manifest); Range requests get 206.",
+          "content": {"application/octet-stream": {}, "application/json": {}}},
+    206: {"description": "The requested byte range."},
+    304: {"description": "If-None-Match matched the ETag (the file's sha256)."},
+    416: {"description": "The range is outside the file."},
+}  # fmt: skip
+ARCHIVE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "A tar of `<tag>/<file>` members.", "content": {"application/x-tar": {}}}
+}
+
+
 def checkpoint_file_response(
     ckpts: CheckpointStore, experiment: str, tag: str, name: str, if_none_match: str | None
 ) -> Response:

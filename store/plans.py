@@ -194,12 +194,12 @@ class BenchmarkPlan(BenchmarkOptions, StepPlan):
         return None
 
 
-class ValidatePlan(ValidateOptions):
-    dataset: DatasetPin | None = Field(description="The dataset data.dataset names, pinned.")
-    checkpoint: CheckpointRef = Field(description="The checkpoint validated.")
+class ReadsCheckpoint(Spec):
+    """A run that reads one checkpoint (validate, sample, export): filed under its
+    experiment, and protected from deletion while the run is queued or running."""
+
+    checkpoint: CheckpointRef = Field(description="The checkpoint the run reads, pinned.")
     model: ModelConfig = Field(description="Its model config, from its metadata.")
-    seq_len: StrictInt = Field(ge=1, description="Tokens per sequence.")
-    device: Device
 
     @property
     def filed_under(self) -> str:
@@ -208,6 +208,12 @@ class ValidatePlan(ValidateOptions):
     @property
     def depends_on(self) -> CheckpointRef | None:
         return self.checkpoint
+
+
+class ValidatePlan(ValidateOptions, ReadsCheckpoint):
+    dataset: DatasetPin | None = Field(description="The dataset data.dataset names, pinned.")
+    seq_len: StrictInt = Field(ge=1, description="Tokens per sequence.")
+    device: Device
 
 
 class PreparePlan(PrepareOptions):
@@ -225,9 +231,7 @@ class PreparePlan(PrepareOptions):
         return None
 
 
-class SamplePlan(Spec):
-    checkpoint: CheckpointRef = Field(description="The checkpoint that generates.")
-    model: ModelConfig = Field(description="Its model config, from its metadata.")
+class SamplePlan(ReadsCheckpoint):
     tokenizer: TokenizerPin | None = Field(
         description="The checkpoint's tokenizer; null where it records none (token ids only)."
     )
@@ -236,29 +240,11 @@ class SamplePlan(Spec):
     generation: GenerationSettings = Field(description="How to sample, where to stop.")
     device: Device
 
-    @property
-    def filed_under(self) -> str:
-        return self.checkpoint.experiment
 
-    @property
-    def depends_on(self) -> CheckpointRef | None:
-        return self.checkpoint
-
-
-class ExportPlan(Spec):
-    checkpoint: CheckpointRef = Field(description="The checkpoint exported.")
-    model: ModelConfig = Field(description="Its model config, from its metadata.")
+class ExportPlan(ReadsCheckpoint):
     format: Literal["hf"] = Field(description="hf: a Hugging Face transformers folder.")
     dtype: ExportDtype = Field(description="The exported weights' dtype.")
     output: str = Field(description="The export's folder: <data dir>/exports/<experiment>/<tag>.")
-
-    @property
-    def filed_under(self) -> str:
-        return self.checkpoint.experiment
-
-    @property
-    def depends_on(self) -> CheckpointRef | None:
-        return self.checkpoint
 
 
 Plan = TrainPlan | BenchmarkPlan | ValidatePlan | SamplePlan

@@ -98,15 +98,8 @@ async def read_checkpoint(
 @router.get(
     "/{experiment}/{tag}/files/{name:path}",
     response_class=Response,
-    responses={
-        200: {"description": "The file (JSON for metadata and manifest); Range requests get 206.",
-              "content": {"application/octet-stream": {}, "application/json": {}}},
-        206: {"description": "The requested byte range."},
-        304: {"description": "If-None-Match matched the ETag (the file's sha256)."},
-        416: {"description": "The range is outside the file."},
-        **NOT_FOUND,
-    },
-)  # fmt: skip
+    responses={**files.FILE_RESPONSES, **NOT_FOUND},
+)
 def download_checkpoint_file(
     experiment: Experiment,
     tag: Tag,
@@ -121,9 +114,8 @@ def download_checkpoint_file(
 @router.get(
     "/{experiment}/{tag}/archive",
     response_class=Response,
-    responses={200: {"description": "A tar of `<tag>/<file>` members.",
-                     "content": {"application/x-tar": {}}}, **NOT_FOUND},
-)  # fmt: skip
+    responses={**files.ARCHIVE_RESPONSES, **NOT_FOUND},
+)
 def download_checkpoint_archive(
     experiment: Experiment, tag: Tag, ckpts: CheckpointsDep
 ) -> Response:

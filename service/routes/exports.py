@@ -48,15 +48,8 @@ def read_export(experiment: Experiment, tag: Tag, exports: ExportsDep) -> Checkp
 @router.get(
     "/{experiment}/{tag}/files/{name:path}",
     response_class=Response,
-    responses={
-        200: {"description": "The file; Range requests get 206.",
-              "content": {"application/octet-stream": {}, "application/json": {}}},
-        206: {"description": "The requested byte range."},
-        304: {"description": "If-None-Match matched the ETag (the file's sha256)."},
-        416: {"description": "The range is outside the file."},
-        **NOT_FOUND,
-    },
-)  # fmt: skip
+    responses={**files.FILE_RESPONSES, **NOT_FOUND},
+)
 def download_export_file(
     experiment: Experiment,
     tag: Tag,
@@ -71,9 +64,8 @@ def download_export_file(
 @router.get(
     "/{experiment}/{tag}/archive",
     response_class=Response,
-    responses={200: {"description": "A tar of `<tag>/<file>` members.",
-                     "content": {"application/x-tar": {}}}, **NOT_FOUND},
-)  # fmt: skip
+    responses={**files.ARCHIVE_RESPONSES, **NOT_FOUND},
+)
 def download_export_archive(experiment: Experiment, tag: Tag, exports: ExportsDep) -> Response:
     """Download a whole export as a streamed tar."""
     return files.checkpoint_archive_response(exports, experiment, tag)
