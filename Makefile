@@ -11,12 +11,13 @@ TORCH_VERSION ?= 2.13.0
 install: $(STAMP)
 
 # Torch goes in first and pinned: on a machine without CUDA this takes the CPU wheel on local
-# disk; letting pip resolve "torch" itself would pull a CUDA build of several GB.
+# disk; letting pip resolve "torch" itself would pull a CUDA build of several GB. The extras
+# are installed with torch pinned to what is there, so that nothing they bring swaps it.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==$(TORCH_VERSION)
-	$(PIP) install -q -e ".[all,dev]"
+	$(PIP) install -q -e ".[all,dev]" "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 	$(PIP) install -q --no-deps "openapi-python-client>=0.29,<0.30"
 	touch $(STAMP)
 

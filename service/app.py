@@ -31,6 +31,7 @@ from trainctl.service.routes import (
 )
 from trainctl.service.routing import operation_id, without_null_parameters
 from trainctl.service.settings import Settings, get_settings
+from trainctl.service.sinks.mirror import SinkMirrors
 from trainctl.service.supervisor import Supervisor, default_worker_count
 from trainctl.service.webhooks.dispatcher import DispatchConfig, Dispatcher
 from trainctl.store.access import TokenStore
@@ -80,9 +81,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         bootstrap = settings.api_token.get_secret_value() if settings.api_token else None
         app.state.tokens = TokenStore(store.engine, bootstrap)
         app.state.supervisor = supervisor = None
+        # Threads of their own: a tracker that is down or slow never holds up a request.
+        app.state.sink_mirrors = mirrors = SinkMirrors.build(settings, store, ckpts)
         app.state.webhooks = WebhookStore(store.engine)
         app.state.webhook_dispatcher = dispatcher = None
         try:
+            mirrors.start()
             # Its own thread: a slow receiver never holds up a request (service/webhooks).
             dispatcher = Dispatcher(
                 app.state.webhooks, store, DispatchConfig.from_settings(settings)
@@ -97,6 +101,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             if supervisor is not None:
                 supervisor.stop()  # workers checkpoint and hand their runs back first
+            mirrors.stop()  # after the workers: a cursor resumes from here at the next start
             if dispatcher is not None:
                 dispatcher.stop()  # a send it cuts short is due again at the next start
             store.close()

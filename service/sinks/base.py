@@ -1,0 +1,67 @@
+"""What a metrics sink is, and what of the event log it mirrors.
+
+A sink takes a train run's events in order, a batch at a time. It raises `SinkUnavailable`
+when it cannot take them now (a server down, a disk full): the mirror keeps them and tries
+again later. It raises `SinkRefused` when it never will (the tracker rejects what it was
+sent): the mirror stops feeding that run to it and says so in the run's log.
+
+Both sinks name metrics alike: `<kind>/<field>`, the kind's own prefix dropped (`train/loss`,
+`train/lr_muon`, `val/loss`, `val/bits_per_byte`), by the event's step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from trainctl.store.runs import Event, Run
+
+METRIC_KINDS = ("train", "val")
+"""The kinds of metrics event a train run writes (docs/architecture.md, "Shapes")."""
+NOT_METRICS = frozenset({"kind", "step", "total_steps"})
+"""Fields of a metrics event that locate it rather than measure anything."""
+
+
+class SinkUnavailable(Exception):
+    """The sink cannot take events now; they stay in the log and are offered again."""
+
+
+class SinkRefused(Exception):
+    """The sink will never take these events; the run is no longer mirrored to it."""
+
+
+class Sink(Protocol):
+    name: str
+    """The tracker's name in a spec's `trackers`."""
+
+    def write(self, run: Run, events: Sequence[Event], memo: dict[str, Any]) -> None:
+        """Mirror the run's next `events` (in id order). `memo` is what the sink kept of the
+        run last time; it may change it, and the mirror stores it with the cursor."""
+
+    def finish(self, run: Run, memo: dict[str, Any]) -> None:
+        """The run has ended and every event of it was written."""
+
+    def close(self) -> None:
+        """Release files and connections; the service is stopping."""
+
+
+def scalars(data: dict[str, Any]) -> list[tuple[str, float]]:
+    """The metrics of a `metrics` event's data as (name, value); none for other kinds.
+
+    Every number counts (what a later trainctl adds is mirrored too); a field that is null,
+    text or a flag is not a metric.
+    """
+    kind = data.get("kind")
+    if kind not in METRIC_KINDS or not isinstance(data.get("step"), int):
+        return []
+    return [
+        (f"{kind}/{key.removeprefix(f'{kind}_')}", float(value))
+        for key, value in data.items()
+        if key not in NOT_METRICS and isinstance(value, int | float) and not isinstance(value, bool)
+    ]
+
+
+def sample_tag(run: Run, prompt: str) -> str:
+    """One text series per prompt of the run, numbered as in its spec's `sample_prompts`."""
+    prompts = run.spec.get("sample_prompts") or []
+    return f"samples/{prompts.index(prompt)}" if prompt in prompts else "samples/other"

@@ -1,0 +1,147 @@
+"""The tensorboard sink: a train run's metrics and samples as TensorBoard event files.
+
+Each run gets a folder, `<root>/<experiment>/<run id>/`, where root is the plan's
+`tensorboard_dir` or the data dir's tensorboard/; point `tensorboard --logdir` at the root
+and the runs appear by experiment. Metrics are scalars (`train/loss`, `val/loss`, ... by step,
+`service.sinks.base.scalars`), samples text summaries (`samples/<prompt index>`: the prompt
+and its completion), each at the wall time of its event.
+
+The files are written with TensorBoard's own protocol buffers and record framing
+(`tensorboard.compat.proto`, `RecordWriter`) into a plain file, without TensorFlow or torch:
+this runs in the API process. A service that starts again writes a new file into the same
+folder (TensorBoard reads them all, in name order); the cursor makes sure no event is in two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+from tensorboard.compat.proto.types_pb2 import DT_STRING
+from tensorboard.summary.writer.record_writer import RecordWriter
+
+from trainctl.service.sinks.base import SinkRefused, SinkUnavailable, sample_tag, scalars
+from trainctl.store.runs import Event, Run
+
+FILE_VERSION = "brain.Event:2"
+"""The first record of every event file: the format version TensorBoard expects."""
+_TEXT = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text")
+)
+
+
+@dataclass
+class _EventFile:
+    file: IO[bytes]
+    records: RecordWriter
+
+
+class TensorBoardSink:
+    name = "tensorboard"
+
+    def __init__(self, default_root: Path, allowed_roots: Sequence[Path]) -> None:
+        """`default_root`: where runs without a `tensorboard_dir` go; a plan's folder must still
+        lie inside `allowed_roots` (the data roots) when the file is opened."""
+        self.default_root = default_root
+        self.allowed_roots = [Path(os.path.realpath(r)) for r in allowed_roots]
+        self._files: dict[str, _EventFile] = {}
+
+    def folder(self, run: Run) -> Path:
+        root = run.spec.get("tensorboard_dir") or self.default_root
+        return Path(root) / run.experiment / run.id
+
+    def write(self, run: Run, events: Sequence[Event], memo: dict[str, Any]) -> None:
+        records = [record for event in events for record in _records(run, event)]
+        if not records:
+            return
+        try:
+            out = self._open(run)
+            for record in records:
+                out.records.write(record)
+            out.file.flush()
+            # On disk before the cursor moves past these events: a crash then cannot lose them.
+            os.fsync(out.file.fileno())
+        except OSError as exc:
+            # A half-written record would hide the rest of the file: start a new one next time.
+            self._close(run.id)
+            raise SinkUnavailable(f"cannot write {self.folder(run)}: {exc}") from exc
+
+    def finish(self, run: Run, memo: dict[str, Any]) -> None:
+        self._close(run.id)
+
+    def close(self) -> None:
+        for run_id in list(self._files):
+            self._close(run_id)
+
+    def _open(self, run: Run) -> _EventFile:
+        if run.id in self._files:
+            return self._files[run.id]
+        root = run.spec.get("tensorboard_dir")
+        if root is not None and not self._allowed(root):
+            raise SinkRefused(
+                f"tensorboard_dir {root} is no longer inside the data roots (TRAINCTL_DATA_ROOTS)"
+            )
+        folder = self.folder(run)
+        folder.mkdir(parents=True, exist_ok=True)
+        name = (
+            f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
+            f"{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        )
+        file = open(folder / name, "xb")  # noqa: SIM115 - kept open across batches
+        out = _EventFile(file, RecordWriter(file))
+        header = event_pb2.Event(wall_time=time.time(), file_version=FILE_VERSION)
+        out.records.write(header.SerializeToString())
+        self._files[run.id] = out
+        return out
+
+    def _allowed(self, root: str) -> bool:
+        real = Path(os.path.realpath(root))
+        return any(real.is_relative_to(r) for r in self.allowed_roots)
+
+    def _close(self, run_id: str) -> None:
+        out = self._files.pop(run_id, None)
+        if out is not None:
+            # A file that failed to write may fail to close too; the next open starts another.
+            with contextlib.suppress(OSError):
+                out.file.close()
+
+
+def _records(run: Run, event: Event) -> list[bytes]:
+    """The event's records: a scalar summary per metric, a text summary per sample."""
+    wall_time = event.created_at.timestamp()
+    data = event.data
+    if event.type == "metrics":
+        values = [
+            summary_pb2.Summary.Value(tag=tag, simple_value=value) for tag, value in scalars(data)
+        ]
+    elif event.type == "sample" and isinstance(data.get("step"), int) and "prompt" in data:
+        text = f"{data['prompt']}{data.get('completion') or ''}"
+        values = [
+            summary_pb2.Summary.Value(
+                tag=sample_tag(run, data["prompt"]), metadata=_TEXT, tensor=_string(text)
+            )
+        ]
+    else:
+        return []
+    if not values:
+        return []
+    summary = summary_pb2.Summary(value=values)
+    record = event_pb2.Event(wall_time=wall_time, step=data["step"], summary=summary)
+    return [record.SerializeToString()]
+
+
+def _string(text: str) -> tensor_pb2.TensorProto:
+    """A scalar string tensor, what TensorBoard's text plugin reads."""
+    return tensor_pb2.TensorProto(
+        dtype=DT_STRING,
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+        string_val=[text.encode()],
+    )
