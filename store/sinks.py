@@ -72,8 +72,17 @@ class SinkStore:
             )
 
     def acquire(self) -> bool:
-        """Take or renew the sink's lease; False while another service holds it."""
+        """Take or renew the sink's lease; False while another service holds it. A lease with
+        more than half its time left is not renewed: most ticks write nothing."""
         now = _utcnow()
+        with read_transaction(self.engine) as conn:
+            held_until = conn.execute(
+                select(sink_mirrors.c.lease_expires_at).where(
+                    sink_mirrors.c.sink == self.sink, sink_mirrors.c.holder == self.holder
+                )
+            ).scalar_one_or_none()
+        if held_until is not None and held_until > now + self.lease / 2:
+            return True
         with write_transaction(self.engine) as conn:
             row = self._mirror_row(conn)
             if row is None:
@@ -101,10 +110,14 @@ class SinkStore:
 
     def discover(self, limit: int = DISCOVERY_BATCH) -> list[str]:
         """Open a cursor for each train run past the mark whose plan names this sink; the ids
-        of the runs opened. Raises `LeaseLost` unless this service holds the sink."""
+        of the runs opened. Looks first and writes only what changed; a write raises
+        `LeaseLost` unless this service holds the sink."""
         now = _utcnow()
-        with write_transaction(self.engine) as conn:
-            mark = self._require_lease(conn).runs_seen
+        with read_transaction(self.engine) as conn:
+            mark = conn.execute(
+                select(sink_mirrors.c.runs_seen).where(sink_mirrors.c.sink == self.sink)
+            ).scalar_one_or_none()
+            mark = mark or 0
             found = conn.execute(
                 select(runs.c.seq, runs.c.id, runs.c.spec, runs.c.created_at)
                 .where(runs.c.kind == "train", runs.c.seq > mark)
@@ -112,11 +125,18 @@ class SinkStore:
                 .limit(limit)
             ).all()
             named = [r.id for r in found if self.sink in (r.spec.get("trackers") or [])]
-            opened = self._open(conn, named, now)
+            new = [run_id for run_id in named if run_id not in self._opened(conn, named)]
+        new_mark = _new_mark(mark, [(r.seq, r.created_at) for r in found], now)
+        if not new and new_mark == mark:
+            return []
+        with write_transaction(self.engine) as conn:
+            if self._require_lease(conn).runs_seen != mark:
+                return []  # moved meanwhile; the next tick looks again
+            opened = self._open(conn, new, now)
             conn.execute(
                 update(sink_mirrors)
                 .where(sink_mirrors.c.sink == self.sink)
-                .values(runs_seen=_new_mark(mark, [(r.seq, r.created_at) for r in found], now))
+                .values(runs_seen=new_mark)
             )
         return opened
 
@@ -201,19 +221,19 @@ class SinkStore:
             .values(holder=self.holder, lease_expires_at=now + self.lease)
         )
 
+    def _opened(self, conn: Connection, run_ids: Sequence[str]) -> set[str]:
+        """Which of these runs have a cursor for this sink already."""
+        if not run_ids:
+            return set()
+        query = select(sink_cursors.c.run_id).where(
+            and_(sink_cursors.c.sink == self.sink, sink_cursors.c.run_id.in_(run_ids))
+        )
+        return set(conn.execute(query).scalars())
+
     def _open(self, conn: Connection, run_ids: Sequence[str], now: datetime) -> list[str]:
         """Cursors at the start of each run's log, for the runs that have none yet (a run in
         the grace window is seen again, and must not be opened twice)."""
-        if not run_ids:
-            return []
-        have = set(
-            conn.execute(
-                select(sink_cursors.c.run_id).where(
-                    and_(sink_cursors.c.sink == self.sink, sink_cursors.c.run_id.in_(run_ids))
-                )
-            ).scalars()
-        )
-        new = [run_id for run_id in run_ids if run_id not in have]
+        new = [run_id for run_id in run_ids if run_id not in self._opened(conn, run_ids)]
         if new:
             conn.execute(
                 insert(sink_cursors),

@@ -170,9 +170,9 @@ class SinkMirror:
             outage_since = datetime.now(UTC)
             name = self.sink.name
             message = (
-                f"{name}: {_what(events)} not mirrored: {exc}. It stays in this log, and "
-                f"{name} gets it when it is back (retried after 1 s, then at growing "
-                f"intervals up to {self.retry_max_seconds:g} s)"
+                f"{name}: {_what(events)} not mirrored: {exc}. The log keeps everything, "
+                f"and {name} gets what it missed when it is back (retried after 1 s, then at "
+                f"growing intervals up to {self.retry_max_seconds:g} s)"
             )
             log.warning("run %s: %s", run.id, message)
             self.runs.append_event(run.id, "log", _log_line(message, "warning", name))

@@ -69,15 +69,17 @@ def test_the_mark_passes_runs_only_once_they_are_out_of_the_grace_window() -> No
 
 def test_one_service_holds_a_sink_until_it_lets_go(store: RunStore) -> None:
     a, b = sinks(store, "service-a"), sinks(store, "service-b")
+    train_run(store, "a", trackers=["tensorboard"])
 
     assert a.acquire()
     assert not b.acquire()
     assert a.acquire()  # renewing
     with pytest.raises(LeaseLost, match="service-a"):
-        b.discover()
+        b.discover()  # it would open a cursor: that is the holder's to do
 
     a.release()
     assert b.acquire() and not a.acquire()
+    assert len(b.discover()) == 1
 
 
 def test_a_lapsed_lease_is_taken_over_and_the_old_holder_can_no_longer_write(
