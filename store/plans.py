@@ -167,6 +167,10 @@ class StepPlan(StepOptions):
 
 
 class TrainPlan(TrainOptions, StepPlan):
+    # A plan from before trackers existed is mirrored nowhere, as it was then.
+    trackers: list[Tracker] = Field(
+        default_factory=list, description="The trackers the service mirrors the run to."
+    )
     data: DataSpec = Field(description="Training data, paths expanded.")
     dataset: DatasetPin | None = Field(description="The dataset data.dataset names, pinned.")
     checkpoint_every: StrictInt = Field(ge=1, description="Save step_<N> every this many steps.")

@@ -172,10 +172,17 @@ SAMPLE_ABSENCES = ["sample_every", "sample_settings.top_k"]
 )
 def test_a_plan_leaves_the_worker_nothing_to_default(plan: type[BaseModel]) -> None:
     # A run without a resume point, without a dataset or without samples, are the absences a
-    # plan states; a prepare's tokenizing processes default to the cores of the worker that
-    # runs it; a checkpoint without a known tokenizer samples from token ids, not text.
+    # plan states (and one without a TensorBoard folder of its own, which writes to the data
+    # dir's); a prepare's tokenizing processes default to the cores of the worker that runs
+    # it; a checkpoint without a known tokenizer samples from token ids, not text.
     expected = {
-        TrainPlan: ["data.dataset", *DATASET_ABSENCES, "resume_from", *SAMPLE_ABSENCES],
+        TrainPlan: [
+            "data.dataset",
+            *DATASET_ABSENCES,
+            "resume_from",
+            *SAMPLE_ABSENCES,
+            "tensorboard_dir",
+        ],
         BenchmarkPlan: [],
         ValidatePlan: ["data.dataset", *DATASET_ABSENCES],
         PreparePlan: ["workers"],
