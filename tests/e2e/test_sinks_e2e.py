@@ -199,9 +199,14 @@ def test_mlflow_mirror_catches_up_after_the_tracking_server_was_down(
         done = wait_done(client, run.id)
         assert done.state == "succeeded", done.error
         poll(lambda: sink_lines(list(client.events(run.id)), "mlflow"), 30, "the log", interval=0.5)
+    # The service restarts during the outage too: what it had not mirrored waits in the
+    # database (the cursor, and the MLflow run it made), not in its memory.
+    assert service.stop()
+    mlflow_server.launch()
+    service.start(workers=0)
+    mlflow_server.wait_ready()
 
-        mlflow_server.launch()
-        mlflow_server.wait_ready()
+    with TrainctlClient(service.url) as client:
         events = list(client.events(run.id))
         expected = metric_rows(events)
         poll(
@@ -218,6 +223,7 @@ def test_mlflow_mirror_catches_up_after_the_tracking_server_was_down(
     (outage, back) = lines  # once per outage, not per event
     assert "not mirrored" in outage and "connection refused" in outage and "step" in outage
     assert "mirroring again" in back
+    assert len(mlflow_runs(tracking, run.id)) == 1  # the restarted service found its run
     mlflow_run_ = tracking.get_run(mirrored)
     assert mlflow_run_.info.run_name == run.id
     assert mlflow_run_.data.tags["trainctl.checkpoint"] == f"ml/step_{STEPS}"
@@ -229,12 +235,18 @@ def test_mlflow_mirror_catches_up_after_the_tracking_server_was_down(
     assert manifest.read_bytes() == checkpoint.read_bytes()
 
 
+def mlflow_runs(tracking: Any, run_id: str) -> list[Any]:
+    """The MLflow runs tagged with trainctl run `run_id`."""
+    experiments = [e.experiment_id for e in tracking.search_experiments()]
+    found: list[Any] = tracking.search_runs(
+        experiments, filter_string=f"tags.`trainctl.run_id` = '{run_id}'"
+    )
+    return found
+
+
 def mlflow_run(tracking: Any, run_id: str) -> str | None:
     """The MLflow run mirroring trainctl run `run_id`, once it has a loss."""
-    found = tracking.search_runs(
-        [e.experiment_id for e in tracking.search_experiments()],
-        filter_string=f"tags.`trainctl.run_id` = '{run_id}'",
-    )
+    found = mlflow_runs(tracking, run_id)
     if not found:
         return None
     mlflow_id: str = found[0].info.run_id
