@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import Row, and_, exists, insert, select, update
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
 
 from trainctl.store.db import read_transaction, runs, sink_cursors, sink_mirrors, write_transaction
 from trainctl.store.exceptions import LeaseLost
@@ -83,21 +84,24 @@ class SinkStore:
             ).scalar_one_or_none()
         if held_until is not None and held_until > now + self.lease / 2:
             return True
-        with write_transaction(self.engine) as conn:
-            row = self._mirror_row(conn)
-            if row is None:
-                conn.execute(
-                    insert(sink_mirrors).values(
-                        sink=self.sink, runs_seen=0, holder=self.holder,
-                        lease_expires_at=now + self.lease,
-                    )
-                )  # fmt: skip
+        try:
+            with write_transaction(self.engine) as conn:
+                row = self._mirror_row(conn)
+                if row is None:
+                    conn.execute(
+                        insert(sink_mirrors).values(
+                            sink=self.sink, runs_seen=0, holder=self.holder,
+                            lease_expires_at=now + self.lease,
+                        )
+                    )  # fmt: skip
+                    return True
+                lapsed = row.lease_expires_at is None or row.lease_expires_at < now
+                if row.holder not in (None, self.holder) and not lapsed:
+                    return False
+                self._renew(conn, now)
                 return True
-            lapsed = row.lease_expires_at is None or row.lease_expires_at < now
-            if row.holder not in (None, self.holder) and not lapsed:
-                return False
-            self._renew(conn, now)
-            return True
+        except IntegrityError:
+            return False  # another service made the sink's row first (PostgreSQL): it holds it
 
     def release(self) -> None:
         """Let another service take the sink at once (this one is stopping)."""
