@@ -142,6 +142,10 @@ class SinkMirror:
         except SinkRefused as exc:
             self._refused(cursor, run, events, memo, exc)
             return False
+        except Exception as exc:  # a bug or a surprise: kept from the other runs, and retried
+            log.exception("%s sink: run %s", self.sink.name, run.id)
+            self._unavailable(cursor, run, events, memo, SinkUnavailable(repr(exc)))
+            return False
         self._backoff.pop(cursor.run_id, None)
         if cursor.outage_since is not None:
             self._recovered(cursor, run)

@@ -187,7 +187,10 @@ class MlflowSink:
             raise SinkRefused(
                 f"{self.where} refused {path} ({answer.status_code}): {answer.text[:300]}"
             )
-        body: dict[str, Any] = answer.json() if answer.content else {}
+        try:
+            body: dict[str, Any] = answer.json() if answer.content else {}
+        except ValueError as exc:  # a proxy's page in front of a server that is down
+            raise SinkUnavailable(f"{self.where} answered {path} with no JSON") from exc
         return body
 
 

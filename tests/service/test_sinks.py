@@ -4,8 +4,10 @@ down or hung, on real sockets."""
 
 from __future__ import annotations
 
+import http.server
 import socket
 import struct
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -234,6 +236,47 @@ def test_a_hung_tracking_server_costs_the_mirror_its_timeout_and_is_logged_once(
 
     (line,) = sink_log(store, run, "mlflow")
     assert "no answer in time" in line["message"]
+
+
+class HtmlPage(http.server.BaseHTTPRequestHandler):
+    """What a proxy in front of a tracking server that is down may answer: 200 and a page."""
+
+    def do_GET(self) -> None:
+        self._page()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._page()
+
+    def _page(self) -> None:
+        body = b"<html><body>upstream is restarting</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass  # no access lines in the test output
+
+
+def test_a_page_instead_of_an_answer_counts_as_the_server_being_down(
+    store: RunStore, tmp_path: Path, mirror: MirrorFactory
+) -> None:
+    run = start_run(store, ["mlflow"])
+    write_steps(store, run, range(1, 3))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HtmlPage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        uri = f"http://127.0.0.1:{server.server_address[1]}"
+        ml = mirror(MlflowSink(uri, CheckpointStore(tmp_path / "checkpoints"), timeout=2))
+        ml.tick()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    (line,) = sink_log(store, run, "mlflow")
+    assert "answered /api/2.0/mlflow/experiments/get-by-name with no JSON" in line["message"]
 
 
 def test_mlflow_named_where_the_service_has_no_server_waits_and_says_why(
