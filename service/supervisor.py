@@ -105,7 +105,15 @@ def read_log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> list[str]:
 # The service's own secrets and settings, which a worker neither reads nor should hold: the
 # API token (a worker talks to the database, never to the API), and the settings of the
 # service process itself. A worker gets what it needs explicitly (see `_spawn`).
-SERVICE_ONLY = ("TRAINCTL_API_TOKEN", "TRAINCTL_HOST", "TRAINCTL_PORT", "TRAINCTL_ALLOWED_HOSTS")
+# Secrets and settings of the service alone: the tracking server's URI may carry a password,
+# and the service, not the worker, mirrors metrics to it.
+SERVICE_ONLY = (
+    "TRAINCTL_API_TOKEN",
+    "TRAINCTL_HOST",
+    "TRAINCTL_PORT",
+    "TRAINCTL_ALLOWED_HOSTS",
+    "TRAINCTL_MLFLOW_URI",
+)
 
 
 def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:

@@ -178,9 +178,7 @@ def admit(plan: Plan, limit: int | None) -> None:
         TrainPlan: "this train run",
         BenchmarkPlan: "this benchmark",
         SamplePlan: "this sample run",
-    }.get(
-        type(plan), "this validation"
-    )
+    }.get(type(plan), "this validation")
     refuse_unless_it_fits(estimate, processes, plan.device, limit, what)
 
 

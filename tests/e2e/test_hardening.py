@@ -13,7 +13,8 @@ TOKEN = "hardening-test-token"
 
 
 def test_local_workers_do_not_inherit_the_api_token(service: Service) -> None:
-    service.extra_env = {"TRAINCTL_API_TOKEN": TOKEN}
+    mlflow = "http://trainctl:s3cret@127.0.0.1:9/"  # the service's; it may hold a password
+    service.extra_env = {"TRAINCTL_API_TOKEN": TOKEN, "TRAINCTL_MLFLOW_URI": mlflow}
     service.start(workers=1)
     with Client(service.url, token=TOKEN) as api:
         [worker] = api.workers()
@@ -22,6 +23,7 @@ def test_local_workers_do_not_inherit_the_api_token(service: Service) -> None:
 
     assert not [v for v in environ if v.startswith(b"TRAINCTL_API_TOKEN=")]
     assert TOKEN.encode() not in b"\0".join(environ)
+    assert b"s3cret" not in b"\0".join(environ)
     assert any(v.startswith(b"TRAINCTL_DATABASE_URL=") for v in environ)  # what it does need
 
 
