@@ -34,14 +34,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from trainctl.store.datasets import bits_per_byte
 from trainctl.store.exceptions import Conflict, InvalidRequest
 from trainctl.store.presets import ModelConfig
+from trainctl.store.specs import ExportDtype
 
-ExportDtype = Literal["float32", "bfloat16"]
-EXPORT_DTYPES: tuple[ExportDtype, ...] = ("float32", "bfloat16")
 HF_FORMAT = "hf"
 
 CONFIG_FILE = "config.json"

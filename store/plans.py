@@ -48,7 +48,7 @@ from trainctl.store.exceptions import (
     InvalidRequest,
     TrainctlError,
 )
-from trainctl.store.exports import ExportDtype, check_exportable
+from trainctl.store.exports import check_exportable
 from trainctl.store.generation import GenerationSettings, check_context
 from trainctl.store.manifests import sha256_file
 from trainctl.store.names import Name
@@ -61,6 +61,7 @@ from trainctl.store.specs import (
     BenchmarkRequest,
     CheckpointChoice,
     DataSpec,
+    ExportDtype,
     ExportRequest,
     ModelSpec,
     PrepareOptions,

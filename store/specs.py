@@ -9,7 +9,7 @@ bases) are defined here once and used by both.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -24,7 +24,6 @@ from pydantic import (
 
 from trainctl.store.checkpoints import BEST_TAG, LATEST_REF
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.exports import EXPORT_DTYPES, ExportDtype
 from trainctl.store.generation import GenerationSettings
 from trainctl.store.names import MAX_NAME_LENGTH, NAME_REGEX, NAME_RULE, Name, is_valid_name
 from trainctl.store.presets import PRESETS, ModelConfig, get_preset
@@ -38,6 +37,9 @@ MAX_MODEL_PARAMS = 20_000_000_000
 MAX_NPROC_PER_NODE = 16
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
+# The dtypes an export writes its weights in (store.exports, worker.export).
+ExportDtype = Literal["float32", "bfloat16"]
+EXPORT_DTYPES: tuple[ExportDtype, ...] = get_args(ExportDtype)
 # What a validation reads; the pattern cannot bound each name's length, so a validator does.
 CHECKPOINT_REF_PATTERN = f"^(?:{LATEST_REF}|{BEST_TAG}|{NAME_REGEX}/{NAME_REGEX})$"
 # Filled in by the server when it resolves a request; older clients echoed them back.

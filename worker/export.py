@@ -33,12 +33,10 @@ from trainctl.store.datasets import TOKENIZER_FILE
 from trainctl.store.exceptions import CheckpointCorrupt, Conflict, InvalidRequest
 from trainctl.store.exports import (
     CONFIG_FILE,
-    EXPORT_DTYPES,
     GENERATION_CONFIG_FILE,
     HF_FORMAT,
     MODEL_CARD_FILE,
     TOKENIZER_CONFIG_FILE,
-    ExportDtype,
     ExportResult,
     TrainingFacts,
     check_export_target,
@@ -61,6 +59,7 @@ from trainctl.store.manifests import (
     write_manifest,
 )
 from trainctl.store.presets import ModelConfig
+from trainctl.store.specs import EXPORT_DTYPES, ExportDtype
 from trainctl.store.tokenizer import EOT_NAMES
 from trainctl.worker.checkpoint import load_checkpoint
 from trainctl.worker.model import GPT, build_model
