@@ -182,7 +182,9 @@ def test_a_sample_runs_page_shows_its_completions_as_text(
     # The stream's pieces, put together, are the completions; finished, the section that
     # showed them live steps aside for the result.
     page.wait_for_selector("#run-samples[data-kind='sample']", state="hidden")
-    assert shown_samples(page) == expected
+    # A run that finished before the page opened is hidden at once, while its events are
+    # still being replayed into the section: wait for the last piece, not the state.
+    poll(lambda: shown_samples(page) == expected, timeout=60, what="the streamed completions")
     finish = [
         f.get_attribute("data-finish") for f in page.locator("#run-samples .sample-finish").all()
     ]
