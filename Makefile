@@ -53,7 +53,7 @@ browser:
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }
 
 pytest: install browser
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest --durations=25
 
 test: lint typecheck pytest
 
