@@ -137,7 +137,7 @@ class TrainctlClient:
     def submit(
         self, kind: str, spec: dict[str, Any] | BaseModel, idempotency_key: str | None = None
     ) -> RunPublic:
-        """Queue a run of `kind` (train, validate, benchmark, prepare) with a spec."""
+        """Queue a run of `kind` (one of store.vocabulary.RUN_KINDS) with a spec."""
         return self._call(calls.submit(kind, spec, idempotency_key))
 
     def submit_train(self, **spec: Any) -> RunPublic:

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
 
 from trainctl.service.webhooks.targets import MAX_URL_LENGTH, URL_PATTERN, URL_RULE, check_url
 from trainctl.store.names import Name
-from trainctl.store.vocabulary import EventType, RunKind, RunState, Scope
+from trainctl.store.vocabulary import METRIC_KINDS_TEXT, EventType, RunKind, RunState, Scope
 
 
 class ErrorPublic(BaseModel):
@@ -107,7 +107,7 @@ class MetricPublic(BaseModel):
 
     event_id: int
     created_at: datetime
-    kind: str | None = Field(None, description="train, val, warmup, measure, prepare.")
+    kind: str | None = Field(None, description=METRIC_KINDS_TEXT)
 
 
 class MetricsPublic(BaseModel):

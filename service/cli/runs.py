@@ -13,6 +13,7 @@ from rich.table import Table
 from trainctl.service.cli.common import client, console, err_console, print_json
 from trainctl.service.cli.watch import Samples, watch_to_end
 from trainctl.service.schemas import RunPublic
+from trainctl.store.vocabulary import METRIC_KINDS_TEXT, RUN_KINDS
 
 app = typer.Typer(no_args_is_help=True, help="List, inspect, cancel and follow runs.")
 RunId = Annotated[str, typer.Argument(help="The run's id.", show_default=False)]
@@ -29,9 +30,7 @@ def progress_text(run: RunPublic) -> str:
 @app.command("list")
 def list_runs(
     ctx: typer.Context,
-    kind: Annotated[
-        str | None, typer.Option(help="train, validate, benchmark, prepare, sample or export.")
-    ] = None,
+    kind: Annotated[str | None, typer.Option(help=", ".join(RUN_KINDS) + ".")] = None,
     state: Annotated[str | None, typer.Option(help="queued, running, succeeded, ...")] = None,
     experiment: Annotated[str | None, typer.Option("--experiment", "-e")] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 20,
@@ -93,7 +92,7 @@ def show_logs(
 def show_metrics(
     ctx: typer.Context,
     run_id: RunId,
-    kind: Annotated[str | None, typer.Option(help="train, val, warmup, measure, prepare.")] = None,
+    kind: Annotated[str | None, typer.Option(help=METRIC_KINDS_TEXT)] = None,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV (a header, then rows).")] = False,
     as_json: AsJson = False,
 ) -> None:

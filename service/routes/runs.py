@@ -30,7 +30,7 @@ from trainctl.store.specs import (
     TrainRequest,
     ValidateRequest,
 )
-from trainctl.store.vocabulary import RunKind, RunState
+from trainctl.store.vocabulary import METRIC_KINDS_TEXT, RunKind, RunState
 
 # Every route takes parameters (422) and reads or writes the run database (503 when it can't).
 router = APIRouter(
@@ -229,7 +229,7 @@ def stream_run_events(
 def read_run_metrics(
     run_id: str,
     runs: RunsDep,
-    kind: Annotated[str | None, Query(description="train, val, warmup, measure, prepare.")] = None,
+    kind: Annotated[str | None, Query(description=METRIC_KINDS_TEXT)] = None,
     format: Literal["json", "csv"] = "json",
     max_points: Annotated[int | None, MAX_POINTS, JSON_NUMBER_TEXT] = None,
 ) -> Any:
