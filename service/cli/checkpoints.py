@@ -110,12 +110,17 @@ def list_checkpoints(
     """List complete checkpoints."""
     with client(ctx) as api:
         items = api.list_checkpoints(experiment)
+    print_listing(items, as_json, "no checkpoints")
+
+
+def print_listing(items: list[CheckpointPublic], as_json: bool, empty: str) -> None:
+    """A listing of checkpoints or exports: JSON, a table, or `empty` on stderr."""
     if as_json:
         print_json(items)
     elif items:
         console.print(table(items))
     else:
-        err_console.print("no checkpoints")
+        err_console.print(empty)
 
 
 @app.command("latest")

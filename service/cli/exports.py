@@ -20,10 +20,10 @@ from trainctl.service.cli.checkpoints import (
     Yes,
     delete,
     download,
+    print_listing,
     show,
-    table,
 )
-from trainctl.service.cli.common import client, console, err_console, print_json
+from trainctl.service.cli.common import client, console, print_json
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -41,12 +41,7 @@ def list_exports(
     """List complete exports."""
     with client(ctx) as api:
         items = api.list_exports(experiment)
-    if as_json:
-        print_json(items)
-    elif items:
-        console.print(table(items))
-    else:
-        err_console.print("no exports (trainctl checkpoints export EXP TAG makes one)")
+    print_listing(items, as_json, "no exports (trainctl checkpoints export EXP TAG makes one)")
 
 
 @app.command("show")
