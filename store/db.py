@@ -109,7 +109,19 @@ runs = Table(
     Column("finished_at", UTCDateTime, nullable=True),
     # The name of the API token the run was submitted with; None without token identities.
     Column("submitted_by", String(128), nullable=True),
+    # Scheduling (store/placement.py): claims take the highest priority first, then the
+    # oldest; a worker takes only runs whose nodes it can serve (GPUs per node, or cores for
+    # a CPU run's processes); `nnodes` > 1 is a gang that N workers claim together.
+    Column("priority", Integer, nullable=False, default=0, server_default="0"),
+    Column("nnodes", Integer, nullable=False, default=1, server_default="1"),
+    Column("gpus_per_node", Integer, nullable=False, default=0, server_default="0"),
+    Column("procs_per_node", Integer, nullable=False, default=1, server_default="1"),
+    Column("spread", String(16), nullable=False, default="any", server_default="any"),
+    # When the run last became queued: a gang waiting longer than the reservation time
+    # keeps the workers that could join it from taking smaller runs.
+    Column("queued_at", UTCDateTime, nullable=True),
     Index("ix_runs_state_created", "state", "created_at", "seq"),
+    Index("ix_runs_queue", "state", "priority", "created_at", "seq"),
     Index("ix_runs_created", "created_at", "seq"),
     Index("ix_runs_experiment", "experiment"),
     Index("ix_runs_worker", "worker_id"),
@@ -151,6 +163,30 @@ workers = Table(
     Column("info", JSON, nullable=False),
     Column("started_at", UTCDateTime, nullable=False),
     Column("last_seen_at", UTCDateTime, nullable=False),
+    # What the worker has (store/placement.py, Capacity); workers of one node share a name.
+    Column("node_name", String(255), nullable=False, default="", server_default=""),
+    Column("gpus", Integer, nullable=False, default=0, server_default="0"),
+    Column("cpus", Integer, nullable=False, default=1, server_default="1"),
+    # Where a gang it leads meets (the torchrun rendezvous host).
+    Column("address", String(255), nullable=True),
+    # The run this worker process is busy with, set when it claims one or a gang's leader
+    # assigns it a place, cleared by the worker itself when it is done: an idle worker (None)
+    # is one a gang may take.
+    Column("run_id", String(32), nullable=True),
+)
+
+# The members of a running gang (a run with nnodes > 1), one row per node rank, for the
+# attempt they were assigned to. Each member's lease is its own, so a member that stops
+# heartbeating gets the whole gang requeued; a worker holds at most one place.
+run_slots = Table(
+    "run_slots",
+    metadata,
+    Column("run_id", String(32), ForeignKey("runs.id"), primary_key=True),
+    Column("node_rank", Integer, primary_key=True),
+    Column("attempt", Integer, nullable=False),
+    Column("worker_id", String(100), nullable=False, unique=True),
+    Column("rendezvous", String(300), nullable=False),
+    Column("lease_expires_at", UTCDateTime, nullable=False),
 )
 
 

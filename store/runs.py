@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,6 +28,7 @@ from trainctl.store.db import (
     build_engine,
     read_transaction,
     run_events,
+    run_slots,
     runs,
     workers,
     write_transaction,
@@ -42,10 +44,36 @@ from trainctl.store.exceptions import (
     WorkerNotFound,
 )
 from trainctl.store.migrations import upgrade_to_head
+from trainctl.store.placement import ONE_NODE, Capacity, Placement
+from trainctl.store.queue import (
+    GANG_RESERVE_SECONDS,
+    candidates,
+    capacity_of,
+    choose_gang_members,
+    expired_member,
+    is_member,
+    leave_gang,
+    lock_queued,
+    members_of,
+    my_place,
+    place_gang,
+    placement_of_row,
+    reserved_for,
+)
 from trainctl.store.vocabulary import ACTIVE_STATES, EVENT_TYPES, RUN_KINDS, TERMINAL_STATES
 
 Checkpoint = tuple[str, str]
 """A checkpoint a run depends on: (experiment, tag)."""
+
+
+@dataclass(frozen=True)
+class GangPlace:
+    """A claimed gang run as one member sees it: its node rank and where the gang meets."""
+
+    node_rank: int
+    nnodes: int
+    rendezvous: str
+    """host:port of the torchrun c10d rendezvous, on the leader (node rank 0)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +101,11 @@ class Run:
     depends_on: list[Checkpoint]
     submitted_by: str | None = None
     """The name of the API token the run was submitted with, where tokens have names."""
+    priority: int = 0
+    placement: Placement = ONE_NODE
+    queued_at: datetime | None = None
+    gang: GangPlace | None = None
+    """Set on a claimed gang run (nnodes > 1): the claiming worker's place in it."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +131,14 @@ class Worker:
     started_at: datetime
     last_seen_at: datetime
     current_run_id: str | None
+    node_name: str = ""
+    gpus: int = 0
+    cpus: int = 1
+    address: str | None = None
+
+    @property
+    def capacity(self) -> Capacity:
+        return Capacity(self.id, self.node_name, self.gpus, self.cpus)
 
 
 QUEUE_RETRY_SECONDS = 30
@@ -173,17 +214,27 @@ class RunStore:
         request_digest: str | None = None,
         submitted_by: str | None = None,
         queue_limits: QueueLimits | None = None,
+        priority: int = 0,
+        placement: Placement = ONE_NODE,
     ) -> Run:
         """Add a queued run, or return the run an earlier request with the same key created.
 
         Raises `Conflict` when the idempotency key was used for a different request,
         `ExperimentBusy` when a train run is enqueued while the experiment has an active one,
-        and `QueueFull` when `queue_limits` are reached.
+        `QueueFull` when `queue_limits` are reached, and `InvalidRequest` for a gang on
+        SQLite, whose workers all share one host.
         """
         if kind not in RUN_KINDS:
             raise ValueError(f"unknown run kind {kind!r}; expected one of {RUN_KINDS}")
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        if placement.is_gang and self.engine.dialect.name == "sqlite":
+            raise InvalidRequest(
+                f"nnodes {placement.nnodes}: a run across several nodes needs PostgreSQL "
+                "(TRAINCTL_DATABASE_URL) as the coordination point; this service keeps its "
+                "runs in SQLite, which serves one node. Use nnodes 1 (nproc_per_node for "
+                "this node's GPUs)"
+            )
         values = {
             "kind": kind,
             "experiment": experiment,
@@ -193,6 +244,11 @@ class RunStore:
             "depends_on": [[exp, tag] for exp, tag in depends_on],
             "request_digest": request_digest,
             "submitted_by": submitted_by,
+            "priority": priority,
+            "nnodes": placement.nnodes,
+            "gpus_per_node": placement.gpus_per_node,
+            "procs_per_node": placement.procs_per_node,
+            "spread": placement.spread,
         }
         try:
             return self._enqueue_once(values, queue_limits)
@@ -214,11 +270,11 @@ class RunStore:
                 active = _active_train_row(conn, values["experiment"])
                 if active is not None:
                     raise ExperimentBusy(values["experiment"], active.id)
-            run_id = uuid.uuid4().hex
+            run_id, now = uuid.uuid4().hex, _utcnow()
             conn.execute(
                 insert(runs).values(
-                    id=run_id, state="queued", created_at=_utcnow(), cancel_requested=False,
-                    step=0, attempt=1, **values,
+                    id=run_id, state="queued", created_at=now, queued_at=now,
+                    cancel_requested=False, step=0, attempt=1, **values,
                 )
             )  # fmt: skip
             return _run_from_row(_require_row(conn, run_id))
@@ -326,47 +382,115 @@ class RunStore:
 
     # ---- the worker side: claim, report, finish ---------------------------------------------
 
-    def claim(self, worker_id: str, lease_seconds: float) -> Run | None:
-        """Give the oldest queued run to `worker_id`, or return None when the queue is empty.
+    def claim(
+        self,
+        worker_id: str,
+        lease_seconds: float,
+        *,
+        rendezvous: Callable[[], str] | None = None,
+        reserve_after: float = GANG_RESERVE_SECONDS,
+    ) -> Run | None:
+        """The next run for `worker_id`, or None: a gang place a leader gave it, else the first
+        queued run it can serve (highest priority, then oldest), else None.
 
-        One UPDATE whose WHERE re-checks `state = 'queued'` moves the run, so two claimers can
-        never both get it: SQLite serialises them with BEGIN IMMEDIATE; PostgreSQL locks the
-        chosen row and lets other claimers skip it (FOR UPDATE SKIP LOCKED).
+        A gang run met first is gathered with idle live peers in this transaction, this worker
+        leading it; `rendezvous()` gives the host:port its members meet at (a free port on this
+        node). Rules and races: store/queue.py. Two claimers never get the same run: SQLite
+        serialises them with BEGIN IMMEDIATE; PostgreSQL locks the chosen row and lets other
+        claimers skip it (FOR UPDATE SKIP LOCKED).
         """
         now = _utcnow()
-        oldest_queued = (
-            select(runs.c.id)
-            .where(runs.c.state == "queued")
-            .order_by(runs.c.created_at, runs.c.seq)
-            .limit(1)
-            .with_for_update(skip_locked=True)
-            .scalar_subquery()
-        )
-        statement = (
+        lease_until = now + timedelta(seconds=lease_seconds)
+        with write_transaction(self.engine) as conn:
+            me = conn.execute(
+                select(workers).where(workers.c.id == worker_id).with_for_update()
+            ).one_or_none()
+            if me is not None and me.run_id is not None:
+                placed = self._given_place(conn, worker_id)
+                if placed is not None:
+                    return placed
+                # Left over from a run this worker no longer works on (it asks only when idle).
+                conn.execute(update(workers).where(workers.c.id == worker_id).values(run_id=None))
+            cap = None if me is None else capacity_of(me)
+            for run_id in candidates(conn, cap):
+                row = lock_queued(conn, run_id)
+                if row is None:
+                    continue  # another claimer holds it
+                if row.nnodes == 1:
+                    return self._start(
+                        conn, row, worker_id, now, lease_until, f"claimed by {worker_id}"
+                    )
+                assert me is not None and cap is not None  # the unregistered see no gangs
+                need = placement_of_row(row)
+                members = choose_gang_members(conn, cap, need, now, lease_seconds)
+                if members is not None:
+                    endpoint = rendezvous() if rendezvous else f"{me.address or me.host}:29400"
+                    place_gang(conn, row, members, endpoint, lease_until)
+                    names = ", ".join(m.worker_id for m in members)
+                    reason = (
+                        f"claimed by a gang of {len(members)} workers ({names}); leader {worker_id}"
+                    )
+                    started = self._start(conn, row, worker_id, now, lease_until, reason)
+                    gang = GangPlace(0, row.nnodes, endpoint)
+                    return dataclasses.replace(started, gang=gang)
+                if reserved_for(conn, row, now, lease_seconds, reserve_after):
+                    return None  # keep this worker free for the gang (store/queue.py)
+        return None
+
+    def _start(
+        self,
+        conn: Connection,
+        row: Row[Any],
+        worker_id: str,
+        now: datetime,
+        lease_until: datetime,
+        reason: str,
+    ) -> Run:
+        started = conn.execute(
             update(runs)
-            .where(runs.c.id == oldest_queued, runs.c.state == "queued")
+            .where(runs.c.id == row.id, runs.c.state == "queued")
             .values(
                 state="running",
                 worker_id=worker_id,
                 started_at=func.coalesce(runs.c.started_at, literal(now, UTCDateTime())),
-                lease_expires_at=now + timedelta(seconds=lease_seconds),
+                lease_expires_at=lease_until,
             )
             .returning(*runs.c)
-        )
+        ).one()
+        conn.execute(update(workers).where(workers.c.id == worker_id).values(run_id=row.id))
+        _insert_event(conn, row.id, "state", _state_data(started, "queued", reason))
+        return _run_from_row(started)
+
+    def _given_place(self, conn: Connection, worker_id: str) -> Run | None:
+        place = my_place(conn, worker_id)
+        if place is None:
+            return None
+        run = _run_from_row(_require_row(conn, place.run_id))
+        # The attempt the place was given for: a later one fences this member out.
+        gang = GangPlace(place.node_rank, place.nnodes, place.rendezvous)
+        return dataclasses.replace(run, attempt=place.attempt, gang=gang)
+
+    def release_worker(self, worker_id: str) -> None:
+        """The worker has stopped working on its run: it is idle, a gang may take it."""
         with write_transaction(self.engine) as conn:
-            row = conn.execute(statement).one_or_none()
-            if row is None:
-                return None
-            _insert_event(
-                conn, row.id, "state", _state_data(row, "queued", f"claimed by {worker_id}")
-            )
-        return _run_from_row(row)
+            conn.execute(update(workers).where(workers.c.id == worker_id).values(run_id=None))
+
+    def gang_members(self, run_id: str) -> list[str]:
+        """The workers of a running gang, by node rank (empty for other runs)."""
+        with read_transaction(self.engine) as conn:
+            return members_of(conn, run_id)
 
     def heartbeat(self, run_id: str, worker_id: str, attempt: int, lease_seconds: float) -> None:
-        """Extend the lease; raises `LeaseLost` when the run is no longer this worker's."""
+        """Extend the lease (a gang member's own, and the run's for its leader); raises
+        `LeaseLost` when the run is no longer this worker's."""
         lease = _utcnow() + timedelta(seconds=lease_seconds)
         with write_transaction(self.engine) as conn:
-            _fenced_update(conn, run_id, worker_id, attempt, lease_expires_at=lease)
+            row = _require_owned(conn, run_id, worker_id, attempt)
+            if row.worker_id == worker_id:
+                conn.execute(update(runs).where(runs.c.id == run_id).values(lease_expires_at=lease))
+            if row.nnodes > 1:
+                mine = and_(run_slots.c.run_id == run_id, run_slots.c.worker_id == worker_id)
+                conn.execute(update(run_slots).where(mine).values(lease_expires_at=lease))
 
     def set_progress(
         self, run_id: str, worker_id: str, attempt: int, step: int, total_steps: int | None
@@ -427,6 +551,7 @@ class RunStore:
                 state=state, result=None if result is None else _as_json(result), error=error,
                 finished_at=_utcnow(), lease_expires_at=None,
             )  # fmt: skip
+            leave_gang(conn, run_id)
             reason = error or f"finished by {worker_id}"
             _insert_event(conn, run_id, "state", _state_data(row, "running", reason))
         return _run_from_row(row)
@@ -434,8 +559,9 @@ class RunStore:
     def requeue(self, run_id: str, worker_id: str, attempt: int, reason: str) -> Run:
         """Give a running run back to the queue (a worker shutting down gracefully).
 
-        The attempt is not used up: the run did not fail. A run whose cancel was requested is
-        cancelled instead, since nobody wants it to run again.
+        The attempt is not used up: the run did not fail. A gang's next try still gets a new
+        attempt number, which fences out members still stopping, with one more allowed. A run
+        whose cancel was requested is cancelled instead, since nobody wants it to run again.
         """
         with write_transaction(self.engine) as conn:
             row = _require_owned(conn, run_id, worker_id, attempt)
@@ -443,26 +569,40 @@ class RunStore:
                 return self._transition(
                     conn, row, "cancelled", f"{reason}; cancel was requested", finished=True
                 )
-            return self._transition(conn, row, "queued", reason, worker_id=None)
+            fence = {}
+            if row.nnodes > 1:
+                fence = {"attempt": row.attempt + 1, "max_attempts": row.max_attempts + 1}
+            return self._transition(conn, row, "queued", reason, worker_id=None, **fence)
+
+    def give_up(self, run_id: str, worker_id: str, attempt: int, reason: str) -> Run:
+        """A gang member lost its peers: requeue the run as a new attempt (or fail it when
+        none remain), as a reaper would. Raises `LeaseLost` when another member or a reaper
+        did so first."""
+        with write_transaction(self.engine) as conn:
+            row = _require_owned(conn, run_id, worker_id, attempt)
+            return self._recover(conn, row, requeue_cause=reason, fail_cause=reason, now=_utcnow())
 
     # ---- recovery: runs whose worker is gone -------------------------------------------------
 
     def reap_expired(self, now: datetime | None = None) -> list[Run]:
         """Requeue (or fail, when out of attempts) every running run whose lease has expired."""
         now = now or _utcnow()
-        expired = runs.c.lease_expires_at < now
+        expired = or_(runs.c.lease_expires_at < now, expired_member(now))
         with write_transaction(self.engine) as conn:
             rows = _running_rows(conn, expired)
-            return [
-                self._recover(
-                    conn,
-                    row,
-                    requeue_cause=f"lease expired (worker {row.worker_id} stopped heartbeating)",
-                    fail_cause=f"worker {row.worker_id} stopped heartbeating (lease expired)",
-                    now=now,
+            recovered = []
+            for row in rows:
+                who = _silent_worker(conn, row, now)
+                recovered.append(
+                    self._recover(
+                        conn,
+                        row,
+                        requeue_cause=f"lease expired ({who} stopped heartbeating)",
+                        fail_cause=f"{who} stopped heartbeating (lease expired)",
+                        now=now,
+                    )
                 )
-                for row in rows
-            ]
+            return recovered
 
     def fail_worker_runs(self, worker_id: str, reason: str, *, retry: bool = True) -> list[Run]:
         """Recover every running run of a worker known to be dead, as `reap_expired` would.
@@ -536,6 +676,8 @@ class RunStore:
             values["finished_at"] = now
         if state != "running":
             values["lease_expires_at"] = None
+        if state == "queued":
+            values["queued_at"] = now
         moved = conn.execute(
             update(runs)
             .where(
@@ -549,18 +691,32 @@ class RunStore:
         ).one_or_none()
         if moved is None:
             raise LeaseLost(f"run {row.id} changed while it was being moved to {state}; retry")
+        if row.state == "running":
+            leave_gang(conn, row.id)
         _insert_event(conn, row.id, "state", _state_data(moved, row.state, reason))
         return _run_from_row(moved)
 
     # ---- workers -----------------------------------------------------------------------------
 
     def register_worker(
-        self, worker_id: str, *, host: str, pid: int, device: str, info: dict[str, Any]
+        self,
+        worker_id: str,
+        *,
+        host: str,
+        pid: int,
+        device: str,
+        info: dict[str, Any],
+        node_name: str | None = None,
+        gpus: int = 0,
+        cpus: int = 1,
+        address: str | None = None,
     ) -> None:
-        """Record a worker process; registering an id again replaces its record (a restart)."""
+        """Record a worker process and what it has (store/placement.py); registering an id
+        again replaces its record (a restart), idle."""
         now = _utcnow()
         values = {"host": host, "pid": pid, "device": device, "info": _as_json(info)}
-        values |= {"started_at": now, "last_seen_at": now}
+        values |= {"started_at": now, "last_seen_at": now, "run_id": None}
+        values |= {"node_name": node_name or host, "gpus": gpus, "cpus": cpus, "address": address}
         with write_transaction(self.engine) as conn:
             # Update-then-insert instead of a dialect-specific upsert: the write transaction
             # makes it atomic on SQLite; on PostgreSQL a racing insert fails loudly.
@@ -589,7 +745,11 @@ class RunStore:
                 r.info,
                 r.started_at,
                 r.last_seen_at,
-                current.get(r.id),
+                current.get(r.id) or r.run_id,
+                r.node_name,
+                r.gpus,
+                r.cpus,
+                r.address,
             )
             for r in rows
         ]
@@ -641,6 +801,9 @@ def _run_from_row(row: Row[Any]) -> Run:
         idempotency_key=row.idempotency_key,
         depends_on=[(exp, tag) for exp, tag in row.depends_on],
         submitted_by=row.submitted_by,
+        priority=row.priority,
+        placement=placement_of_row(row),
+        queued_at=row.queued_at,
     )
 
 
@@ -703,13 +866,26 @@ def _same_worker(worker_id: str | None) -> ColumnElement[bool]:
 
 
 def _owned(run_id: str, worker_id: str, attempt: int) -> ColumnElement[bool]:
-    """The fence: the run is running under this worker and this attempt."""
+    """The fence: the run is running under this worker (or a gang with it as a member) and
+    this attempt."""
     return and_(
         runs.c.id == run_id,
-        runs.c.worker_id == worker_id,
+        or_(runs.c.worker_id == worker_id, is_member(worker_id, attempt)),
         runs.c.attempt == attempt,
         runs.c.state == "running",
     )
+
+
+def _silent_worker(conn: Connection, row: Row[Any], now: datetime) -> str:
+    """Who of a run's workers stopped heartbeating, in words: a gang member, or its worker."""
+    if row.nnodes > 1:
+        late = select(run_slots.c.worker_id).where(
+            run_slots.c.run_id == row.id, run_slots.c.lease_expires_at < now
+        )
+        names = list(conn.execute(late).scalars())
+        if names:
+            return f"gang member {', '.join(names)}"
+    return f"worker {row.worker_id}"
 
 
 def _fenced_update(
