@@ -52,6 +52,7 @@ from trainctl.store.exports import check_exportable
 from trainctl.store.generation import GenerationSettings, check_context
 from trainctl.store.manifests import sha256_file
 from trainctl.store.names import Name
+from trainctl.store.placement import Placement
 from trainctl.store.presets import ModelConfig
 from trainctl.store.specs import (
     BYTES_TOKENIZER,
@@ -321,11 +322,28 @@ CPU_BENCHMARK_WARNING = (
 
 
 def pick_device(requested: str, cuda_available: bool) -> Device:
-    if requested == "cuda" and not cuda_available:
-        raise InvalidRequest("device 'cuda' was requested but no worker has a CUDA device")
+    """'auto' is CUDA where a worker has it, else the CPU. An explicit 'cuda' is CUDA even
+    while no GPU worker is live: the run waits for one (its `waiting_reason` says so) rather
+    than fail for lack of GPUs."""
     if requested == "auto":
         return "cuda" if cuda_available else "cpu"
     return "cuda" if requested == "cuda" else "cpu"
+
+
+def placement_of(plan: RunPlan) -> Placement:
+    """What the workers that take `plan` must have (store.placement): a train run's nnodes
+    nodes of nproc_per_node GPUs (or CPU processes); one GPU (or a CPU process) on one node
+    for a benchmark, validation or sample; one CPU process for a prepare or an export."""
+    if isinstance(plan, TrainPlan):
+        return Placement(
+            nnodes=plan.nnodes,
+            gpus_per_node=plan.nproc_per_node if plan.device == "cuda" else 0,
+            procs_per_node=plan.nproc_per_node,
+            spread=plan.spread,
+        )
+    if isinstance(plan, BenchmarkPlan | ValidatePlan | SamplePlan):
+        return Placement(gpus_per_node=1 if plan.device == "cuda" else 0)
+    return Placement()
 
 
 # --- resolve --------------------------------------------------------------------------------
@@ -367,9 +385,7 @@ def resolve_train(
         device=device,
         model=model,
         batch=_split_across_ranks(
-            _geometry(request.batch, profile, model.config),
-            request.batch,
-            request.nproc_per_node,
+            _geometry(request.batch, profile, model.config), request.batch, request
         ),
         data=data,
         dataset=dataset,
@@ -662,17 +678,21 @@ def _geometry(batch: BatchSpec, profile: Profile, cfg: ModelConfig) -> BatchPlan
     )
 
 
-def _split_across_ranks(resolved: BatchPlan, requested: BatchSpec, nproc: int) -> BatchPlan:
-    """Each of `nproc` ranks runs an equal share of a step's micro-batches."""
-    accum = resolved.grad_accum_steps
-    if accum % nproc == 0:
+def _split_across_ranks(
+    resolved: BatchPlan, requested: BatchSpec, ranks: TrainOptions
+) -> BatchPlan:
+    """Each of the nnodes x nproc_per_node ranks runs an equal share of a step's
+    micro-batches."""
+    accum, world = resolved.grad_accum_steps, ranks.nnodes * ranks.nproc_per_node
+    if accum % world == 0:
         return resolved
     if requested.grad_accum_steps is not None:
         raise InvalidRequest(
-            f"batch.grad_accum_steps {accum} does not split evenly across nproc_per_node "
-            f"{nproc} processes; use a multiple of {nproc}"
+            f"batch.grad_accum_steps {accum} does not split evenly across nnodes "
+            f"{ranks.nnodes} x nproc_per_node {ranks.nproc_per_node} = {world} processes; "
+            f"use a multiple of {world}"
         )
-    return resolved.model_copy(update={"grad_accum_steps": -(-accum // nproc) * nproc})
+    return resolved.model_copy(update={"grad_accum_steps": -(-accum // world) * world})
 
 
 def _data_plan(

@@ -26,6 +26,7 @@ from trainctl.store.checkpoints import BEST_TAG, LATEST_REF
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.generation import GenerationSettings
 from trainctl.store.names import MAX_NAME_LENGTH, NAME_REGEX, NAME_RULE, Name, is_valid_name
+from trainctl.store.placement import Spread
 from trainctl.store.presets import PRESETS, ModelConfig, get_preset
 
 MAX_STEPS = 10_000_000
@@ -35,6 +36,11 @@ TARGET_TOKENS = 8_310_000_000  # the seed's pre-training budget: 8.31 B tokens
 MAX_MODEL_PARAMS = 20_000_000_000
 # The most GPUs one node has today (and CPU ranks beyond this only contend for cores).
 MAX_NPROC_PER_NODE = 16
+# Nodes one gang run may span (store.placement): each is one worker, claimed together.
+MAX_NNODES = 64
+# A run's priority: claims take the highest first, then the oldest (store.runs).
+MAX_PRIORITY = 1000
+MAX_RUN_ATTEMPTS = 100
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 # The dtypes an export writes its weights in (store.exports, worker.export).
@@ -78,7 +84,24 @@ class Spec(BaseModel):
 
 
 class Request(Spec):
-    """A request body: refuses, by name, the fields only the server fills in."""
+    """A request body: refuses, by name, the fields only the server fills in.
+
+    `priority` and `max_attempts` are about queueing the run, not running it: the run row
+    keeps them (store.runs), the plan does not."""
+
+    priority: StrictInt = Field(
+        0,
+        ge=-MAX_PRIORITY,
+        le=MAX_PRIORITY,
+        description="Claims take the highest priority first, then the oldest run.",
+    )
+    max_attempts: StrictInt | None = Field(
+        None,
+        ge=1,
+        le=MAX_RUN_ATTEMPTS,
+        description="Attempts before the run fails (a worker that dies or loses its lease "
+        "ends an attempt); default: the service's TRAINCTL_MAX_ATTEMPTS.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -327,10 +350,25 @@ class TrainOptions(StepOptions):
         1,
         ge=1,
         le=MAX_NPROC_PER_NODE,
-        description="Processes (GPUs) the run trains on, data-parallel (DDP through "
-        "torchrun). The global batch stays micro_batch_size x grad_accum_steps sequences: "
-        "each process runs grad_accum_steps / nproc_per_node micro-batches, so "
-        "grad_accum_steps must be a multiple of it (by default it is rounded up to one).",
+        description="Processes (GPUs) per node the run trains on, data-parallel (DDP "
+        "through torchrun); with device 'cuda' a worker with this many GPUs takes it. The "
+        "global batch stays micro_batch_size x grad_accum_steps sequences: each of the "
+        "nnodes x nproc_per_node processes runs its share of the micro-batches, so "
+        "grad_accum_steps must be a multiple of their number (by default it is rounded up "
+        "to one).",
+    )
+    nnodes: StrictInt = Field(
+        1,
+        ge=1,
+        le=MAX_NNODES,
+        description="Workers (nodes) the run spans, claimed together, each running "
+        "nproc_per_node processes. nnodes > 1 needs the PostgreSQL run queue.",
+    )
+    spread: Spread = Field(
+        "any",
+        description="Where the nnodes workers may be: 'any' (on any nodes, other nodes "
+        "preferred), 'same_node' (all on one node name), 'distinct_nodes' (each on a node "
+        "name of its own).",
     )
 
     @field_validator("trackers")
