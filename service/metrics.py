@@ -18,12 +18,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from trainctl.service.devices import live_workers
 from trainctl.service.history import PAGE
 from trainctl.service.settings import Settings
 from trainctl.store.runs import Event, Run, RunStore
@@ -106,10 +106,7 @@ class ServiceMetrics:
         by_state = GaugeMetricFamily("trainctl_runs", "Runs by state.", labels=["state"])
         for state in RUN_STATES:
             by_state.add_metric([state], counts.get(state, 0))
-        alive = sum(
-            datetime.now(UTC) - w.last_seen_at <= timedelta(seconds=settings.lease_seconds)
-            for w in runs.list_workers()
-        )
+        alive = len(live_workers(runs, settings.lease_seconds))
         return [
             by_state,
             GaugeMetricFamily("trainctl_queue_depth", "Runs waiting for a worker.",

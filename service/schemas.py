@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
 
 from trainctl.service.webhooks.targets import MAX_URL_LENGTH, URL_PATTERN, URL_RULE, check_url
 from trainctl.store.names import Name
+from trainctl.store.placement import Spread
 from trainctl.store.vocabulary import METRIC_KINDS_TEXT, EventType, RunKind, RunState, Scope
 
 
@@ -51,6 +52,18 @@ class ProgressPublic(Public):
     )
 
 
+class PlacementPublic(Public):
+    """What the workers that take a run must have (store.placement.Placement)."""
+
+    nnodes: int = Field(description="Workers (nodes) that take the run together.")
+    gpus_per_node: int = Field(description="GPUs each of them needs; 0: the run is on the CPU.")
+    procs_per_node: int = Field(description="Processes each of them runs.")
+    spread: Spread = Field(
+        description="any: on any nodes; same_node: all on one node name; distinct_nodes: "
+        "each on a node name of its own."
+    )
+
+
 class RunPublic(Public):
     id: str
     kind: RunKind
@@ -73,6 +86,14 @@ class RunPublic(Public):
     finished_at: datetime | None
     submitted_by: str | None = Field(
         description="The name of the API token that submitted the run; null without tokens."
+    )
+    priority: int = Field(description="Claims take the highest priority first, then the oldest.")
+    max_attempts: int = Field(description="Attempts before the run fails.")
+    placement: PlacementPublic
+    waiting_reason: str | None = Field(
+        description="Why a queued run waits: no live worker could take it (for example "
+        "'waiting: needs 8 GPUs per node; largest worker has 4'); null otherwise, and for a "
+        "queued run that waits only for a worker to be free."
     )
 
 
@@ -185,6 +206,20 @@ class WorkerPublic(Public):
     host: str
     pid: int
     device: str
+    node_name: str = Field(
+        description="The node it runs on (TRAINCTL_NODE_NAME, by default the host name); "
+        "workers of one node share it."
+    )
+    gpus: int = Field(description="GPUs it has; it takes runs that need at most this many.")
+    gpu_model: str | None = Field(description="Its first GPU's model; null without GPUs.")
+    gpu_memory_bytes: int | None = Field(
+        description="Its smallest GPU's memory; null without GPUs."
+    )
+    cpus: int = Field(description="CPU cores it may use.")
+    address: str | None = Field(
+        description="Where the other members of a multi-node run reach it (the rendezvous "
+        "host, when it leads one); null when it has not said."
+    )
     info: dict[str, Any]
     started_at: datetime
     last_seen_at: datetime

@@ -93,7 +93,17 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(30.0, gt=0, le=3600, description="Run lease of a worker.")
     heartbeat_seconds: float = Field(5.0, gt=0, le=600, description="Worker heartbeat period.")
     reap_seconds: float = Field(2.0, gt=0, le=600, description="How often leases are checked.")
-    max_attempts: int = Field(3, ge=1, le=100, description="Attempts per run before it fails.")
+    max_attempts: int = Field(
+        3, ge=1, le=100, description="Attempts per run before it fails, unless it names its own."
+    )
+    max_gpus_per_node: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="The most GPUs any node of this cluster has: a run asking for more per "
+        "node is a 422 at submit, since no worker could ever take it. Unset: any number is "
+        "accepted, and a run no live worker can serve waits (its waiting_reason says why).",
+    )
     trackers: Annotated[list[Tracker], NoDecode] = Field(
         default_factory=list,
         description="Trackers a train run is mirrored to when its spec names none "

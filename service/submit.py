@@ -6,6 +6,11 @@ is enqueued under the protection policy's pin, so the checkpoint cannot be delet
 resolving and enqueueing. A prepare run is refused (409) while another prepare run of the
 same dataset name is queued or running, and an export while another export of the same
 checkpoint is.
+
+A run is queued with its placement (`store.plans.placement_of`: nodes, GPUs or CPU processes
+per node), its priority and its attempts. It never fails for lack of GPUs: one that no live
+worker can serve waits, and says why (`service.devices.waiting_reason`). Only a run that no
+node could ever serve, more GPUs per node than TRAINCTL_MAX_GPUS_PER_NODE, is a 422.
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ from trainctl.service.devices import cuda_available, memory_limit
 from trainctl.service.settings import Settings
 from trainctl.store.access import Principal
 from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.exceptions import DatasetExists, ExportExists
+from trainctl.store.exceptions import DatasetExists, ExportExists, InvalidRequest
 from trainctl.store.memory import admit
+from trainctl.store.placement import Placement
 from trainctl.store.plans import (
     ExportPlan,
     PreparePlan,
     RunPlan,
+    placement_of,
     resolve_benchmark,
     resolve_export,
     resolve_prepare,
@@ -65,6 +72,8 @@ def submit_run(
     if idempotency_key and (existing := runs.replay(idempotency_key, kind, digest)):
         return existing  # an idempotent retry gets its run, even if resolving now would differ
     plan = resolve(request, settings=settings, runs=runs, ckpts=ckpts)
+    placement = placement_of(plan)
+    check_gpus_per_node(placement, settings.max_gpus_per_node)
     # A prepare's memory is bounded by its batches; an export reads one checkpoint on a CPU.
     if not isinstance(plan, PreparePlan | ExportPlan):
         admit(plan, memory_limit(runs, settings.lease_seconds, plan.device))
@@ -76,11 +85,24 @@ def submit_run(
             plan.filed_under,
             plan.model_dump(mode="json"),
             idempotency_key=idempotency_key,
-            max_attempts=settings.max_attempts,
+            max_attempts=request.max_attempts or settings.max_attempts,
+            priority=request.priority,
+            placement=placement,
             depends_on=[(ref.experiment, ref.tag)] if ref else [],
             request_digest=digest if idempotency_key else None,
             submitted_by=submitter.name if submitter else None,
             queue_limits=QueueLimits(settings.max_queued_runs, settings.max_queued_runs_per_token),
+        )
+
+
+def check_gpus_per_node(placement: Placement, most: int | None) -> None:
+    """A run asking for more GPUs per node than any node has (TRAINCTL_MAX_GPUS_PER_NODE)
+    could never be claimed: a 422 now. Fewer always waits for a worker instead."""
+    if most is not None and placement.gpus_per_node > most:
+        raise InvalidRequest(
+            f"nproc_per_node: the run needs {placement.gpus_per_node} GPUs per node, and no "
+            f"node of this service has more than {most} (TRAINCTL_MAX_GPUS_PER_NODE); use at "
+            f"most {most} per node, and more nodes (nnodes) to go wider"
         )
 
 

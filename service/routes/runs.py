@@ -11,6 +11,7 @@ from pydantic import AfterValidator
 
 from trainctl.service import history, sse
 from trainctl.service.deps import CheckpointsDep, RunsDep, SettingsDep, Submitter
+from trainctl.service.devices import public_run, public_runs
 from trainctl.service.errors import error_responses
 from trainctl.service.routing import JSON_NUMBER_TEXT, ApiRoute
 from trainctl.service.schemas import (
@@ -19,8 +20,9 @@ from trainctl.service.schemas import (
     RunPublic,
     RunsPublic,
 )
+from trainctl.service.settings import Settings
 from trainctl.service.submit import submit_run
-from trainctl.store.runs import Run
+from trainctl.store.runs import Run, RunStore
 from trainctl.store.specs import (
     BenchmarkRequest,
     ExportRequest,
@@ -89,9 +91,9 @@ Cursor = Annotated[
 ]
 
 
-def _accepted(run: Run, response: Response) -> RunPublic:
+def _accepted(run: Run, response: Response, runs: RunStore, settings: Settings) -> RunPublic:
     response.headers["Location"] = f"/runs/{run.id}"
-    return RunPublic.model_validate(run)
+    return public_run(runs, settings.lease_seconds, run)
 
 
 def _submit_route(kind: RunKind, body: type[Request], summary: str) -> None:
@@ -109,7 +111,7 @@ def _submit_route(kind: RunKind, body: type[Request], summary: str) -> None:
     ) -> RunPublic:
         run = submit_run(kind, request, settings=settings, runs=runs, ckpts=ckpts,
                          submitter=submitter, idempotency_key=idempotency_key)  # fmt: skip
-        return _accepted(run, response)
+        return _accepted(run, response, runs, settings)
 
     create.__annotations__["request"] = body  # the body schema FastAPI reads and publishes
     create.__name__ = create.__qualname__ = f"create_{kind}_run"  # the operation id's stem
@@ -149,6 +151,7 @@ _submit_route(
 @router.get("", response_model=RunsPublic)
 def list_runs(
     runs: RunsDep,
+    settings: SettingsDep,
     kind: RunKind | None = None,
     state: RunState | None = None,
     experiment: Annotated[str | None, Query(max_length=200)] = None,
@@ -168,22 +171,24 @@ def list_runs(
         cursor=cursor,
     )
     return RunsPublic(
-        items=[RunPublic.model_validate(run) for run in page], next_cursor=next_cursor
+        items=public_runs(runs, settings.lease_seconds, page), next_cursor=next_cursor
     )
 
 
 # `async def`: a primary-key read takes less time than the hand-off to the thread pool, and
 # it is the endpoint dashboards and `runs watch` poll (see routes/checkpoints.py).
 @router.get("/{run_id}", response_model=RunPublic, responses=RUN_NOT_FOUND)
-async def read_run(run_id: str, runs: RunsDep) -> RunPublic:
-    """Read one run."""
-    return RunPublic.model_validate(runs.get(run_id))
+async def read_run(run_id: str, runs: RunsDep, settings: SettingsDep) -> RunPublic:
+    """Read one run; a queued one says why it waits, if no live worker could take it."""
+    return public_run(runs, settings.lease_seconds, runs.get(run_id))
 
 
 @router.post("/{run_id}/cancel", response_model=RunPublic, responses=error_responses(403, 404, 409))
-def cancel_run(run_id: str, runs: RunsDep, submitter: Submitter) -> RunPublic:
+def cancel_run(
+    run_id: str, runs: RunsDep, settings: SettingsDep, submitter: Submitter
+) -> RunPublic:
     """Cancel a queued run now, or ask a running one to stop at the next step."""
-    return RunPublic.model_validate(runs.request_cancel(run_id))
+    return public_run(runs, settings.lease_seconds, runs.request_cancel(run_id))
 
 
 @router.get(

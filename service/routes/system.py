@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter
 
 from trainctl.service.deps import RunsDep, SettingsDep
+from trainctl.service.devices import live_workers, public_worker
 from trainctl.service.errors import error_responses
 from trainctl.service.routing import ApiRoute
-from trainctl.service.schemas import HealthPublic, ReadinessPublic, WorkerPublic, WorkersPublic
+from trainctl.service.schemas import HealthPublic, ReadinessPublic, WorkersPublic
 
 # Liveness stays open (no token) so that probes and load balancers need no secret; it says
 # nothing about the runs.
@@ -27,20 +27,13 @@ def read_health() -> dict[str, Any]:
 @router.get("/readyz", response_model=ReadinessPublic)
 def read_readiness(settings: SettingsDep, runs: RunsDep) -> dict[str, Any]:
     """Readiness: the run database answers; how many workers are alive."""
-    alive = [w for w in runs.list_workers() if _is_alive(w.last_seen_at, settings.lease_seconds)]
+    alive = live_workers(runs, settings.lease_seconds)
     return {"status": "ready", "database": "ok", "workers_alive": len(alive)}
 
 
 @router.get("/workers", response_model=WorkersPublic)
 def list_workers(settings: SettingsDep, runs: RunsDep) -> WorkersPublic:
-    """List registered workers, their device and current run."""
+    """List registered workers: their node, GPUs and CPUs, and current run."""
     return WorkersPublic(
-        items=[
-            WorkerPublic(**vars(w), alive=_is_alive(w.last_seen_at, settings.lease_seconds))
-            for w in runs.list_workers()
-        ]
+        items=[public_worker(w, settings.lease_seconds) for w in runs.list_workers()]
     )
-
-
-def _is_alive(last_seen_at: datetime, lease_seconds: float) -> bool:
-    return datetime.now(UTC) - last_seen_at <= timedelta(seconds=lease_seconds)

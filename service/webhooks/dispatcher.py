@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from trainctl.service.schemas import RunPublic, WebhookPayload
+from trainctl.service.devices import public_run
+from trainctl.service.schemas import WebhookPayload
 from trainctl.service.settings import Settings
 from trainctl.service.webhooks.sending import build_http, send
 from trainctl.service.webhooks.targets import HostPolicy
@@ -69,6 +70,7 @@ class DispatchConfig:
     poll_seconds: float
     retry: RetryPolicy
     policy: HostPolicy
+    lease_seconds: float  # the workers': a queued run in a payload says why it waits
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DispatchConfig:
@@ -83,6 +85,7 @@ class DispatchConfig:
             settings.webhook_poll_seconds,
             retry,
             settings.webhook_policy,
+            settings.lease_seconds,
         )
 
 
@@ -256,7 +259,7 @@ class Dispatcher:
             ]
             if not subscribed:
                 continue
-            run = RunPublic.model_validate(self.runs.get(change.run_id))
+            run = public_run(self.runs, self.config.lease_seconds, self.runs.get(change.run_id))
             for hook in subscribed:
                 delivery_id = uuid.uuid4().hex
                 payload = WebhookPayload(

@@ -178,8 +178,9 @@ def semantic_refusals_only(ctx: CheckContext, response: Any, case: schemathesis.
 
     - A run request valid by the schema is still refused (422) when it breaks a rule across
       fields (warmup_frac + stable_frac above 1, a seq_len above the model's, paths with the
-      stdlib source) or one that depends on the server (no CUDA worker, no checkpoint yet to
-      validate or resume, a preset or model field the registry does not know). Such refusals
+      stdlib source) or one that depends on the server (nnodes > 1 on SQLite, more GPUs per
+      node than TRAINCTL_MAX_GPUS_PER_NODE, no checkpoint yet to validate or resume, a preset
+      or model field the registry does not know). Such refusals
       come from a validator (pydantic type `value_error`) or from the plan (no `errors`). A
       rule the schema states (a type, a bound, a pattern, a required or unknown field) must
       never refuse a request the schema allows.
