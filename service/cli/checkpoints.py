@@ -32,7 +32,7 @@ from trainctl.service.cli.common import (
     print_json,
 )
 from trainctl.service.cli.errors import BadInput
-from trainctl.service.cli.submit import opt
+from trainctl.service.cli.submit import MaxAttempts, Priority, opt, queue_flags
 from trainctl.service.cli.watch import follow, require_success
 from trainctl.service.client import Progress as OnProgress
 from trainctl.service.client import TrainctlClient
@@ -238,6 +238,8 @@ def export_checkpoint(
     tag: Tag,
     export_format: Annotated[str | None, opt(ExportRequest, "format", "--format")] = None,
     dtype: Annotated[str | None, opt(ExportRequest, "dtype", "--dtype")] = None,
+    priority: Priority = None,
+    max_attempts: MaxAttempts = None,
     watch: Annotated[
         bool, typer.Option("--watch/--no-watch", help="Wait for the export and say where it is.")
     ] = True,
@@ -265,6 +267,7 @@ def export_checkpoint(
         **checkpoint_choice(experiment, tag),
         "format": export_format,
         "dtype": dtype,
+        **queue_flags(priority, max_attempts),
     }
     with client(ctx) as api:
         run = api.submit_export(**{k: v for k, v in spec.items() if v is not None})

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from trainctl.service.cli.common import client, console, err_console, print_json
-from trainctl.service.cli.watch import Samples, watch_to_end
+from trainctl.service.cli.watch import Samples, state_text, watch_to_end
 from trainctl.service.schemas import RunPublic
 from trainctl.store.vocabulary import METRIC_KINDS_TEXT, RUN_KINDS
 
@@ -49,15 +49,21 @@ def list_runs(
     table = Table("ID", "KIND", "EXPERIMENT", "STATE", "PROGRESS", "CREATED", box=None)
     for run in items:
         created = run.created_at.strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(run.id, run.kind, run.experiment, run.state, progress_text(run), created)
+        table.add_row(
+            run.id, run.kind, run.experiment, state_text(run), progress_text(run), created
+        )
     console.print(table)
 
 
 @app.command("show")
 def show_run(ctx: typer.Context, run_id: RunId) -> None:
-    """Show one run as JSON: its resolved spec, progress, result or error."""
+    """Show one run as JSON: its resolved spec, progress, result or error, and why it waits
+    (waiting_reason) while no live worker can take it."""
     with client(ctx) as api:
-        print_json(api.get_run(run_id))
+        run = api.get_run(run_id)
+    print_json(run)
+    if run.waiting_reason:  # for the human: stdout stays JSON alone
+        err_console.print(f"run {run.id} is {state_text(run)}", markup=False)
 
 
 def log_line(created_at: datetime, level: str, message: str) -> str:

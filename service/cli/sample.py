@@ -18,8 +18,8 @@ from typing import Annotated, Any
 import typer
 
 from trainctl.service.cli.common import checkpoint_choice, client, err_console, print_json
-from trainctl.service.cli.submit import Device, opt
-from trainctl.service.cli.watch import event_line, require_success, stopped
+from trainctl.service.cli.submit import Device, MaxAttempts, Priority, opt, queue_flags
+from trainctl.service.cli.watch import event_line, require_success, state_text, stopped
 from trainctl.service.client import SamplePiece, TrainctlClient
 from trainctl.service.schemas import RunPublic
 from trainctl.store.generation import GenerationSettings
@@ -61,6 +61,8 @@ def sample(
     ] = None,
     seed: Annotated[int | None, opt(GenerationSettings, "seed")] = None,
     device: Device = None,
+    priority: Priority = None,
+    max_attempts: MaxAttempts = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the run's result (every completion) as JSON.")
     ] = False,
@@ -81,11 +83,11 @@ def sample(
         "prompts": prompts,
         "generation": generation,
     }
-    if device is not None:
-        spec["device"] = device
+    given_run = {"device": device, **queue_flags(priority, max_attempts)}
+    spec |= {k: v for k, v in given_run.items() if v is not None}
     with client(ctx) as api:
         run = api.submit_sample(**spec)
-        err_console.print(f"sample run {run.id} ({run.state})")
+        err_console.print(f"sample run {run.id} ({state_text(run)})", markup=False)
         run = follow_sample(api, run, None if as_json else Transcript(prompts))
     require_success(run)
     if as_json:

@@ -17,13 +17,14 @@ from pydantic import BaseModel
 
 from trainctl.service.cli.common import build_spec, client, console, err_console, print_json
 from trainctl.service.cli.errors import BadInput
-from trainctl.service.cli.watch import Samples, watch_to_end
+from trainctl.service.cli.watch import Samples, state_text, watch_to_end
 from trainctl.store.specs import (
     BatchSpec,
     BenchmarkRequest,
     DataSpec,
     ModelSpec,
     PrepareRequest,
+    Request,
     TrainRequest,
     ValidateRequest,
 )
@@ -72,6 +73,13 @@ Preset = Annotated[str | None, opt(ModelSpec, "preset")]
 MicroBatch = Annotated[int | None, opt(BatchSpec, "micro_batch_size")]
 GradAccum = Annotated[int | None, opt(BatchSpec, "grad_accum_steps")]
 SeqLen = Annotated[int | None, opt(BatchSpec, "seq_len")]
+# Every kind of run has them (store.specs.Request): how it is queued, not what it does.
+Priority = Annotated[int | None, opt(Request, "priority")]
+MaxAttempts = Annotated[int | None, opt(Request, "max_attempts")]
+
+
+def queue_flags(priority: int | None, max_attempts: int | None) -> dict[str, Any]:
+    return {"priority": priority, "max_attempts": max_attempts}
 
 
 def data_flags(
@@ -104,7 +112,7 @@ def submit_run(
         if as_json:  # with --watch, a stream of two documents: one line each
             print_json(run, one_line=watch)
         else:
-            console.print(f"submitted {kind} run {run.id} ({run.state})")
+            console.print(f"submitted {kind} run {run.id} ({state_text(run)})")
         if watch:
             watch_to_end(api, run.id, as_json=as_json, samples=samples)
         else:
@@ -166,6 +174,9 @@ def submit_train(
     micro_batch_size: MicroBatch = None,
     grad_accum_steps: GradAccum = None,
     seq_len: SeqLen = None,
+    nproc_per_node: Annotated[int | None, opt(TrainRequest, "nproc_per_node")] = None,
+    nnodes: Annotated[int | None, opt(TrainRequest, "nnodes")] = None,
+    spread: Annotated[str | None, opt(TrainRequest, "spread")] = None,
     checkpoint_every: Annotated[int | None, opt(TrainRequest, "checkpoint_every")] = None,
     val_every: Annotated[int | None, opt(TrainRequest, "val_every")] = None,
     max_keep: Annotated[int | None, opt(TrainRequest, "max_keep")] = None,
@@ -178,6 +189,8 @@ def submit_train(
             "--sample-prompt", help="A text the samples continue (repeatable).", show_default=False
         ),
     ] = None,
+    priority: Priority = None,
+    max_attempts: MaxAttempts = None,
     sets: Sets = None,
     spec_file: SpecFile = None,
     watch: Watch = False,
@@ -195,6 +208,9 @@ def submit_train(
         "batch.micro_batch_size": micro_batch_size,
         "batch.grad_accum_steps": grad_accum_steps,
         "batch.seq_len": seq_len,
+        "nproc_per_node": nproc_per_node,
+        "nnodes": nnodes,
+        "spread": spread,
         "checkpoint_every": checkpoint_every,
         "val_every": val_every,
         "max_keep": max_keep,
@@ -202,6 +218,7 @@ def submit_train(
         "seed": seed,
         "sample_every": sample_every,
         "sample_prompts": sample_prompts,
+        **queue_flags(priority, max_attempts),
     }
     spec = build_spec(load(spec_file), flags, sets)
     submit_run(ctx, "train", spec, watch=watch, idempotency_key=idempotency_key, as_json=as_json,
@@ -222,6 +239,8 @@ def submit_validate(
     batch_size: Annotated[int | None, opt(ValidateRequest, "batch_size")] = None,
     seq_len: Annotated[int | None, opt(ValidateRequest, "seq_len")] = None,
     num_batches: Annotated[int | None, opt(ValidateRequest, "num_batches")] = None,
+    priority: Priority = None,
+    max_attempts: MaxAttempts = None,
     sets: Sets = None,
     spec_file: SpecFile = None,
     watch: Watch = False,
@@ -237,6 +256,7 @@ def submit_validate(
         "batch_size": batch_size,
         "seq_len": seq_len,
         "num_batches": num_batches,
+        **queue_flags(priority, max_attempts),
     }
     spec = build_spec(load(spec_file), flags, sets)
     submit_run(ctx, "validate", spec, watch=watch, idempotency_key=idempotency_key, as_json=as_json)
@@ -257,6 +277,8 @@ def submit_benchmark(
         typer.Option("--compile/--no-compile", help=doc(BenchmarkRequest, "use_compile")),
     ] = None,
     target_tokens: Annotated[int | None, opt(BenchmarkRequest, "target_tokens")] = None,
+    priority: Priority = None,
+    max_attempts: MaxAttempts = None,
     sets: Sets = None,
     spec_file: SpecFile = None,
     watch: Watch = False,
@@ -274,6 +296,7 @@ def submit_benchmark(
         "batch.seq_len": seq_len,
         "use_compile": compile,
         "target_tokens": target_tokens,
+        **queue_flags(priority, max_attempts),
     }
     spec = build_spec(load(spec_file), flags, sets)
     submit_run(
@@ -298,6 +321,8 @@ def submit_prepare(
     strict: Annotated[
         bool | None, typer.Option("--strict/--lenient", help=doc(PrepareRequest, "strict"))
     ] = None,
+    priority: Priority = None,
+    max_attempts: MaxAttempts = None,
     sets: Sets = None,
     spec_file: SpecFile = None,
     watch: Watch = False,
@@ -315,6 +340,7 @@ def submit_prepare(
         "shard_tokens": shard_tokens,
         "workers": workers,
         "strict": strict,
+        **queue_flags(priority, max_attempts),
     }
     spec = build_spec(load(spec_file), flags, sets)
     submit_run(ctx, "prepare", spec, watch=watch, idempotency_key=idempotency_key, as_json=as_json)

@@ -93,6 +93,12 @@ class RunBar:
         self.progress.update(self.task, completed=step, total=total, **fields)
 
 
+def state_text(run: RunPublic) -> str:
+    """`running`; a queued run that no live worker can take with why:
+    `queued, waiting: needs 2 GPUs per node; no live worker has a GPU`."""
+    return f"{run.state}, {run.waiting_reason}" if run.waiting_reason else run.state
+
+
 def event_line(event: EventPublic) -> str | None:
     """How a log or state event reads (`info: saved ...`, `state: running`); None for others."""
     if event.type == "log":
@@ -145,6 +151,8 @@ def follow(api: TrainctlClient, run_id: str, *, samples: bool = False) -> RunPub
     try:
         with Progress(*columns, console=err_console) as progress:
             bar = RunBar(progress, run, samples=samples)
+            if run.waiting_reason:
+                bar.print(f"state: {state_text(run)}")
             for event in api.events(run_id):
                 bar.on_event(event)
     except KeyboardInterrupt:

@@ -11,11 +11,21 @@ from trainctl.service.cli.common import client, console, err_console, print_json
 from trainctl.service.schemas import WorkerPublic
 
 
+def gpus_text(w: WorkerPublic) -> str:
+    """`-` on a CPU worker; `8 x NVIDIA H100 80GB HBM3 (79.6 GiB)` on a GPU one."""
+    if not w.gpus:
+        return "-"
+    text = f"{w.gpus} x {w.gpu_model or 'GPU'}"
+    return text + (f" ({w.gpu_memory_bytes / 2**30:.1f} GiB)" if w.gpu_memory_bytes else "")
+
+
 def table(items: list[WorkerPublic]) -> Table:
-    t = Table("ID", "HOST", "PID", "DEVICE", "STATE", "RUN", "LAST SEEN", box=None)
+    t = Table("ID", "NODE", "HOST", "PID", "DEVICE", "GPUS", "CPUS", "STATE", "RUN", "LAST SEEN",
+              box=None)  # fmt: skip
     for w in items:
-        t.add_row(w.id, w.host, str(w.pid), w.device, "alive" if w.alive else "gone",
-                  w.current_run_id or "", w.last_seen_at.strftime("%Y-%m-%d %H:%M:%S"))  # fmt: skip
+        t.add_row(w.id, w.node_name, w.host, str(w.pid), w.device, gpus_text(w), str(w.cpus),
+                  "alive" if w.alive else "gone", w.current_run_id or "",
+                  w.last_seen_at.strftime("%Y-%m-%d %H:%M:%S"))  # fmt: skip
     return t
 
 
@@ -23,7 +33,8 @@ def list_workers(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List workers: host, device, the run each is on, whether it is alive."""
+    """List workers: node, host, device, GPUs and CPUs, the run each is on, whether it is
+    alive."""
     with client(ctx) as api:
         items = api.workers()
     if as_json:

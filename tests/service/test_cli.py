@@ -212,11 +212,14 @@ def test_checkpoints_delete_asks_first_unless_told_yes(service: Service, short_r
 
 def test_workers_lists_the_service_worker(service: Service) -> None:
     code, out, _ = trainctl(service, "workers")
-    assert code == 0 and out.split()[:7] == ["ID", "HOST", "PID", "DEVICE", "STATE", "RUN", "LAST"]
+    header = ["ID", "NODE", "HOST", "PID", "DEVICE", "GPUS", "CPUS", "STATE", "RUN", "LAST"]
+    assert code == 0 and out.split()[: len(header)] == header
     assert "alive" in out
 
     code, out, _ = trainctl(service, "workers", "--json")
-    assert code == 0 and any(w["alive"] and w["device"] for w in json.loads(out))
+    assert code == 0 and any(
+        w["alive"] and w["device"] and w["node_name"] and w["cpus"] >= 1 for w in json.loads(out)
+    )
 
 
 def test_submit_json_watch_prints_only_json_and_exits_1_when_the_run_fails(
