@@ -43,8 +43,9 @@ export const fmt = {
   },
 };
 
-export function stateBadge(state) {
-  return h("span", { class: `state ${state}`, "data-state": state }, state);
+// reason: why a queued run waits (its waiting_reason), shown on hover.
+export function stateBadge(state, reason = null) {
+  return h("span", { class: `state ${state}`, "data-state": state, title: reason }, state);
 }
 
 export function progressCell(progress) {

@@ -76,14 +76,18 @@ class RunCharts {
 }
 
 // bpb: the latest validation's bits per byte, where the run's data says how many bytes a
-// token is (the figure that compares runs with different tokenizers); null otherwise.
+// token is (the figure that compares runs with different tokenizers); null otherwise. A
+// queued run that no live worker can take says why, on a line of its own.
 function summary(run, bpb) {
-  const item = (label, value) => h("div", {}, h("span", {}, label), value);
+  const item = (label, value, attrs = {}) => h("div", attrs, h("span", {}, label), value);
   return h("div", { class: "summary" }, item("state", stateBadge(run.state)),
     item("kind", run.kind), item("experiment", run.experiment),
     item("progress", progressCell(run.progress)), item("attempt", run.attempt),
+    item("priority", run.priority, { id: "run-priority" }),
     item("worker", run.worker_id || "-"), item("created", fmt.time(run.created_at)),
-    ...(bpb === null ? [] : [item("val bits/byte", h("span", { class: "bpb" }, fmt.num(bpb)))]));
+    ...(bpb === null ? [] : [item("val bits/byte", h("span", { class: "bpb" }, fmt.num(bpb)))]),
+    ...(run.waiting_reason ? [item("why it waits", run.waiting_reason,
+      { id: "run-waiting", class: "waiting" })] : []));
 }
 
 function validationTable(rows) {

@@ -62,7 +62,7 @@ export async function showRuns(view, params) {
   };
   const update = (row, r) => {
     row.box.checked = selected.has(r.id);
-    const values = [r.kind, r.experiment, stateBadge(r.state), progressCell(r.progress),
+    const values = [r.kind, r.experiment, stateBadge(r.state, r.waiting_reason), progressCell(r.progress),
       fmt.time(r.created_at), r.worker_id || ""];
     row.cells.forEach((td, i) => td.replaceChildren(values[i]));
   };

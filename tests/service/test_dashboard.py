@@ -389,3 +389,26 @@ def test_the_run_page_cancels_a_run_and_resumes_it_from_the_latest_checkpoint(
     )
     api.cancel_run(resumed.id)
     assert api.wait(resumed.id, timeout=60).state == "cancelled"
+
+
+# --- a run that waits ---------------------------------------------------------------------------
+
+
+def test_the_run_page_says_why_a_queued_run_waits_and_shows_its_priority(
+    api: TrainctlClient, open_page: Any
+) -> None:
+    # Two GPUs on a service whose one worker is on the CPU: queued, not failed, and why.
+    gpu_run = {**SMALL_RUN, "device": "cuda", "nproc_per_node": 2, "priority": 3}
+    run = api.submit("train", {**gpu_run, "experiment": "waits", "data": {"source": "synthetic"}})
+    try:
+        page = open_page(f"#/runs/{run.id}")
+        page.wait_for_selector("#run-waiting")
+        assert "needs 2 GPUs per node" in (page.text_content("#run-waiting") or "")
+        assert page.text_content("#run-priority") == "priority3"
+
+        table = open_page("#/runs")
+        badge = f'tr[data-run="{run.id}"] .state.queued'
+        table.wait_for_selector(badge)
+        assert "needs 2 GPUs per node" in (table.get_attribute(badge, "title") or "")
+    finally:
+        api.cancel_run(run.id)
