@@ -18,10 +18,17 @@ gradients; the reported loss is averaged across ranks too.
 
 Rank 0 alone talks to the run store (events, progress, cancel, the lease check before a
 checkpoint commits) and writes checkpoints; every rank holds the full model and optimizer
-state, identical on all of them, so rank 0's checkpoint is everyone's. Rank 0 decides when to
-stop (cancel, worker shutdown, lost lease) and broadcasts the decision, so every rank stops at
-the same step. Resume loads the checkpoint on every rank; the data position it records is
-global, so the ranks pick up their shares where they left off.
+state, identical on all of them, so rank 0's checkpoint is everyone's. At every step the ranks
+agree whether to stop (an all-reduce of each one's reason: cancel, a worker shutting down, a
+lost lease), so every rank stops at the same step. Resume loads the checkpoint on every rank;
+the data position it records is global, so the ranks pick up their shares where they left off.
+
+A gang run (nnodes > 1, docs/architecture.md "Placement and gangs") is the same program on
+several workers at once: each starts torchrun with `--nnodes N --node-rank k` and the c10d
+rendezvous at the leader's address, id `<run>-<attempt>`. The rendezvous, not the node rank,
+decides which process is global rank 0; it reports as its own worker, which the run store
+accepts from any member of the attempt. A member whose ranks end without rank 0 leaves the
+reporting to the member that has it; one whose ranks lost their peers raises `PeerLost`.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -56,24 +64,48 @@ from trainctl.worker.model import GPT
 from trainctl.worker.train import Sampler, Trainer, TrainParts
 
 POLL_SECONDS = 0.2
-RESULT_FILE, STOP_FILE = "result.json", "stop"
+RESULT_FILE, STOP_FILE, ERROR_FILE = "result.json", "stop", "error.json"
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+STOP_CODES = {"shutdown": 1, "cancel": 2, "lease_lost": 3}
+"""A rank's reason to stop, as the all-reduce (MAX) agrees on one: a lost lease wins."""
+RENDEZVOUS_JOIN_SECONDS = 120
+"""How long a gang member waits for the others at the rendezvous before giving up."""
+STOP_GRACE_SECONDS = 30.0
+"""How long the ranks of a worker that lost its lease get to stop at a step before it kills
+them (a rank waiting in a collective on a peer that is gone may never reach one)."""
+
+
+class PeerLost(RuntimeError):
+    """A gang's ranks stopped because a member on another node went away."""
 
 
 # ---- the parent side: the worker launches and watches the ranks -------------------------
 
 
-def launch_train(plan: TrainPlan, checkpoint_root: Path, ctx: RunContext | None) -> dict[str, Any]:
-    """Run `plan` on `plan.nproc_per_node` local ranks; return rank 0's result.
+def launch_train(
+    plan: TrainPlan,
+    checkpoint_root: Path,
+    ctx: RunContext | None,
+    local_addr: str | None = None,
+) -> dict[str, Any] | None:
+    """Run `plan` on `plan.nproc_per_node` local ranks (of a gang, when the run is one);
+    return rank 0's result, or None on a gang member whose ranks ended without rank 0.
 
     With a `ctx`, rank 0 reports to the run store as this worker and attempt, and the ranks
     stop at the next step once the worker shuts down or loses the lease. Without one (tests,
-    scripts), rank 0 returns the metrics in the result instead.
+    scripts), rank 0 returns the metrics in the result instead. `local_addr` is the address
+    the other members reach this node at.
     """
     check_world(plan)
+    gang = ctx.run.gang if ctx is not None else None
     with tempfile.TemporaryDirectory(prefix="trainctl-ddp-") as tmp:
         workdir = Path(tmp)
-        job = {"plan": plan.model_dump(mode="json"), "checkpoint_root": str(checkpoint_root)}
+        job_file = workdir / "job.json"
+        job: dict[str, Any] = {
+            "plan": plan.model_dump(mode="json"),
+            "checkpoint_root": str(checkpoint_root),
+            "torchrun": [*torchrun_args(plan, ctx, local_addr), str(job_file)],
+        }
         if ctx is not None:
             job["run"] = {
                 "id": ctx.run.id,
@@ -81,17 +113,44 @@ def launch_train(plan: TrainPlan, checkpoint_root: Path, ctx: RunContext | None)
                 "attempt": ctx.attempt,
                 "lease_seconds": ctx.lease_seconds,
             }
-        job_file = workdir / "job.json"
         job_file.write_text(json.dumps(job))
         command = [sys.executable, "-P", "-m", "trainctl.worker.distributed", "launch"]
-        command += [str(plan.nproc_per_node), str(job_file)]
-        with subprocess.Popen(command, env=child_env(ctx)) as proc:
+        with subprocess.Popen([*command, str(job_file)], env=child_env(ctx)) as proc:
             code = watch(proc, workdir, ctx)
-        return read_result(workdir, code)
+        return read_result(workdir, code, gang=gang is not None)
+
+
+def torchrun_args(plan: TrainPlan, ctx: RunContext | None, local_addr: str | None) -> list[str]:
+    """torchrun's arguments: one node on a free local port, or this member's place in a gang.
+    No restarts either way: the queue retries a run from its checkpoint, on any workers."""
+    gang = ctx.run.gang if ctx is not None else None
+    args = [f"--nproc-per-node={plan.nproc_per_node}", "--max-restarts=0"]
+    if gang is None:
+        args.append("--standalone")
+    else:
+        assert ctx is not None
+        # node rank 0 (the leader) hosts the rendezvous store at its own address; saying so
+        # rather than letting torchrun guess matters when several members share a host.
+        host = "1" if gang.node_rank == 0 else "0"
+        args += [
+            f"--nnodes={gang.nnodes}",
+            f"--node-rank={gang.node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={gang.rendezvous}",
+            f"--rdzv-id={ctx.run.id}-{ctx.attempt}",
+            f"--rdzv-conf=is_host={host},join_timeout={RENDEZVOUS_JOIN_SECONDS}",
+        ]
+        if local_addr:
+            args.append(f"--local-addr={local_addr}")
+    return [*args, "-m", "trainctl.worker.distributed", "rank"]
+
+
+def world_size(plan: TrainPlan) -> int:
+    return plan.nnodes * plan.nproc_per_node
 
 
 def check_world(plan: TrainPlan) -> None:
-    n = plan.nproc_per_node
+    n = world_size(plan)
     accum = plan.batch.grad_accum_steps
     if accum % n:
         raise ValueError(f"grad_accum_steps {accum} does not split across {n} ranks")
@@ -111,20 +170,41 @@ def child_env(ctx: RunContext | None) -> dict[str, str]:
 
 
 def watch(proc: subprocess.Popen[bytes], workdir: Path, ctx: RunContext | None) -> int:
-    """Wait for the ranks; ask rank 0 to stop when the worker shuts down or loses the lease."""
+    """Wait for the ranks; ask them to stop when the worker shuts down or loses the lease,
+    and end them if, having lost it, they have not stopped within STOP_GRACE_SECONDS."""
     stop = workdir / STOP_FILE
+    lost_at: float | None = None
     while True:
         try:
             return proc.wait(timeout=POLL_SECONDS)
         except subprocess.TimeoutExpired:
-            stopping = ctx is not None and (ctx.shutdown.is_set() or ctx.lease_lost.is_set())
-            if stopping and not stop.exists():
-                stop.touch()
+            if ctx is None:
+                continue
+            reason = "lease_lost" if ctx.lease_lost.is_set() else None
+            reason = reason or ("shutdown" if ctx.shutdown.is_set() else None)
+            if reason and not stop.exists():
+                stop.write_text(reason)
+            if reason == "lease_lost":
+                lost_at = lost_at or time.monotonic()
+                if time.monotonic() - lost_at > STOP_GRACE_SECONDS:
+                    proc.terminate()  # torchrun stops its ranks
 
 
-def read_result(workdir: Path, code: int) -> dict[str, Any]:
+def read_result(workdir: Path, code: int, *, gang: bool = False) -> dict[str, Any] | None:
     path = workdir / RESULT_FILE
     if not path.exists():
+        error_file = workdir / ERROR_FILE
+        error = json.loads(error_file.read_text()) if error_file.exists() else None
+        if gang and (error is None or error.get("peer_lost")):
+            if code == 0:
+                return None  # a member without rank 0: the member with it reports
+            detail = f" ({error['message']})" if error else ""
+            raise PeerLost(
+                f"the gang's processes on this node exited with code {code}: a member on "
+                f"another node went away{detail}"
+            )
+        if error is not None:
+            raise RuntimeError(f"{error['type']}: {error['message']}")
         raise RuntimeError(
             f"the distributed run's ranks exited with code {code} before rank 0 reported; "
             "the worker's log holds their output"
@@ -134,6 +214,8 @@ def read_result(workdir: Path, code: int) -> dict[str, Any]:
         error = report["error"]
         if error["type"] == "LeaseLost":
             raise LeaseLost(error["message"])
+        if gang and error.get("peer_lost"):
+            raise PeerLost(f"{error['type']}: {error['message']}")
         raise RuntimeError(f"{error['type']}: {error['message']}")
     result: dict[str, Any] = report["result"]
     return result
@@ -142,22 +224,12 @@ def read_result(workdir: Path, code: int) -> dict[str, Any]:
 # ---- torchrun: the launcher child ---------------------------------------------------------
 
 
-def run_launcher(nproc: int, job_file: str) -> int:
-    """torchrun, single node: rendezvous on a free local port, no restarts (the queue retries)."""
+def run_launcher(job_file: str) -> int:
+    """torchrun, with the arguments the worker chose (`torchrun_args`)."""
     die_with_parent()
     from torch.distributed.run import main as torchrun
 
-    torchrun(
-        [
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            "--max-restarts=0",
-            "-m",
-            "trainctl.worker.distributed",
-            "rank",
-            job_file,
-        ]
-    )
+    torchrun(json.loads(Path(job_file).read_text())["torchrun"])
     return 0
 
 
@@ -243,15 +315,22 @@ def make_data_parallel(parts: TrainParts, rank: int, world: int) -> None:
     parts.parallel = DDPReplica(parts.model, parts.device, world)
 
 
-def agreed_stop(local: Callable[[], bool], device: torch.device) -> Callable[[], bool]:
-    """A stop predicate every rank calls at the same step: rank 0's answer, broadcast."""
+class AgreedStop:
+    """A stop predicate every rank calls at the same step: any rank's reason stops them all
+    (a worker of a gang member shutting down, or losing its lease, reaches only its own
+    node's ranks). `reason` is the one agreed on, for rank 0's report."""
 
-    def should_stop() -> bool:
-        flag = torch.tensor([1 if dist.get_rank() == 0 and local() else 0], device=device)
-        dist.broadcast(flag, src=0)
-        return bool(flag.item())
+    def __init__(self, local: Callable[[], str | None], device: torch.device) -> None:
+        self.local, self.device = local, device
+        self.reason: str | None = None
 
-    return should_stop
+    def __call__(self) -> bool:
+        mine = self.local()
+        code = torch.tensor([STOP_CODES[mine] if mine else 0], device=self.device)
+        dist.all_reduce(code, op=dist.ReduceOp.MAX)
+        agreed = int(code.item())
+        self.reason = next((r for r, c in STOP_CODES.items() if c == agreed), None)
+        return agreed > 0
 
 
 class RankTrainer(Trainer):
@@ -280,15 +359,19 @@ def rank_context(job: dict[str, Any], runs: RunStore) -> RunContext:
     return RunContext(run, runs, info["worker_id"], shutdown, info["lease_seconds"])
 
 
-def rank_stop(ctx: RunContext, stop_file: Path) -> Callable[[], bool]:
-    """Rank 0's own stop test: the worker's stop file, then cancel and the lease."""
+def rank_stop(ctx: RunContext | None, stop_file: Path) -> Callable[[], str | None]:
+    """A rank's own reason to stop: its worker's stop file, and on rank 0 cancel and the
+    lease too."""
 
-    def should_stop() -> bool:
-        if stop_file.exists():
+    def reason() -> str | None:
+        asked = (stop_file.read_text() or "shutdown") if stop_file.exists() else None
+        if ctx is None:
+            return asked
+        if asked == "shutdown":
             ctx.shutdown.set()
-        return ctx.should_stop()
+        return ctx.stop_reason() or asked
 
-    return should_stop
+    return reason
 
 
 def run_rank(job_file: str) -> int:
@@ -301,13 +384,17 @@ def run_rank(job_file: str) -> int:
     device = torch.device("cuda", torch.cuda.current_device()) if plan.device == "cuda" else None
     dist.init_process_group("nccl" if plan.device == "cuda" else "gloo")
     runs = RunStore(os.environ["TRAINCTL_DATABASE_URL"]) if "run" in job and rank == 0 else None
+    report: dict[str, Any] | None = None
     try:
         report = train_rank(plan, job, rank, world, workdir, runs, device)
     except Exception as exc:
-        report = {"error": {"type": type(exc).__name__, "message": str(exc)}}
+        error = {"type": type(exc).__name__, "message": str(exc), "peer_lost": peer_lost(exc)}
+        report = {"error": error}
+        if rank != 0 and int(os.environ["LOCAL_RANK"]) == 0:
+            (workdir / ERROR_FILE).write_text(json.dumps(error))
         raise
     finally:
-        if rank == 0:
+        if rank == 0 and report is not None:
             (workdir / RESULT_FILE).write_text(json.dumps(report, default=str))
         if runs is not None:
             runs.close()
@@ -329,7 +416,7 @@ def train_rank(
     on_metrics: Callable[[dict[str, Any]], None] = ctx.metrics if ctx else metrics.append
     if rank != 0:
         on_metrics = lambda m: None  # noqa: E731
-    local_stop = rank_stop(ctx, workdir / STOP_FILE) if ctx else (lambda: False)
+    stop = AgreedStop(rank_stop(ctx, workdir / STOP_FILE), device or torch.device("cpu"))
     policy = ProtectionPolicy(runs, CheckpointStore(Path(job["checkpoint_root"])))
     trainer = RankTrainer(
         plan,
@@ -340,24 +427,34 @@ def train_rank(
         on_checkpoint=ctx.log_checkpoint if ctx else None,
         on_progress=ctx.progress if ctx else None,
         on_sample=ctx.sample if ctx else None,
-        should_stop=agreed_stop(local_stop, device or torch.device("cpu")),
+        should_stop=stop,
         protected=policy.asker(plan.experiment),
         before_commit=ctx.confirm_lease if ctx else None,
     )
     make_data_parallel(trainer.parts, rank, world)
-    result = trainer.run()
+    result = trainer.run() | {"stop_reason": stop.reason}
     return {"result": result if ctx else {**result, "metrics": metrics}}
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether a rank failed because another process of the run went away (a collective or
+    the rendezvous store lost its peer), rather than for a fault of its own."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc)
+    return any(
+        sign in text
+        for sign in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) == 3 and args[0] == "launch":
-        return run_launcher(int(args[1]), args[2])
+    if len(args) == 2 and args[0] == "launch":
+        return run_launcher(args[1])
     if len(args) == 2 and args[0] == "rank":
         return run_rank(args[1])
-    print(
-        "usage: python -m trainctl.worker.distributed (launch N | rank) JOB_FILE", file=sys.stderr
-    )
+    print("usage: python -m trainctl.worker.distributed (launch | rank) JOB_FILE", file=sys.stderr)
     return 2
 
 

@@ -1,7 +1,9 @@
 """Executes one claimed run of each kind with the training core and says how it ended.
 
 An `Outcome` is what the worker loop then writes to the store: succeeded, cancelled, requeued
-(graceful shutdown) or abandoned (the lease was lost, so the run is no longer ours to touch).
+(graceful shutdown) or abandoned (the lease was lost, so the run is no longer ours to touch);
+`member` is a gang member whose part ended while another member, the one holding global rank
+0, reports the run.
 """
 
 from __future__ import annotations
@@ -44,13 +46,14 @@ P = TypeVar("P", bound=RunPlan)
 
 @dataclass
 class Outcome:
-    state: Literal["succeeded", "cancelled", "requeue", "abandoned"]
+    state: Literal["succeeded", "cancelled", "requeue", "abandoned", "member"]
     result: dict[str, Any] | None = None
     reason: str = ""
 
 
 def stopped_outcome(ctx: RunContext, result: dict[str, Any]) -> Outcome:
-    reason = ctx.stop_reason()
+    # The ranks of a distributed run agree on why they stopped; any member may have asked.
+    reason = result.get("stop_reason") or ctx.stop_reason()
     if reason == "cancel":
         return Outcome("cancelled", result, "cancelled at the user's request")
     if reason == "shutdown":
@@ -75,15 +78,18 @@ def read_plan(ctx: RunContext, kind: type[P]) -> P:
         ) from None
 
 
-def execute_train(ctx: RunContext, root: Path) -> Outcome:
+def execute_train(ctx: RunContext, root: Path, address: str | None = None) -> Outcome:
     plan = read_plan(ctx, TrainPlan)
     check_device(plan.device)
     store = CheckpointStore(root)
+    gang = ctx.run.gang
     # Only this run writes to its experiment (one active train run each), so what is left
     # half-written there (a save killed mid-write, a commit cut between its renames) is
-    # swept now rather than when the service next restarts.
-    for leftover in store.cleanup(plan.experiment):
-        ctx.log(f"cleaned up {leftover.name} (left by an interrupted save)")
+    # swept now rather than when the service next restarts; in a gang, by its leader alone
+    # (nothing is saved before every member has joined the rendezvous).
+    if gang is None or gang.node_rank == 0:
+        for leftover in store.cleanup(plan.experiment):
+            ctx.log(f"cleaned up {leftover.name} (left by an interrupted save)")
     # A run that was interrupted (worker killed, node drained) continues from its own last
     # checkpoint; the steps after it are recomputed, deterministically, from the same batches.
     previous = store.latest_of_run(plan.experiment, ctx.run.id)
@@ -94,9 +100,20 @@ def execute_train(ctx: RunContext, root: Path) -> Outcome:
     elif plan.resume_from is not None:
         ctx.log(f"resuming from checkpoint {plan.resume_from}")
 
-    if plan.nproc_per_node > 1:
+    if gang is not None:
+        ctx.log(
+            f"joining the gang as node {gang.node_rank} of {gang.nnodes} with "
+            f"{plan.nproc_per_node} processes (torchrun, rendezvous {gang.rendezvous})"
+        )
+        launched = launch_train(plan, root, ctx, address)
+        if launched is None:
+            return Outcome("member", reason="the member holding rank 0 reports the run")
+        result = launched
+    elif plan.nproc_per_node > 1:
         ctx.log(f"launching {plan.nproc_per_node} data-parallel processes (torchrun)")
-        result = launch_train(plan, root, ctx)
+        launched = launch_train(plan, root, ctx)
+        assert launched is not None  # a single node's launch has rank 0
+        result = launched
     else:
         trainer = Trainer(
             plan,
@@ -212,5 +229,8 @@ EXECUTORS = {
 }
 
 
-def execute(ctx: RunContext, checkpoint_root: Path) -> Outcome:
+def execute(ctx: RunContext, checkpoint_root: Path, address: str | None = None) -> Outcome:
+    """Run `ctx.run`; `address` is where gang members on other nodes reach this worker."""
+    if ctx.run.kind == "train":
+        return execute_train(ctx, checkpoint_root, address)
     return EXECUTORS[ctx.run.kind](ctx, checkpoint_root)

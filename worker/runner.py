@@ -25,8 +25,10 @@ import torch
 
 from trainctl.store.exceptions import LeaseLost, WorkerNotFound
 from trainctl.store.memory import host_memory_bytes
+from trainctl.store.queue import GANG_RESERVE_SECONDS
 from trainctl.store.runs import Run, RunStore
 from trainctl.worker.context import Heartbeat, RunContext
+from trainctl.worker.distributed import PeerLost
 from trainctl.worker.executor import Outcome, execute
 from trainctl.worker.logs import configure_logging, running
 
@@ -42,6 +44,13 @@ class WorkerConfig:
     heartbeat_seconds: float = 5.0
     poll_seconds: float = 0.5
     nice: int = 0
+    node_name: str = ""
+    """Workers of one node share it (placement keeps a gang on one node, or spreads it)."""
+    address: str | None = None
+    """Where gang members on other nodes reach this worker (torchrun's rendezvous)."""
+    rendezvous_port: int = 0
+    """The port a gang this worker leads meets on; 0: a free one, chosen at the claim."""
+    gang_reserve_seconds: float = GANG_RESERVE_SECONDS
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -65,6 +74,31 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     )
     p.add_argument("--poll-seconds", type=float, default=0.5)
     p.add_argument(
+        "--node-name",
+        default=env("TRAINCTL_NODE_NAME", socket.gethostname()),
+        help="the node this worker is on; workers of one node share it (default: host name)",
+    )
+    p.add_argument(
+        "--address",
+        default=env("TRAINCTL_WORKER_ADDRESS"),
+        help="the address gang members on other nodes reach this worker at (default: the "
+        "host's fully qualified name)",
+    )
+    p.add_argument(
+        "--rendezvous-port",
+        type=int,
+        default=env("TRAINCTL_RENDEZVOUS_PORT", "0"),
+        help="the TCP port a gang this worker leads meets on (torchrun's c10d rendezvous); "
+        "0: a free port each time. Fix it where a firewall must allow it",
+    )
+    p.add_argument(
+        "--gang-reserve-seconds",
+        type=float,
+        default=env("TRAINCTL_GANG_RESERVE_SECONDS", str(GANG_RESERVE_SECONDS)),
+        help="after a gang has waited this long, workers that could join it take no "
+        "smaller run behind it",
+    )
+    p.add_argument(
         "--nice",
         type=int,
         default=env("TRAINCTL_WORKER_NICE", "0"),
@@ -76,6 +110,10 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     data_dir = Path(args.data_dir).resolve()
     url = args.database_url or f"sqlite:///{data_dir / 'trainctl.db'}"
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    if not 0 <= args.rendezvous_port < 65536:
+        p.error(
+            f"--rendezvous-port must be a TCP port (0: any free one), got {args.rendezvous_port}"
+        )
     return WorkerConfig(
         url,
         data_dir,
@@ -84,6 +122,10 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
         args.heartbeat_seconds,
         args.poll_seconds,
         args.nice,
+        args.node_name,
+        args.address or socket.getfqdn(),
+        args.rendezvous_port,
+        args.gang_reserve_seconds,
     )
 
 
@@ -100,6 +142,18 @@ def device_info() -> tuple[str, dict[str, object]]:
     return "cpu", info
 
 
+def cpu_count() -> int:
+    """The cores this process may run on (a container's or cgroup's share, not the host's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def free_port(address: str | None) -> int:
+    """A TCP port free on this host now (the rendezvous binds it a moment later)."""
+    with socket.socket() as sock:
+        sock.bind(("" if address is None else address, 0))
+        return int(sock.getsockname()[1])
+
+
 class Worker:
     def __init__(self, config: WorkerConfig, runs: RunStore | None = None) -> None:
         self.config = config
@@ -114,7 +168,16 @@ class Worker:
             pid=os.getpid(),
             device=device,
             info=info,
+            node_name=self.config.node_name or socket.gethostname(),
+            gpus=torch.cuda.device_count() if device == "cuda" else 0,
+            cpus=cpu_count(),
+            address=self.config.address,
         )
+
+    def rendezvous(self) -> str:
+        """host:port for a gang this worker leads."""
+        port = self.config.rendezvous_port or free_port(self.config.address)
+        return f"{self.config.address or socket.getfqdn()}:{port}"
 
     def install_signal_handlers(self) -> None:
         def stop(signum: int, frame: FrameType | None) -> None:
@@ -135,7 +198,7 @@ class Worker:
                 next_beat = time.monotonic() + self.config.heartbeat_seconds
                 self.beat()
                 self.reap()
-            run = self.runs.claim(self.config.worker_id, self.config.lease_seconds)
+            run = self.claim()
             if run is not None:
                 self.run_one(run)
                 continue
@@ -143,6 +206,14 @@ class Worker:
                 break
         self.runs.deregister_worker(self.config.worker_id)
         log.info("worker %s stopped", self.config.worker_id)
+
+    def claim(self) -> Run | None:
+        return self.runs.claim(
+            self.config.worker_id,
+            self.config.lease_seconds,
+            rendezvous=self.rendezvous,
+            reserve_after=self.config.gang_reserve_seconds,
+        )
 
     def beat(self) -> None:
         try:
@@ -165,7 +236,11 @@ class Worker:
 
     def run_one(self, run: Run) -> None:
         with running(run.id):
-            self._run_one(run)
+            try:
+                self._run_one(run)
+            finally:
+                # Idle again: a gang may take this worker (it claims for itself anyway).
+                self.runs.release_worker(self.config.worker_id)
 
     def _run_one(self, run: Run) -> None:
         ctx = RunContext(
@@ -174,7 +249,10 @@ class Worker:
         ctx.log(f"started on worker {self.config.worker_id} (attempt {run.attempt})")
         try:
             with Heartbeat(ctx, self.config.heartbeat_seconds, self.config.lease_seconds):
-                outcome = execute(ctx, self.config.checkpoint_dir)
+                outcome = execute(ctx, self.config.checkpoint_dir, self.config.address)
+        except PeerLost as exc:
+            self.give_up(ctx, exc)
+            return
         except Exception as exc:
             if isinstance(exc, LeaseLost) or ctx.lease_lost.is_set():
                 # Not a failure of the run: it belongs to another attempt now, which reports
@@ -185,6 +263,21 @@ class Worker:
             self.fail(ctx, exc)
             return
         self.report(ctx, outcome)
+
+    def give_up(self, ctx: RunContext, exc: PeerLost) -> None:
+        """A gang member went away: requeue the run as a new attempt, on any N workers.
+
+        After a pause of one heartbeat, so that a member whose own processes failed (a fault
+        of the run, not of a node) records that failure first and the run is not retried in
+        vain; whoever of the members comes second is fenced out.
+        """
+        log.warning("run %s: %s", ctx.run.id, exc)
+        time.sleep(self.config.heartbeat_seconds)
+        try:
+            run = self.runs.give_up(ctx.run.id, self.config.worker_id, ctx.attempt, str(exc))
+            log.warning("run %s: gang member lost; the run is now %s", run.id, run.state)
+        except LeaseLost:
+            log.info("run %s: another member or a reaper already ended this attempt", ctx.run.id)
 
     def fail(self, ctx: RunContext, exc: Exception) -> None:
         log.error("run %s failed: %s", ctx.run.id, exc, exc_info=exc)
@@ -202,6 +295,8 @@ class Worker:
                 self.runs.requeue(run_id, wid, attempt, outcome.reason)
             elif outcome.state in ("succeeded", "cancelled"):
                 self.runs.finish(run_id, wid, attempt, outcome.state, result=outcome.result)
+            elif outcome.state == "member":
+                log.info("run %s: this member's part ended; %s", run_id, outcome.reason)
             else:
                 log.warning("run %s: %s; leaving it to its new owner", run_id, outcome.reason)
         except LeaseLost:
