@@ -145,6 +145,11 @@ class Heartbeat:
             try:
                 self.ctx.heartbeat(self.lease_seconds)
                 self.ctx.runs.worker_heartbeat(self.ctx.worker_id)
+                if self.ctx.run.gang is not None:
+                    # A gang's members may be all the workers there are, and a busy worker
+                    # reaps nothing: each member watches the others' leases itself, so a
+                    # stalled member gets the gang requeued and the rest stop.
+                    self.ctx.runs.reap_expired()
             except Exception:  # a database hiccup: log it, the next beat retries
                 log.exception("heartbeat of run %s failed", self.ctx.run.id)
 
