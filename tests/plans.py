@@ -10,6 +10,7 @@ from trainctl.store.plans import (
     BenchmarkPlan,
     TrainPlan,
     ValidatePlan,
+    placement_of,
     resolve_benchmark,
     resolve_train,
     resolve_validate,
@@ -43,6 +44,7 @@ def validate_plan(checkpoints: Path, **request: Any) -> ValidatePlan:
 
 def enqueue(runs: RunStore, plan: TrainPlan | BenchmarkPlan | ValidatePlan, **kw: Any) -> Run:
     """Queue a plan as the API does (without the idempotency and protection checks)."""
+    kw.setdefault("placement", placement_of(plan))
     kind = {TrainPlan: "train", BenchmarkPlan: "benchmark", ValidatePlan: "validate"}[type(plan)]
     ref = plan.depends_on
     depends_on = [(ref.experiment, ref.tag)] if ref is not None else []
