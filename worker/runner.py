@@ -147,10 +147,10 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def free_port(address: str | None) -> int:
+def free_port() -> int:
     """A TCP port free on this host now (the rendezvous binds it a moment later)."""
     with socket.socket() as sock:
-        sock.bind(("" if address is None else address, 0))
+        sock.bind(("", 0))  # every interface, as the rendezvous store binds
         return int(sock.getsockname()[1])
 
 
@@ -176,7 +176,7 @@ class Worker:
 
     def rendezvous(self) -> str:
         """host:port for a gang this worker leads."""
-        port = self.config.rendezvous_port or free_port(self.config.address)
+        port = self.config.rendezvous_port or free_port()
         return f"{self.config.address or socket.getfqdn()}:{port}"
 
     def install_signal_handlers(self) -> None:
