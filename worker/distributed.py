@@ -154,9 +154,10 @@ def check_world(plan: TrainPlan) -> None:
     accum = plan.batch.grad_accum_steps
     if accum % n:
         raise ValueError(f"grad_accum_steps {accum} does not split across {n} ranks")
-    if plan.device == "cuda" and torch.cuda.device_count() < n:
+    # Per node: the other nnodes - 1 members bring their own GPUs.
+    if plan.device == "cuda" and torch.cuda.device_count() < plan.nproc_per_node:
         raise RuntimeError(
-            f"the run asks for nproc_per_node={n} GPUs but this worker sees "
+            f"the run asks for nproc_per_node={plan.nproc_per_node} GPUs but this worker sees "
             f"{torch.cuda.device_count()}; start the worker with all of the node's GPUs visible"
         )
 

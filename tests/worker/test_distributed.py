@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.plans import enqueue, train_plan
 from trainctl.store.checkpoints import CheckpointStore
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.plans import TrainPlan
 from trainctl.store.runs import RunStore
-from trainctl.worker.distributed import RankSampler, launch_train
+from trainctl.worker.distributed import RankSampler, check_world, launch_train
 from trainctl.worker.runner import Worker, WorkerConfig
 from trainctl.worker.train import Trainer
 
@@ -113,3 +114,14 @@ def test_a_two_process_run_reports_once_saves_from_rank_0_and_resumes_exactly(
     assert resumed.result["final_loss"] == straight.result["final_loss"]
     assert weights.read_bytes() == straight_weights  # bit-identical with the same world size
     runs.close()
+
+
+def test_a_gang_member_needs_the_gpus_of_one_node_not_of_the_whole_gang(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = train_plan(steps=1, device="cuda", nnodes=2, nproc_per_node=8)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    check_world(plan)  # 16 ranks, 8 on each node
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    with pytest.raises(RuntimeError, match="nproc_per_node=8 GPUs but this worker sees 4"):
+        check_world(plan)
