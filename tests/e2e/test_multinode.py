@@ -69,13 +69,7 @@ class Cluster:
         self.checkpoints = CheckpointStore(data_dir / "checkpoints")
 
     def start_worker(self, worker_id: str, node: str) -> None:
-        args = ["--node-name", node, "--address", "127.0.0.1", "--lease-seconds", "5"]
-        self.workers.start(worker_id, extra_args=args)
-        poll(
-            lambda: any(w.id == worker_id for w in self.runs.list_workers()),
-            timeout=120,
-            what=f"{worker_id} to register",
-        )
+        self.workers.start_node(worker_id, node, self.runs)
 
     def submit_train(self, experiment: str, **changes: Any) -> str:
         body = {**REQUEST, "experiment": experiment, **changes}
@@ -100,7 +94,7 @@ class Cluster:
         return run
 
     def worker_logs(self) -> str:
-        return "\n".join(f"--- {w}\n{self.workers.log(w)[-3000:]}" for w in self.workers.procs)
+        return self.workers.logs()
 
     def train_losses(self, run_id: str) -> list[float]:
         events = self.runs.events(run_id, limit=100_000, type="metrics")

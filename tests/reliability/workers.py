@@ -45,6 +45,21 @@ class Workers:
         self.procs[worker_id] = proc
         return proc
 
+    def start_node(self, worker_id: str, node: str, runs: RunStore) -> None:
+        """A worker on "node" `node` (a gang member: loopback address, 5 s lease), once it
+        has registered."""
+        args = ["--node-name", node, "--address", "127.0.0.1", "--lease-seconds", "5"]
+        self.start(worker_id, extra_args=args)
+        poll(
+            lambda: any(w.id == worker_id for w in runs.list_workers()),
+            timeout=120,
+            what=f"{worker_id} to register",
+        )
+
+    def logs(self) -> str:
+        """The tail of every worker's log, for a failing test's message."""
+        return "\n".join(f"--- {w}\n{self.log(w)[-3000:]}" for w in self.procs)
+
     def log_path(self, worker_id: str) -> Path:
         return self.data_dir / f"{worker_id}.log"
 
