@@ -25,6 +25,7 @@ MODULES = [
     "tokenize",
     "bits_per_byte",
     "generate",
+    "claims",
 ]
 
 

@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from bench import bits_per_byte, checkpoint_io, generate, model_step, time_to_quality, tokenize
+from bench import (
+    bits_per_byte,
+    checkpoint_io,
+    claims,
+    generate,
+    model_step,
+    time_to_quality,
+    tokenize,
+)
 
 
 def test_bench_measurements_run_at_toy_sizes_and_report_figures(
@@ -57,3 +65,16 @@ def test_the_generation_measurement_runs_at_toy_sizes(monkeypatch: pytest.Monkey
 
     assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
     assert any("transformers" in f.name or "peer" in f.name for f in figures), figures
+
+
+def test_the_claims_measurement_runs_on_postgresql_at_toy_sizes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(claims, "QUICK", dict(rounds=3, depths=(16, 48), workers=8))
+    figures = claims.run(quick=True)
+
+    assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
+    names = [f.name for f in figures]
+    assert len(names) == len(set(names))
+    assert "claims: gang / 1-node, median" in names
+    assert "claims: throughput 48 / 16 queued" in names
