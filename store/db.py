@@ -121,7 +121,6 @@ runs = Table(
     # keeps the workers that could join it from taking smaller runs.
     Column("queued_at", UTCDateTime, nullable=True),
     Index("ix_runs_state_created", "state", "created_at", "seq"),
-    Index("ix_runs_queue", "state", "priority", "created_at", "seq"),
     Index("ix_runs_created", "created_at", "seq"),
     Index("ix_runs_experiment", "experiment"),
     Index("ix_runs_worker", "worker_id"),
@@ -138,6 +137,11 @@ Index(
     sqlite_where=_ACTIVE_TRAIN,
     postgresql_where=_ACTIVE_TRAIN,
 )
+
+# Claims read queued runs in this order (store/queue.py): an index scan rather than a sort of
+# the whole queue at every claim (measured in bench/claims.py: 3.2 ms against 0.06 ms with
+# 10,000 runs queued).
+Index("ix_runs_queue", runs.c.state, runs.c.priority.desc(), runs.c.created_at, runs.c.seq)
 
 run_events = Table(
     "run_events",
