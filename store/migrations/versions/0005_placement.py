@@ -63,7 +63,12 @@ def upgrade() -> None:
                     batch.add_column(column)
     indexes = {i["name"] for i in inspector.get_indexes("runs")}
     if "ix_runs_queue" not in indexes:
-        queue_order = ["state", sa.text("priority DESC"), "created_at", "seq"]
+        queue_order: list[str | sa.TextClause] = [
+            "state",
+            sa.text("priority DESC"),
+            "created_at",
+            "seq",
+        ]
         op.create_index("ix_runs_queue", "runs", queue_order)
     if "run_slots" not in set(inspector.get_table_names()):
         op.create_table(
