@@ -9,6 +9,8 @@ serialise at BEGIN rather than both reading and then colliding when they upgrade
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -320,7 +322,7 @@ def _configure_sqlite(engine: Engine) -> None:
         try:
             # Busy timeout first: switching to WAL needs a lock another process may hold.
             cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _switch_to_wal(cursor)
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
             cursor.close()
@@ -329,6 +331,25 @@ def _configure_sqlite(engine: Engine) -> None:
     def _on_begin(conn: Connection) -> None:
         mode = conn.get_execution_options().get(_SQLITE_BEGIN_OPTION, "DEFERRED")
         conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    """`PRAGMA journal_mode = WAL`, retried while the database is locked.
+
+    SQLite answers this pragma SQLITE_BUSY at once, without waiting out the busy timeout, when
+    another process is creating the same new database file or holds a lock on it in rollback
+    mode (several workers starting on a fresh data dir at the same moment): the switch is
+    tried again until the busy timeout has passed.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 @contextmanager
