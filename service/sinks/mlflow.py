@@ -247,4 +247,7 @@ def _describe(exc: httpx.HTTPError) -> str:
         return "no answer in time"
     if isinstance(exc, httpx.ConnectError):
         return "connection refused or unreachable"
+    if isinstance(exc, httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError):
+        # The server went away in the middle of an answer (it was stopped or crashed).
+        return "connection reset or closed mid-request"
     return str(exc) or type(exc).__name__

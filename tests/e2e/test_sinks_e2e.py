@@ -221,7 +221,9 @@ def test_mlflow_mirror_catches_up_after_the_tracking_server_was_down(
         lines = sink_lines(list(client.events(run.id)), "mlflow")
 
     (outage, back) = lines  # once per outage, not per event
-    assert "not mirrored" in outage and "connection refused" in outage and "step" in outage
+    assert "not mirrored" in outage and "step" in outage
+    # Killed between two requests it refuses connections; killed during one, it resets it.
+    assert "connection refused" in outage or "connection reset" in outage, outage
     assert "mirroring again" in back
     assert len(mlflow_runs(tracking, run.id)) == 1  # the restarted service found its run
     mlflow_run_ = tracking.get_run(mirrored)
