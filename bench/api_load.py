@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 
 from bench.common import Figure, alternate, median, paired_ratio, running_service
-from trainctl.service.client import TrainctlClient
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.manifests import write_manifest
+from trainctl.service.sdk.client import TrainctlClient
+from trainctl.store.checkpoints.manifests import write_manifest
+from trainctl.store.checkpoints.store import CheckpointStore
 
 FULL: dict[str, Any] = dict(clients=50, seconds=20.0, file_mib=1024, rounds=5)
 QUICK: dict[str, Any] = dict(clients=50, seconds=3.0, file_mib=64, rounds=2)

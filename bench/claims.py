@@ -48,9 +48,9 @@ import numpy as np
 from sqlalchemy import func, select
 
 from bench.common import REPO, Figure, free_port
-from trainctl.store.db import read_transaction, runs
+from trainctl.store.db.runs import RunStore
+from trainctl.store.db.schema import read_transaction, runs
 from trainctl.store.placement import Placement
-from trainctl.store.runs import RunStore
 
 if TYPE_CHECKING:
     from tests.pg import PostgresServer

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from bench.common import Figure
-from trainctl.store.plans import resolve_train
+from trainctl.store.resolve import resolve_train
 from trainctl.store.specs import DataSpec, TrainRequest
 from trainctl.worker.data import AsyncDataLoader, TokenSampler
 from trainctl.worker.model import build_model

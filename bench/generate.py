@@ -21,7 +21,7 @@ import torch
 from bench.common import Figure, alternate, median, paired_ratio
 from trainctl.store.generation import GenerationSettings
 from trainctl.store.presets import ModelConfig, get_preset
-from trainctl.worker.checkpoint import save_checkpoint
+from trainctl.worker.checkpoint import capture_checkpoint, write_checkpoint
 from trainctl.worker.generate import generate_tokens
 from trainctl.worker.model import GPT, build_model
 from trainctl.worker.optim import build_optimizers
@@ -79,7 +79,8 @@ def exported(model: GPT, root: Path) -> Any:
 
     muon, adamw = build_optimizers(model)
     scheduler = build_scheduler([muon, adamw], 1)
-    folder = save_checkpoint(model, muon, adamw, scheduler, 1, 0, None, root / "bench")
+    state = capture_checkpoint(model, muon, adamw, scheduler, 1, 0, None, "bench")
+    folder = write_checkpoint(state, root)
     export_hf(folder, root / "hf")
     return AutoModelForCausalLM.from_pretrained(root / "hf", dtype=torch.float32).eval()
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from bench.hf_peer import build_adamw, build_llama, llama_loss
-from trainctl.store.plans import resolve_benchmark
+from trainctl.store.resolve import resolve_benchmark
 from trainctl.store.specs import BenchmarkRequest
 from trainctl.worker.benchmark import flops_per_token, peak_flops
 

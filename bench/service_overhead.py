@@ -19,8 +19,8 @@ from bench.common import (
     running_service,
     wait_run,
 )
-from trainctl.service.client import TrainctlClient
-from trainctl.store.plans import resolve_benchmark
+from trainctl.service.sdk.client import TrainctlClient
+from trainctl.store.resolve import resolve_benchmark
 from trainctl.store.specs import BenchmarkRequest
 
 # The CPU benchmark profile (preset tiny, grad-accum 3, seq 512) at micro-batch 4 instead of

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from bench.common import Figure, alternate, median, paired_ratio
-from trainctl.store.prepare import prepare_dataset
-from trainctl.store.tokenizer import load_tokenizer, train_tokenizer
-from trainctl.store.tokens import stdlib_source_files
+from trainctl.store.data.prepare import prepare_dataset
+from trainctl.store.data.shards import stdlib_source_files
+from trainctl.store.data.tokenizer import load_tokenizer, train_tokenizer
 
 FULL: dict[str, Any] = dict(vocab=16_384, speed_mb=48, rounds=3, rss_mb=(100, 1000))
 QUICK: dict[str, Any] = dict(vocab=4_096, speed_mb=4, rounds=1, rss_mb=(8, 32))
@@ -45,7 +45,7 @@ PEER_BATCH = 1000
 CHILD = """
 import sys
 from pathlib import Path
-from trainctl.store.prepare import prepare_dataset
+from trainctl.store.data.prepare import prepare_dataset
 prepare_dataset([Path(sys.argv[1])], Path(sys.argv[2]), Path(sys.argv[3]))
 """
 

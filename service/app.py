@@ -34,10 +34,10 @@ from trainctl.service.settings import Settings, get_settings
 from trainctl.service.sinks.mirror import SinkMirrors
 from trainctl.service.supervisor import Supervisor, default_worker_count
 from trainctl.service.webhooks.dispatcher import DispatchConfig, Dispatcher
-from trainctl.store.access import TokenStore
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.runs import RunStore
-from trainctl.store.webhooks import WebhookStore
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import RunStore
+from trainctl.store.db.tokens import TokenStore
+from trainctl.store.db.webhooks import WebhookStore
 
 log = logging.getLogger("trainctl.service")
 

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainctl.store.checkpoints import CheckpointInfo
+from trainctl.store.checkpoints.manifests import MANIFEST_FILE, file_size, open_file
+from trainctl.store.checkpoints.store import CheckpointInfo
 from trainctl.store.exceptions import CheckpointCorrupt, CheckpointNotFound
-from trainctl.store.manifests import MANIFEST_FILE, file_size, open_file
 
 CHUNK = 1 << 20
 BLOCK = tarfile.BLOCKSIZE

@@ -1,5 +1,5 @@
 """Dependencies the routes declare: settings, the two stores, the checkpoint protection
-policy, and who the caller is and what its token's scope allows (store/access.py).
+policy, and who the caller is and what its token's scope allows (store/db/tokens.py).
 
 The settings and the stores live on `app.state` (`create_app` and the lifespan put them
 there); tests replace any of these with `app.dependency_overrides`. Every dependency here is
@@ -15,11 +15,11 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from trainctl.service.settings import Settings
-from trainctl.store.access import Principal, TokenStore
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints.protection import ProtectionPolicy
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import RunStore
+from trainctl.store.db.tokens import Principal, TokenStore
 from trainctl.store.exceptions import Forbidden
-from trainctl.store.protection import ProtectionPolicy
-from trainctl.store.runs import RunStore
 from trainctl.store.vocabulary import Scope
 
 

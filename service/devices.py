@@ -1,18 +1,14 @@
 """What accelerators this node has, found without importing torch (service/ never does), and
-what the live workers can take: whether runs can get CUDA, how much memory, and why a queued
-run waits (`public_runs`, the one place a `RunPublic`'s `waiting_reason` is filled in)."""
+what the live workers can take: whether runs can get CUDA, and how much memory."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from trainctl.service.schemas import RunPublic, WorkerPublic
+from trainctl.store.db.runs import RunStore, Worker
 from trainctl.store.memory import host_memory_bytes
-from trainctl.store.placement import why_waiting
-from trainctl.store.runs import Run, RunStore, Worker
 
 
 def gpu_count() -> int:
@@ -34,43 +30,6 @@ def is_live(worker: Worker, lease_seconds: float) -> bool:
 
 def live_workers(runs: RunStore, lease_seconds: float) -> list[Worker]:
     return [w for w in runs.list_workers() if is_live(w, lease_seconds)]
-
-
-def waiting_reason(run: Run, live: Sequence[Worker]) -> str | None:
-    """Why a queued run waits, in words, when no `live` worker could take it (store.placement);
-    None for a run that waits only for a worker to be free, and for any run not queued."""
-    if run.state != "queued":
-        return None
-    return why_waiting(run.placement, [w.capacity for w in live])
-
-
-def public_runs(runs: RunStore, lease_seconds: float, items: Sequence[Run]) -> list[RunPublic]:
-    """The runs as the API shows them; the workers are read once, and only when one of the
-    runs is queued."""
-    queued = any(run.state == "queued" for run in items)
-    live = live_workers(runs, lease_seconds) if queued else []
-    return [
-        RunPublic.model_validate({**vars(run), "waiting_reason": waiting_reason(run, live)})
-        for run in items
-    ]
-
-
-def public_run(runs: RunStore, lease_seconds: float, run: Run) -> RunPublic:
-    return public_runs(runs, lease_seconds, [run])[0]
-
-
-def public_worker(worker: Worker, lease_seconds: float) -> WorkerPublic:
-    """The worker as `/workers` shows it: its GPUs' model and memory read from its `info`
-    (the GPU models it found, and its smallest GPU's memory or, on a CPU worker, the host's)."""
-    models = worker.info.get("gpus")
-    model = models[0] if worker.gpus and isinstance(models, list) and models else None
-    memory = worker.info.get("memory_bytes") if worker.gpus else None
-    return WorkerPublic(
-        **vars(worker),
-        gpu_model=str(model) if model is not None else None,
-        gpu_memory_bytes=memory if isinstance(memory, int) else None,
-        alive=is_live(worker, lease_seconds),
-    )
 
 
 def memory_limit(runs: RunStore, lease_seconds: float, device: str) -> int | None:

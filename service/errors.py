@@ -24,6 +24,7 @@ from starlette.routing import Match
 
 from trainctl.service.middleware import REQUEST_ID_HEADER
 from trainctl.service.schemas import ErrorPublic, ValidationErrorPublic
+from trainctl.store.db.runs import QUEUE_RETRY_SECONDS
 from trainctl.store.exceptions import (
     CheckpointCorrupt,
     Conflict,
@@ -33,7 +34,6 @@ from trainctl.store.exceptions import (
     QueueFull,
     TrainctlError,
 )
-from trainctl.store.runs import QUEUE_RETRY_SECONDS
 
 log = logging.getLogger("trainctl.service")
 

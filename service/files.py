@@ -14,8 +14,8 @@ from fastapi.responses import FileResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from trainctl.service.archive import checkpoint_tar
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.manifests import MANIFEST_FILE, sha256_of
+from trainctl.store.checkpoints.manifests import MANIFEST_FILE, sha256_of
+from trainctl.store.checkpoints.store import CheckpointStore
 
 
 class CheckpointFileResponse(FileResponse):

@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from trainctl.store.runs import Event, RunStore
+from trainctl.store.db.runs import Event, RunStore
 
 PAGE = 1000
 """Events fetched per query; a long run has one metrics event per step."""

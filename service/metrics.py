@@ -26,8 +26,8 @@ from prometheus_client.metrics_core import Metric
 from trainctl.service.devices import live_workers
 from trainctl.service.history import PAGE
 from trainctl.service.settings import Settings
-from trainctl.store.runs import Event, Run, RunStore
-from trainctl.store.stats import count_runs_by_state
+from trainctl.store.db.runs import Event, Run, RunStore
+from trainctl.store.db.stats import count_runs_by_state
 from trainctl.store.vocabulary import RUN_STATES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -12,6 +12,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trainctl.service.webhooks.targets import HostPolicy
+from trainctl.store.layout import HEARTBEAT_SECONDS, LEASE_SECONDS, DataLayout
 from trainctl.store.specs import MLFLOW_SETTING, Tracker
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -90,8 +91,10 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Folders specs may read training data from (os.pathsep-separated).",
     )
-    lease_seconds: float = Field(30.0, gt=0, le=3600, description="Run lease of a worker.")
-    heartbeat_seconds: float = Field(5.0, gt=0, le=600, description="Worker heartbeat period.")
+    lease_seconds: float = Field(LEASE_SECONDS, gt=0, le=3600, description="Run lease of a worker.")
+    heartbeat_seconds: float = Field(
+        HEARTBEAT_SECONDS, gt=0, le=600, description="Worker heartbeat period."
+    )
     reap_seconds: float = Field(2.0, gt=0, le=600, description="How often leases are checked.")
     max_attempts: int = Field(
         3, ge=1, le=100, description="Attempts per run before it fails, unless it names its own."
@@ -231,31 +234,32 @@ class Settings(BaseSettings):
         return v
 
     @property
+    def layout(self) -> DataLayout:
+        return DataLayout(self.data_dir)
+
+    @property
     def db_url(self) -> str:
-        return self.database_url or f"sqlite:///{self.data_dir.resolve() / 'trainctl.db'}"
+        return self.database_url or self.layout.sqlite_url
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.data_dir / "checkpoints"
+        return self.layout.checkpoints
 
     @property
     def datasets_dir(self) -> Path:
-        """Where prepare runs write datasets; a run names one of them by its name."""
-        return self.data_dir / "datasets"
+        return self.layout.datasets
 
     @property
     def exports_dir(self) -> Path:
-        """Where export runs write: exports/<experiment>/<tag>, served under /exports."""
-        return self.data_dir / "exports"
+        return self.layout.exports
 
     @property
     def tensorboard_dir(self) -> Path:
-        """Where the tensorboard tracker writes: tensorboard/<experiment>/<run id>."""
-        return self.data_dir / "tensorboard"
+        return self.layout.tensorboard
 
     @property
     def log_dir(self) -> Path:
-        return self.data_dir / "logs"
+        return self.layout.logs
 
 
 @lru_cache

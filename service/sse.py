@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from trainctl.service.history import PAGE
 from trainctl.service.schemas import EventPublic, StreamEndPublic
-from trainctl.store.runs import Event, RunStore
+from trainctl.store.db.runs import Event, RunStore
 from trainctl.store.vocabulary import EVENT_TYPES, TERMINAL_STATES
 
 POLL_SECONDS = 0.25

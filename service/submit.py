@@ -21,15 +21,15 @@ from contextlib import nullcontext
 
 from trainctl.service.devices import cuda_available, memory_limit
 from trainctl.service.settings import Settings
-from trainctl.store.access import Principal
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints.protection import ProtectionPolicy
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import QueueLimits, Run, RunStore
+from trainctl.store.db.tokens import Principal
 from trainctl.store.exceptions import DatasetExists, ExportExists, InvalidRequest
 from trainctl.store.memory import admit
 from trainctl.store.placement import Placement
-from trainctl.store.plans import (
-    ExportPlan,
-    PreparePlan,
-    RunPlan,
+from trainctl.store.plans import ExportPlan, PreparePlan, RunPlan
+from trainctl.store.resolve import (
     placement_of,
     resolve_benchmark,
     resolve_export,
@@ -38,8 +38,6 @@ from trainctl.store.plans import (
     resolve_train,
     resolve_validate,
 )
-from trainctl.store.protection import ProtectionPolicy
-from trainctl.store.runs import QueueLimits, Run, RunStore
 from trainctl.store.specs import (
     BenchmarkRequest,
     ExportRequest,

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from trainctl.service.devices import gpu_count
 from trainctl.service.settings import Settings
-from trainctl.store.runs import RunStore
+from trainctl.store.db.runs import RunStore
 
 if TYPE_CHECKING:
     from trainctl.service.metrics import ServiceMetrics

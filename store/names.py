@@ -30,6 +30,14 @@ NAME_RULE = (
 )
 NAME_DESCRIPTION = f"A name of {NAME_RULE}."
 
+STEP_PREFIX = "step_"
+BEST_TAG = "best"
+"""The tag a train run saves whenever validation improves its best loss."""
+LATEST_REF = "latest"
+"""A reference to an experiment's highest step checkpoint, never a tag of its own."""
+# Canonical step tags only: "step_007" would be a second name for step 7.
+_STEP_RE = re.compile(rf"^{STEP_PREFIX}(0|[1-9][0-9]*)$")
+
 
 def is_valid_name(value: object) -> bool:
     # fullmatch, not match: `$` also matches before a trailing newline.
@@ -52,3 +60,16 @@ def validate_name(kind: str, value: object) -> str:
 Name = Annotated[
     str, Field(pattern=NAME_PATTERN, max_length=MAX_NAME_LENGTH, description=NAME_DESCRIPTION)
 ]
+
+
+def step_tag(step: int) -> str:
+    """The tag of the checkpoint saved at `step`."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return f"{STEP_PREFIX}{step}"
+
+
+def parse_step(tag: str) -> int | None:
+    """The step of a ``step_<N>`` tag, or None for ``best`` and user tags."""
+    match = _STEP_RE.fullmatch(tag)
+    return int(match.group(1)) if match else None

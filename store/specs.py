@@ -22,10 +22,17 @@ from pydantic import (
     model_validator,
 )
 
-from trainctl.store.checkpoints import BEST_TAG, LATEST_REF
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.generation import GenerationSettings
-from trainctl.store.names import MAX_NAME_LENGTH, NAME_REGEX, NAME_RULE, Name, is_valid_name
+from trainctl.store.names import (
+    BEST_TAG,
+    LATEST_REF,
+    MAX_NAME_LENGTH,
+    NAME_REGEX,
+    NAME_RULE,
+    Name,
+    is_valid_name,
+)
 from trainctl.store.placement import Spread
 from trainctl.store.presets import PRESETS, ModelConfig, get_preset
 
@@ -38,12 +45,12 @@ MAX_MODEL_PARAMS = 20_000_000_000
 MAX_NPROC_PER_NODE = 16
 # Nodes one gang run may span (store.placement): each is one worker, claimed together.
 MAX_NNODES = 64
-# A run's priority: claims take the highest first, then the oldest (store.runs).
+# A run's priority: claims take the highest first, then the oldest (store.db.runs).
 MAX_PRIORITY = 1000
 MAX_RUN_ATTEMPTS = 100
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
-# The dtypes an export writes its weights in (store.exports, worker.export).
+# The dtypes an export writes its weights in (store.checkpoints.exports, worker.export).
 ExportDtype = Literal["float32", "bfloat16"]
 EXPORT_DTYPES: tuple[ExportDtype, ...] = get_args(ExportDtype)
 # What a validation reads; the pattern cannot bound each name's length, so a validator does.
@@ -51,7 +58,7 @@ CHECKPOINT_REF_PATTERN = f"^(?:{LATEST_REF}|{BEST_TAG}|{NAME_REGEX}/{NAME_REGEX}
 # Filled in by the server when it resolves a request; older clients echoed them back.
 # `dataset`: a plan pins the dataset that data.dataset names (store.plans.DatasetPin).
 SERVER_FILLED = ("model_config_resolved", "warnings", "dataset")
-# data.dataset: a name or a folder; never a pattern (the wildcards of store.datapaths), a NUL
+# data.dataset: a name or a folder; never a pattern (the wildcards of store.data.paths), a NUL
 # or a line break.
 DATASET_REF_PATTERN = r"^[^*?\[\x00-\x1f]+$"
 MAX_DATASET_REF_LENGTH = 4096
@@ -87,7 +94,7 @@ class Request(Spec):
     """A request body: refuses, by name, the fields only the server fills in.
 
     `priority` and `max_attempts` are about queueing the run, not running it: the run row
-    keeps them (store.runs), the plan does not."""
+    keeps them (store.db.runs), the plan does not."""
 
     priority: StrictInt = Field(
         0,
@@ -394,7 +401,7 @@ class BenchmarkOptions(StepOptions):
 
 
 class PrepareOptions(Spec):
-    """How a prepare reads its inputs and writes its shards (store.prepare.prepare_dataset)."""
+    """How a prepare reads its inputs and writes its shards (store.data.prepare.prepare_dataset)."""
 
     text_field: str = Field(
         "text",

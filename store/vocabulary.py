@@ -11,7 +11,7 @@ from typing import Literal, get_args
 RunKind = Literal["train", "validate", "benchmark", "prepare", "sample", "export"]
 RunState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 EventType = Literal["state", "metrics", "log", "sample"]
-# What an API token may do, each scope allowing what those before it do (store/access.py).
+# What an API token may do, each scope allowing what those before it do (store/db/tokens.py).
 Scope = Literal["read", "submit", "admin"]
 
 RUN_KINDS: tuple[RunKind, ...] = get_args(RunKind)

@@ -1,6 +1,6 @@
 """Datasets for tests, made as a prepare makes them: a byte-level BPE tokenizer trained here on
-stdlib source, token shards (store.tokens.write_shard) and dataset.json, written last
-(store.datasets.write_dataset)."""
+stdlib source, token shards (store.data.shards.write_shard) and dataset.json, written last
+(store.data.datasets.write_dataset)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from trainctl.store.datasets import (
+from trainctl.store.data.datasets import (
     TOKENIZER_FILE,
     Dataset,
     Split,
@@ -21,7 +21,7 @@ from trainctl.store.datasets import (
     token_dtype,
     write_dataset,
 )
-from trainctl.store.tokens import stdlib_source_files, write_shard
+from trainctl.store.data.shards import stdlib_source_files, write_shard
 
 EOT = "<|endoftext|>"
 

@@ -5,17 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.plans import (
-    BenchmarkPlan,
-    TrainPlan,
-    ValidatePlan,
-    placement_of,
-    resolve_benchmark,
-    resolve_train,
-    resolve_validate,
-)
-from trainctl.store.runs import Run, RunStore
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.plans import BenchmarkPlan, TrainPlan, ValidatePlan
+from trainctl.store.resolve import placement_of, resolve_benchmark, resolve_train, resolve_validate
 from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
 
 

@@ -21,13 +21,17 @@ FORBIDDEN = {
 BARE = {"service", "store", "worker"}
 
 
+# Scripts that something runs rather than imports: `python -m`, and alembic's env.py, which
+# runs inside alembic's own context.
+SCRIPTS = ("__main__", "migrations.env")
+
+
 def modules_of(package: str) -> list[str]:
-    path = REPO / package
-    return [f"trainctl.{package}"] + [
-        f"trainctl.{package}.{m.name}"
-        for m in pkgutil.iter_modules([str(path)])
-        if m.name != "__main__"
-    ]
+    """Every module of a room, its sub-packages' too."""
+    found = pkgutil.walk_packages([str(REPO / package)], prefix=f"trainctl.{package}.")
+    return [f"trainctl.{package}"] + sorted(
+        m.name for m in found if not m.name.endswith(SCRIPTS)
+    )
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))

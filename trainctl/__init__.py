@@ -12,9 +12,9 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainctl.service.async_client import AsyncTrainctlClient as AsyncClient
-    from trainctl.service.client import TrainctlClient as Client
-    from trainctl.service.sdk_steps import (
+    from trainctl.service.sdk.async_client import AsyncTrainctlClient as AsyncClient
+    from trainctl.service.sdk.client import TrainctlClient as Client
+    from trainctl.service.sdk.steps import (
         ApiError,
         Conflict,
         DownloadError,
@@ -38,15 +38,15 @@ __version__ = _installed_version()
 # Loaded on first use, not here: `import trainctl.worker` must not import the service's SDK
 # (the rooms' walls, tests/test_architecture.py), and `import trainctl.store` not httpx.
 _EXPORTS = {
-    "Client": ("trainctl.service.client", "TrainctlClient"),
-    "AsyncClient": ("trainctl.service.async_client", "AsyncTrainctlClient"),
-    "ApiError": ("trainctl.service.sdk_steps", "ApiError"),
-    "Conflict": ("trainctl.service.sdk_steps", "Conflict"),
-    "DownloadError": ("trainctl.service.sdk_steps", "DownloadError"),
-    "InvalidRequest": ("trainctl.service.sdk_steps", "InvalidRequest"),
-    "NotFound": ("trainctl.service.sdk_steps", "NotFound"),
-    "StreamInterrupted": ("trainctl.service.sdk_steps", "StreamInterrupted"),
-    "Unauthorized": ("trainctl.service.sdk_steps", "Unauthorized"),
+    "Client": ("trainctl.service.sdk.client", "TrainctlClient"),
+    "AsyncClient": ("trainctl.service.sdk.async_client", "AsyncTrainctlClient"),
+    "ApiError": ("trainctl.service.sdk.steps", "ApiError"),
+    "Conflict": ("trainctl.service.sdk.steps", "Conflict"),
+    "DownloadError": ("trainctl.service.sdk.steps", "DownloadError"),
+    "InvalidRequest": ("trainctl.service.sdk.steps", "InvalidRequest"),
+    "NotFound": ("trainctl.service.sdk.steps", "NotFound"),
+    "StreamInterrupted": ("trainctl.service.sdk.steps", "StreamInterrupted"),
+    "Unauthorized": ("trainctl.service.sdk.steps", "Unauthorized"),
 }
 __all__ = [
     "ApiError",

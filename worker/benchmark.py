@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from trainctl.store.plans import BenchmarkPlan, resolve_benchmark
+from trainctl.store.plans import BenchmarkPlan
 from trainctl.store.presets import ModelConfig
+from trainctl.store.resolve import resolve_benchmark
 from trainctl.store.specs import BatchSpec, BenchmarkRequest, ModelSpec
 from trainctl.worker.data import SyntheticSampler
 from trainctl.worker.train import build_training, data_loader, train_step

@@ -1,4 +1,4 @@
-"""Saving and loading training state on the checkpoint store layout (see store.checkpoints).
+"""Saving and loading training state on the checkpoint store layout (see store.checkpoints.store).
 
 A save writes every file into a hidden staging folder, writes the manifest last, fsyncs and
 renames the folder into place: a checkpoint is visible complete or not at all. Weights are
@@ -36,8 +36,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from trainctl.store.checkpoints import CheckpointStore, Protection, check_fits, step_tag
-from trainctl.store.manifests import (
+from trainctl.store.checkpoints.manifests import (
     METADATA_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
@@ -46,6 +45,8 @@ from trainctl.store.manifests import (
     verify_manifest,
     write_manifest,
 )
+from trainctl.store.checkpoints.store import CheckpointStore, Protection, check_fits
+from trainctl.store.names import step_tag
 from trainctl.store.presets import ModelConfig
 from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch, CheckpointWriteFailed
 from trainctl.worker.hashed_file import HashedFile
@@ -183,57 +184,6 @@ def capture_checkpoint(
     )
 
 
-def save_checkpoint(
-    model: nn.Module,
-    muon_opt: torch.optim.Optimizer,
-    adamw_opt: torch.optim.Optimizer,
-    scheduler: WSDScheduler | None,
-    step: int,
-    token_count: int,
-    best_loss: float | None,
-    save_dir: str | Path,
-    max_keep: int | None = 3,
-    tag: str | None = None,
-    *,
-    data_position: int = 0,
-    run_id: str | None = None,
-    dtype: torch.dtype | None = None,
-    protected: Protection = frozenset(),
-    extra: dict[str, Any] | None = None,
-    files: dict[str, bytes] | None = None,
-    before_commit: Callable[[], None] | None = None,
-) -> Path:
-    """Save into `save_dir/<tag>` (tag defaults to step_<step>) and return the folder.
-
-    `save_dir` is an experiment folder of the store: `<data>/checkpoints/<experiment>`.
-    `dtype=None` keeps the master dtype; `torch.bfloat16` exports a smaller, lossy copy.
-    Retention (`max_keep` step checkpoints) runs only after the new one is committed.
-    `before_commit` runs once the files are staged, just before they become visible; what it
-    raises aborts the save (a worker checks there that it still owns its run).
-
-    Raises `CheckpointWriteFailed` when the store cannot take the files (full, read-only);
-    whatever fails, the staging folder is removed and earlier checkpoints are untouched.
-    """
-    save_dir = Path(save_dir)
-    state = capture_checkpoint(
-        model,
-        muon_opt,
-        adamw_opt,
-        scheduler,
-        step,
-        token_count,
-        best_loss,
-        save_dir.name,
-        tag,
-        data_position=data_position,
-        run_id=run_id,
-        dtype=dtype,
-        extra=extra,
-        files=files,
-    )
-    return write_checkpoint(state, save_dir.parent, max_keep, protected, before_commit)
-
-
 def write_checkpoint(
     state: CheckpointState,
     root: str | Path,
@@ -241,7 +191,7 @@ def write_checkpoint(
     protected: Protection = frozenset(),
     before_commit: Callable[[], None] | None = None,
 ) -> Path:
-    """Write a captured state into the store at `root` and commit it (see save_checkpoint).
+    """Write a captured state into the store at `root` and commit it (see capture_checkpoint).
 
     Weights and optimizer state go through `HashedFile`s, which hash each tensor's bytes
     while writing them and start their write-out at once: the sha256 of the manifest costs
@@ -337,7 +287,7 @@ def load_checkpoint(
         check_fits(ModelConfig.from_dict(saved), config, f"checkpoint {load_dir}")
     params = dict(model.named_parameters())
     # Read through the descriptor the manifest check opened the same way: no link followed,
-    # and a file swapped after the check is not what loads (store.manifests.open_file).
+    # and a file swapped after the check is not what loads (store.checkpoints.manifests.open_file).
     with open_file(load_dir, MODEL_FILE) as f:
         state = load_file(f"/proc/self/fd/{f.fileno()}", device=str(device))
     for name, t in state.items():
@@ -373,12 +323,3 @@ def load_optimizer_state(load_dir: Path, device: torch.device | str) -> dict[str
     if not isinstance(state, dict) or not {"muon", "adamw"} <= state.keys():
         raise CheckpointCorrupt(f"checkpoint {load_dir}: {OPTIMIZER_FILE} lacks muon/adamw state")
     return state
-
-
-def find_latest_checkpoint(save_dir: str | Path) -> Path | None:
-    """The highest complete step_* checkpoint of an experiment folder, or None."""
-    save_dir = Path(save_dir)
-    if not save_dir.is_dir():
-        return None
-    info = CheckpointStore(save_dir.parent).latest_or_none(save_dir.name)
-    return info.path if info is not None else None

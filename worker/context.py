@@ -12,8 +12,8 @@ import threading
 import time
 from typing import Any, Literal
 
+from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import LeaseLost
-from trainctl.store.runs import Run, RunStore
 from trainctl.store.vocabulary import EventType
 
 log = logging.getLogger("trainctl.worker")

@@ -13,12 +13,12 @@ import queue
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from trainctl.store.tokens import (  # the on-disk formats live in store/, without torch
+from trainctl.store.data.shards import (  # the on-disk formats live in store/, without torch
     SHARD_HEADER_BYTES,
     SHARD_HEADER_INTS,
     SHARD_MAGIC,
@@ -51,6 +51,14 @@ __all__ = [
 ]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class Sampler(Protocol):
+    """Batches by position: a batch is a pure function of (seed, position), which exact
+    resume needs; `iterate` yields them from `start` on."""
+
+    def batch(self, position: int) -> Batch: ...
+    def iterate(self, start: int = 0) -> Any: ...
 
 
 # --- synthetic data (seed behaviour) ---------------------------------------------------

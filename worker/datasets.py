@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from trainctl.store.datasets import TOKENIZER_FILE, Dataset, TokenizerRef, read_dataset
+from trainctl.store.data.datasets import TOKENIZER_FILE, Dataset, TokenizerRef, read_dataset
+from trainctl.store.data.shards import DataError, read_shard
 from trainctl.store.plans import DatasetPin, data_tokenizer
 from trainctl.store.specs import DataSpec
-from trainctl.store.tokens import DataError, read_shard
 
 
 def open_dataset(pin: DatasetPin) -> Dataset:

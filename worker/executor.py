@@ -15,7 +15,9 @@ from typing import Any, Literal, TypeVar, cast
 import torch
 from pydantic import ValidationError
 
-from trainctl.store.checkpoints import CheckpointStore, check_fits
+from trainctl.store.checkpoints.protection import ProtectionPolicy
+from trainctl.store.checkpoints.store import CheckpointStore, check_fits
+from trainctl.store.data.prepare import PrepareStopped
 from trainctl.store.plans import (
     BenchmarkPlan,
     CheckpointRef,
@@ -27,14 +29,12 @@ from trainctl.store.plans import (
     ValidatePlan,
     bytes_per_token,
 )
-from trainctl.store.prepare import PrepareStopped
-from trainctl.store.protection import ProtectionPolicy
 from trainctl.worker.benchmark import run_benchmark
 from trainctl.worker.checkpoint import load_checkpoint
 from trainctl.worker.context import RunContext
 from trainctl.worker.data import SyntheticSampler, TokenSampler
-from trainctl.worker.distributed import launch_train
 from trainctl.worker.export import export_hf
+from trainctl.worker.launch import launch_train
 from trainctl.worker.model import build_model
 from trainctl.worker.prepare import prepare
 from trainctl.worker.sampling import run_sample

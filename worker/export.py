@@ -1,5 +1,5 @@
 """Export a checkpoint as a Hugging Face transformers folder (issue 15; the layout, the config
-and the model card are in `store.exports`).
+and the model card are in `store.checkpoints.exports`).
 
 The weights are loaded through `load_checkpoint`, so a damaged checkpoint fails here with the
 same integrity error a resume would raise, and renamed to the transformers names of Qwen3 (or
@@ -28,10 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from trainctl.store.checkpoints import STAGING_PREFIX
-from trainctl.store.datasets import TOKENIZER_FILE
-from trainctl.store.exceptions import CheckpointCorrupt, Conflict, InvalidRequest
-from trainctl.store.exports import (
+from trainctl.store.checkpoints.exports import (
     CONFIG_FILE,
     GENERATION_CONFIG_FILE,
     HF_FORMAT,
@@ -49,7 +46,7 @@ from trainctl.store.exports import (
     model_card,
     tokenizer_config,
 )
-from trainctl.store.manifests import (
+from trainctl.store.checkpoints.manifests import (
     METADATA_FILE,
     MODEL_FILE,
     fsync_dir,
@@ -58,9 +55,12 @@ from trainctl.store.manifests import (
     verify_manifest,
     write_manifest,
 )
+from trainctl.store.checkpoints.store import STAGING_PREFIX
+from trainctl.store.data.datasets import TOKENIZER_FILE
+from trainctl.store.data.tokenizer import EOT_NAMES
+from trainctl.store.exceptions import CheckpointCorrupt, Conflict, InvalidRequest
 from trainctl.store.presets import ModelConfig
 from trainctl.store.specs import EXPORT_DTYPES, ExportDtype
-from trainctl.store.tokenizer import EOT_NAMES
 from trainctl.worker.checkpoint import load_checkpoint
 from trainctl.worker.model import GPT, build_model
 
@@ -99,7 +99,7 @@ def export_hf(
     facts: Mapping[str, str] | None = None,
 ) -> ExportResult:
     """Write checkpoint folder `checkpoint` as a new transformers folder `out` and say what
-    differs (see `store.exports`).
+    differs (see `store.checkpoints.exports`).
 
     `facts` are further (fact, value) rows for the model card, after those the checkpoint's
     metadata gives (the export run can add what only the run knows, such as its data spec).

@@ -26,12 +26,12 @@ from typing import Literal
 
 import torch
 
-from trainctl.store.checkpoints import CheckpointInfo, CheckpointStore
-from trainctl.store.codec import IncrementalDecoder, TextCodec, build_codec
-from trainctl.store.datasets import TOKENIZER_FILE
+from trainctl.store.checkpoints.manifests import open_file, verify_manifest
+from trainctl.store.checkpoints.store import CheckpointInfo, CheckpointStore
+from trainctl.store.data.codec import IncrementalDecoder, TextCodec, build_codec
+from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.exceptions import CheckpointCorrupt, CheckpointNotFound
 from trainctl.store.generation import GenerationSettings, check_context
-from trainctl.store.manifests import open_file, verify_manifest
 from trainctl.worker.checkpoint import load_checkpoint
 from trainctl.worker.model import GPT, KVCache, build_model
 

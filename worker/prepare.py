@@ -1,5 +1,6 @@
-"""A prepare run on a worker (docs/architecture.md, "Datasets"): `store.prepare.prepare_dataset`
-over the plan's inputs, into a folder of its own, published by one rename.
+"""A prepare run on a worker (docs/architecture.md, "Datasets"):
+`store.data.prepare.prepare_dataset` over the plan's inputs, into a folder of its own,
+published by one rename.
 
 ```
 <data>/datasets/
@@ -23,12 +24,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from trainctl.store.datasets import Dataset, read_dataset
+from trainctl.store.data.datasets import Dataset, read_dataset
+from trainctl.store.data.prepare import PrepareProgress, prepare_dataset
+from trainctl.store.data.shards import DataError
 from trainctl.store.exceptions import RunNotFound
 from trainctl.store.plans import PreparePlan
-from trainctl.store.prepare import PrepareProgress, prepare_dataset
 from trainctl.store.specs import BYTES_TOKENIZER
-from trainctl.store.tokens import DataError
 from trainctl.store.vocabulary import TERMINAL_STATES
 from trainctl.worker.context import RunContext
 

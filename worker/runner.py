@@ -23,13 +23,14 @@ from types import FrameType
 
 import torch
 
+from trainctl.store.db.queue import GANG_RESERVE_SECONDS
+from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import LeaseLost, WorkerNotFound
+from trainctl.store.layout import HEARTBEAT_SECONDS, LEASE_SECONDS, POLL_SECONDS, DataLayout
 from trainctl.store.memory import host_memory_bytes
-from trainctl.store.queue import GANG_RESERVE_SECONDS
-from trainctl.store.runs import Run, RunStore
 from trainctl.worker.context import Heartbeat, RunContext
-from trainctl.worker.distributed import PeerLost
 from trainctl.worker.executor import Outcome, execute
+from trainctl.worker.launch import PeerLost
 from trainctl.worker.logs import configure_logging, running
 
 log = logging.getLogger("trainctl.worker")
@@ -40,9 +41,9 @@ class WorkerConfig:
     database_url: str
     data_dir: Path
     worker_id: str
-    lease_seconds: float = 30.0
-    heartbeat_seconds: float = 5.0
-    poll_seconds: float = 0.5
+    lease_seconds: float = LEASE_SECONDS
+    heartbeat_seconds: float = HEARTBEAT_SECONDS
+    poll_seconds: float = POLL_SECONDS
     nice: int = 0
     node_name: str = ""
     """Workers of one node share it (placement keeps a gang on one node, or spreads it)."""
@@ -54,7 +55,7 @@ class WorkerConfig:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.data_dir / "checkpoints"
+        return DataLayout(self.data_dir).checkpoints
 
 
 def env(name: str, default: str | None = None) -> str | None:
@@ -68,11 +69,15 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     p.add_argument("--data-dir", default=env("TRAINCTL_DATA_DIR", "data"))
     p.add_argument("--database-url", default=env("TRAINCTL_DATABASE_URL"))
     p.add_argument("--worker-id", default=env("TRAINCTL_WORKER_ID"))
-    p.add_argument("--lease-seconds", type=float, default=env("TRAINCTL_LEASE_SECONDS", "30"))
     p.add_argument(
-        "--heartbeat-seconds", type=float, default=env("TRAINCTL_HEARTBEAT_SECONDS", "5")
+        "--lease-seconds", type=float, default=env("TRAINCTL_LEASE_SECONDS", str(LEASE_SECONDS))
     )
-    p.add_argument("--poll-seconds", type=float, default=0.5)
+    p.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=env("TRAINCTL_HEARTBEAT_SECONDS", str(HEARTBEAT_SECONDS)),
+    )
+    p.add_argument("--poll-seconds", type=float, default=POLL_SECONDS)
     p.add_argument(
         "--node-name",
         default=env("TRAINCTL_NODE_NAME", socket.gethostname()),
@@ -108,7 +113,7 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     if not 0 <= args.nice <= 19:
         p.error(f"--nice must be between 0 and 19, got {args.nice}")
     data_dir = Path(args.data_dir).resolve()
-    url = args.database_url or f"sqlite:///{data_dir / 'trainctl.db'}"
+    url = args.database_url or DataLayout(data_dir).sqlite_url
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     if not 0 <= args.rendezvous_port < 65536:
         p.error(

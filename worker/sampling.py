@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 
-from trainctl.store.checkpoints import CheckpointStore, check_fits
-from trainctl.store.codec import TextCodec
+from trainctl.store.checkpoints.store import CheckpointStore, check_fits
+from trainctl.store.data.codec import TextCodec
 from trainctl.store.generation import GenerationSettings
-from trainctl.store.plans import SamplePlan, TrainPlan, data_codec
+from trainctl.store.plans import SamplePlan, TrainPlan
+from trainctl.store.resolve import data_codec
 from trainctl.worker.context import RunContext
 from trainctl.worker.generate import (
     Completion,

@@ -14,17 +14,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
-from trainctl.store.checkpoints import BEST_TAG, CheckpointStore, Protected
-from trainctl.store.datasets import bits_per_byte
+from trainctl.store.checkpoints.store import CheckpointStore, Protected
+from trainctl.store.data.datasets import bits_per_byte
 from trainctl.store.exceptions import CheckpointNotFound
+from trainctl.store.names import BEST_TAG
 from trainctl.store.plans import BatchPlan, DatasetPin, StepPlan, TrainPlan, bytes_per_token
 from trainctl.store.specs import DataSpec, OptimizerSpec
 from trainctl.worker.async_checkpoint import AsyncCheckpointer
@@ -39,6 +39,7 @@ from trainctl.worker.data import (
     AsyncDataLoader,
     Batch,
     DataError,
+    Sampler,
     SyntheticSampler,
     TokenSampler,
     expand_paths,
@@ -51,40 +52,12 @@ from trainctl.worker.datasets import build_data_record, dataset_arrays, open_dat
 from trainctl.worker.exceptions import NonFiniteLoss
 from trainctl.worker.model import GPT, build_model
 from trainctl.worker.optim import OptimizerConfig, build_optimizers
+from trainctl.worker.parallel import DataParallel, SingleProcess
 from trainctl.worker.sampling import TrainingSamples
 from trainctl.worker.schedule import WSDScheduler, build_scheduler
 from trainctl.worker.validation import compute_validation_loss
 
 Callback = Callable[[dict[str, Any]], None]
-
-
-class Sampler(Protocol):
-    def batch(self, position: int) -> Batch: ...
-    def iterate(self, start: int = 0) -> Any: ...
-
-
-class DataParallel(Protocol):
-    """How a step's micro-batches become one gradient: here alone, or across the ranks of a
-    multi-GPU run (`worker.distributed.DDPReplica`), each running `1 / world_size` of them."""
-
-    world_size: int
-
-    def loss(self, model: GPT, tokens: torch.Tensor, targets: torch.Tensor) -> Any: ...
-    def sync_gradients(self, last: bool) -> AbstractContextManager[Any]: ...
-    def mean(self, value: torch.Tensor) -> torch.Tensor: ...
-
-
-class SingleProcess:
-    world_size = 1
-
-    def loss(self, model: GPT, tokens: torch.Tensor, targets: torch.Tensor) -> Any:
-        return model.loss(tokens, targets)
-
-    def sync_gradients(self, last: bool) -> AbstractContextManager[Any]:
-        return nullcontext()
-
-    def mean(self, value: torch.Tensor) -> torch.Tensor:
-        return value
 
 
 @dataclass
@@ -227,7 +200,7 @@ def train_step(parts: TrainParts, loader: AsyncDataLoader, step: int) -> dict[st
             "the data"
         )
     lr_muon, lr_adamw = parts.scheduler.lrs()
-    # After the all-reduce: Muon orthogonalises the averaged gradient (worker/distributed.py).
+    # After the all-reduce: Muon orthogonalises the averaged gradient (worker/parallel.py).
     parts.muon.step()
     parts.adamw.step()
     parts.muon.zero_grad(set_to_none=True)

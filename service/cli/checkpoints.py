@@ -34,10 +34,10 @@ from trainctl.service.cli.common import (
 from trainctl.service.cli.errors import BadInput
 from trainctl.service.cli.submit import MaxAttempts, Priority, opt, queue_flags
 from trainctl.service.cli.watch import follow, require_success
-from trainctl.service.client import Progress as OnProgress
-from trainctl.service.client import TrainctlClient
 from trainctl.service.schemas import CheckpointPublic
-from trainctl.store.manifests import MANIFEST_FILE
+from trainctl.service.sdk.client import Progress as OnProgress
+from trainctl.service.sdk.client import TrainctlClient
+from trainctl.store.checkpoints.manifests import MANIFEST_FILE
 from trainctl.store.specs import ExportRequest
 
 app = typer.Typer(

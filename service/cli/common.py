@@ -30,7 +30,7 @@ from trainctl.service.cli.errors import (
     BadInput,
     MissingExtra,
 )
-from trainctl.service.client import ApiError, TrainctlClient
+from trainctl.service.sdk.client import ApiError, TrainctlClient
 from trainctl.store.exceptions import TrainctlError
 
 # Click's ClickException, whether typer uses click itself (older typer) or a vendored copy.

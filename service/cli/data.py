@@ -2,7 +2,7 @@
 Parquet) → a tokenizer.json, and → a dataset folder (token shards, tokenizer.json,
 dataset.json).
 
-The work is in `store.tokenizer` and `store.prepare`, imported by the commands: they need
+The work is in `store.data.tokenizer` and `store.data.prepare`, imported by the commands: they need
 numpy and tokenizers, which a client-only install (`pip install trainctl`) does not have.
 Progress and the report of skipped documents go to stderr, the summary to stdout.
 """
@@ -22,7 +22,7 @@ from trainctl.service.cli.common import console, err_console, needs_extra
 from trainctl.service.cli.errors import BadInput
 
 if TYPE_CHECKING:
-    from trainctl.store.corpus import Skipped
+    from trainctl.store.data.corpus import Skipped
 
 app = typer.Typer(no_args_is_help=True, help="Prepare training data: tokenizers and datasets.")
 tokenizer_app = typer.Typer(no_args_is_help=True, help="Train a tokenizer.")
@@ -51,7 +51,7 @@ def train(
 ) -> None:
     """Train a byte-level BPE tokenizer with an <|endoftext|> token (deterministic)."""
     with needs_extra("worker", "data tokenizer train"):
-        from trainctl.store.tokenizer import TrainProgress, load_tokenizer, train_tokenizer
+        from trainctl.store.data.tokenizer import TrainProgress, load_tokenizer, train_tokenizer
 
     skipped: list[Skipped] = []
     with _shown_progress("tokenizer") as show:
@@ -103,7 +103,7 @@ def prepare(
 ) -> None:
     """Tokenize documents into a dataset: train_*.bin, val_*.bin, tokenizer.json, dataset.json."""
     with needs_extra("worker", "data prepare"):
-        from trainctl.store.prepare import PrepareProgress, prepare_dataset
+        from trainctl.store.data.prepare import PrepareProgress, prepare_dataset
 
         if tokenizer != "bytes":
             import tokenizers  # noqa: F401 (the extra, checked before any work)
@@ -170,7 +170,7 @@ def _shown_progress(what: str) -> Iterator[Callable[[str], None]]:
 def _as_bad_input() -> Iterator[None]:
     """The input is the problem (no such file, a bad document with --strict, a folder that
     is not empty): exit 2, one line."""
-    from trainctl.store.tokens import DataError
+    from trainctl.store.data.shards import DataError
 
     try:
         yield

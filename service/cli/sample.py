@@ -20,8 +20,8 @@ import typer
 from trainctl.service.cli.common import checkpoint_choice, client, err_console, print_json
 from trainctl.service.cli.submit import Device, MaxAttempts, Priority, opt, queue_flags
 from trainctl.service.cli.watch import event_line, require_success, state_text, stopped
-from trainctl.service.client import SamplePiece, TrainctlClient
 from trainctl.service.schemas import RunPublic
+from trainctl.service.sdk.client import SamplePiece, TrainctlClient
 from trainctl.store.generation import GenerationSettings
 
 # C0 and C1 control characters but newline and tab: what a barely trained byte-level model

@@ -22,8 +22,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from trainctl.service.cli.common import console, err_console, fail, print_json
 from trainctl.service.cli.errors import EXIT_INTERRUPTED
-from trainctl.service.client import TrainctlClient, TrainingSample
 from trainctl.service.schemas import EventPublic, RunPublic
+from trainctl.service.sdk.client import TrainctlClient, TrainingSample
 
 STEP_KINDS = ("train", "measure", "warmup")
 STEPLESS_RUNS = ("validate", "sample", "export")  # no steps to count: no bar

@@ -11,8 +11,8 @@ from pydantic import AfterValidator
 
 from trainctl.service import history, sse
 from trainctl.service.deps import CheckpointsDep, RunsDep, SettingsDep, Submitter
-from trainctl.service.devices import public_run, public_runs
 from trainctl.service.errors import error_responses
+from trainctl.service.presenters import public_run, public_runs
 from trainctl.service.routing import JSON_NUMBER_TEXT, ApiRoute
 from trainctl.service.schemas import (
     LogsPublic,
@@ -22,7 +22,7 @@ from trainctl.service.schemas import (
 )
 from trainctl.service.settings import Settings
 from trainctl.service.submit import submit_run
-from trainctl.store.runs import Run, RunStore
+from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.specs import (
     BenchmarkRequest,
     ExportRequest,

@@ -7,8 +7,9 @@ from typing import Any
 from fastapi import APIRouter
 
 from trainctl.service.deps import RunsDep, SettingsDep
-from trainctl.service.devices import live_workers, public_worker
+from trainctl.service.devices import live_workers
 from trainctl.service.errors import error_responses
+from trainctl.service.presenters import public_worker
 from trainctl.service.routing import ApiRoute
 from trainctl.service.schemas import HealthPublic, ReadinessPublic, WorkersPublic
 

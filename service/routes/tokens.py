@@ -1,4 +1,4 @@
-"""API tokens: create, list, revoke (admin only; store/access.py says who may do what)."""
+"""API tokens: create, list, revoke (admin only; store/db/tokens.py says who may do what)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from trainctl.service.deps import Admin, get_tokens, requires
 from trainctl.service.errors import error_responses
 from trainctl.service.routing import ApiRoute, name_in_path
 from trainctl.service.schemas import TokenCreate, TokenCreated, TokenPublic, TokensPublic
-from trainctl.store.access import TokenStore
+from trainctl.store.db.tokens import TokenStore
 
 router = APIRouter(
     route_class=ApiRoute,

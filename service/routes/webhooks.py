@@ -23,8 +23,8 @@ from trainctl.service.schemas import (
 )
 from trainctl.service.webhooks.dispatcher import Dispatcher
 from trainctl.service.webhooks.targets import url_host
+from trainctl.store.db.webhooks import WebhookStore
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.webhooks import WebhookStore
 
 router = APIRouter(
     route_class=ApiRoute,

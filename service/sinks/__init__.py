@@ -3,5 +3,5 @@
 
 `base` says what a sink is and what of an event it mirrors, `tensorboard` writes event files,
 `mlflow` talks to a tracking server over its REST API, and `mirror` feeds each sink from the
-event log in a thread of its own, with its cursors in the database (store/sinks.py).
+event log in a thread of its own, with its cursors in the database (store/db/sinks.py).
 """

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from trainctl.store.runs import Event, Run
+from trainctl.store.db.runs import Event, Run
 
 METRIC_KINDS = ("train", "val")
 """The kinds of metrics event a train run writes (docs/architecture.md, "Shapes")."""

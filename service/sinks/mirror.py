@@ -31,10 +31,10 @@ from trainctl.service.settings import Settings
 from trainctl.service.sinks.base import Sink, SinkRefused, SinkUnavailable
 from trainctl.service.sinks.mlflow import MlflowSink
 from trainctl.service.sinks.tensorboard import TensorBoardSink
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import Event, Run, RunStore
+from trainctl.store.db.sinks import Cursor, SinkStore
 from trainctl.store.exceptions import LeaseLost, RunNotFound
-from trainctl.store.runs import Event, Run, RunStore
-from trainctl.store.sinks import Cursor, SinkStore
 from trainctl.store.vocabulary import TERMINAL_STATES
 
 log = logging.getLogger("trainctl.sinks")

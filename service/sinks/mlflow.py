@@ -30,10 +30,10 @@ from urllib.parse import urlsplit
 import httpx
 
 from trainctl.service.sinks.base import SinkRefused, SinkUnavailable, scalars
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints.manifests import MANIFEST_FILE
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import Event, Run
 from trainctl.store.exceptions import NotFound
-from trainctl.store.manifests import MANIFEST_FILE
-from trainctl.store.runs import Event, Run
 from trainctl.store.specs import MLFLOW_SETTING
 
 API = "/api/2.0/mlflow"

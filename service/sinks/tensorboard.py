@@ -29,7 +29,7 @@ from tensorboard.compat.proto.types_pb2 import DT_STRING
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from trainctl.service.sinks.base import SinkRefused, SinkUnavailable, sample_tag, scalars
-from trainctl.store.runs import Event, Run
+from trainctl.store.db.runs import Event, Run
 
 FILE_VERSION = "brain.Event:2"
 """The first record of every event file: the format version TensorBoard expects."""

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from trainctl.service.devices import public_run
+from trainctl.service.presenters import public_run
 from trainctl.service.schemas import WebhookPayload
 from trainctl.service.settings import Settings
 from trainctl.service.webhooks.sending import build_http, send
 from trainctl.service.webhooks.targets import HostPolicy
-from trainctl.store.runs import RunStore
-from trainctl.store.webhooks import (
+from trainctl.store.db.runs import RunStore
+from trainctl.store.db.webhooks import (
     NewDelivery,
     Outgoing,
     RetryPolicy,

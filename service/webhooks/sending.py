@@ -26,7 +26,7 @@ from trainctl.service.webhooks.signing import (
     sign,
 )
 from trainctl.service.webhooks.targets import HostPolicy, url_host
-from trainctl.store.webhooks import Attempt, Outgoing
+from trainctl.store.db.webhooks import Attempt, Outgoing
 
 
 class AddressRefused(Exception):

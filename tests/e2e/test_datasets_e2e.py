@@ -17,10 +17,10 @@ from tests.datasets import stdlib_documents
 from tests.e2e.conftest import REPO, Service
 from tests.e2e.test_service_e2e import result_of, wait_done
 from trainctl.service.cli import app
-from trainctl.service.client import InvalidRequest, TrainctlClient
-from trainctl.store.datasets import DATASET_FILE, TOKENIZER_FILE, read_dataset
-from trainctl.store.tokenizer import train_tokenizer
-from trainctl.store.tokens import stdlib_source_files, write_shard
+from trainctl.service.sdk.client import InvalidRequest, TrainctlClient
+from trainctl.store.data.datasets import DATASET_FILE, TOKENIZER_FILE, read_dataset
+from trainctl.store.data.shards import stdlib_source_files, write_shard
+from trainctl.store.data.tokenizer import train_tokenizer
 
 VOCAB = 512  # the tiny preset's
 NO_CONFIG = REPO / "tests" / "no-such-config-home"  # no profile of the user running the tests

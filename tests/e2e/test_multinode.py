@@ -36,8 +36,8 @@ from tests.e2e.conftest import Service
 from tests.plans import train_plan
 from tests.polling import poll
 from tests.reliability.workers import Workers
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.runs import RunStore
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES
 from trainctl.worker.train import Trainer
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from tests.e2e.conftest import Service
 from tests.polling import poll
-from trainctl.service.client import TrainctlClient
 from trainctl.service.schemas import RunPublic
-from trainctl.store.runs import RunStore
+from trainctl.service.sdk.client import TrainctlClient
+from trainctl.store.db.runs import RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES
 
 LONG_TRAIN = {"steps": 100_000, "checkpoint_every": 100_000}

@@ -21,8 +21,8 @@ from tbparse import SummaryReader
 
 from tests.e2e.conftest import Service, free_port
 from tests.polling import poll
-from trainctl.service.client import TrainctlClient
 from trainctl.service.schemas import EventPublic, RunPublic
+from trainctl.service.sdk.client import TrainctlClient
 from trainctl.service.sinks.base import scalars
 from trainctl.store.vocabulary import TERMINAL_STATES
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.workers import Workers
-from trainctl.store.runs import RunStore
+from trainctl.store.db.runs import RunStore
 
 
 @pytest.fixture

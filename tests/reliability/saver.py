@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from trainctl.store.checkpoints import BEST_TAG
-from trainctl.store.manifests import MANIFEST_FILE
-from trainctl.worker.checkpoint import save_checkpoint
+from tests.worker.checkpoints import save_checkpoint
+from trainctl.store.checkpoints.manifests import MANIFEST_FILE
+from trainctl.store.names import BEST_TAG
 from trainctl.worker.model import GPT, build_model
 from trainctl.worker.optim import build_optimizers
 from trainctl.worker.schedule import WSDScheduler, build_scheduler

@@ -20,15 +20,14 @@ from pathlib import Path
 import pytest
 
 from tests.reliability import saver
-from trainctl.store.checkpoints import (
-    BEST_TAG,
+from trainctl.store.checkpoints.manifests import verify_manifest
+from trainctl.store.checkpoints.store import (
     STAGING_PREFIX,
     TRASH_PREFIX,
     CheckpointInfo,
     CheckpointStore,
-    parse_step,
 )
-from trainctl.store.manifests import verify_manifest
+from trainctl.store.names import BEST_TAG, parse_step
 from trainctl.worker.checkpoint import load_checkpoint
 
 ROUNDS = int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "20"))

@@ -34,8 +34,8 @@ from tests.conftest import fresh_database
 from tests.plans import enqueue, train_plan
 from tests.polling import poll
 from tests.reliability.workers import Workers, wait_finished
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.runs import Run, RunStore
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import Run, RunStore
 
 ROUNDS = int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "20")) // 50
 STEPS, CHECKPOINT_EVERY = 40, 10

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tests.polling import poll
 from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.runs import Run, RunStore
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import Run, RunStore
 
 PAST_THE_LEASE = timedelta(minutes=5)
 

@@ -21,7 +21,7 @@ from tests.conftest import BACKENDS, fresh_database
 from tests.plans import benchmark_plan
 from tests.polling import poll
 from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
-from trainctl.store.runs import Run, RunStore
+from trainctl.store.db.runs import Run, RunStore
 
 WORKERS = 4
 RUNS = 200

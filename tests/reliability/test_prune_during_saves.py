@@ -21,15 +21,16 @@ import pytest
 
 from tests.polling import poll
 from tests.reliability import saver
-from trainctl.store.checkpoints import BEST_TAG, CheckpointStore, parse_step, step_tag
-from trainctl.store.exceptions import CheckpointProtected
-from trainctl.store.manifests import (
+from trainctl.store.checkpoints.manifests import (
     METADATA_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
     verify_manifest,
     write_manifest,
 )
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.exceptions import CheckpointProtected
+from trainctl.store.names import BEST_TAG, parse_step, step_tag
 
 ROUNDS = 100 * int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "20"))
 SEED = int(os.environ.get("TRAINCTL_SOAK_SEED", "4"))

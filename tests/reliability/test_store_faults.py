@@ -26,9 +26,9 @@ import pytest
 
 from tests.reliability import saver
 from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.manifests import verify_manifest
-from trainctl.store.runs import RunStore
+from trainctl.store.checkpoints.manifests import verify_manifest
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import RunStore
 from trainctl.worker.checkpoint import load_checkpoint
 from trainctl.worker.exceptions import CheckpointWriteFailed
 

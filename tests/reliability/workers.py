@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.plans import enqueue, train_plan
 from tests.polling import poll
-from trainctl.store.runs import Run, RunStore
+from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,10 +13,16 @@ from fastapi.testclient import TestClient
 
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
-from trainctl.store.checkpoints import CheckpointStore, step_tag
-from trainctl.store.manifests import METADATA_FILE, MODEL_FILE, OPTIMIZER_FILE, write_manifest
+from trainctl.store.checkpoints.manifests import (
+    METADATA_FILE,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    write_manifest,
+)
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.names import step_tag
 from trainctl.store.presets import get_preset
-from trainctl.store.runs import Run, RunStore
 
 
 @pytest.fixture

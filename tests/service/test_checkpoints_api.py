@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 
 from tests.service.conftest import save_checkpoint
 from trainctl.service.schemas import CheckpointPublic
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.manifests import MANIFEST_FILE, MODEL_FILE
-from trainctl.store.runs import RunStore
+from trainctl.store.checkpoints.manifests import MANIFEST_FILE, MODEL_FILE
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import RunStore
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tests.store.test_tokenizer import stdlib_files
 from trainctl.service.cli import app
-from trainctl.store.datasets import read_dataset
+from trainctl.store.data.datasets import read_dataset
 
 
 def trainctl(*args: str | Path) -> tuple[int, str, str]:

@@ -16,7 +16,7 @@ import pytest
 from tests.e2e.conftest import REPO, Service
 from tests.service.conftest import save_checkpoint
 from tests.service.test_cli import NO_CONFIG
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints.store import CheckpointStore
 
 # What `pip install "trainctl[server]"` or `"trainctl[worker]"` brings, and the client lacks.
 HEAVY = (

@@ -12,7 +12,7 @@ import pytest
 from tests.e2e.conftest import Service
 from tests.service.conftest import save_checkpoint
 from tests.service.test_cli import trainctl
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints.store import CheckpointStore
 
 SUBMIT_COMMANDS = [
     ("submit", "train"),

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from tests.e2e.conftest import REPO, Service
 from trainctl.service.cli import app
 from trainctl.service.cli.sample import Transcript
-from trainctl.service.client import SamplePiece, TrainctlClient, TrainingSample
+from trainctl.service.sdk.client import SamplePiece, TrainctlClient, TrainingSample
 
 NO_CONFIG = REPO / "tests" / "no-such-config-home"
 PROMPTS = ("def ", "import ")

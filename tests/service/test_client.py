@@ -16,12 +16,12 @@ from fastapi import FastAPI
 from tests.service.conftest import save_checkpoint
 from tests.service.serving import serve
 from trainctl.service.app import create_app
-from trainctl.service.async_client import AsyncTrainctlClient
-from trainctl.service.client import ApiError, DownloadError, TrainctlClient
+from trainctl.service.sdk.async_client import AsyncTrainctlClient
+from trainctl.service.sdk.client import ApiError, DownloadError, TrainctlClient
 from trainctl.service.settings import Settings
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.manifests import MODEL_FILE
-from trainctl.store.runs import RunStore
+from trainctl.store.checkpoints.manifests import MODEL_FILE
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import RunStore
 
 CPU_TRAIN = {"experiment": "exp", "steps": 20, "device": "cpu"}
 T = TypeVar("T")

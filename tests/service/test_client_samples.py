@@ -20,8 +20,9 @@ from fastapi import FastAPI
 from tests.service.conftest import save_checkpoint
 from tests.service.serving import serve
 from trainctl.service.app import create_app
-from trainctl.service.async_client import AsyncTrainctlClient
-from trainctl.service.client import (
+from trainctl.service.schemas import CheckpointPublic
+from trainctl.service.sdk.async_client import AsyncTrainctlClient
+from trainctl.service.sdk.client import (
     Conflict,
     InvalidRequest,
     NotFound,
@@ -29,11 +30,10 @@ from trainctl.service.client import (
     TrainctlClient,
     TrainingSample,
 )
-from trainctl.service.schemas import CheckpointPublic
 from trainctl.service.settings import Settings
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.manifests import MODEL_FILE
-from trainctl.store.runs import RunStore
+from trainctl.store.checkpoints.manifests import MODEL_FILE
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import RunStore
 
 BYTES = {"tokenizer": {"kind": "bytes", "sha256": None}}  # metadata of a byte-level checkpoint
 PIECES = [  # two completions decoded together: their pieces interleave

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from tests.service.test_runs_api import CPU_TRAIN, submit
 from trainctl.service.deps import get_runs
 from trainctl.service.history import downsample, fair_shares
-from trainctl.store.runs import Event, RunStore
+from trainctl.store.db.runs import Event, RunStore
 
 
 def train_rows(n: int) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from trainctl.service.app import create_app
 from trainctl.service.openapi import OPENAPI_FILE
 from trainctl.service.settings import Settings
 from trainctl.service.submit import submit_run
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.names import MAX_NAME_LENGTH, NAME_PATTERN, is_valid_name
 from trainctl.store.specs import BenchmarkRequest
 

@@ -20,8 +20,8 @@ import pytest
 from tests.polling import poll
 from tests.service.serving import serve
 from trainctl.service.app import create_app
-from trainctl.service.client import TrainctlClient
 from trainctl.service.schemas import RunPublic
+from trainctl.service.sdk.client import TrainctlClient
 from trainctl.service.settings import Settings
 
 TOKEN = "dashboard-secret"

@@ -24,8 +24,8 @@ from tests.service.test_dashboard import (  # noqa: F401 (fixtures)
     fits,
     open_page,
 )
-from trainctl.service.client import TrainctlClient
 from trainctl.service.schemas import RunPublic
+from trainctl.service.sdk.client import TrainctlClient
 
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason="no chromium (make test installs it: make browser)"

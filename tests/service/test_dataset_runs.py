@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from tests.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset, write_byte_dataset
 from tests.service.conftest import save_checkpoint
 from trainctl.service.settings import Settings
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.datasets import DATASET_FILE, TOKENIZER_FILE, Dataset
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.data.datasets import DATASET_FILE, TOKENIZER_FILE, Dataset
 
 TEXTS = stdlib_texts(100_000)
 

@@ -39,10 +39,15 @@ from trainctl.service.openapi import OPENAPI_FILE
 from trainctl.service.routes.runs import CURSOR_FORMAT
 from trainctl.service.settings import Settings
 from trainctl.service.submit import submit_run
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints.manifests import (
+    MANIFEST_FILE,
+    METADATA_FILE,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+)
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import Conflict, NotFound
-from trainctl.store.manifests import MANIFEST_FILE, METADATA_FILE, MODEL_FILE, OPTIMIZER_FILE
-from trainctl.store.runs import RunStore
 from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
 from trainctl.store.vocabulary import RUN_KINDS, RunState
 
@@ -132,7 +137,7 @@ def before_generate_body(context: Any, strategy: Any) -> Any:
 
 
 def cursor(created_at: datetime, seq: int) -> str:
-    """A page cursor as the server writes one (store.runs): the last run's position."""
+    """A page cursor as the server writes one (store.db.runs): the last run's position."""
     raw = json.dumps([created_at.isoformat(), seq]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 

@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainctl.store.runs import RunStore
+from trainctl.store.db.runs import RunStore
 
 CPU_TRAIN = {"experiment": "exp", "steps": 100, "device": "cpu"}
 

@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.service.conftest import save_checkpoint
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.manifests import MODEL_FILE
+from trainctl.store.checkpoints.manifests import MODEL_FILE
+from trainctl.store.checkpoints.store import CheckpointStore
 
 # One row per trick; each is tried as a file name, a tag and an experiment. A bare ".."
 # segment is resolved away by HTTP clients before it is sent; the store's own tests

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
-from trainctl.store.runs import RunStore
+from trainctl.store.db.runs import RunStore
 
 GPU_TRAIN = {"experiment": "gpu", "steps": 10, "device": "cuda", "nproc_per_node": 2}
 CPU_TRAIN = {"experiment": "cpu", "steps": 10, "device": "cpu"}

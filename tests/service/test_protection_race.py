@@ -15,10 +15,10 @@ import pytest
 from tests.service.conftest import save_checkpoint
 from trainctl.service.settings import Settings
 from trainctl.service.submit import submit_run
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints.protection import ProtectionPolicy
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import CheckpointNotFound
-from trainctl.store.protection import ProtectionPolicy
-from trainctl.store.runs import RunStore
 from trainctl.store.specs import ValidateRequest
 
 

@@ -17,9 +17,9 @@ from tests.service.conftest import finish, save_checkpoint
 from trainctl.service import sse
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import RunStore
 from trainctl.store.presets import get_preset
-from trainctl.store.runs import RunStore
 
 CPU_TRAIN = {"experiment": "exp", "steps": 100, "device": "cpu"}
 

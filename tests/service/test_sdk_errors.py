@@ -13,10 +13,10 @@ from fastapi import FastAPI
 import trainctl
 from tests.service.test_client import CPU_TRAIN, serve
 from tests.service.test_sdk_resilience import Proxy, error_answer
-from trainctl.service import sdk_steps
 from trainctl.service.app import create_app
-from trainctl.service.async_client import AsyncTrainctlClient
-from trainctl.service.client import (
+from trainctl.service.sdk import steps as sdk_steps
+from trainctl.service.sdk.async_client import AsyncTrainctlClient
+from trainctl.service.sdk.client import (
     ApiError,
     Conflict,
     InvalidRequest,

@@ -29,13 +29,13 @@ import trainctl
 from tests.service.serving import serve
 from tests.service.test_client import CPU_TRAIN
 from trainctl.service.app import create_app
-from trainctl.service.async_client import AsyncTrainctlClient
-from trainctl.service.client import ApiError, StreamInterrupted, TrainctlClient
 from trainctl.service.schemas import EventPublic, RunPublic
-from trainctl.service.sdk_steps import retry_after
+from trainctl.service.sdk.async_client import AsyncTrainctlClient
+from trainctl.service.sdk.client import ApiError, StreamInterrupted, TrainctlClient
+from trainctl.service.sdk.steps import retry_after
 from trainctl.service.settings import Settings
 from trainctl.service.sse import event_frame
-from trainctl.store.runs import RunStore
+from trainctl.store.db.runs import RunStore
 
 CLIENTS = ["sync", "async"]
 FAST = 0.01

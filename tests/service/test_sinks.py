@@ -22,11 +22,11 @@ from trainctl.service.sinks.base import Sink, scalars
 from trainctl.service.sinks.mirror import BATCH_EVENTS, SinkMirror
 from trainctl.service.sinks.mlflow import MlflowSink
 from trainctl.service.sinks.tensorboard import TensorBoardSink
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.db import run_events, write_transaction
-from trainctl.store.plans import resolve_train
-from trainctl.store.runs import Run, RunStore
-from trainctl.store.sinks import SinkStore
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.schema import run_events, write_transaction
+from trainctl.store.db.sinks import SinkStore
+from trainctl.store.resolve import resolve_train
 from trainctl.store.specs import TrainRequest
 
 # tbparse 0.0.9 sorts with pandas' `inplace=`, which pandas 3.1 deprecates; not ours to fix.

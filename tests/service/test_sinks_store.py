@@ -1,4 +1,4 @@
-"""The sinks' cursors and leases (store/sinks.py), on SQLite and on a real PostgreSQL server."""
+"""The sinks' cursors and leases (store/db/sinks.py), on SQLite and on a real PostgreSQL server."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from trainctl.store.db import sink_mirrors, write_transaction
+from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.schema import sink_mirrors, write_transaction
+from trainctl.store.db.sinks import DISCOVERY_GRACE, SinkStore, _new_mark
 from trainctl.store.exceptions import LeaseLost
-from trainctl.store.runs import Run, RunStore
-from trainctl.store.sinks import DISCOVERY_GRACE, SinkStore, _new_mark
 
 
 @pytest.fixture

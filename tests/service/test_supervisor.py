@@ -24,7 +24,7 @@ from tests.polling import poll
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.settings import Settings
 from trainctl.service.supervisor import Supervisor, gpu_groups, restart_delay
-from trainctl.store.runs import RunStore
+from trainctl.store.db.runs import RunStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -134,7 +134,7 @@ sys.exit(n)
 CLAIMS_THEN_CRASHES = """
 import os, sys
 sys.path.insert(0, sys.argv[1])
-from trainctl.store.runs import RunStore
+from trainctl.store.db.runs import RunStore
 store, worker_id = RunStore(os.environ["TRAINCTL_DATABASE_URL"]), os.environ["TRAINCTL_WORKER_ID"]
 store.register_worker(worker_id, host="test", pid=os.getpid(), device="cpu", info={})
 run = store.claim(worker_id, lease_seconds=3600)

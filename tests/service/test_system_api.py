@@ -20,7 +20,7 @@ from trainctl.service.__main__ import main
 from trainctl.service.app import create_app
 from trainctl.service.deps import get_runs
 from trainctl.service.settings import Settings, get_settings, is_loopback
-from trainctl.store.runs import RunStore
+from trainctl.store.db.runs import RunStore
 
 TOKEN = "s3cret-token"
 

@@ -1,5 +1,5 @@
 """API tokens with names and scopes: who may read, submit or administer, and who submitted
-each run (store/access.py)."""
+each run (store/db/tokens.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from tests.service.conftest import save_checkpoint
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints.store import CheckpointStore
 
 BOOT = "bootstrap-token"
 CPU_BENCHMARK = {"steps": 2, "warmup_steps": 0, "device": "cpu"}

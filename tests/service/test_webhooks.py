@@ -25,7 +25,7 @@ from tests.service.serving import serve
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
 from trainctl.service.webhooks.signing import sign
-from trainctl.store.runs import Run, RunStore
+from trainctl.store.db.runs import Run, RunStore
 
 # --- the receiver -----------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The rules of webhooks, one by one: which URLs a webhook may name, where a delivery may
 connect, the signature scheme, the dispatcher's cursor over the event log, the retry
-schedule, and who may manage webhooks (service/webhooks, store/webhooks.py)."""
+schedule, and who may manage webhooks (service/webhooks, store/db/webhooks.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from trainctl.service.webhooks.targets import (
     check_url,
     url_host,
 )
-from trainctl.store.webhooks import RetryPolicy
+from trainctl.store.db.webhooks import RetryPolicy
 
 # --- URLs -------------------------------------------------------------------------------------
 

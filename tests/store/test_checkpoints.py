@@ -9,23 +9,8 @@ from typing import Any
 
 import pytest
 
-import trainctl.store.checkpoints as checkpoints_module
-from trainctl.store.checkpoints import (
-    BEST_TAG,
-    STAGING_PREFIX,
-    TRASH_PREFIX,
-    CheckpointStore,
-    parse_step,
-    step_tag,
-)
-from trainctl.store.exceptions import (
-    CheckpointCorrupt,
-    CheckpointNotFound,
-    CheckpointProtected,
-    InvalidName,
-    InvalidRequest,
-)
-from trainctl.store.manifests import (
+import trainctl.store.checkpoints.store as checkpoints_module
+from trainctl.store.checkpoints.manifests import (
     MANIFEST_FILE,
     METADATA_FILE,
     MODEL_FILE,
@@ -34,7 +19,15 @@ from trainctl.store.manifests import (
     verify_manifest,
     write_manifest,
 )
-from trainctl.store.names import validate_name
+from trainctl.store.checkpoints.store import STAGING_PREFIX, TRASH_PREFIX, CheckpointStore
+from trainctl.store.exceptions import (
+    CheckpointCorrupt,
+    CheckpointNotFound,
+    CheckpointProtected,
+    InvalidName,
+    InvalidRequest,
+)
+from trainctl.store.names import BEST_TAG, parse_step, step_tag, validate_name
 
 
 @pytest.fixture
@@ -544,7 +537,7 @@ def test_a_hidden_bad_folder_is_reported_once_in_the_log(
     folder = save(store, "exp", step=2)
     (folder / MANIFEST_FILE).write_text("{not json")
 
-    with caplog.at_level("WARNING", logger="trainctl.store.checkpoints"):
+    with caplog.at_level("WARNING", logger="trainctl.store.checkpoints.store"):
         for _ in range(3):
             assert store.list_checkpoints("exp") == []
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import trainctl.store.datapaths as datapaths
-from trainctl.store.datapaths import confine_paths
+import trainctl.store.data.paths as datapaths
+from trainctl.store.data.paths import confine_paths
 from trainctl.store.exceptions import InvalidRequest
 
 

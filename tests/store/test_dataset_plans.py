@@ -13,19 +13,12 @@ from pydantic import ValidationError
 
 from tests.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset, write_byte_dataset
 from tests.service.conftest import save_checkpoint
-from trainctl.store.checkpoints import CheckpointStore, TokenizerId
-from trainctl.store.datasets import DATASET_FILE, TOKENIZER_FILE, Dataset, read_dataset
+from trainctl.store.checkpoints.store import CheckpointStore, TokenizerId
+from trainctl.store.data.datasets import DATASET_FILE, TOKENIZER_FILE, Dataset, read_dataset
 from trainctl.store.exceptions import DatasetExists, InvalidRequest
-from trainctl.store.plans import (
-    DatasetPin,
-    PreparePlan,
-    TrainPlan,
-    ValidatePlan,
-    resolve_prepare,
-    resolve_train,
-    resolve_validate,
-)
+from trainctl.store.plans import DatasetPin, PreparePlan, TrainPlan, ValidatePlan
 from trainctl.store.presets import get_preset
+from trainctl.store.resolve import resolve_prepare, resolve_train, resolve_validate
 from trainctl.store.specs import DataSpec, PrepareRequest, TrainRequest, ValidateRequest
 
 TEXTS = stdlib_texts(120_000)

@@ -1,5 +1,6 @@
-"""Schema migrations (store/migrations): every database, new or made before migrations
-existed, ends at the schema store/db.py declares, even when several processes start at once."""
+"""Schema migrations (store/db/migrations): every database, new or made before migrations
+existed, ends at the schema store/db/schema.py declares, even when several processes start at
+once."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import insert, inspect, text
 
-from trainctl.store.db import build_engine, metadata, runs, write_transaction
-from trainctl.store.migrations import current_revision, head_revision
-from trainctl.store.runs import RunStore
+from trainctl.store.db.migrations import current_revision, head_revision
+from trainctl.store.db.runs import RunStore
+from trainctl.store.db.schema import build_engine, metadata, runs, write_transaction
 
 
 def schema_differences(url: str) -> list[Any]:

@@ -1,5 +1,5 @@
-"""Placement, priorities and gangs in the run queue (store/placement.py, store/queue.py,
-store/runs.py): claims on both databases, gangs on PostgreSQL only (SQLite refuses them)."""
+"""Placement, priorities and gangs in the run queue (store/placement.py, store/db/queue.py,
+store/db/runs.py): claims on both databases, gangs on PostgreSQL only (SQLite refuses them)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import select
 
 from tests.conftest import fresh_database
-from trainctl.store.db import read_transaction, run_slots, workers
+from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.schema import read_transaction, run_slots, workers
 from trainctl.store.exceptions import InvalidRequest, LeaseLost
 from trainctl.store.placement import ONE_NODE, Capacity, Placement, choose_gang, why_waiting
-from trainctl.store.runs import Run, RunStore
 
 GPU1 = Placement(gpus_per_node=1)
 TWO_NODES = Placement(nnodes=2)
@@ -274,7 +274,7 @@ def test_a_graceful_stop_requeues_a_gang_under_a_new_attempt_without_using_one(
 
 
 def test_a_waiting_gang_reserves_the_workers_that_could_join_it(pg: RunStore) -> None:
-    """The anti-starvation rule (store/queue.py): once a gang has waited `reserve_after`,
+    """The anti-starvation rule (store/db/queue.py): once a gang has waited `reserve_after`,
     no worker that could be one of its members takes a run behind it."""
     register(pg, "a")
     register(pg, "b")

@@ -17,11 +17,11 @@ import zstandard
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from tests.store.test_tokenizer import stdlib_files, train_stdlib_tokenizer
-from trainctl.store import corpus
-from trainctl.store.datasets import DATASET_FILE, Dataset, read_dataset
-from trainctl.store.prepare import PrepareProgress, PrepareStopped, prepare_dataset
-from trainctl.store.tokenizer import load_tokenizer
-from trainctl.store.tokens import SHARD_HEADER_INTS, DataError, read_shard
+from trainctl.store.data import corpus
+from trainctl.store.data.datasets import DATASET_FILE, Dataset, read_dataset
+from trainctl.store.data.prepare import PrepareProgress, PrepareStopped, prepare_dataset
+from trainctl.store.data.shards import SHARD_HEADER_INTS, DataError, read_shard
+from trainctl.store.data.tokenizer import load_tokenizer
 
 DOC_CHARS = 5000
 

@@ -1,4 +1,4 @@
-"""The run queue and event log (store/runs.py), on SQLite (the embedded default) and on a real
+"""The run queue and event log (store/db/runs.py), on SQLite (the embedded default) and on a real
 PostgreSQL server (many nodes): every test that takes `store` or `url` runs on both."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import pytest
 from sqlalchemy import insert, select
 
 from tests.pg import PostgresServer
-from trainctl.store.db import run_events, runs, write_transaction
+from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.schema import run_events, runs, write_transaction
 from trainctl.store.exceptions import (
     Conflict,
     ExperimentBusy,
@@ -27,7 +28,6 @@ from trainctl.store.exceptions import (
     RunNotFound,
     WorkerNotFound,
 )
-from trainctl.store.runs import Run, RunStore
 
 
 @pytest.fixture

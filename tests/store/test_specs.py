@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from tests.plans import benchmark_plan, train_plan, validate_plan
 from tests.service.conftest import save_checkpoint
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.plans import (
     BenchmarkPlan,
     ExportPlan,

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from trainctl.store.tokenizer import (
+from trainctl.store.data.shards import DataError, stdlib_source_files
+from trainctl.store.data.tokenizer import (
     EOT,
     TrainProgress,
     end_of_text_id,
@@ -16,7 +17,6 @@ from trainctl.store.tokenizer import (
     train_tokenizer,
     vocab_size,
 )
-from trainctl.store.tokens import DataError, stdlib_source_files
 
 
 def stdlib_files(max_bytes: int) -> list[Path]:

@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 from tests.plans import train_plan
 from tests.worker.test_checkpoint import tensors
 from tests.worker.test_train import run_script
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.manifests import MODEL_FILE, OPTIMIZER_FILE, verify_manifest
+from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE, verify_manifest
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.worker.async_checkpoint import AsyncCheckpointer
 from trainctl.worker.checkpoint import CheckpointState, capture_checkpoint, write_checkpoint
 from trainctl.worker.exceptions import CheckpointWriteFailed

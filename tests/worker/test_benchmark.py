@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tests.plans import benchmark_plan
-from trainctl.store.plans import BENCHMARK_PROFILES, resolve_benchmark
 from trainctl.store.presets import get_preset
+from trainctl.store.resolve import BENCHMARK_PROFILES, resolve_benchmark
 from trainctl.store.specs import BenchmarkRequest, OptimizerSpec, ScheduleSpec
 from trainctl.worker.benchmark import flops_per_token, run_benchmark
 

@@ -10,14 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.manifests import MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE
-from trainctl.worker.checkpoint import (
-    capture_checkpoint,
-    find_latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from tests.worker.checkpoints import find_latest_checkpoint, save_checkpoint
+from trainctl.store.checkpoints.manifests import MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.worker.checkpoint import capture_checkpoint, load_checkpoint
 from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch
 from trainctl.worker.model import GPT, build_model
 from trainctl.worker.optim import build_optimizers
@@ -209,7 +205,7 @@ def test_optimizer_state_is_loaded_with_weights_only(tmp_path: Path) -> None:
             return (exec, (f"open({str(marker)!r}, 'w').write('x')",))
 
     (path / OPTIMIZER_FILE).write_bytes(pickle.dumps({"muon": Evil(), "adamw": {}}, protocol=2))
-    from trainctl.store.manifests import write_manifest
+    from trainctl.store.checkpoints.manifests import write_manifest
 
     write_manifest(path, ["model.safetensors", "optimizer.pt", "metadata.json"])
     with pytest.raises(CheckpointCorrupt, match="refusing to unpickle"):

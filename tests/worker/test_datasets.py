@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from tests.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset
-from trainctl.store.checkpoints import CheckpointStore, TokenizerId
-from trainctl.store.datasets import TOKENIZER_FILE, Dataset, Split, TokenizerRef, write_dataset
-from trainctl.store.plans import DatasetPin, TrainPlan, resolve_train
+from trainctl.store.checkpoints.store import CheckpointStore, TokenizerId
+from trainctl.store.data.datasets import TOKENIZER_FILE, Dataset, Split, TokenizerRef, write_dataset
+from trainctl.store.data.shards import DataError, write_shard
+from trainctl.store.plans import DatasetPin, TrainPlan
+from trainctl.store.resolve import resolve_train
 from trainctl.store.specs import DataSpec, TrainRequest
-from trainctl.store.tokens import DataError, write_shard
 from trainctl.worker.train import Trainer, build_token_arrays, train
 
 TEXTS = stdlib_texts(150_000)

@@ -1,4 +1,5 @@
-"""Multi-process train runs (worker/distributed.py) on CPU: torchrun, two gloo ranks, DDP.
+"""Multi-process train runs (worker/launch.py, worker/parallel.py) on CPU: torchrun, two gloo
+ranks, DDP.
 
 Two ranks on the same global batch follow the single-process run: the losses agree to
 LOSS_RTOL. They differ only by float rounding: the ranks sum the gradient halves in another
@@ -15,11 +16,12 @@ import pytest
 import torch
 
 from tests.plans import enqueue, train_plan
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.plans import TrainPlan
-from trainctl.store.runs import RunStore
-from trainctl.worker.distributed import RankSampler, check_world, launch_train
+from trainctl.worker.launch import check_world, launch_train
+from trainctl.worker.parallel import RankSampler
 from trainctl.worker.runner import Worker, WorkerConfig
 from trainctl.worker.train import Trainer
 

@@ -16,17 +16,22 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.datasets import TOKENIZER_FILE
+from tests.worker.checkpoints import save_checkpoint
+from trainctl.store.checkpoints.exports import FIELD_RULES, ExportResult
+from trainctl.store.checkpoints.manifests import (
+    MANIFEST_FILE,
+    METADATA_FILE,
+    MODEL_FILE,
+    verify_manifest,
+)
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.data.datasets import TOKENIZER_FILE
+from trainctl.store.data.shards import stdlib_source_files
+from trainctl.store.data.tokenizer import EOT, train_tokenizer
 from trainctl.store.exceptions import CheckpointCorrupt, Conflict, InvalidRequest
-from trainctl.store.exports import FIELD_RULES, ExportResult
 from trainctl.store.generation import GenerationSettings
-from trainctl.store.manifests import MANIFEST_FILE, METADATA_FILE, MODEL_FILE, verify_manifest
 from trainctl.store.presets import ModelConfig
-from trainctl.store.tokenizer import EOT, train_tokenizer
-from trainctl.store.tokens import stdlib_source_files
 from trainctl.worker import export
-from trainctl.worker.checkpoint import save_checkpoint
 from trainctl.worker.export import export_hf, hf_name
 from trainctl.worker.generate import generate_tokens
 from trainctl.worker.model import GPT, build_model
@@ -138,7 +143,7 @@ def bpe_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[GPT, Path, Exp
         extra={"tokenizer": recorded, "dataset": dataset},
         files={TOKENIZER_FILE: data},
     )
-    # Where the service keeps exports: a checkpoint store of their own (store.exports).
+    # Where the service keeps exports: a checkpoint store of their own (store.checkpoints.exports).
     out = root / "exports" / checkpoint.parent.name / checkpoint.name
     return model, checkpoint, export_hf(checkpoint, out, dtype="float32")
 

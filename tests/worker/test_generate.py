@@ -7,15 +7,15 @@ from typing import Any
 import pytest
 import torch
 
-from trainctl.store.checkpoints import CheckpointStore
-from trainctl.store.datasets import TOKENIZER_FILE
+from tests.worker.checkpoints import save_checkpoint
+from trainctl.store.checkpoints.manifests import METADATA_FILE, MODEL_FILE
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.data.datasets import TOKENIZER_FILE
+from trainctl.store.data.shards import stdlib_source_files
+from trainctl.store.data.tokenizer import EOT, train_tokenizer
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.generation import GenerationSettings
-from trainctl.store.manifests import METADATA_FILE, MODEL_FILE
 from trainctl.store.presets import get_preset
-from trainctl.store.tokenizer import EOT, train_tokenizer
-from trainctl.store.tokens import stdlib_source_files
-from trainctl.worker.checkpoint import save_checkpoint
 from trainctl.worker.exceptions import CheckpointCorrupt
 from trainctl.worker.generate import (
     TextCodec,

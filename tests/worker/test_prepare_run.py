@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.datasets import stdlib_documents, train_tokenizer
-from trainctl.store.datasets import TOKENIZER_FILE, read_dataset
-from trainctl.store.plans import PreparePlan, resolve_prepare
-from trainctl.store.runs import Run, RunStore
+from trainctl.store.data.datasets import TOKENIZER_FILE, read_dataset
+from trainctl.store.data.shards import DataError
+from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.plans import PreparePlan
+from trainctl.store.resolve import resolve_prepare
 from trainctl.store.specs import PrepareRequest
-from trainctl.store.tokens import DataError
 from trainctl.worker.context import RunContext
 from trainctl.worker.executor import execute_prepare
 

@@ -16,9 +16,9 @@ import pytest
 
 from tests.plans import benchmark_plan, enqueue, train_plan, validate_plan
 from tests.polling import poll
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.plans import CheckpointRef
-from trainctl.store.runs import Run, RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES
 from trainctl.worker.runner import WorkerConfig, parse_config, public_error
 

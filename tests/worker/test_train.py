@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.plans import train_plan
-from trainctl.store.checkpoints import CheckpointStore
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.plans import TrainPlan
 from trainctl.worker.exceptions import NonFiniteLoss
 from trainctl.worker.train import Trainer, train

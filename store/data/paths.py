@@ -1,0 +1,203 @@
+"""Where runs may read training data: patterns checked against the data roots before they are
+expanded, and expanded within bounds (docs/architecture.md, "Requests and plans").
+
+Submit resolves `data.paths` into files, so a typo is a 422 rather than a failed run. That
+must cost the API little whatever a request says: a pattern whose fixed part lies outside
+the roots is refused before anything is read, the expansion stops at `MAX_DATA_FILES` files
+or `EXPAND_SECONDS`, folders are walked without following links, and a refusal names only the
+request's own pattern, never a file outside the roots.
+
+The same rules confine a prepare run's inputs (whose folders are walked without their hidden
+files, as `trainctl data prepare` reads them) and tokenizer, and the dataset a run names
+(`dataset_folder`: a name under the data dir's datasets/, or a folder inside the roots), down
+to each file its dataset.json lists (`confine_dataset`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from trainctl.store.data.datasets import Dataset
+from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.names import NAME_RULE, is_valid_name
+from trainctl.store.specs import DataSpec
+
+MAX_DATA_FILES = 100_000
+EXPAND_SECONDS = 5.0
+_GLOB_CHARS = frozenset("*?[")
+ROOTS_SETTING = "TRAINCTL_DATA_ROOTS"
+
+
+def resolve_data(data: DataSpec, roots: list[Path]) -> DataSpec:
+    """Expand globs now (so a typo is a 422, not a failed run) and confine them to the roots."""
+    if data.source in ("synthetic", "stdlib", "dataset"):
+        return data  # a dataset is resolved with its dataset.json (store.plans)
+    return data.model_copy(
+        update={
+            "paths": [str(p) for p in confine_paths(data.paths, roots, "data.paths")],
+            "val_paths": [str(p) for p in confine_paths(data.val_paths, roots, "data.val_paths")],
+        }
+    )
+
+
+class _Expansion:
+    """The files a request's patterns reach, counted and timed across all of them."""
+
+    def __init__(self, roots: list[Path], field: str) -> None:
+        self.roots, self.field = roots, field
+        self.deadline = time.monotonic() + EXPAND_SECONDS
+        self.files: list[Path] = []
+
+    def inside(self, path: str) -> bool:
+        real = Path(os.path.realpath(path))
+        return any(real.is_relative_to(r) for r in self.roots)
+
+    def refuse(self, pattern: str, problem: str) -> InvalidRequest:
+        return InvalidRequest(f"{self.field}: {pattern!r} {problem}")
+
+    def bounded(self, pattern: str, found: Iterator[str]) -> list[str]:
+        """All of `found`, sorted, unless there are too many or they take too long."""
+        kept: list[str] = []
+        for item in found:
+            if len(self.files) + len(kept) >= MAX_DATA_FILES:
+                raise self.refuse(pattern, f"matches more than {MAX_DATA_FILES:,} files; narrow it")
+            if time.monotonic() > self.deadline:
+                raise self.refuse(pattern, f"takes more than {EXPAND_SECONDS:.0f} s to expand")
+            kept.append(item)
+        return sorted(kept)
+
+    def add(self, pattern: str, file: str) -> None:
+        if not self.inside(file):
+            raise self.refuse(pattern, f"reaches a file outside the data roots ({ROOTS_SETTING})")
+        self.files.append(Path(os.path.realpath(file)))
+
+
+def confine_paths(
+    patterns: list[str], roots: list[Path], field: str, *, skip_hidden: bool = False
+) -> list[Path]:
+    """The real files `patterns` reach, each inside the roots; `skip_hidden`: a folder's
+    hidden files and folders are not read (a file named in a pattern always is)."""
+    if patterns and not roots:
+        raise InvalidRequest(
+            f"{field}: no data roots are configured (set {ROOTS_SETTING}), so no files may be read"
+        )
+    expansion = _Expansion([Path(os.path.realpath(r)) for r in roots], field)
+    for pattern in patterns:
+        if "\x00" in pattern:
+            raise expansion.refuse(pattern.replace("\x00", "\\x00"), "contains a NUL byte")
+        full = pattern if os.path.isabs(pattern) else str(expansion.roots[0] / pattern)
+        # Before anything is read: the fixed part of the pattern must lie inside a root.
+        if not expansion.inside(_fixed_part(full)):
+            raise expansion.refuse(pattern, f"is outside the data roots ({ROOTS_SETTING})")
+        before = len(expansion.files)
+        try:
+            for match in expansion.bounded(pattern, glob.iglob(full, recursive=True)):
+                for file in expansion.bounded(pattern, _files(match, skip_hidden)):
+                    expansion.add(pattern, file)
+        except OSError as exc:
+            raise expansion.refuse(pattern, f"cannot be read ({exc.strerror})") from None
+        if len(expansion.files) == before:
+            raise expansion.refuse(pattern, "matches no files")
+    return expansion.files
+
+
+def _fixed_part(pattern: str) -> str:
+    """The folder a glob pattern starts from: its components before the first wildcard."""
+    fixed = list(_until_wildcard(Path(pattern).parts))
+    return str(Path(*fixed)) if fixed else os.sep
+
+
+def _until_wildcard(parts: tuple[str, ...]) -> Iterator[str]:
+    for part in parts:
+        if _GLOB_CHARS & set(part):
+            return
+        yield part
+
+
+def _files(match: str, skip_hidden: bool = False) -> Iterator[str]:
+    """A matched file, or every file under a matched folder, without following links to
+    folders (a link to a file is checked by the caller like any other file)."""
+    if not os.path.isdir(match):
+        yield match
+        return
+
+    def raise_error(exc: OSError) -> None:
+        raise exc
+
+    for folder, folders, names in os.walk(match, onerror=raise_error):
+        if skip_hidden:
+            folders[:] = [f for f in folders if not f.startswith(".")]
+            names = [n for n in names if not n.startswith(".")]
+        for name in names:
+            if os.path.isfile(path := os.path.join(folder, name)):
+                yield path
+
+
+# --- a dataset folder -----------------------------------------------------------------------
+
+
+def dataset_folder(ref: str, roots: list[Path], datasets_dir: Path | None, field: str) -> Path:
+    """The real folder `ref` names: a dataset's name under `datasets_dir` (what a prepare run
+    writes), or, with a '/', a folder inside the data roots (relative to the first)."""
+    if "/" not in ref:
+        if not is_valid_name(ref):
+            raise InvalidRequest(
+                f"{field}: {ref!r} is neither a dataset name ({NAME_RULE}) nor a path with a "
+                "'/' to a dataset folder inside the data roots"
+            )
+        if datasets_dir is None:
+            raise InvalidRequest(f"{field}: no datasets folder to find {ref!r} in")
+        folder = datasets_dir / ref
+        if not folder.is_dir():
+            raise InvalidRequest(
+                f"{field}: there is no dataset named {ref!r} in the data dir's datasets/ "
+                "(POST /runs/prepare makes one); name a folder inside the data roots with a "
+                f"path: './{ref}'"
+            )
+        return Path(os.path.realpath(folder))
+    folder = confine_path(ref, roots, field)
+    if not folder.is_dir():
+        raise InvalidRequest(f"{field}: {ref!r} is not a folder")
+    return folder
+
+
+def confine_path(ref: str, roots: list[Path], field: str) -> Path:
+    """The real path of one file or folder (no pattern) inside the roots: absolute, or
+    relative to the first root."""
+    if not roots:
+        raise InvalidRequest(
+            f"{field}: no data roots are configured (set {ROOTS_SETTING}), so nothing there may "
+            "be read"
+        )
+    if "\x00" in ref:
+        raise InvalidRequest(f"{field}: {ref!r} contains a NUL byte")  # repr shows it
+    expansion = _Expansion([Path(os.path.realpath(r)) for r in roots], field)
+    full = ref if os.path.isabs(ref) else str(expansion.roots[0] / ref)
+    if not expansion.inside(full):
+        raise expansion.refuse(ref, f"is outside the data roots ({ROOTS_SETTING})")
+    if not os.path.exists(full):
+        raise expansion.refuse(ref, "does not exist")
+    return Path(os.path.realpath(full))
+
+
+def confine_dataset(dataset: Dataset, allowed: list[Path], field: str) -> None:
+    """Every file a dataset names (its shards, its tokenizer) is a file inside `allowed`:
+    a shard that is a link out of the roots, or missing, is refused before a worker reads it."""
+    roots = [Path(os.path.realpath(r)) for r in allowed]
+    names = [name for split in dataset.splits.values() for name in split.shards]
+    if dataset.tokenizer_path is not None:
+        names.append(dataset.tokenizer_path.name)
+    if len(names) > MAX_DATA_FILES:
+        raise InvalidRequest(f"{field}: names more than {MAX_DATA_FILES:,} files")
+    for name in names:
+        real = Path(os.path.realpath(dataset.folder / name))
+        if not any(real.is_relative_to(r) for r in roots):
+            raise InvalidRequest(f"{field}: its file {name!r} lies outside the data roots")
+        if not real.is_file():
+            raise InvalidRequest(
+                f"{field}: its dataset.json lists {name!r}, which is missing; prepare it again"
+            )

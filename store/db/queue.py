@@ -1,0 +1,196 @@
+"""The queue's claim, in SQL: which queued runs a worker may take, and gathering a gang.
+
+`RunStore.claim` (store/db/runs.py) drives it inside one write transaction; the rules are
+docs/architecture.md, "Placement and gangs":
+
+- A worker sees the queued runs whose nodes it can serve (GPUs per node, or cores for a CPU
+  run's processes), highest priority first, then oldest; runs it cannot serve never block it.
+- A single-node run is taken by the worker alone. A gang (nnodes > 1, PostgreSQL only) is taken
+  by the worker that meets it together with idle live peers, all in the same transaction:
+  either every place is filled or none. Every assignment locks the worker's row first
+  (`FOR UPDATE`; a leader locks its peers with `SKIP LOCKED`), so a worker is never given two
+  runs: one claiming for itself is skipped by a leader, and one a leader took sees its place.
+- Fairness for gangs: once a gang has waited `reserve_after` seconds and enough live workers
+  exist to run it, a worker that could be one of its members takes nothing behind it (lower
+  or equal priority, younger); it stays idle, and so do the others, until the gang's members
+  are all free and the next of them to poll gathers it. Small runs therefore cannot starve a
+  gang for longer than that delay plus the longest run already going.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, Row, and_, insert, or_, select, update
+from sqlalchemy.engine import Connection
+
+from trainctl.store.db.schema import run_slots, runs, workers
+from trainctl.store.placement import Capacity, Placement, choose_gang, could_serve
+
+CANDIDATES = 32
+"""Queued runs a claim looks at: a worker passes over runs that are locked or that it cannot
+gather a gang for, so more than one; the first it can take is almost always near the top."""
+
+GANG_RESERVE_SECONDS = 60.0
+"""How long a gang waits before the workers that could join it stop taking smaller runs."""
+
+
+def capacity_of(row: Row[Any]) -> Capacity:
+    return Capacity(row.id, row.node_name, row.gpus, row.cpus)
+
+
+def placement_of_row(row: Row[Any]) -> Placement:
+    return Placement(row.nnodes, row.gpus_per_node, row.procs_per_node, row.spread)
+
+
+def servable_by(cap: Capacity | None) -> ColumnElement[bool]:
+    """The runs whose nodes `cap` can serve; None (a claimer that never registered, as in
+    scripts and tests) is taken to serve any single-node run."""
+    if cap is None:
+        return runs.c.nnodes == 1
+    gpu_run = and_(runs.c.gpus_per_node > 0, runs.c.gpus_per_node <= cap.gpus)
+    cpu_run = and_(runs.c.gpus_per_node == 0, runs.c.procs_per_node <= cap.cpus)
+    return or_(gpu_run, cpu_run)
+
+
+def candidates(conn: Connection, cap: Capacity | None) -> Sequence[str]:
+    """Ids of queued runs `cap` can serve, in claim order."""
+    query = (
+        select(runs.c.id)
+        .where(runs.c.state == "queued", servable_by(cap))
+        .order_by(runs.c.priority.desc(), runs.c.created_at, runs.c.seq)
+        .limit(CANDIDATES)
+    )
+    return conn.execute(query).scalars().all()
+
+
+def lock_queued(conn: Connection, run_id: str) -> Row[Any] | None:
+    """The run, locked, if it is still queued and no other claimer holds it."""
+    query = (
+        select(runs)
+        .where(runs.c.id == run_id, runs.c.state == "queued")
+        .with_for_update(skip_locked=True)
+    )
+    return conn.execute(query).one_or_none()
+
+
+def _live(now: datetime, lease_seconds: float) -> ColumnElement[bool]:
+    return workers.c.last_seen_at >= now - timedelta(seconds=lease_seconds)
+
+
+def idle_peers(
+    conn: Connection, me: str, need: Placement, now: datetime, lease_seconds: float
+) -> list[Capacity]:
+    """Live idle workers other than `me` that could each serve a node of `need`, locked; one
+    busy claiming for itself right now is skipped."""
+    fits = (
+        workers.c.gpus >= need.gpus_per_node
+        if need.gpus_per_node
+        else workers.c.cpus >= need.procs_per_node
+    )
+    query = (
+        select(workers)
+        .where(workers.c.id != me, workers.c.run_id.is_(None), _live(now, lease_seconds), fits)
+        .order_by(workers.c.node_name, workers.c.id)
+        .with_for_update(skip_locked=True)
+    )
+    return [capacity_of(row) for row in conn.execute(query)]
+
+
+def choose_gang_members(
+    conn: Connection, me: Capacity, need: Placement, now: datetime, lease_seconds: float
+) -> list[Capacity] | None:
+    """The gang's members with `me` leading, from the idle live peers; None if too few."""
+    return choose_gang(me, idle_peers(conn, me.worker_id, need, now, lease_seconds), need)
+
+
+def reserved_for(
+    conn: Connection,
+    gang: Row[Any],
+    now: datetime,
+    lease_seconds: float,
+    reserve_after: float,
+) -> bool:
+    """Whether the workers that could join `gang` must wait for it rather than take smaller
+    runs: it has waited long enough, and the live workers could run it once free."""
+    since = gang.queued_at or gang.created_at
+    if now - since < timedelta(seconds=reserve_after):
+        return False
+    live = [capacity_of(r) for r in conn.execute(select(workers).where(_live(now, lease_seconds)))]
+    return could_serve(live, placement_of_row(gang))
+
+
+def place_gang(
+    conn: Connection,
+    gang: Row[Any],
+    members: Sequence[Capacity],
+    rendezvous: str,
+    lease_until: datetime,
+) -> None:
+    """Give each member its node rank (the leader, members[0], is 0) and mark it busy."""
+    conn.execute(
+        insert(run_slots),
+        [
+            {
+                "run_id": gang.id,
+                "node_rank": rank,
+                "attempt": gang.attempt,
+                "worker_id": member.worker_id,
+                "rendezvous": rendezvous,
+                "lease_expires_at": lease_until,
+            }
+            for rank, member in enumerate(members)
+        ],
+    )
+    ids = [m.worker_id for m in members]
+    conn.execute(update(workers).where(workers.c.id.in_(ids)).values(run_id=gang.id))
+
+
+def members_of(conn: Connection, run_id: str) -> list[str]:
+    query = select(run_slots.c.worker_id).where(run_slots.c.run_id == run_id)
+    return list(conn.execute(query.order_by(run_slots.c.node_rank)).scalars())
+
+
+def my_place(conn: Connection, worker_id: str) -> Row[Any] | None:
+    """The gang place a leader gave this worker, if its run is still running that attempt."""
+    query = select(run_slots, runs.c.state, runs.c.nnodes).join(
+        runs, and_(runs.c.id == run_slots.c.run_id, runs.c.attempt == run_slots.c.attempt)
+    )
+    row = conn.execute(
+        query.where(run_slots.c.worker_id == worker_id, runs.c.state == "running")
+    ).one_or_none()
+    return row
+
+
+def leave_gang(conn: Connection, run_id: str) -> None:
+    """The run left `running`: its places are free (each member clears its own busy mark
+    when its work on the run has stopped)."""
+    conn.execute(run_slots.delete().where(run_slots.c.run_id == run_id))
+
+
+def expired_member(now: datetime) -> ColumnElement[bool]:
+    """A running gang one of whose members (this attempt's) stopped heartbeating."""
+    return (
+        select(run_slots.c.run_id)
+        .where(
+            run_slots.c.run_id == runs.c.id,
+            run_slots.c.attempt == runs.c.attempt,
+            run_slots.c.lease_expires_at < now,
+        )
+        .exists()
+    )
+
+
+def is_member(worker_id: str, attempt: int) -> ColumnElement[bool]:
+    """The fence for a gang member: it holds a place in this attempt of the run."""
+    return (
+        select(run_slots.c.run_id)
+        .where(
+            run_slots.c.run_id == runs.c.id,
+            run_slots.c.worker_id == worker_id,
+            run_slots.c.attempt == attempt,
+        )
+        .exists()
+    )

@@ -1,0 +1,979 @@
+"""The durable run queue and event log.
+
+The service enqueues runs and reads them; workers claim runs, report progress and events, and
+finish them. Every worker write is *fenced*: it names the run, the worker and the attempt, and
+only lands while the run is still running under that worker and attempt. A worker whose lease
+expired and whose run was reaped (requeued or failed) therefore gets `LeaseLost` instead of
+overwriting what happened after it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, Row, and_, func, insert, literal, or_, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from trainctl.store.db.migrations import upgrade_to_head
+from trainctl.store.db.queue import (
+    GANG_RESERVE_SECONDS,
+    candidates,
+    capacity_of,
+    choose_gang_members,
+    expired_member,
+    is_member,
+    leave_gang,
+    lock_queued,
+    members_of,
+    my_place,
+    place_gang,
+    placement_of_row,
+    reserved_for,
+)
+from trainctl.store.db.schema import (
+    UTCDateTime,
+    build_engine,
+    read_transaction,
+    run_events,
+    run_slots,
+    runs,
+    workers,
+    write_transaction,
+)
+from trainctl.store.exceptions import (
+    Conflict,
+    ExperimentBusy,
+    InvalidRequest,
+    LeaseLost,
+    QueueFull,
+    RunNotCancellable,
+    RunNotFound,
+    WorkerNotFound,
+)
+from trainctl.store.placement import ONE_NODE, Capacity, Placement
+from trainctl.store.vocabulary import ACTIVE_STATES, EVENT_TYPES, RUN_KINDS, TERMINAL_STATES
+
+Checkpoint = tuple[str, str]
+"""A checkpoint a run depends on: (experiment, tag)."""
+
+
+@dataclass(frozen=True)
+class GangPlace:
+    """A claimed gang run as one member sees it: its node rank and where the gang meets."""
+
+    node_rank: int
+    nnodes: int
+    rendezvous: str
+    """host:port of the torchrun c10d rendezvous, on the leader (node rank 0)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run as stored; `service.schemas.RunPublic` is the shape clients see."""
+
+    id: str
+    kind: str
+    experiment: str
+    state: str
+    spec: dict[str, Any]
+    progress: dict[str, int | None]
+    result: dict[str, Any] | None
+    error: str | None
+    worker_id: str | None
+    attempt: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    # Internals: the queue needs them, clients do not.
+    max_attempts: int
+    cancel_requested: bool
+    lease_expires_at: datetime | None
+    idempotency_key: str | None
+    depends_on: list[Checkpoint]
+    submitted_by: str | None = None
+    """The name of the API token the run was submitted with, where tokens have names."""
+    priority: int = 0
+    placement: Placement = ONE_NODE
+    queued_at: datetime | None = None
+    gang: GangPlace | None = None
+    """Set on a claimed gang run (nnodes > 1): the claiming worker's place in it."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of a run's event log; `id` increases across the whole log."""
+
+    id: int
+    run_id: str
+    type: str
+    data: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A registered worker process; `current_run_id` is the run it is executing, if any."""
+
+    id: str
+    host: str
+    pid: int
+    device: str
+    info: dict[str, Any]
+    started_at: datetime
+    last_seen_at: datetime
+    current_run_id: str | None
+    node_name: str = ""
+    gpus: int = 0
+    cpus: int = 1
+    address: str | None = None
+
+    @property
+    def capacity(self) -> Capacity:
+        return Capacity(self.id, self.node_name, self.gpus, self.cpus)
+
+
+QUEUE_RETRY_SECONDS = 30
+"""What a client refused for a full queue is told to wait (Retry-After)."""
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """How many runs may wait at once: in all, and per token name (None: no limit)."""
+
+    total: int | None = None
+    per_submitter: int | None = None
+
+    def check(self, conn: Connection, submitted_by: str | None) -> None:
+        """Inside the enqueueing transaction, so that concurrent submits cannot all pass."""
+        queued = runs.c.state == "queued"
+        count = select(func.count()).select_from(runs)
+        if self.total is not None and conn.execute(count.where(queued)).scalar_one() >= self.total:
+            raise QueueFull(
+                f"{self.total} runs are queued already, the most this service accepts; "
+                f"retry in {QUEUE_RETRY_SECONDS} s or cancel queued runs"
+            )
+        mine = and_(queued, runs.c.submitted_by == submitted_by)
+        limit = self.per_submitter
+        if (
+            limit is not None
+            and submitted_by is not None
+            and conn.execute(count.where(mine)).scalar_one() >= limit
+        ):
+            raise QueueFull(
+                f"token {submitted_by!r} has {limit} runs queued, the most one token may; "
+                f"retry in {QUEUE_RETRY_SECONDS} s or cancel some of them"
+            )
+
+
+class RunStore:
+    """Runs, their events and the workers, in one SQL database (SQLite or PostgreSQL).
+
+    Every method is one short transaction, so the service and several worker processes can
+    share the database. Close the store (or use it as a context manager) to release its pool.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.engine = build_engine(url)
+
+    def create_all(self) -> None:
+        """Bring the schema to the newest migration (creating it in an empty database).
+
+        Safe to call from several processes at once; see `store.db.migrations`.
+        """
+        upgrade_to_head(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ---- the service side: submit, read, cancel -------------------------------------------
+
+    def enqueue(
+        self,
+        kind: str,
+        experiment: str,
+        spec: dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        max_attempts: int = 3,
+        depends_on: Iterable[Checkpoint] = (),
+        request_digest: str | None = None,
+        submitted_by: str | None = None,
+        queue_limits: QueueLimits | None = None,
+        priority: int = 0,
+        placement: Placement = ONE_NODE,
+    ) -> Run:
+        """Add a queued run, or return the run an earlier request with the same key created.
+
+        Raises `Conflict` when the idempotency key was used for a different request,
+        `ExperimentBusy` when a train run is enqueued while the experiment has an active one,
+        `QueueFull` when `queue_limits` are reached, and `InvalidRequest` for a gang on
+        SQLite, whose workers all share one host.
+        """
+        if kind not in RUN_KINDS:
+            raise ValueError(f"unknown run kind {kind!r}; expected one of {RUN_KINDS}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        if placement.is_gang and self.engine.dialect.name == "sqlite":
+            raise InvalidRequest(
+                f"nnodes {placement.nnodes}: a run across several nodes needs PostgreSQL "
+                "(TRAINCTL_DATABASE_URL) as the coordination point; this service keeps its "
+                "runs in SQLite, which serves one node. Use nnodes 1 (nproc_per_node for "
+                "this node's GPUs)"
+            )
+        values = {
+            "kind": kind,
+            "experiment": experiment,
+            "spec": _as_json(spec),
+            "max_attempts": max_attempts,
+            "idempotency_key": idempotency_key,
+            "depends_on": [[exp, tag] for exp, tag in depends_on],
+            "request_digest": request_digest,
+            "submitted_by": submitted_by,
+            "priority": priority,
+            "nnodes": placement.nnodes,
+            "gpus_per_node": placement.gpus_per_node,
+            "procs_per_node": placement.procs_per_node,
+            "spread": placement.spread,
+        }
+        try:
+            return self._enqueue_once(values, queue_limits)
+        except IntegrityError:
+            # A concurrent request inserted the same key or an active train run between our
+            # check and our insert (possible on PostgreSQL); checking again now explains why.
+            return self._enqueue_once(values, queue_limits)
+
+    def _enqueue_once(self, values: dict[str, Any], limits: QueueLimits | None) -> Run:
+        with write_transaction(self.engine) as conn:
+            key = values["idempotency_key"]
+            if key is not None:
+                existing = _fetch_one(conn, runs.c.idempotency_key == key)
+                if existing is not None:
+                    return _replay(existing, values)
+            if limits is not None:
+                limits.check(conn, values["submitted_by"])
+            if values["kind"] == "train":
+                active = _active_train_row(conn, values["experiment"])
+                if active is not None:
+                    raise ExperimentBusy(values["experiment"], active.id)
+            run_id, now = uuid.uuid4().hex, _utcnow()
+            conn.execute(
+                insert(runs).values(
+                    id=run_id, state="queued", created_at=now, queued_at=now,
+                    cancel_requested=False, step=0, attempt=1, **values,
+                )
+            )  # fmt: skip
+            return _run_from_row(_require_row(conn, run_id))
+
+    def replay(self, idempotency_key: str, kind: str, request_digest: str) -> Run | None:
+        """The run an earlier request with this key created, if any (before resolving again).
+
+        Raises `Conflict` when the key was used for a different request.
+        """
+        with read_transaction(self.engine) as conn:
+            existing = _fetch_one(conn, runs.c.idempotency_key == idempotency_key)
+        if existing is None:
+            return None
+        if existing.kind != kind or existing.request_digest != request_digest:
+            raise _key_reused(idempotency_key, existing.id)
+        return _run_from_row(existing)
+
+    def get(self, run_id: str) -> Run:
+        with read_transaction(self.engine) as conn:
+            return _run_from_row(_require_row(conn, run_id))
+
+    def list_runs(
+        self,
+        *,
+        kind: str | None = None,
+        state: str | None = None,
+        experiment: str | None = None,
+        submitted_by: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[list[Run], str | None]:
+        """Runs newest first, `limit` at a time; pass the returned cursor to get the next page.
+
+        Keyset pagination (not OFFSET): a page stays correct while new runs are enqueued.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        conditions: list[ColumnElement[bool]] = []
+        if kind is not None:
+            conditions.append(runs.c.kind == kind)
+        if state is not None:
+            conditions.append(runs.c.state == state)
+        if experiment is not None:
+            conditions.append(runs.c.experiment == experiment)
+        if submitted_by is not None:
+            conditions.append(runs.c.submitted_by == submitted_by)
+        if cursor is not None:
+            created_at, seq = _decode_cursor(cursor)
+            conditions.append(
+                or_(
+                    runs.c.created_at < created_at,
+                    and_(runs.c.created_at == created_at, runs.c.seq < seq),
+                )
+            )
+        query = (
+            select(runs)
+            .where(*conditions)
+            .order_by(runs.c.created_at.desc(), runs.c.seq.desc())
+            .limit(limit + 1)  # one extra row tells us whether another page exists
+        )
+        with read_transaction(self.engine) as conn:
+            rows = conn.execute(query).all()
+        page = rows[:limit]
+        next_cursor = (
+            _encode_cursor(page[-1].created_at, page[-1].seq) if len(rows) > limit else None
+        )
+        return [_run_from_row(row) for row in page], next_cursor
+
+    def request_cancel(self, run_id: str) -> Run:
+        """Cancel a queued run now; ask the worker of a running run to stop at a step boundary."""
+        with write_transaction(self.engine) as conn:
+            row = _require_row(conn, run_id, lock=True)
+            if row.state in TERMINAL_STATES:
+                raise RunNotCancellable(
+                    f"run {run_id} is already {row.state}; only queued or running runs "
+                    "can be cancelled"
+                )
+            if row.state == "queued":
+                return self._transition(
+                    conn, row, "cancelled", "cancelled before it started", finished=True
+                )
+            if not row.cancel_requested:
+                conn.execute(update(runs).where(runs.c.id == run_id).values(cancel_requested=True))
+                _insert_event(conn, run_id, "state", _state_data(
+                    row, "running", "cancel requested; the worker stops at the next step"
+                ) | {"cancel_requested": True})  # fmt: skip
+            return _run_from_row(_require_row(conn, run_id))
+
+    def is_cancel_requested(self, run_id: str) -> bool:
+        with read_transaction(self.engine) as conn:
+            return bool(_require_row(conn, run_id).cancel_requested)
+
+    def active_train_run(self, experiment: str) -> Run | None:
+        """The queued or running train run of `experiment`; there is at most one."""
+        with read_transaction(self.engine) as conn:
+            row = _active_train_row(conn, experiment)
+        return None if row is None else _run_from_row(row)
+
+    def protected_checkpoints(self) -> set[Checkpoint]:
+        """Checkpoints that queued or running runs still need; retention must keep them."""
+        query = select(runs.c.depends_on).where(runs.c.state.in_(ACTIVE_STATES))
+        with read_transaction(self.engine) as conn:
+            lists = conn.execute(query).scalars().all()
+        return {(exp, tag) for depends_on in lists for exp, tag in depends_on}
+
+    # ---- the worker side: claim, report, finish ---------------------------------------------
+
+    def claim(
+        self,
+        worker_id: str,
+        lease_seconds: float,
+        *,
+        rendezvous: Callable[[], str] | None = None,
+        reserve_after: float = GANG_RESERVE_SECONDS,
+    ) -> Run | None:
+        """The next run for `worker_id`, or None: a gang place a leader gave it, else the first
+        queued run it can serve (highest priority, then oldest), else None.
+
+        A gang run met first is gathered with idle live peers in this transaction, this worker
+        leading it; `rendezvous()` gives the host:port its members meet at (a free port on this
+        node). Rules and races: store/db/queue.py. Two claimers never get the same run: SQLite
+        serialises them with BEGIN IMMEDIATE; PostgreSQL locks the chosen row and lets other
+        claimers skip it (FOR UPDATE SKIP LOCKED).
+        """
+        now = _utcnow()
+        lease_until = now + timedelta(seconds=lease_seconds)
+        with write_transaction(self.engine) as conn:
+            me = conn.execute(
+                select(workers).where(workers.c.id == worker_id).with_for_update()
+            ).one_or_none()
+            if me is not None and me.run_id is not None:
+                placed = self._given_place(conn, worker_id)
+                if placed is not None:
+                    return placed
+                # Left over from a run this worker no longer works on (it asks only when idle).
+                conn.execute(update(workers).where(workers.c.id == worker_id).values(run_id=None))
+            cap = None if me is None else capacity_of(me)
+            for run_id in candidates(conn, cap):
+                row = lock_queued(conn, run_id)
+                if row is None:
+                    continue  # another claimer holds it
+                if row.nnodes == 1:
+                    return self._start(
+                        conn, row, worker_id, now, lease_until, f"claimed by {worker_id}"
+                    )
+                assert me is not None and cap is not None  # the unregistered see no gangs
+                need = placement_of_row(row)
+                members = choose_gang_members(conn, cap, need, now, lease_seconds)
+                if members is not None:
+                    endpoint = rendezvous() if rendezvous else f"{me.address or me.host}:29400"
+                    place_gang(conn, row, members, endpoint, lease_until)
+                    names = ", ".join(m.worker_id for m in members)
+                    reason = (
+                        f"claimed by a gang of {len(members)} workers ({names}); leader {worker_id}"
+                    )
+                    started = self._start(conn, row, worker_id, now, lease_until, reason)
+                    gang = GangPlace(0, row.nnodes, endpoint)
+                    return dataclasses.replace(started, gang=gang)
+                if reserved_for(conn, row, now, lease_seconds, reserve_after):
+                    return None  # keep this worker free for the gang (store/db/queue.py)
+        return None
+
+    def _start(
+        self,
+        conn: Connection,
+        row: Row[Any],
+        worker_id: str,
+        now: datetime,
+        lease_until: datetime,
+        reason: str,
+    ) -> Run:
+        started = conn.execute(
+            update(runs)
+            .where(runs.c.id == row.id, runs.c.state == "queued")
+            .values(
+                state="running",
+                worker_id=worker_id,
+                started_at=func.coalesce(runs.c.started_at, literal(now, UTCDateTime())),
+                lease_expires_at=lease_until,
+            )
+            .returning(*runs.c)
+        ).one()
+        conn.execute(update(workers).where(workers.c.id == worker_id).values(run_id=row.id))
+        _insert_event(conn, row.id, "state", _state_data(started, "queued", reason))
+        return _run_from_row(started)
+
+    def _given_place(self, conn: Connection, worker_id: str) -> Run | None:
+        place = my_place(conn, worker_id)
+        if place is None:
+            return None
+        run = _run_from_row(_require_row(conn, place.run_id))
+        # The attempt the place was given for: a later one fences this member out.
+        gang = GangPlace(place.node_rank, place.nnodes, place.rendezvous)
+        return dataclasses.replace(run, attempt=place.attempt, gang=gang)
+
+    def release_worker(self, worker_id: str) -> None:
+        """The worker has stopped working on its run: it is idle, a gang may take it."""
+        with write_transaction(self.engine) as conn:
+            conn.execute(update(workers).where(workers.c.id == worker_id).values(run_id=None))
+
+    def gang_members(self, run_id: str) -> list[str]:
+        """The workers of a running gang, by node rank (empty for other runs)."""
+        with read_transaction(self.engine) as conn:
+            return members_of(conn, run_id)
+
+    def heartbeat(self, run_id: str, worker_id: str, attempt: int, lease_seconds: float) -> None:
+        """Extend the lease (a gang member's own, and the run's for its leader); raises
+        `LeaseLost` when the run is no longer this worker's."""
+        lease = _utcnow() + timedelta(seconds=lease_seconds)
+        with write_transaction(self.engine) as conn:
+            row = _require_owned(conn, run_id, worker_id, attempt)
+            if row.worker_id == worker_id:
+                conn.execute(update(runs).where(runs.c.id == run_id).values(lease_expires_at=lease))
+            if row.nnodes > 1:
+                mine = and_(run_slots.c.run_id == run_id, run_slots.c.worker_id == worker_id)
+                conn.execute(update(run_slots).where(mine).values(lease_expires_at=lease))
+
+    def set_progress(
+        self, run_id: str, worker_id: str, attempt: int, step: int, total_steps: int | None
+    ) -> None:
+        with write_transaction(self.engine) as conn:
+            _fenced_update(conn, run_id, worker_id, attempt, step=step, total_steps=total_steps)
+
+    def append_event(
+        self,
+        run_id: str,
+        type: str,
+        data: dict[str, Any],
+        *,
+        worker_id: str | None = None,
+        attempt: int | None = None,
+    ) -> int:
+        """Append an event and return its id. A worker passes its id and attempt to be fenced."""
+        if type not in EVENT_TYPES:
+            raise ValueError(f"unknown event type {type!r}; expected one of {EVENT_TYPES}")
+        if (worker_id is None) != (attempt is None):
+            raise ValueError("pass worker_id and attempt together, or neither")
+        with write_transaction(self.engine) as conn:
+            if worker_id is not None and attempt is not None:
+                _require_owned(conn, run_id, worker_id, attempt)
+            else:
+                _require_row(conn, run_id, lock=True)  # see _insert_event: ids in commit order
+            return _insert_event(conn, run_id, type, _as_json(data))
+
+    def events(
+        self, run_id: str, *, after_id: int = 0, limit: int = 1000, type: str | None = None
+    ) -> list[Event]:
+        """Events of a run with id > `after_id`, oldest first (what a resuming stream needs)."""
+        conditions = [run_events.c.run_id == run_id, run_events.c.id > after_id]
+        if type is not None:
+            conditions.append(run_events.c.type == type)
+        query = select(run_events).where(*conditions).order_by(run_events.c.id).limit(limit)
+        with read_transaction(self.engine) as conn:
+            _require_row(conn, run_id)
+            rows = conn.execute(query).all()
+        return [Event(r.id, r.run_id, r.type, r.data, r.created_at) for r in rows]
+
+    def finish(
+        self,
+        run_id: str,
+        worker_id: str,
+        attempt: int,
+        state: str,
+        *,
+        result: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> Run:
+        """Record how the run ended; raises `LeaseLost` when it is no longer this worker's."""
+        if state not in TERMINAL_STATES:
+            raise ValueError(f"a run finishes as one of {sorted(TERMINAL_STATES)}, not {state!r}")
+        with write_transaction(self.engine) as conn:
+            row = _fenced_update(
+                conn, run_id, worker_id, attempt,
+                state=state, result=None if result is None else _as_json(result), error=error,
+                finished_at=_utcnow(), lease_expires_at=None,
+            )  # fmt: skip
+            leave_gang(conn, run_id)
+            reason = error or f"finished by {worker_id}"
+            _insert_event(conn, run_id, "state", _state_data(row, "running", reason))
+        return _run_from_row(row)
+
+    def requeue(self, run_id: str, worker_id: str, attempt: int, reason: str) -> Run:
+        """Give a running run back to the queue (a worker shutting down gracefully).
+
+        The attempt is not used up: the run did not fail. A gang's next try still gets a new
+        attempt number, which fences out members still stopping, with one more allowed. A run
+        whose cancel was requested is cancelled instead, since nobody wants it to run again.
+        """
+        with write_transaction(self.engine) as conn:
+            row = _require_owned(conn, run_id, worker_id, attempt)
+            if row.cancel_requested:
+                return self._transition(
+                    conn, row, "cancelled", f"{reason}; cancel was requested", finished=True
+                )
+            fence = {}
+            if row.nnodes > 1:
+                fence = {"attempt": row.attempt + 1, "max_attempts": row.max_attempts + 1}
+            return self._transition(conn, row, "queued", reason, worker_id=None, **fence)
+
+    def give_up(self, run_id: str, worker_id: str, attempt: int, reason: str) -> Run:
+        """A gang member lost its peers: requeue the run as a new attempt (or fail it when
+        none remain), as a reaper would. Raises `LeaseLost` when another member or a reaper
+        did so first."""
+        with write_transaction(self.engine) as conn:
+            row = _require_owned(conn, run_id, worker_id, attempt)
+            return self._recover(conn, row, requeue_cause=reason, fail_cause=reason, now=_utcnow())
+
+    # ---- recovery: runs whose worker is gone -------------------------------------------------
+
+    def reap_expired(self, now: datetime | None = None) -> list[Run]:
+        """Requeue (or fail, when out of attempts) every running run whose lease has expired."""
+        now = now or _utcnow()
+        expired = or_(runs.c.lease_expires_at < now, expired_member(now))
+        with write_transaction(self.engine) as conn:
+            rows = _running_rows(conn, expired)
+            recovered = []
+            for row in rows:
+                who = _silent_worker(conn, row, now)
+                recovered.append(
+                    self._recover(
+                        conn,
+                        row,
+                        requeue_cause=f"lease expired ({who} stopped heartbeating)",
+                        fail_cause=f"{who} stopped heartbeating (lease expired)",
+                        now=now,
+                    )
+                )
+            return recovered
+
+    def fail_worker_runs(self, worker_id: str, reason: str, *, retry: bool = True) -> list[Run]:
+        """Recover every running run of a worker known to be dead, as `reap_expired` would.
+
+        `retry` False fails them at once: what killed the worker (running out of memory)
+        would kill the next attempt too.
+        """
+        now = _utcnow()
+        with write_transaction(self.engine) as conn:
+            rows = _running_rows(conn, runs.c.worker_id == worker_id)
+            return [
+                self._recover(
+                    conn, row, requeue_cause=reason, fail_cause=reason, now=now, retry=retry
+                )
+                for row in rows
+            ]
+
+    def _recover(
+        self,
+        conn: Connection,
+        row: Row[Any],
+        *,
+        requeue_cause: str,
+        fail_cause: str,
+        now: datetime,
+        retry: bool = True,
+    ) -> Run:
+        """Requeue a run whose worker is gone while attempts remain; fail it otherwise."""
+        if row.cancel_requested:
+            return self._transition(
+                conn,
+                row,
+                "cancelled",
+                f"{fail_cause}; cancel was requested",
+                finished=True,
+                now=now,
+            )
+        if not retry:
+            error = f"{fail_cause}; not retried"
+            return self._transition(conn, row, "failed", error, error=error, finished=True, now=now)
+        if row.attempt < row.max_attempts:
+            next_attempt = row.attempt + 1
+            reason = f"{requeue_cause}; requeued, attempt {next_attempt} of {row.max_attempts}"
+            return self._transition(
+                conn, row, "queued", reason, worker_id=None, attempt=next_attempt, now=now
+            )
+        error = (
+            f"{fail_cause} and no attempts remain ({row.max_attempts} of {row.max_attempts} used)"
+        )
+        return self._transition(conn, row, "failed", error, error=error, finished=True, now=now)
+
+    def _transition(
+        self,
+        conn: Connection,
+        row: Row[Any],
+        state: str,
+        reason: str,
+        *,
+        finished: bool = False,
+        now: datetime | None = None,
+        **values: Any,
+    ) -> Run:
+        """Move `row` to `state` if it is still as read (same state, worker and attempt).
+
+        The callers read the row in the same write transaction, so the guard only matters on
+        PostgreSQL when a row was not locked; losing the race there means another writer
+        already moved the run, which `LeaseLost` reports.
+        """
+        now = now or _utcnow()
+        if finished:
+            values["finished_at"] = now
+        if state != "running":
+            values["lease_expires_at"] = None
+        if state == "queued":
+            values["queued_at"] = now
+        moved = conn.execute(
+            update(runs)
+            .where(
+                runs.c.id == row.id,
+                runs.c.state == row.state,
+                runs.c.attempt == row.attempt,
+                _same_worker(row.worker_id),
+            )
+            .values(state=state, **values)
+            .returning(*runs.c)
+        ).one_or_none()
+        if moved is None:
+            raise LeaseLost(f"run {row.id} changed while it was being moved to {state}; retry")
+        if row.state == "running":
+            leave_gang(conn, row.id)
+        _insert_event(conn, row.id, "state", _state_data(moved, row.state, reason))
+        return _run_from_row(moved)
+
+    # ---- workers -----------------------------------------------------------------------------
+
+    def register_worker(
+        self,
+        worker_id: str,
+        *,
+        host: str,
+        pid: int,
+        device: str,
+        info: dict[str, Any],
+        node_name: str | None = None,
+        gpus: int = 0,
+        cpus: int = 1,
+        address: str | None = None,
+    ) -> None:
+        """Record a worker process and what it has (store/placement.py); registering an id
+        again replaces its record (a restart), idle."""
+        now = _utcnow()
+        values = {"host": host, "pid": pid, "device": device, "info": _as_json(info)}
+        values |= {"started_at": now, "last_seen_at": now, "run_id": None}
+        values |= {"node_name": node_name or host, "gpus": gpus, "cpus": cpus, "address": address}
+        with write_transaction(self.engine) as conn:
+            # Update-then-insert instead of a dialect-specific upsert: the write transaction
+            # makes it atomic on SQLite; on PostgreSQL a racing insert fails loudly.
+            updated = conn.execute(update(workers).where(workers.c.id == worker_id).values(values))
+            if updated.rowcount == 0:
+                conn.execute(insert(workers).values(id=worker_id, **values))
+
+    def worker_heartbeat(self, worker_id: str) -> None:
+        """Mark the worker alive now; raises `WorkerNotFound` if it was deregistered."""
+        statement = update(workers).where(workers.c.id == worker_id).values(last_seen_at=_utcnow())
+        with write_transaction(self.engine) as conn:
+            if conn.execute(statement).rowcount == 0:
+                raise WorkerNotFound(worker_id)
+
+    def list_workers(self) -> list[Worker]:
+        running = select(runs.c.worker_id, runs.c.id).where(runs.c.state == "running")
+        with read_transaction(self.engine) as conn:
+            rows = conn.execute(select(workers).order_by(workers.c.started_at)).all()
+            current = {worker: run for worker, run in conn.execute(running)}
+        return [
+            Worker(
+                r.id,
+                r.host,
+                r.pid,
+                r.device,
+                r.info,
+                r.started_at,
+                r.last_seen_at,
+                current.get(r.id) or r.run_id,
+                r.node_name,
+                r.gpus,
+                r.cpus,
+                r.address,
+            )
+            for r in rows
+        ]
+
+    def deregister_worker(self, worker_id: str) -> None:
+        """Forget a worker (it exited). Its running runs are recovered by `fail_worker_runs`."""
+        with write_transaction(self.engine) as conn:
+            conn.execute(workers.delete().where(workers.c.id == worker_id))
+
+
+# ---- helpers: rows, fencing, events, cursors ------------------------------------------------
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _as_json(value: dict[str, Any]) -> dict[str, Any]:
+    """The value as it will come back from a JSON column (tuples become lists, and so on).
+
+    Normalising before storing lets an idempotent replay compare like with like, and rejects
+    values JSON cannot hold here, with a clear error, rather than inside the driver.
+    """
+    try:
+        normalised: dict[str, Any] = json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"value is not JSON-serialisable: {exc}") from exc
+    return normalised
+
+
+def _run_from_row(row: Row[Any]) -> Run:
+    return Run(
+        id=row.id,
+        kind=row.kind,
+        experiment=row.experiment,
+        state=row.state,
+        spec=row.spec,
+        progress={"step": row.step, "total_steps": row.total_steps},
+        result=row.result,
+        error=row.error,
+        worker_id=row.worker_id,
+        attempt=row.attempt,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        max_attempts=row.max_attempts,
+        cancel_requested=bool(row.cancel_requested),
+        lease_expires_at=row.lease_expires_at,
+        idempotency_key=row.idempotency_key,
+        depends_on=[(exp, tag) for exp, tag in row.depends_on],
+        submitted_by=row.submitted_by,
+        priority=row.priority,
+        placement=placement_of_row(row),
+        queued_at=row.queued_at,
+    )
+
+
+def _replay(existing: Row[Any], values: dict[str, Any]) -> Run:
+    """The run an idempotent retry refers to, if the retry asks for the same thing."""
+    if existing.request_digest and values["request_digest"]:
+        body: tuple[str, ...] = ("kind", "request_digest")
+    else:
+        body = ("kind", "experiment", "spec", "depends_on")
+    if any(getattr(existing, name) != values[name] for name in body):
+        raise _key_reused(values["idempotency_key"], existing.id)
+    return _run_from_row(existing)
+
+
+def _key_reused(key: str, run_id: str) -> Conflict:
+    return Conflict(
+        f"idempotency key {key!r} was already used for a different request (run {run_id}); "
+        "use a new key for a new run"
+    )
+
+
+def _fetch_one(
+    conn: Connection, condition: ColumnElement[bool], *, lock: bool = False
+) -> Row[Any] | None:
+    query = select(runs).where(condition)
+    if lock:
+        query = query.with_for_update()
+    return conn.execute(query).one_or_none()
+
+
+def _require_row(conn: Connection, run_id: str, *, lock: bool = False) -> Row[Any]:
+    row = _fetch_one(conn, runs.c.id == run_id, lock=lock)
+    if row is None:
+        raise RunNotFound(run_id)
+    return row
+
+
+def _active_train_row(conn: Connection, experiment: str) -> Row[Any] | None:
+    condition = and_(
+        runs.c.kind == "train",
+        runs.c.experiment == experiment,
+        runs.c.state.in_(ACTIVE_STATES),
+    )
+    return conn.execute(select(runs).where(condition).limit(1)).one_or_none()
+
+
+def _running_rows(conn: Connection, condition: ColumnElement[bool]) -> Sequence[Row[Any]]:
+    """Running runs matching `condition`, locked; rows another reaper holds are skipped."""
+    query = (
+        select(runs)
+        .where(runs.c.state == "running", condition)
+        .order_by(runs.c.created_at, runs.c.seq)
+        .with_for_update(skip_locked=True)
+    )
+    return conn.execute(query).all()
+
+
+def _same_worker(worker_id: str | None) -> ColumnElement[bool]:
+    return runs.c.worker_id.is_(None) if worker_id is None else runs.c.worker_id == worker_id
+
+
+def _owned(run_id: str, worker_id: str, attempt: int) -> ColumnElement[bool]:
+    """The fence: the run is running under this worker (or a gang with it as a member) and
+    this attempt."""
+    return and_(
+        runs.c.id == run_id,
+        or_(runs.c.worker_id == worker_id, is_member(worker_id, attempt)),
+        runs.c.attempt == attempt,
+        runs.c.state == "running",
+    )
+
+
+def _silent_worker(conn: Connection, row: Row[Any], now: datetime) -> str:
+    """Who of a run's workers stopped heartbeating, in words: a gang member, or its worker."""
+    if row.nnodes > 1:
+        late = select(run_slots.c.worker_id).where(
+            run_slots.c.run_id == row.id, run_slots.c.lease_expires_at < now
+        )
+        names = list(conn.execute(late).scalars())
+        if names:
+            return f"gang member {', '.join(names)}"
+    return f"worker {row.worker_id}"
+
+
+def _fenced_update(
+    conn: Connection, run_id: str, worker_id: str, attempt: int, **values: Any
+) -> Row[Any]:
+    """Update a run only if `worker_id` still owns `attempt` of it; else raise `LeaseLost`."""
+    statement = (
+        update(runs).where(_owned(run_id, worker_id, attempt)).values(**values).returning(*runs.c)
+    )
+    row = conn.execute(statement).one_or_none()
+    if row is None:
+        raise _lease_lost(conn, run_id, worker_id, attempt)
+    return row
+
+
+def _require_owned(conn: Connection, run_id: str, worker_id: str, attempt: int) -> Row[Any]:
+    """Read and lock the run if `worker_id` still owns `attempt` of it; else raise `LeaseLost`.
+
+    The lock (PostgreSQL) or the write transaction (SQLite) keeps a reaper from moving the run
+    before the caller's write commits.
+    """
+    row = _fetch_one(conn, _owned(run_id, worker_id, attempt), lock=True)
+    if row is None:
+        raise _lease_lost(conn, run_id, worker_id, attempt)
+    return row
+
+
+def _lease_lost(conn: Connection, run_id: str, worker_id: str, attempt: int) -> Exception:
+    """Explain why a fenced write was refused, so the worker's log says what happened."""
+    row = _fetch_one(conn, runs.c.id == run_id)
+    if row is None:
+        return RunNotFound(run_id)
+    return LeaseLost(
+        f"worker {worker_id} no longer owns run {run_id} (attempt {attempt}): the run is now "
+        f"{row.state}, attempt {row.attempt}, worker {row.worker_id or 'none'}; "
+        "stop working on it"
+    )
+
+
+def _state_data(row: Row[Any], previous: str, reason: str) -> dict[str, Any]:
+    return {
+        "state": row.state,
+        "previous": previous,
+        "reason": reason,
+        "attempt": row.attempt,
+        "worker_id": row.worker_id,
+    }
+
+
+def _insert_event(conn: Connection, run_id: str, type: str, data: dict[str, Any]) -> int:
+    """Append an event; the caller must hold the run's row lock in this transaction.
+
+    A client resuming a stream asks for the events of one run with id > Last-Event-ID, so the
+    ids of one run must become visible in increasing order. On PostgreSQL ids come from a
+    sequence, handed out at INSERT, not at COMMIT: two transactions inserting events of the
+    same run could take ids 10 and 11 and commit 11 first, and a reader between the two
+    commits would move past 10 for good. Every caller therefore takes the run's row lock first
+    (SELECT ... FOR UPDATE, or the UPDATE of a state change), which serialises the event
+    writers of a run: the next one takes its id only after the previous one committed. (The
+    foreign-key check of a bare INSERT takes only a shared key lock, which two inserters hold
+    at once, so it does not serialise them.) Events
+    of different runs need no order between them, and do not wait for each other. On SQLite
+    BEGIN IMMEDIATE serialises every writer anyway.
+    """
+    result = conn.execute(
+        insert(run_events).values(run_id=run_id, type=type, data=data, created_at=_utcnow())
+    )
+    event_id = result.inserted_primary_key[0] if result.inserted_primary_key else None
+    assert isinstance(event_id, int), "the database did not return the new event's id"
+    return event_id
+
+
+def _encode_cursor(created_at: datetime, seq: int) -> str:
+    raw = json.dumps([created_at.isoformat(), seq]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, int]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_text, seq = json.loads(raw)
+        created_at = datetime.fromisoformat(created_text)
+        if created_at.tzinfo is None or not isinstance(seq, int):
+            raise ValueError("cursor fields have the wrong types")
+        if not 0 <= seq < 2**63:  # a forged one: the database's integers are 64-bit
+            raise ValueError("cursor sequence number out of range")
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(
+            f"invalid cursor {cursor!r}: pass the next_cursor of a previous page unchanged"
+        ) from exc
+    return created_at, seq

@@ -1,0 +1,66 @@
+"""The data dir's layout and the worker's timing defaults, read by the service and the worker
+alike (docs/architecture.md, "Runs" and "Checkpoint store"): both sides of the database and
+the folders must agree on them, so each is written once, here.
+
+```
+<data dir>/
+  trainctl.db      the run database, when TRAINCTL_DATABASE_URL is unset (SQLite)
+  checkpoints/     the checkpoint store: <experiment>/<tag>/
+  datasets/        what prepare runs write: <name>/
+  exports/         what export runs write: <experiment>/<tag>/
+  tensorboard/     the tensorboard tracker's files: <experiment>/<run id>/
+  logs/            the local workers' logs
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+LEASE_SECONDS = 30.0
+"""A run's lease: a worker not heard from for this long has lost its run."""
+HEARTBEAT_SECONDS = 5.0
+"""How often a worker extends its lease and says it is alive."""
+POLL_SECONDS = 0.5
+"""How often an idle worker asks the queue for a run."""
+
+
+@dataclass(frozen=True)
+class DataLayout:
+    """Where everything of one data dir lives."""
+
+    root: Path
+
+    @property
+    def database_file(self) -> Path:
+        return self.root / "trainctl.db"
+
+    @property
+    def sqlite_url(self) -> str:
+        """The embedded default database: SQLite in the data dir, by absolute path (the
+        workers may start in another folder)."""
+        return f"sqlite:///{self.database_file.resolve()}"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def datasets(self) -> Path:
+        """Where prepare runs write datasets; a run names one of them by its name."""
+        return self.root / "datasets"
+
+    @property
+    def exports(self) -> Path:
+        """Where export runs write: exports/<experiment>/<tag>, served under /exports."""
+        return self.root / "exports"
+
+    @property
+    def tensorboard(self) -> Path:
+        """Where the tensorboard tracker writes: tensorboard/<experiment>/<run id>."""
+        return self.root / "tensorboard"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"

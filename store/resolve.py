@@ -1,0 +1,616 @@
+"""Resolution: a request becomes its plan at submit time (docs/architecture.md, "Requests and
+plans").
+
+`resolve_train`, `resolve_validate`, `resolve_benchmark`, `resolve_prepare`, `resolve_sample`
+and `resolve_export` decide everything a run needs now, so that a bad request is a 422 rather
+than a failed run later: the device, the model config, the batch geometry, the data files or
+the dataset, and the concrete checkpoint a resume or a validation reads. Device-dependent
+defaults come from a `Profile` (CPU or CUDA).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trainctl.store.checkpoints.exports import check_exportable
+from trainctl.store.checkpoints.manifests import sha256_file
+from trainctl.store.checkpoints.store import (
+    CheckpointInfo,
+    CheckpointStore,
+    TokenizerId,
+    check_fits,
+)
+from trainctl.store.data.codec import TextCodec, build_codec
+from trainctl.store.data.datasets import (
+    DATASET_FILE,
+    TOKENIZER_FILE,
+    is_dataset,
+    read_dataset,
+)
+from trainctl.store.data.paths import (
+    confine_dataset,
+    confine_path,
+    confine_paths,
+    dataset_folder,
+    resolve_data,
+)
+from trainctl.store.data.shards import DataError
+from trainctl.store.exceptions import (
+    CheckpointNotFound,
+    DatasetExists,
+    ExportExists,
+    InvalidRequest,
+    TrainctlError,
+)
+from trainctl.store.generation import check_context
+from trainctl.store.names import BEST_TAG, LATEST_REF
+from trainctl.store.placement import Placement
+from trainctl.store.plans import (
+    BatchPlan,
+    BenchmarkPlan,
+    CheckpointRef,
+    DatasetPin,
+    Device,
+    ExportPlan,
+    ModelPlan,
+    PreparePlan,
+    RunPlan,
+    SamplePlan,
+    TokenizerPin,
+    TrainPlan,
+    ValidatePlan,
+    data_tokenizer,
+)
+from trainctl.store.presets import ModelConfig
+from trainctl.store.specs import (
+    BYTES_TOKENIZER,
+    MLFLOW_SETTING,
+    BatchSpec,
+    BenchmarkOptions,
+    BenchmarkRequest,
+    CheckpointChoice,
+    DataSpec,
+    ExportRequest,
+    ModelSpec,
+    PrepareOptions,
+    PrepareRequest,
+    SampleRequest,
+    Spec,
+    Tracker,
+    TrainOptions,
+    TrainRequest,
+    ValidateOptions,
+    ValidateRequest,
+)
+
+# More tokens than this in one forward pass exhausts any single device's memory: a request
+# for it is a mistake to refuse now, not a run to fail after loading the data.
+MAX_TOKENS_PER_MICRO_BATCH = 1 << 20
+
+# --- device profiles ------------------------------------------------------------------------
+
+
+class Profile(Spec):
+    """Device-dependent defaults."""
+
+    device: Device
+    preset: str
+    micro_batch_size: int
+    grad_accum_steps: int
+    seq_len: int
+    use_compile: bool
+    use_checkpoint_per_layer: bool
+
+
+# The seed's A100 benchmark configuration, and a CPU-sized one so that a 100-step benchmark
+# takes about a minute on two cores instead of hours.
+BENCHMARK_PROFILES = {
+    "cuda": Profile(
+        device="cuda",
+        preset="base",
+        micro_batch_size=4,
+        grad_accum_steps=8,
+        seq_len=4096,
+        use_compile=True,
+        use_checkpoint_per_layer=True,
+    ),
+    "cpu": Profile(
+        device="cpu",
+        preset="tiny",
+        micro_batch_size=16,
+        grad_accum_steps=3,
+        seq_len=512,
+        use_compile=False,
+        use_checkpoint_per_layer=False,
+    ),
+}
+TRAIN_PROFILES = {
+    "cuda": Profile(
+        device="cuda",
+        preset="small",
+        micro_batch_size=16,
+        grad_accum_steps=2,
+        seq_len=1024,
+        use_compile=False,
+        use_checkpoint_per_layer=False,
+    ),
+    "cpu": Profile(
+        device="cpu",
+        preset="tiny",
+        micro_batch_size=8,
+        grad_accum_steps=1,
+        seq_len=256,
+        use_compile=False,
+        use_checkpoint_per_layer=False,
+    ),
+}
+CPU_BENCHMARK_WARNING = (
+    "no CUDA device: ran the CPU profile (preset tiny, micro-batch 16, grad-accum 3, "
+    "seq 512) instead of the GPU configuration; figures are not comparable with GPU runs"
+)
+
+
+def pick_device(requested: str, cuda_available: bool) -> Device:
+    """'auto' is CUDA where a worker has it, else the CPU. An explicit 'cuda' is CUDA even
+    while no GPU worker is live: the run waits for one (its `waiting_reason` says so) rather
+    than fail for lack of GPUs."""
+    if requested == "auto":
+        return "cuda" if cuda_available else "cpu"
+    return "cuda" if requested == "cuda" else "cpu"
+
+
+def placement_of(plan: RunPlan) -> Placement:
+    """What the workers that take `plan` must have (store.placement): a train run's nnodes
+    nodes of nproc_per_node GPUs (or CPU processes); one GPU (or a CPU process) on one node
+    for a benchmark, validation or sample; one CPU process for a prepare or an export."""
+    if isinstance(plan, TrainPlan):
+        return Placement(
+            nnodes=plan.nnodes,
+            gpus_per_node=plan.nproc_per_node if plan.device == "cuda" else 0,
+            procs_per_node=plan.nproc_per_node,
+            spread=plan.spread,
+        )
+    if isinstance(plan, BenchmarkPlan | ValidatePlan | SamplePlan):
+        return Placement(gpus_per_node=1 if plan.device == "cuda" else 0)
+    return Placement()
+
+
+# --- resolve --------------------------------------------------------------------------------
+
+
+def resolve_train(
+    request: TrainRequest,
+    *,
+    cuda_available: bool,
+    data_roots: list[Path],
+    checkpoints: CheckpointStore | None = None,
+    datasets_dir: Path | None = None,
+    default_trackers: Sequence[Tracker] = (),
+    mlflow_configured: bool = False,
+) -> TrainPlan:
+    """The plan of a train request. A resume needs `checkpoints`, to pin the checkpoint; a
+    dataset named by its name needs `datasets_dir`, where prepare runs write them.
+    `default_trackers` are the service's (TRAINCTL_TRACKERS), for a request that names none."""
+    device = pick_device(request.device, cuda_available)
+    profile = TRAIN_PROFILES[device]
+    model = _model_plan(request.model, profile)
+    if request.data.source in ("stdlib", "text") and model.config.vocab_size < 256:
+        raise InvalidRequest("byte-level text needs a vocab_size of at least 256")
+    data, dataset = _data_plan(request.data, data_roots, datasets_dir)
+    if dataset is not None:
+        _check_vocabulary(
+            request.data,
+            dataset,
+            model.config.vocab_size,
+            f"the model's vocab_size of {model.config.vocab_size:,}; raise "
+            f"model.overrides.vocab_size to at least {dataset.vocab_size:,}",
+        )
+    if request.sample_every is not None:
+        _check_samples(request, data, dataset, model.config)
+    checkpoint_every = request.checkpoint_every or max(request.steps // 10, 1)
+    return TrainPlan(
+        **_options(request, TrainOptions)
+        | _trackers(request, default_trackers, mlflow_configured, data_roots),
+        device=device,
+        model=model,
+        batch=_split_across_ranks(
+            _geometry(request.batch, profile, model.config), request.batch, request
+        ),
+        data=data,
+        dataset=dataset,
+        checkpoint_every=checkpoint_every,
+        val_every=request.val_every or checkpoint_every,
+        resume_from=_resume_point(
+            request, model.config, checkpoints, data_tokenizer(data, dataset)
+        ),
+    )
+
+
+def resolve_benchmark(request: BenchmarkRequest, *, cuda_available: bool) -> BenchmarkPlan:
+    device = pick_device(request.device, cuda_available)
+    profile = BENCHMARK_PROFILES[device]
+    use_compile = profile.use_compile if request.use_compile is None else request.use_compile
+    ckpt = (
+        profile.use_checkpoint_per_layer
+        if request.use_checkpoint_per_layer is None
+        else request.use_checkpoint_per_layer
+    )
+    # MTP stays off in the benchmark (as in the seed) unless the overrides ask for it.
+    model = _model_plan(
+        request.model,
+        profile,
+        use_compile=use_compile,
+        compile_mode=request.compile_mode or "reduce-overhead",
+        use_checkpoint_per_layer=ckpt,
+    )
+    warnings = [CPU_BENCHMARK_WARNING] if device == "cpu" and request.device == "auto" else []
+    return BenchmarkPlan(
+        **_options(request, BenchmarkOptions),
+        device=device,
+        model=model,
+        batch=_geometry(request.batch, profile, model.config),
+        warnings=warnings,
+    )
+
+
+def resolve_validate(
+    request: ValidateRequest,
+    *,
+    cuda_available: bool,
+    data_roots: list[Path],
+    checkpoints: CheckpointStore,
+    datasets_dir: Path | None = None,
+) -> ValidatePlan:
+    """Pins 'latest', 'best' or 'exp/tag' to one checkpoint now, and takes its model; the
+    data must be encoded with the tokenizer the checkpoint was trained with."""
+    device = pick_device(request.device, cuda_available)
+    info = _chosen_checkpoint(checkpoints, request, "validate")
+    config = info.require_model_config()
+    seq_len = request.seq_len or min(TRAIN_PROFILES[device].seq_len, config.max_seq_len)
+    if seq_len > config.max_seq_len:
+        raise InvalidRequest(
+            f"seq_len {seq_len} is above the checkpoint model's max_seq_len {config.max_seq_len}"
+        )
+    data, dataset = _data_plan(request.data, data_roots, datasets_dir)
+    source = f"checkpoint {info.experiment}/{info.tag}"
+    if dataset is not None:
+        _check_vocabulary(
+            request.data,
+            dataset,
+            config.vocab_size,
+            f"the vocab_size of {source}'s model, {config.vocab_size:,}",
+        )
+    _check_same_tokenizer(info, data_tokenizer(data, dataset), "data")
+    return ValidatePlan(
+        **_options(request, ValidateOptions) | {"data": data},
+        dataset=dataset,
+        checkpoint=CheckpointRef(experiment=info.experiment, tag=info.tag),
+        model=config,
+        seq_len=seq_len,
+        device=device,
+    )
+
+
+def resolve_prepare(
+    request: PrepareRequest, *, data_roots: list[Path], datasets_dir: Path
+) -> PreparePlan:
+    """Inputs and tokenizer confined to the roots, the output a new folder of `datasets_dir`."""
+    output = Path(os.path.realpath(datasets_dir)) / request.name
+    if os.path.lexists(output):
+        raise DatasetExists(
+            f"name: the data dir's datasets/ already has a {request.name!r}; choose another "
+            "name, or remove that folder first"
+        )
+    inputs = confine_paths(request.inputs, data_roots, "inputs", skip_hidden=True)
+    return PreparePlan(
+        **_options(request, PrepareOptions),
+        name=request.name,
+        inputs=[str(p) for p in inputs],
+        tokenizer=_tokenizer_file(request.tokenizer, data_roots),
+        output=str(output),
+    )
+
+
+def resolve_sample(
+    request: SampleRequest, *, cuda_available: bool, checkpoints: CheckpointStore
+) -> SamplePlan:
+    """Pins the checkpoint and encodes the prompts with its tokenizer now, so that a prompt
+    or a length that cannot work is a 422, not a failed run."""
+    device = pick_device(request.device, cuda_available)
+    info = _chosen_checkpoint(checkpoints, request, "sample from")
+    config = info.require_model_config()
+    codec = checkpoint_codec(info)
+    source = f"checkpoint {info.experiment}/{info.tag}"
+    if request.prompts is not None:
+        if codec is None:
+            raise InvalidRequest(
+                f"prompts: {source} records no tokenizer (it was trained on synthetic tokens "
+                "or bare shards), so it cannot encode text or decode its completions; send "
+                "prompt_tokens (token ids) instead"
+            )
+        tokens = [codec.encode(p) for p in request.prompts]
+    else:
+        tokens = request.prompt_tokens or []
+        check_token_ids(tokens, config.vocab_size, "prompt_tokens", source)
+    for i, ids in enumerate(tokens):
+        where = f"prompt {i}" if len(tokens) > 1 else "prompt"
+        try:
+            check_context(len(ids), request.generation.max_new_tokens, config.max_seq_len)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"{where}: {exc} ({source})") from None
+    return SamplePlan(
+        checkpoint=CheckpointRef(experiment=info.experiment, tag=info.tag),
+        model=config,
+        tokenizer=_tokenizer_pin(info, codec),
+        prompts=request.prompts,
+        prompt_tokens=tokens,
+        generation=request.generation,
+        device=device,
+    )
+
+
+def resolve_export(
+    request: ExportRequest, *, checkpoints: CheckpointStore, exports_dir: Path
+) -> ExportPlan:
+    """Pins the checkpoint, refuses a model that the format cannot express, and names the new
+    folder, which must not exist yet (an export is never overwritten)."""
+    info = _chosen_checkpoint(checkpoints, request, "export")
+    config = info.require_model_config()
+    check_exportable(config)
+    output = Path(os.path.realpath(exports_dir)) / info.experiment / info.tag
+    if os.path.lexists(output):
+        raise ExportExists(
+            f"checkpoint {info.experiment}/{info.tag} is already exported (GET /exports/"
+            f"{info.experiment}/{info.tag}); delete that export first to export it again"
+        )
+    return ExportPlan(
+        checkpoint=CheckpointRef(experiment=info.experiment, tag=info.tag),
+        model=config,
+        format=request.format,
+        dtype=request.dtype,
+        output=str(output),
+    )
+
+
+def _check_samples(
+    request: TrainRequest, data: DataSpec, dataset: DatasetPin | None, config: ModelConfig
+) -> None:
+    """Samples need text in and out, and each prompt with its completion must fit the model."""
+    codec = data_codec(data, dataset)
+    if codec is None:
+        raise InvalidRequest(
+            f"sample_every: the tokens of data source {data.source!r} come from no known "
+            "tokenizer, so prompts cannot be encoded nor samples decoded; train on a dataset, "
+            "stdlib or text, or leave sample_every out"
+        )
+    for i, prompt in enumerate(request.sample_prompts):
+        try:
+            check_context(
+                len(codec.encode(prompt)), request.sample_settings.max_new_tokens,
+                config.max_seq_len,
+            )  # fmt: skip
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"sample_prompts[{i}]: {exc}") from None
+
+
+def data_codec(data: DataSpec, dataset: DatasetPin | None) -> TextCodec | None:
+    """The text codec of a run's data: its dataset's tokenizer, bytes for byte-level text,
+    None where unknown."""
+    tokenizer_json = None
+    if dataset is not None and dataset.tokenizer.kind == "bpe":
+        tokenizer_json = (Path(dataset.folder) / TOKENIZER_FILE).read_bytes()
+    try:
+        return build_codec(data_tokenizer(data, dataset), tokenizer_json)
+    except DataError as exc:
+        raise InvalidRequest(f"data.dataset: {exc}") from None
+
+
+def checkpoint_codec(info: CheckpointInfo) -> TextCodec | None:
+    """The text codec of a checkpoint's tokenizer (its tokenizer.json checked against the
+    recorded sha256); None where it records none."""
+    tokenizer_json = None
+    if info.tokenizer is not None and info.tokenizer.kind == "bpe":
+        try:
+            tokenizer_json = (info.path / TOKENIZER_FILE).read_bytes()
+        except OSError as exc:
+            raise InvalidRequest(
+                f"checkpoint {info.experiment}/{info.tag}: cannot read its {TOKENIZER_FILE} "
+                f"({exc.strerror})"
+            ) from None
+    try:
+        return build_codec(info.tokenizer, tokenizer_json)
+    except DataError as exc:
+        raise InvalidRequest(f"checkpoint {info.experiment}/{info.tag}: {exc}") from None
+
+
+def check_token_ids(tokens: list[list[int]], vocab_size: int, field: str, source: str) -> None:
+    for i, ids in enumerate(tokens):
+        if ids and max(ids) >= vocab_size:
+            raise InvalidRequest(
+                f"{field}[{i}]: token id {max(ids)} is not below the vocab_size of {source}'s "
+                f"model, {vocab_size:,}"
+            )
+
+
+def _tokenizer_pin(info: CheckpointInfo, codec: TextCodec | None) -> TokenizerPin | None:
+    if info.tokenizer is None or codec is None:
+        return None
+    return TokenizerPin(kind=info.tokenizer.kind, sha256=info.tokenizer.sha256, eot_id=codec.eot_id)
+
+
+def _tokenizer_file(ref: str, roots: list[Path]) -> str:
+    if ref == BYTES_TOKENIZER:
+        return ref
+    path = confine_path(ref, roots, "tokenizer")
+    if path.is_dir():
+        path = confine_path(str(path / TOKENIZER_FILE), roots, "tokenizer")
+    if not path.is_file():
+        raise InvalidRequest(f"tokenizer: {ref!r} is not a file")
+    return str(path)
+
+
+def _trackers(
+    request: TrainRequest, default: Sequence[Tracker], mlflow_configured: bool, roots: list[Path]
+) -> dict[str, Any]:
+    """The trackers the run is mirrored to and the real folder of its TensorBoard files."""
+    trackers = list(default) if request.trackers is None else request.trackers
+    if "mlflow" in trackers and not mlflow_configured:
+        raise InvalidRequest(
+            f"trackers: 'mlflow' needs a tracking server, and this service has none: set "
+            f"{MLFLOW_SETTING} (or leave 'mlflow' out)"
+        )
+    folder = request.tensorboard_dir
+    if folder is not None:
+        if "tensorboard" not in trackers:
+            raise InvalidRequest("tensorboard_dir: the run has no 'tensorboard' tracker")
+        real = confine_path(folder, roots, "tensorboard_dir")
+        if not real.is_dir():
+            raise InvalidRequest(f"tensorboard_dir: {folder!r} is not a folder")
+        folder = str(real)
+    return {"trackers": trackers, "tensorboard_dir": folder}
+
+
+def _options(request: Spec, shared: type[Spec]) -> dict[str, Any]:
+    """The fields a request hands to its plan unchanged (those of the shared base)."""
+    return {name: getattr(request, name) for name in shared.model_fields}
+
+
+def _model_plan(model: ModelSpec, profile: Profile, **runtime: Any) -> ModelPlan:
+    try:
+        config = model.config(profile.preset).replace(**runtime)
+    except TrainctlError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"model.overrides: {exc}") from exc
+    return ModelPlan(
+        preset=model.preset or profile.preset, overrides=model.overrides, config=config
+    )
+
+
+def _geometry(batch: BatchSpec, profile: Profile, cfg: ModelConfig) -> BatchPlan:
+    seq_len = batch.seq_len or min(profile.seq_len, cfg.max_seq_len)
+    if seq_len > cfg.max_seq_len:
+        raise InvalidRequest(
+            f"batch.seq_len {seq_len} is above the model's max_seq_len {cfg.max_seq_len}"
+        )
+    micro = batch.micro_batch_size or profile.micro_batch_size
+    if micro * seq_len > MAX_TOKENS_PER_MICRO_BATCH:
+        raise InvalidRequest(
+            f"batch: micro_batch_size {micro} x seq_len {seq_len} = {micro * seq_len:,} tokens "
+            f"per forward pass, above the limit of {MAX_TOKENS_PER_MICRO_BATCH:,}; use "
+            "grad_accum_steps for a larger batch"
+        )
+    return BatchPlan(
+        micro_batch_size=micro,
+        grad_accum_steps=batch.grad_accum_steps or profile.grad_accum_steps,
+        seq_len=seq_len,
+    )
+
+
+def _split_across_ranks(
+    resolved: BatchPlan, requested: BatchSpec, ranks: TrainOptions
+) -> BatchPlan:
+    """Each of the nnodes x nproc_per_node ranks runs an equal share of a step's
+    micro-batches."""
+    accum, world = resolved.grad_accum_steps, ranks.nnodes * ranks.nproc_per_node
+    if accum % world == 0:
+        return resolved
+    if requested.grad_accum_steps is not None:
+        raise InvalidRequest(
+            f"batch.grad_accum_steps {accum} does not split evenly across nnodes "
+            f"{ranks.nnodes} x nproc_per_node {ranks.nproc_per_node} = {world} processes; "
+            f"use a multiple of {world}"
+        )
+    return resolved.model_copy(update={"grad_accum_steps": -(-accum // world) * world})
+
+
+def _data_plan(
+    data: DataSpec, roots: list[Path], datasets_dir: Path | None
+) -> tuple[DataSpec, DatasetPin | None]:
+    """The data with its paths expanded, or the dataset it names read and pinned."""
+    if data.source != "dataset":
+        return resolve_data(data, roots), None
+    assert data.dataset is not None  # DataSpec's rule
+    field = f"data.dataset {data.dataset!r}"
+    folder = dataset_folder(data.dataset, roots, datasets_dir, "data.dataset")
+    if not is_dataset(folder):
+        raise InvalidRequest(
+            f"{field} has no {DATASET_FILE}: not a prepared dataset, or its prepare has not "
+            "finished (wait for it, or prepare it again)"
+        )
+    try:
+        found = read_dataset(folder)
+    except DataError as exc:
+        raise InvalidRequest(f"{field}: {exc}") from None
+    confine_dataset(found, [*roots, *([datasets_dir] if datasets_dir else [])], field)
+    tokenizer = found.tokenizer_path
+    if tokenizer is not None and sha256_file(tokenizer) != found.tokenizer.sha256:
+        raise InvalidRequest(
+            f"{field}: its {tokenizer.name} is not the one its {DATASET_FILE} records (sha256 "
+            "differs): the shards may not be its tokens; prepare it again"
+        )
+    return data.model_copy(update={"dataset": str(folder)}), DatasetPin.of(found)
+
+
+def _check_vocabulary(data: DataSpec, dataset: DatasetPin, vocab_size: int, model: str) -> None:
+    if dataset.vocab_size > vocab_size:
+        raise InvalidRequest(
+            f"data.dataset {data.dataset!r} has a vocabulary of {dataset.vocab_size:,} tokens, "
+            f"more than {model}"
+        )
+
+
+def _check_same_tokenizer(info: CheckpointInfo, tokenizer: TokenizerId | None, what: str) -> None:
+    """A loss over token ids of another tokenizer means nothing: refuse it while it is
+    known on both sides (a checkpoint from before datasets records none)."""
+    if info.tokenizer is None or tokenizer is None or info.tokenizer == tokenizer:
+        return
+    raise InvalidRequest(
+        f"checkpoint {info.experiment}/{info.tag} was trained on {info.tokenizer.describe()}, "
+        f"but the {what} is {tokenizer.describe()}: another tokenizer's token ids mean "
+        "nothing to it; use data encoded with the checkpoint's tokenizer"
+    )
+
+
+def _resume_point(
+    request: TrainRequest,
+    config: ModelConfig,
+    checkpoints: CheckpointStore | None,
+    tokenizer: TokenizerId | None,
+) -> CheckpointRef | None:
+    """The concrete checkpoint `resume_from` names, checked to fit the model being trained."""
+    if request.resume_from is None:
+        return None
+    if checkpoints is None:
+        raise InvalidRequest("resume_from: no checkpoint store to resume from")
+    try:
+        info = checkpoints.resolve(request.experiment, request.resume_from)
+    except CheckpointNotFound:
+        raise InvalidRequest(
+            f"resume_from: experiment {request.experiment!r} has no checkpoint "
+            f"{request.resume_from!r} to resume from; train without resume_from, or name one of "
+            "its checkpoints (GET /checkpoints?experiment=...)"
+        ) from None
+    source = f"resume_from: checkpoint {info.tag!r} of experiment {info.experiment!r}"
+    advice = "; request the same model preset and overrides"
+    check_fits(info.require_model_config(), config, source, advice)
+    _check_same_tokenizer(info, tokenizer, "training data")
+    return CheckpointRef(experiment=info.experiment, tag=info.tag)
+
+
+def _chosen_checkpoint(
+    checkpoints: CheckpointStore, choice: CheckpointChoice, purpose: str
+) -> CheckpointInfo:
+    """'latest', 'best' (optionally within `experiment`) or 'exp/tag' → one checkpoint now."""
+    try:
+        if choice.checkpoint == LATEST_REF:
+            return checkpoints.latest(choice.experiment)
+        if choice.checkpoint == BEST_TAG:
+            return checkpoints.best(choice.experiment)
+        experiment, tag = choice.checkpoint.split("/")
+        return checkpoints.get(experiment, tag)
+    except CheckpointNotFound as exc:
+        raise InvalidRequest(f"checkpoint: {exc}; nothing to {purpose}") from None

@@ -1,0 +1,372 @@
+"""Multi-process train runs: the worker launches torchrun, which starts the ranks.
+
+The worker process stays what it is (it holds the run's lease, heartbeats, and hears SIGTERM)
+and starts torch.distributed's elastic launcher as a child:
+
+    worker ──spawns──▶ python -m trainctl.worker.launch launch N job.json  (torchrun)
+                          └─▶ N × python -m trainctl.worker.launch rank job.json
+
+torchrun runs as a child rather than in the worker because its agent installs its own SIGTERM
+handler, which would kill the ranks instead of letting a train run checkpoint and requeue.
+The child dies with the worker (PR_SET_PDEATHSIG), and torchrun then stops the ranks.
+
+How the ranks share the work is `worker.parallel`'s. Rank 0 alone talks to the run store (events,
+progress, cancel, the lease check before a checkpoint commits) and writes checkpoints; every
+rank holds the full model and optimizer state, identical on all of them, so rank 0's
+checkpoint is everyone's. Resume loads the checkpoint on every rank.
+
+A gang run (nnodes > 1, docs/architecture.md "Placement and gangs") is the same program on
+several workers at once: each starts torchrun with `--nnodes N --node-rank k` and the c10d
+rendezvous at the leader's address, id `<run>-<attempt>`. The rendezvous, not the node rank,
+decides which process is global rank 0; it reports as its own worker, which the run store
+accepts from any member of the attempt. A member whose ranks end without rank 0 leaves the
+reporting to the member that has it; one whose ranks lost their peers raises `PeerLost`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainctl.store.checkpoints.protection import ProtectionPolicy
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import RunStore
+from trainctl.store.exceptions import LeaseLost
+from trainctl.store.plans import TrainPlan
+from trainctl.worker.context import RunContext
+from trainctl.worker.parallel import AgreedStop, DDPReplica, RankSampler
+from trainctl.worker.train import Trainer, TrainParts
+
+POLL_SECONDS = 0.2
+RESULT_FILE, STOP_FILE, ERROR_FILE = "result.json", "stop", "error.json"
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+RENDEZVOUS_JOIN_SECONDS = 120
+"""How long a gang member waits for the others at the rendezvous before giving up."""
+STOP_GRACE_SECONDS = 30.0
+"""How long the ranks of a worker that lost its lease get to stop at a step before it kills
+them (a rank waiting in a collective on a peer that is gone may never reach one)."""
+
+
+class PeerLost(RuntimeError):
+    """A gang's ranks stopped because a member on another node went away."""
+
+
+# ---- the parent side: the worker launches and watches the ranks -------------------------
+
+
+def launch_train(
+    plan: TrainPlan,
+    checkpoint_root: Path,
+    ctx: RunContext | None,
+    local_addr: str | None = None,
+) -> dict[str, Any] | None:
+    """Run `plan` on `plan.nproc_per_node` local ranks (of a gang, when the run is one);
+    return rank 0's result, or None on a gang member whose ranks ended without rank 0.
+
+    With a `ctx`, rank 0 reports to the run store as this worker and attempt, and the ranks
+    stop at the next step once the worker shuts down or loses the lease. Without one (tests,
+    scripts), rank 0 returns the metrics in the result instead. `local_addr` is the address
+    the other members reach this node at.
+    """
+    check_world(plan)
+    gang = ctx.run.gang if ctx is not None else None
+    with tempfile.TemporaryDirectory(prefix="trainctl-ddp-") as tmp:
+        workdir = Path(tmp)
+        job_file = workdir / "job.json"
+        job: dict[str, Any] = {
+            "plan": plan.model_dump(mode="json"),
+            "checkpoint_root": str(checkpoint_root),
+            "torchrun": [*torchrun_args(plan, ctx, local_addr), str(job_file)],
+        }
+        if ctx is not None:
+            job["run"] = {
+                "id": ctx.run.id,
+                "worker_id": ctx.worker_id,
+                "attempt": ctx.attempt,
+                "lease_seconds": ctx.lease_seconds,
+            }
+        job_file.write_text(json.dumps(job))
+        command = [sys.executable, "-P", "-m", "trainctl.worker.launch", "launch"]
+        with subprocess.Popen([*command, str(job_file)], env=child_env(ctx)) as proc:
+            code = watch(proc, workdir, ctx)
+        return read_result(workdir, code, gang=gang is not None)
+
+
+def torchrun_args(plan: TrainPlan, ctx: RunContext | None, local_addr: str | None) -> list[str]:
+    """torchrun's arguments: one node on a free local port, or this member's place in a gang.
+    No restarts either way: the queue retries a run from its checkpoint, on any workers."""
+    gang = ctx.run.gang if ctx is not None else None
+    args = [f"--nproc-per-node={plan.nproc_per_node}", "--max-restarts=0"]
+    if gang is None:
+        args.append("--standalone")
+    else:
+        assert ctx is not None
+        # node rank 0 (the leader) hosts the rendezvous store at its own address; saying so
+        # rather than letting torchrun guess matters when several members share a host.
+        host = "1" if gang.node_rank == 0 else "0"
+        args += [
+            f"--nnodes={gang.nnodes}",
+            f"--node-rank={gang.node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={gang.rendezvous}",
+            f"--rdzv-id={ctx.run.id}-{ctx.attempt}",
+            f"--rdzv-conf=is_host={host},join_timeout={RENDEZVOUS_JOIN_SECONDS}",
+        ]
+        if local_addr:
+            args.append(f"--local-addr={local_addr}")
+    return [*args, "-m", "trainctl.worker.launch", "rank"]
+
+
+def world_size(plan: TrainPlan) -> int:
+    return plan.nnodes * plan.nproc_per_node
+
+
+def check_world(plan: TrainPlan) -> None:
+    n = world_size(plan)
+    accum = plan.batch.grad_accum_steps
+    if accum % n:
+        raise ValueError(f"grad_accum_steps {accum} does not split across {n} ranks")
+    # Per node: the other nnodes - 1 members bring their own GPUs.
+    if plan.device == "cuda" and torch.cuda.device_count() < plan.nproc_per_node:
+        raise RuntimeError(
+            f"the run asks for nproc_per_node={plan.nproc_per_node} GPUs but this worker sees "
+            f"{torch.cuda.device_count()}; start the worker with all of the node's GPUs visible"
+        )
+
+
+def child_env(ctx: RunContext | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if ctx is not None:
+        # Through the environment, not the job file: the URL may hold a password.
+        env["TRAINCTL_DATABASE_URL"] = ctx.runs.engine.url.render_as_string(hide_password=False)
+    return env
+
+
+def watch(proc: subprocess.Popen[bytes], workdir: Path, ctx: RunContext | None) -> int:
+    """Wait for the ranks; ask them to stop when the worker shuts down or loses the lease,
+    and end them if, having lost it, they have not stopped within STOP_GRACE_SECONDS."""
+    stop = workdir / STOP_FILE
+    lost_at: float | None = None
+    while True:
+        try:
+            return proc.wait(timeout=POLL_SECONDS)
+        except subprocess.TimeoutExpired:
+            if ctx is None:
+                continue
+            reason = "lease_lost" if ctx.lease_lost.is_set() else None
+            reason = reason or ("shutdown" if ctx.shutdown.is_set() else None)
+            if reason and not stop.exists():
+                stop.write_text(reason)
+            if reason == "lease_lost":
+                lost_at = lost_at or time.monotonic()
+                if time.monotonic() - lost_at > STOP_GRACE_SECONDS:
+                    proc.terminate()  # torchrun stops its ranks
+
+
+def read_result(workdir: Path, code: int, *, gang: bool = False) -> dict[str, Any] | None:
+    path = workdir / RESULT_FILE
+    if not path.exists():
+        error_file = workdir / ERROR_FILE
+        error = json.loads(error_file.read_text()) if error_file.exists() else None
+        if gang and (error is None or error.get("peer_lost")):
+            if code == 0:
+                return None  # a member without rank 0: the member with it reports
+            detail = f" ({error['message']})" if error else ""
+            raise PeerLost(
+                f"the gang's processes on this node exited with code {code}: a member on "
+                f"another node went away{detail}"
+            )
+        if error is not None:
+            raise RuntimeError(f"{error['type']}: {error['message']}")
+        raise RuntimeError(
+            f"the distributed run's ranks exited with code {code} before rank 0 reported; "
+            "the worker's log holds their output"
+        )
+    report: dict[str, Any] = json.loads(path.read_text())
+    if "error" in report:
+        error = report["error"]
+        if error["type"] == "LeaseLost":
+            raise LeaseLost(error["message"])
+        if gang and error.get("peer_lost"):
+            raise PeerLost(f"{error['type']}: {error['message']}")
+        raise RuntimeError(f"{error['type']}: {error['message']}")
+    result: dict[str, Any] = report["result"]
+    return result
+
+
+# ---- torchrun: the launcher child ---------------------------------------------------------
+
+
+def run_launcher(job_file: str) -> int:
+    """torchrun, with the arguments the worker chose (`torchrun_args`)."""
+    die_with_parent()
+    from torch.distributed.run import main as torchrun
+
+    torchrun(json.loads(Path(job_file).read_text())["torchrun"])
+    return 0
+
+
+def die_with_parent() -> None:
+    """Get SIGTERM when the worker dies (even by SIGKILL); torchrun then stops the ranks."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the worker died before prctl took effect
+        sys.exit(1)
+
+
+# ---- a rank ----------------------------------------------------------------------------------
+
+
+# ---- a rank ----------------------------------------------------------------------------------
+
+
+def make_data_parallel(parts: TrainParts, rank: int, world: int) -> None:
+    """Turn single-process parts into rank `rank` of `world` (after any resume)."""
+    parts.sampler = RankSampler(parts.sampler, rank, world)
+    parts.parallel = DDPReplica(parts.model, parts.device, world)
+
+
+class RankTrainer(Trainer):
+    """A Trainer of which only rank 0 writes checkpoints and samples (the others hold the
+    same state)."""
+
+    def __init__(self, *args: Any, rank: int, **kwargs: Any) -> None:
+        self.rank = rank
+        super().__init__(*args, **kwargs)
+        if rank != 0:
+            self.samples = None  # rank 0 reports, and samples; the others wait at the next step
+
+    def save(self, tag: str | None = None) -> Path:
+        if self.rank == 0:
+            return super().save(tag)
+        return self.store.experiment_dir(self.plan.experiment)
+
+
+def rank_context(job: dict[str, Any], runs: RunStore) -> RunContext:
+    """Rank 0's view of the run: the worker's identity and attempt, so its writes are fenced."""
+    info = job["run"]
+    # The attempt the worker claimed, not the row's current one: if the run has moved on,
+    # the fenced writes must fail.
+    run = dataclasses.replace(runs.get(info["id"]), attempt=info["attempt"])
+    shutdown = threading.Event()  # set once the worker asks to stop (see rank_stop)
+    return RunContext(run, runs, info["worker_id"], shutdown, info["lease_seconds"])
+
+
+def rank_stop(ctx: RunContext | None, stop_file: Path) -> Callable[[], str | None]:
+    """A rank's own reason to stop: its worker's stop file, and on rank 0 cancel and the
+    lease too."""
+
+    def reason() -> str | None:
+        asked = (stop_file.read_text() or "shutdown") if stop_file.exists() else None
+        if ctx is None:
+            return asked
+        if asked == "shutdown":
+            ctx.shutdown.set()
+        return ctx.stop_reason() or asked
+
+    return reason
+
+
+def run_rank(job_file: str) -> int:
+    job = json.loads(Path(job_file).read_text())
+    workdir = Path(job_file).parent
+    plan = TrainPlan.model_validate(job["plan"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if plan.device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    device = torch.device("cuda", torch.cuda.current_device()) if plan.device == "cuda" else None
+    dist.init_process_group("nccl" if plan.device == "cuda" else "gloo")
+    runs = RunStore(os.environ["TRAINCTL_DATABASE_URL"]) if "run" in job and rank == 0 else None
+    report: dict[str, Any] | None = None
+    try:
+        report = train_rank(plan, job, rank, world, workdir, runs, device)
+    except Exception as exc:
+        error = {"type": type(exc).__name__, "message": str(exc), "peer_lost": peer_lost(exc)}
+        report = {"error": error}
+        if rank != 0 and int(os.environ["LOCAL_RANK"]) == 0:
+            (workdir / ERROR_FILE).write_text(json.dumps(error))
+        raise
+    finally:
+        if rank == 0 and report is not None:
+            (workdir / RESULT_FILE).write_text(json.dumps(report, default=str))
+        if runs is not None:
+            runs.close()
+        dist.destroy_process_group()
+    return 0
+
+
+def train_rank(
+    plan: TrainPlan,
+    job: dict[str, Any],
+    rank: int,
+    world: int,
+    workdir: Path,
+    runs: RunStore | None,
+    device: torch.device | None,
+) -> dict[str, Any]:
+    metrics: list[dict[str, Any]] = []
+    ctx = rank_context(job, runs) if runs is not None else None
+    on_metrics: Callable[[dict[str, Any]], None] = ctx.metrics if ctx else metrics.append
+    if rank != 0:
+        on_metrics = lambda m: None  # noqa: E731
+    stop = AgreedStop(rank_stop(ctx, workdir / STOP_FILE), device or torch.device("cpu"))
+    policy = ProtectionPolicy(runs, CheckpointStore(Path(job["checkpoint_root"])))
+    trainer = RankTrainer(
+        plan,
+        job["checkpoint_root"],
+        rank=rank,
+        run_id=ctx.run.id if ctx else None,
+        on_metrics=on_metrics,
+        on_checkpoint=ctx.log_checkpoint if ctx else None,
+        on_progress=ctx.progress if ctx else None,
+        on_sample=ctx.sample if ctx else None,
+        should_stop=stop,
+        protected=policy.asker(plan.experiment),
+        before_commit=ctx.confirm_lease if ctx else None,
+    )
+    make_data_parallel(trainer.parts, rank, world)
+    result = trainer.run() | {"stop_reason": stop.reason}
+    return {"result": result if ctx else {**result, "metrics": metrics}}
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether a rank failed because another process of the run went away (a collective or
+    the rendezvous store lost its peer), rather than for a fault of its own."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc)
+    return any(
+        sign in text
+        for sign in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "launch":
+        return run_launcher(args[1])
+    if len(args) == 2 and args[0] == "rank":
+        return run_rank(args[1])
+    print("usage: python -m trainctl.worker.launch (launch | rank) JOB_FILE", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
