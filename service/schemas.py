@@ -15,9 +15,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from trainctl.service.webhooks.targets import MAX_URL_LENGTH, URL_PATTERN, URL_RULE, check_url
+from trainctl.store.kinds import RunKindName
 from trainctl.store.names import Name
 from trainctl.store.placement import Spread
-from trainctl.store.vocabulary import METRIC_KINDS_TEXT, EventType, RunKind, RunState, Scope
+from trainctl.store.vocabulary import METRIC_KINDS_TEXT, EventType, RunState, Scope
 
 
 class ErrorPublic(BaseModel):
@@ -66,7 +67,7 @@ class PlacementPublic(Public):
 
 class RunPublic(Public):
     id: str
-    kind: RunKind
+    kind: RunKindName
     experiment: str = Field(
         description="Train: the request's; validate: the checkpoint's; prepare: the dataset's name."
     )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.plans import BenchmarkPlan, Plan, SamplePlan, TrainPlan, ValidatePlan
+from trainctl.store.plans import BenchmarkPlan, SamplePlan, StepPlan, TrainPlan, ValidatePlan
 from trainctl.store.presets import ModelConfig
 
 GIB = 1 << 30
@@ -135,51 +135,68 @@ def refuse_unless_it_fits(
     )
 
 
-def plan_estimate(plan: Plan) -> tuple[MemoryEstimate, int]:
-    """(the peak of one process, the processes) of a plan."""
-    if isinstance(plan, ValidatePlan):
-        estimate = estimate_peak(
-            plan.model,
-            device=plan.device,
-            micro_batch_size=plan.batch_size,
-            seq_len=plan.seq_len,
-            training=False,
-        )
-        return estimate, 1
-    if isinstance(plan, SamplePlan):
-        # Every prompt decodes at once, over at most the whole context: a validation's
-        # forward of that batch, and the keys and values of every layer kept for it.
-        longest = max(len(p) for p in plan.prompt_tokens) + plan.generation.max_new_tokens
-        estimate = estimate_peak(
-            plan.model,
-            device=plan.device,
-            micro_batch_size=len(plan.prompt_tokens),
-            seq_len=longest,
-            training=False,
-        )
-        kv = plan.model.n_kv_heads * plan.model.head_dim
-        cache = 2 * plan.model.n_layers * len(plan.prompt_tokens) * longest * kv * 4
-        return dataclasses.replace(estimate, activations=estimate.activations + cache), 1
+@dataclass(frozen=True)
+class MemoryNeed:
+    """What one run needs: the peak of each of its `processes`, on `device`."""
+
+    estimate: MemoryEstimate
+    processes: int
+    device: str
+    what: str
+    """The run in words, for the refusal: 'this train run'."""
+
+
+def train_need(plan: TrainPlan) -> MemoryNeed:
+    return _step_need(plan, "this train run", plan.async_checkpoint, plan.nproc_per_node)
+
+
+def benchmark_need(plan: BenchmarkPlan) -> MemoryNeed:
+    return _step_need(plan, "this benchmark", False, 1)
+
+
+def _step_need(plan: StepPlan, what: str, async_checkpoint: bool, processes: int) -> MemoryNeed:
     b = plan.batch
     estimate = estimate_peak(
         plan.model.config,
         device=plan.device,
         micro_batch_size=b.micro_batch_size,
         seq_len=b.seq_len,
-        async_checkpoint=isinstance(plan, TrainPlan) and plan.async_checkpoint,
+        async_checkpoint=async_checkpoint,
     )
-    return estimate, plan.nproc_per_node if isinstance(plan, TrainPlan) else 1
+    return MemoryNeed(estimate, processes, plan.device, what)
 
 
-def admit(plan: Plan, limit: int | None) -> None:
-    """Refuse a plan that fits no worker's memory (see `refuse_unless_it_fits`)."""
-    estimate, processes = plan_estimate(plan)
-    what = {
-        TrainPlan: "this train run",
-        BenchmarkPlan: "this benchmark",
-        SamplePlan: "this sample run",
-    }.get(type(plan), "this validation")
-    refuse_unless_it_fits(estimate, processes, plan.device, limit, what)
+def validate_need(plan: ValidatePlan) -> MemoryNeed:
+    estimate = estimate_peak(
+        plan.model,
+        device=plan.device,
+        micro_batch_size=plan.batch_size,
+        seq_len=plan.seq_len,
+        training=False,
+    )
+    return MemoryNeed(estimate, 1, plan.device, "this validation")
+
+
+def sample_need(plan: SamplePlan) -> MemoryNeed:
+    # Every prompt decodes at once, over at most the whole context: a validation's forward
+    # of that batch, and the keys and values of every layer kept for it.
+    longest = max(len(p) for p in plan.prompt_tokens) + plan.generation.max_new_tokens
+    estimate = estimate_peak(
+        plan.model,
+        device=plan.device,
+        micro_batch_size=len(plan.prompt_tokens),
+        seq_len=longest,
+        training=False,
+    )
+    kv = plan.model.n_kv_heads * plan.model.head_dim
+    cache = 2 * plan.model.n_layers * len(plan.prompt_tokens) * longest * kv * 4
+    estimate = dataclasses.replace(estimate, activations=estimate.activations + cache)
+    return MemoryNeed(estimate, 1, plan.device, "this sample run")
+
+
+def admit(need: MemoryNeed, limit: int | None) -> None:
+    """Refuse a run that fits no worker's memory (see `refuse_unless_it_fits`)."""
+    refuse_unless_it_fits(need.estimate, need.processes, need.device, limit, need.what)
 
 
 def host_memory_bytes() -> int:

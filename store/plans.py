@@ -7,7 +7,7 @@ A plan is frozen and has no optional field the worker must default; the run row 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import Field, StrictInt
 
@@ -204,6 +204,14 @@ class ExportPlan(ReadsCheckpoint):
     output: str = Field(description="The export's folder: <data dir>/exports/<experiment>/<tag>.")
 
 
-Plan = TrainPlan | BenchmarkPlan | ValidatePlan | SamplePlan
-"""The plans that run a model (and so have a device and a memory estimate)."""
-RunPlan = Plan | PreparePlan | ExportPlan
+class Plan(Protocol):
+    """What every kind's plan has (store.kinds): where its run is listed, the checkpoint it
+    pins, and its stored form."""
+
+    @property
+    def filed_under(self) -> str: ...
+
+    @property
+    def depends_on(self) -> CheckpointRef | None: ...
+
+    def model_dump(self, *, mode: str = "python") -> dict[str, Any]: ...

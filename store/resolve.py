@@ -11,7 +11,9 @@ defaults come from a `Profile` (CPU or CUDA).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from trainctl.store.data.paths import (
     resolve_data,
 )
 from trainctl.store.data.shards import DataError
+from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import (
     CheckpointNotFound,
     DatasetExists,
@@ -47,7 +50,6 @@ from trainctl.store.exceptions import (
 )
 from trainctl.store.generation import check_context
 from trainctl.store.names import BEST_TAG, LATEST_REF
-from trainctl.store.placement import Placement
 from trainctl.store.plans import (
     BatchPlan,
     BenchmarkPlan,
@@ -57,7 +59,6 @@ from trainctl.store.plans import (
     ExportPlan,
     ModelPlan,
     PreparePlan,
-    RunPlan,
     SamplePlan,
     TokenizerPin,
     TrainPlan,
@@ -85,6 +86,7 @@ from trainctl.store.specs import (
     ValidateOptions,
     ValidateRequest,
 )
+from trainctl.store.vocabulary import ACTIVE_STATES
 
 # More tokens than this in one forward pass exhausts any single device's memory: a request
 # for it is a mistake to refuse now, not a run to fail after loading the data.
@@ -160,22 +162,6 @@ def pick_device(requested: str, cuda_available: bool) -> Device:
     if requested == "auto":
         return "cuda" if cuda_available else "cpu"
     return "cuda" if requested == "cuda" else "cpu"
-
-
-def placement_of(plan: RunPlan) -> Placement:
-    """What the workers that take `plan` must have (store.placement): a train run's nnodes
-    nodes of nproc_per_node GPUs (or CPU processes); one GPU (or a CPU process) on one node
-    for a benchmark, validation or sample; one CPU process for a prepare or an export."""
-    if isinstance(plan, TrainPlan):
-        return Placement(
-            nnodes=plan.nnodes,
-            gpus_per_node=plan.nproc_per_node if plan.device == "cuda" else 0,
-            procs_per_node=plan.nproc_per_node,
-            spread=plan.spread,
-        )
-    if isinstance(plan, BenchmarkPlan | ValidatePlan | SamplePlan):
-        return Placement(gpus_per_node=1 if plan.device == "cuda" else 0)
-    return Placement()
 
 
 # --- resolve --------------------------------------------------------------------------------
@@ -614,3 +600,92 @@ def _chosen_checkpoint(
         return checkpoints.get(experiment, tag)
     except CheckpointNotFound as exc:
         raise InvalidRequest(f"checkpoint: {exc}; nothing to {purpose}") from None
+
+
+# --- submit: each kind's resolver, as the run-kind records (store.kinds) name them ----------
+
+
+@dataclass
+class SubmitContext:
+    """What resolving a request may read: the service's settings and stores."""
+
+    data_roots: list[Path]
+    datasets_dir: Path
+    exports_dir: Path
+    checkpoints: CheckpointStore
+    runs: RunStore
+    cuda: Callable[[], bool]
+    """Whether runs can get a CUDA device; asked only by kinds that run a model, once."""
+    default_trackers: Sequence[Tracker] = ()
+    mlflow_configured: bool = False
+
+    @cached_property
+    def cuda_available(self) -> bool:
+        return self.cuda()
+
+
+def plan_train(request: TrainRequest, ctx: SubmitContext) -> TrainPlan:
+    return resolve_train(
+        request,
+        cuda_available=ctx.cuda_available,
+        data_roots=ctx.data_roots,
+        checkpoints=ctx.checkpoints,
+        datasets_dir=ctx.datasets_dir,
+        default_trackers=ctx.default_trackers,
+        mlflow_configured=ctx.mlflow_configured,
+    )
+
+
+def plan_validate(request: ValidateRequest, ctx: SubmitContext) -> ValidatePlan:
+    return resolve_validate(
+        request,
+        cuda_available=ctx.cuda_available,
+        data_roots=ctx.data_roots,
+        checkpoints=ctx.checkpoints,
+        datasets_dir=ctx.datasets_dir,
+    )
+
+
+def plan_benchmark(request: BenchmarkRequest, ctx: SubmitContext) -> BenchmarkPlan:
+    return resolve_benchmark(request, cuda_available=ctx.cuda_available)
+
+
+def plan_prepare(request: PrepareRequest, ctx: SubmitContext) -> PreparePlan:
+    plan = resolve_prepare(request, data_roots=ctx.data_roots, datasets_dir=ctx.datasets_dir)
+    refuse_a_second_prepare(ctx.runs, plan.name)
+    return plan
+
+
+def plan_sample(request: SampleRequest, ctx: SubmitContext) -> SamplePlan:
+    return resolve_sample(request, cuda_available=ctx.cuda_available, checkpoints=ctx.checkpoints)
+
+
+def plan_export(request: ExportRequest, ctx: SubmitContext) -> ExportPlan:
+    plan = resolve_export(request, checkpoints=ctx.checkpoints, exports_dir=ctx.exports_dir)
+    refuse_a_second_export(ctx.runs, plan)
+    return plan
+
+
+def refuse_a_second_export(runs: RunStore, plan: ExportPlan) -> None:
+    """Like a prepare: two exports of one checkpoint would race to publish one folder."""
+    ref = plan.checkpoint
+    for state in ACTIVE_STATES:
+        active, _ = runs.list_runs(kind="export", state=state, experiment=ref.experiment, limit=500)
+        for run in active:
+            if run.spec.get("output") == plan.output:
+                raise ExportExists(
+                    f"checkpoint {ref} is being exported by run {run.id} ({state}); wait for "
+                    "it, or cancel it"
+                )
+
+
+def refuse_a_second_prepare(runs: RunStore, name: str) -> None:
+    """Two prepare runs of one name would race to publish it: the second is refused now.
+    (Two submitted at the same moment may both pass; the later to finish then fails.)"""
+    for state in ACTIVE_STATES:
+        active, _ = runs.list_runs(kind="prepare", state=state, experiment=name, limit=1)
+        if active:
+            raise DatasetExists(
+                f"name: dataset {name!r} is being prepared by run {active[0].id} ({state}); "
+                "wait for it, or cancel it"
+            )

@@ -1,4 +1,5 @@
-"""The words of the run life cycle and of access (docs/architecture.md, "Runs"), defined once.
+"""The words of the run life cycle and of access (docs/architecture.md, "Runs"), defined once
+(the run kinds are records of their own: store.kinds).
 
 The store checks writes against them, the API publishes them as enums, and the SDK waits for
 the terminal states. This module imports nothing, so the light clients can use it too.
@@ -8,13 +9,11 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-RunKind = Literal["train", "validate", "benchmark", "prepare", "sample", "export"]
 RunState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 EventType = Literal["state", "metrics", "log", "sample"]
 # What an API token may do, each scope allowing what those before it do (store/db/tokens.py).
 Scope = Literal["read", "submit", "admin"]
 
-RUN_KINDS: tuple[RunKind, ...] = get_args(RunKind)
 RUN_STATES: tuple[RunState, ...] = get_args(RunState)
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
 SCOPES: tuple[Scope, ...] = get_args(Scope)

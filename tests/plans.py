@@ -7,8 +7,9 @@ from typing import Any
 
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.kinds import kind_of_plan, placement_of
 from trainctl.store.plans import BenchmarkPlan, TrainPlan, ValidatePlan
-from trainctl.store.resolve import placement_of, resolve_benchmark, resolve_train, resolve_validate
+from trainctl.store.resolve import resolve_benchmark, resolve_train, resolve_validate
 from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
 
 
@@ -38,7 +39,7 @@ def validate_plan(checkpoints: Path, **request: Any) -> ValidatePlan:
 def enqueue(runs: RunStore, plan: TrainPlan | BenchmarkPlan | ValidatePlan, **kw: Any) -> Run:
     """Queue a plan as the API does (without the idempotency and protection checks)."""
     kw.setdefault("placement", placement_of(plan))
-    kind = {TrainPlan: "train", BenchmarkPlan: "benchmark", ValidatePlan: "validate"}[type(plan)]
+    kind = kind_of_plan(plan).name
     ref = plan.depends_on
     depends_on = [(ref.experiment, ref.tag)] if ref is not None else []
     return runs.enqueue(

@@ -29,9 +29,8 @@ SCRIPTS = ("__main__", "migrations.env")
 def modules_of(package: str) -> list[str]:
     """Every module of a room, its sub-packages' too."""
     found = pkgutil.walk_packages([str(REPO / package)], prefix=f"trainctl.{package}.")
-    return [f"trainctl.{package}"] + sorted(
-        m.name for m in found if not m.name.endswith(SCRIPTS)
-    )
+    modules = sorted(m.name for m in found if not m.name.endswith(SCRIPTS))
+    return [f"trainctl.{package}", *modules]
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))

@@ -8,6 +8,7 @@ An `Outcome` is what the worker loop then writes to the store: succeeded, cancel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
@@ -18,17 +19,19 @@ from pydantic import ValidationError
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.checkpoints.store import CheckpointStore, check_fits
 from trainctl.store.data.prepare import PrepareStopped
+from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.plans import (
     BenchmarkPlan,
     CheckpointRef,
     ExportPlan,
     PreparePlan,
-    RunPlan,
     SamplePlan,
     TrainPlan,
     ValidatePlan,
     bytes_per_token,
 )
+from trainctl.store.registry import Registry
+from trainctl.store.specs import Spec
 from trainctl.worker.benchmark import run_benchmark
 from trainctl.worker.checkpoint import load_checkpoint
 from trainctl.worker.context import RunContext
@@ -41,7 +44,17 @@ from trainctl.worker.sampling import run_sample
 from trainctl.worker.train import Trainer, build_token_arrays, val_metrics
 from trainctl.worker.validation import compute_validation_loss, validate_forward_shape
 
-P = TypeVar("P", bound=RunPlan)
+P = TypeVar("P", bound=Spec)
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """What an executor gets besides its run: the worker's own places."""
+
+    checkpoint_root: Path
+    """The checkpoint store this worker reads and writes."""
+    address: str | None = None
+    """Where gang members on other nodes reach this worker (torchrun's rendezvous)."""
 
 
 @dataclass
@@ -78,8 +91,9 @@ def read_plan(ctx: RunContext, kind: type[P]) -> P:
         ) from None
 
 
-def execute_train(ctx: RunContext, root: Path, address: str | None = None) -> Outcome:
+def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, TrainPlan)
+    root, address = env.checkpoint_root, env.address
     check_device(plan.device)
     store = CheckpointStore(root)
     gang = ctx.run.gang
@@ -135,7 +149,7 @@ def execute_train(ctx: RunContext, root: Path, address: str | None = None) -> Ou
     return stopped_outcome(ctx, result) if result["stopped"] else Outcome("succeeded", result)
 
 
-def execute_benchmark(ctx: RunContext, root: Path) -> Outcome:
+def execute_benchmark(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, BenchmarkPlan)
     check_device(plan.device)
     result = run_benchmark(plan, on_step=ctx.metrics, should_stop=ctx.should_stop)
@@ -155,8 +169,9 @@ def validation_batches(plan: ValidatePlan) -> list[Any]:
     return [sampler.batch(i) for i in range(plan.num_batches)]
 
 
-def execute_validate(ctx: RunContext, root: Path) -> Outcome:
+def execute_validate(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, ValidatePlan)
+    root = env.checkpoint_root
     device = check_device(plan.device)
     ref = plan.checkpoint
     info = CheckpointStore(root).get(ref.experiment, ref.tag)
@@ -181,13 +196,15 @@ def execute_validate(ctx: RunContext, root: Path) -> Outcome:
     )
 
 
-def execute_sample(ctx: RunContext, root: Path) -> Outcome:
+def execute_sample(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, SamplePlan)
+    root = env.checkpoint_root
     return Outcome("succeeded", run_sample(plan, ctx, root, check_device(plan.device)))
 
 
-def execute_export(ctx: RunContext, root: Path) -> Outcome:
+def execute_export(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, ExportPlan)
+    root = env.checkpoint_root
     ref, output = plan.checkpoint, Path(plan.output)
     info = CheckpointStore(root).get(ref.experiment, ref.tag)
     # A tag ('best') may have been saved again since submit: export what was asked for.
@@ -209,7 +226,7 @@ def execute_export(ctx: RunContext, root: Path) -> Outcome:
     )
 
 
-def execute_prepare(ctx: RunContext, root: Path) -> Outcome:
+def execute_prepare(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, PreparePlan)
     ctx.log(f"preparing dataset {plan.name} from {len(plan.inputs)} input files")
     try:
@@ -219,18 +236,21 @@ def execute_prepare(ctx: RunContext, root: Path) -> Outcome:
     return Outcome("succeeded", result)
 
 
-EXECUTORS = {
+Executor = Callable[[RunContext, WorkerEnv], Outcome]
+EXECUTORS: Registry[Executor] = Registry("executor", group="trainctl.executors")
+"""How a worker runs each kind of run, by the executor name its kind's record gives
+(store.kinds); a plug-in kind's executor is declared under the same entry-point group."""
+for _name, _executor in {
     "train": execute_train,
     "benchmark": execute_benchmark,
     "validate": execute_validate,
     "prepare": execute_prepare,
     "sample": execute_sample,
     "export": execute_export,
-}
+}.items():
+    EXECUTORS.register(_name, _executor)
 
 
-def execute(ctx: RunContext, checkpoint_root: Path, address: str | None = None) -> Outcome:
-    """Run `ctx.run`; `address` is where gang members on other nodes reach this worker."""
-    if ctx.run.kind == "train":
-        return execute_train(ctx, checkpoint_root, address)
-    return EXECUTORS[ctx.run.kind](ctx, checkpoint_root)
+def execute(ctx: RunContext, env: WorkerEnv) -> Outcome:
+    """Run `ctx.run` with the executor its kind names."""
+    return EXECUTORS.get(RUN_KINDS.get(ctx.run.kind).executor)(ctx, env)

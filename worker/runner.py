@@ -29,7 +29,7 @@ from trainctl.store.exceptions import LeaseLost, WorkerNotFound
 from trainctl.store.layout import HEARTBEAT_SECONDS, LEASE_SECONDS, POLL_SECONDS, DataLayout
 from trainctl.store.memory import host_memory_bytes
 from trainctl.worker.context import Heartbeat, RunContext
-from trainctl.worker.executor import Outcome, execute
+from trainctl.worker.executor import Outcome, WorkerEnv, execute
 from trainctl.worker.launch import PeerLost
 from trainctl.worker.logs import configure_logging, running
 
@@ -163,6 +163,7 @@ class Worker:
     def __init__(self, config: WorkerConfig, runs: RunStore | None = None) -> None:
         self.config = config
         self.runs = runs or RunStore(config.database_url)
+        self.env = WorkerEnv(config.checkpoint_dir, config.address)
         self.shutdown = threading.Event()
 
     def register(self) -> None:
@@ -254,7 +255,7 @@ class Worker:
         ctx.log(f"started on worker {self.config.worker_id} (attempt {run.attempt})")
         try:
             with Heartbeat(ctx, self.config.heartbeat_seconds, self.config.lease_seconds):
-                outcome = execute(ctx, self.config.checkpoint_dir, self.config.address)
+                outcome = execute(ctx, self.env)
         except PeerLost as exc:
             self.give_up(ctx, exc)
             return

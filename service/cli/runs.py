@@ -13,7 +13,8 @@ from rich.table import Table
 from trainctl.service.cli.common import client, console, err_console, print_json
 from trainctl.service.cli.watch import Samples, state_text, watch_to_end
 from trainctl.service.schemas import RunPublic
-from trainctl.store.vocabulary import METRIC_KINDS_TEXT, RUN_KINDS
+from trainctl.store.kinds import RUN_KINDS
+from trainctl.store.vocabulary import METRIC_KINDS_TEXT
 
 app = typer.Typer(no_args_is_help=True, help="List, inspect, cancel and follow runs.")
 RunId = Annotated[str, typer.Argument(help="The run's id.", show_default=False)]
@@ -30,7 +31,7 @@ def progress_text(run: RunPublic) -> str:
 @app.command("list")
 def list_runs(
     ctx: typer.Context,
-    kind: Annotated[str | None, typer.Option(help=", ".join(RUN_KINDS) + ".")] = None,
+    kind: Annotated[str | None, typer.Option(help=", ".join(RUN_KINDS.names()) + ".")] = None,
     state: Annotated[str | None, typer.Option(help="queued, running, succeeded, ...")] = None,
     experiment: Annotated[str | None, typer.Option("--experiment", "-e")] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 20,

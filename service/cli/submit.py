@@ -1,4 +1,4 @@
-"""`trainctl submit train|validate|benchmark|prepare`: queue a run, optionally watch it to the end.
+"""`trainctl submit train|validate|benchmark|prepare|run KIND`: queue a run, optionally watch it.
 
 The flags mirror the request models (`store.specs`) and take their help from the field
 descriptions; any other field, however nested, is reachable with `--set key.path=value`.
@@ -29,7 +29,10 @@ from trainctl.store.specs import (
     ValidateRequest,
 )
 
-app = typer.Typer(no_args_is_help=True, help="Queue a train, validate, benchmark or prepare run.")
+app = typer.Typer(
+    no_args_is_help=True,
+    help="Queue a train, validate, benchmark or prepare run, or a run of any kind (`run KIND`).",
+)
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
@@ -344,3 +347,24 @@ def submit_prepare(
     }
     spec = build_spec(load(spec_file), flags, sets)
     submit_run(ctx, "prepare", spec, watch=watch, idempotency_key=idempotency_key, as_json=as_json)
+
+
+@app.command("run")
+def submit_any(
+    ctx: typer.Context,
+    kind: Annotated[
+        str,
+        typer.Argument(
+            help="The kind of run: one of the server's (POST /runs/<kind>), its plug-ins' too.",
+            show_default=False,
+        ),
+    ],
+    sets: Sets = None,
+    spec_file: SpecFile = None,
+    watch: Watch = False,
+    idempotency_key: IdempotencyKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Queue a run of any KIND from a --spec file and --set fields: the server checks it."""
+    spec = build_spec(load(spec_file), {}, sets)
+    submit_run(ctx, kind, spec, watch=watch, idempotency_key=idempotency_key, as_json=as_json)

@@ -24,9 +24,9 @@ from trainctl.service.cli.common import console, err_console, fail, print_json
 from trainctl.service.cli.errors import EXIT_INTERRUPTED
 from trainctl.service.schemas import EventPublic, RunPublic
 from trainctl.service.sdk.client import TrainctlClient, TrainingSample
+from trainctl.store.kinds import RUN_KINDS
 
 STEP_KINDS = ("train", "measure", "warmup")
-STEPLESS_RUNS = ("validate", "sample", "export")  # no steps to count: no bar
 RECENT_STEPS = 20
 Samples = Annotated[
     bool,
@@ -34,6 +34,14 @@ Samples = Annotated[
         "--samples", help="Also print a train run's samples (sample_every): step, prompt → text."
     ),
 ]
+
+
+def counts_steps(run: RunPublic) -> bool:
+    """Whether the run's progress counts steps: its kind's record says (store.kinds); a kind
+    this client does not know (a plug-in of the server's) does when it reports a total."""
+    if run.kind in RUN_KINDS:
+        return RUN_KINDS.get(run.kind).has_steps
+    return run.progress.total_steps is not None
 
 
 class RunBar:
@@ -48,7 +56,7 @@ class RunBar:
             loss="-",
             speed="-",
             eta="-",
-            visible=run.kind not in STEPLESS_RUNS,
+            visible=counts_steps(run),  # no steps to count: no bar
         )
         self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
 

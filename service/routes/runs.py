@@ -23,16 +23,9 @@ from trainctl.service.schemas import (
 from trainctl.service.settings import Settings
 from trainctl.service.submit import submit_run
 from trainctl.store.db.runs import Run, RunStore
-from trainctl.store.specs import (
-    BenchmarkRequest,
-    ExportRequest,
-    PrepareRequest,
-    Request,
-    SampleRequest,
-    TrainRequest,
-    ValidateRequest,
-)
-from trainctl.store.vocabulary import METRIC_KINDS_TEXT, RunKind, RunState
+from trainctl.store.kinds import RUN_KINDS, RunKindName
+from trainctl.store.specs import Request
+from trainctl.store.vocabulary import METRIC_KINDS_TEXT, RunState
 
 # Every route takes parameters (422) and reads or writes the run database (503 when it can't).
 router = APIRouter(
@@ -96,7 +89,7 @@ def _accepted(run: Run, response: Response, runs: RunStore, settings: Settings) 
     return public_run(runs, settings.lease_seconds, run)
 
 
-def _submit_route(kind: RunKind, body: type[Request], summary: str) -> None:
+def _submit_route(kind: str, body: type[Request], summary: str) -> None:
     """POST /runs/<kind>: resolve the request into a plan and queue it (service.submit).
     One definition for every kind; each keeps its own name, body schema and summary."""
 
@@ -120,39 +113,15 @@ def _submit_route(kind: RunKind, body: type[Request], summary: str) -> None:
                 responses=ACCEPTED)(create)  # fmt: skip
 
 
-_submit_route(
-    "train", TrainRequest, "Queue a train run; the stored spec is its plan, every default resolved."
-)
-_submit_route(
-    "validate",
-    ValidateRequest,
-    "Queue a validation of a checkpoint, pinned now to a concrete experiment/tag.",
-)
-_submit_route("benchmark", BenchmarkRequest, "Queue a throughput benchmark.")
-_submit_route(
-    "prepare",
-    PrepareRequest,
-    "Queue a prepare: corpus files under the data roots into a dataset of the data dir.",
-)
-_submit_route(
-    "sample",
-    SampleRequest,
-    "Queue a sample run: continue prompts with a checkpoint; the completions stream as "
-    "`sample` events and are the run's result.",
-)
-_submit_route(
-    "export",
-    ExportRequest,
-    "Queue an export of a checkpoint to a Hugging Face transformers folder, served under "
-    "/exports/{experiment}/{tag}.",
-)
+for _kind in RUN_KINDS:
+    _submit_route(_kind.name, _kind.request, _kind.summary)
 
 
 @router.get("", response_model=RunsPublic)
 def list_runs(
     runs: RunsDep,
     settings: SettingsDep,
-    kind: RunKind | None = None,
+    kind: RunKindName | None = None,
     state: RunState | None = None,
     experiment: Annotated[str | None, Query(max_length=200)] = None,
     submitted_by: Annotated[

@@ -59,8 +59,9 @@ from trainctl.store.exceptions import (
     RunNotFound,
     WorkerNotFound,
 )
+from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.placement import ONE_NODE, Capacity, Placement
-from trainctl.store.vocabulary import ACTIVE_STATES, EVENT_TYPES, RUN_KINDS, TERMINAL_STATES
+from trainctl.store.vocabulary import ACTIVE_STATES, EVENT_TYPES, TERMINAL_STATES
 
 Checkpoint = tuple[str, str]
 """A checkpoint a run depends on: (experiment, tag)."""
@@ -225,7 +226,7 @@ class RunStore:
         SQLite, whose workers all share one host.
         """
         if kind not in RUN_KINDS:
-            raise ValueError(f"unknown run kind {kind!r}; expected one of {RUN_KINDS}")
+            raise ValueError(f"unknown run kind {kind!r}; expected one of {RUN_KINDS.names()}")
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
         if placement.is_gang and self.engine.dialect.name == "sqlite":

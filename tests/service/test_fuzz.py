@@ -48,8 +48,9 @@ from trainctl.store.checkpoints.manifests import (
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import Conflict, NotFound
+from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
-from trainctl.store.vocabulary import RUN_KINDS, RunState
+from trainctl.store.vocabulary import RunState
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_EXAMPLES = 50
@@ -57,7 +58,7 @@ MAX_EXAMPLES = 50
 
 TOKEN = "fuzz-token"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
-SUBMITS = {f"/runs/{kind}" for kind in RUN_KINDS}
+SUBMITS = {f"/runs/{kind}" for kind in RUN_KINDS.names()}
 
 # --- what the app holds ----------------------------------------------------------------------
 

@@ -13,11 +13,11 @@ from tests.plans import benchmark_plan, train_plan, validate_plan
 from tests.service.conftest import save_checkpoint
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.kinds import placement_of
 from trainctl.store.placement import Placement
 from trainctl.store.plans import TrainPlan
 from trainctl.store.resolve import (
     pick_device,
-    placement_of,
     resolve_benchmark,
     resolve_export,
     resolve_prepare,

@@ -1,0 +1,124 @@
+"""Registries: the one place where a second implementation of something plugs in (run kinds,
+optimizer kinds), by name, as torchtitan registers its model specs.
+
+A registry maps names to records. Registering a name twice raises, so two plug-ins cannot
+silently replace each other (or a built-in). Plug-ins an operator installed declare their
+records under an entry-point group (`[project.entry-points."trainctl.run_kinds"]` in their
+`pyproject.toml`), loaded the first time the registry is read: nothing a request says is ever
+imported. `RegisteredName` is the pydantic type of a field naming a record: it accepts the
+registered names, and its JSON schema lists them as an enum, as a `Literal` would, but read
+when the schema is made (after the plug-ins are loaded), not when the model is defined.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from importlib.metadata import entry_points
+from typing import Any, Generic, TypeVar
+
+from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import PydanticCustomError, core_schema
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class UnknownName(KeyError):
+    """A name no record is registered under; the message lists those that are."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Registry(Generic[T]):
+    """Records of one sort by name, in the order they were registered."""
+
+    def __init__(self, what: str, group: str | None = None) -> None:
+        self.what = what
+        """What the records are, in words: 'run kind'."""
+        self.group = group
+        """The entry-point group plug-ins declare records under; None: built-ins only."""
+        self._items: dict[str, T] = {}
+        self._plugins_loaded = group is None
+        self._lock = threading.RLock()
+
+    def register(self, name: str, item: T) -> T:
+        with self._lock:
+            if name in self._items:
+                raise ValueError(f"{self.what} {name!r} is registered already")
+            self._items[name] = item
+        return item
+
+    def unregister(self, name: str) -> None:
+        """Forget a record (tests register records of their own and remove them after)."""
+        with self._lock:
+            self._items.pop(name, None)
+
+    def get(self, name: str) -> T:
+        self._load_plugins()
+        try:
+            return self._items[name]
+        except KeyError:
+            raise UnknownName(
+                f"unknown {self.what} {name!r}; expected one of: {', '.join(self._items)}"
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        self._load_plugins()
+        return name in self._items
+
+    def __iter__(self) -> Iterator[T]:
+        self._load_plugins()
+        return iter(list(self._items.values()))
+
+    def names(self) -> tuple[str, ...]:
+        self._load_plugins()
+        return tuple(self._items)
+
+    def _load_plugins(self) -> None:
+        if self._plugins_loaded:
+            return
+        with self._lock:
+            if self._plugins_loaded:
+                return
+            self._plugins_loaded = True  # first: a plug-in that reads the registry recurses
+            for point in entry_points(group=self.group or ""):
+                # A broken plug-in must not take the service down with it: it is left out,
+                # and the log says why.
+                try:
+                    self.register(point.name, point.load())
+                except Exception:
+                    log.exception("%s plug-in %r (%s) not loaded", self.what, point.name, point)
+
+
+class RegisteredName:
+    """`Annotated[str, RegisteredName(registry)]`: a field naming a registered record."""
+
+    def __init__(self, registry: Registry[Any]) -> None:
+        self.registry = registry
+
+    def _check(self, value: str) -> str:
+        if value not in self.registry:
+            # Worded as pydantic words a Literal's error, which this type stands in for.
+            names = [repr(n) for n in self.registry.names()]
+            expected = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+            raise PydanticCustomError(
+                "literal_error", "Input should be {expected}", {"expected": expected}
+            )
+        return value
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(
+            self._check, core_schema.str_schema(strict=True)
+        )
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return {"enum": list(self.registry.names()), "type": "string"}
