@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from trainctl.service.webhooks.targets import MAX_URL_LENGTH, URL_PATTERN, URL_RULE, check_url
-from trainctl.store.kinds import RunKindName
+from trainctl.store.kinds import ServedKindName
 from trainctl.store.names import Name
 from trainctl.store.placement import Spread
 from trainctl.store.vocabulary import METRIC_KINDS_TEXT, EventType, RunState, Scope
@@ -67,7 +67,7 @@ class PlacementPublic(Public):
 
 class RunPublic(Public):
     id: str
-    kind: RunKindName
+    kind: ServedKindName
     experiment: str = Field(
         description="Train: the request's; validate: the checkpoint's; prepare: the dataset's name."
     )

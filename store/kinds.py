@@ -95,6 +95,9 @@ RUN_KINDS: Registry[RunKind] = Registry("run kind", group="trainctl.run_kinds")
 
 RunKindName = Annotated[str, RegisteredName(RUN_KINDS)]
 """A run kind's name: the registered ones, published in the schema as an enum."""
+ServedKindName = Annotated[str, RegisteredName(RUN_KINDS, check=False)]
+"""A run kind's name as the server answers it: the same schema, any name read (a client need
+not know the server's plug-ins)."""
 
 
 def kind_of_plan(plan: Spec) -> RunKind:

@@ -96,13 +96,18 @@ class Registry(Generic[T]):
 
 
 class RegisteredName:
-    """`Annotated[str, RegisteredName(registry)]`: a field naming a registered record."""
+    """`Annotated[str, RegisteredName(registry)]`: a field naming a registered record.
 
-    def __init__(self, registry: Registry[Any]) -> None:
+    `check=False` publishes the same schema but accepts any name: for what a client reads
+    from a server, which may have plug-ins the client has not (the SDK must not refuse a run
+    of a kind it does not know)."""
+
+    def __init__(self, registry: Registry[Any], *, check: bool = True) -> None:
         self.registry = registry
+        self.check = check
 
     def _check(self, value: str) -> str:
-        if value not in self.registry:
+        if self.check and value not in self.registry:
             # Worded as pydantic words a Literal's error, which this type stands in for.
             names = [repr(n) for n in self.registry.names()]
             expected = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
