@@ -311,7 +311,8 @@ def test_every_service_setting_is_in_the_operations_table_with_its_default() -> 
         if isinstance(default, float) and default.is_integer():
             default = int(default)
         expected[f"TRAINCTL_{name.upper()}"] = "unset" if default in (None, []) else f"`{default}`"
-    assert rows == expected
+    differ = {k: (rows.get(k), expected.get(k)) for k in rows.keys() | expected.keys()}
+    assert rows == expected, {k: pair for k, pair in differ.items() if pair[0] != pair[1]}
 
 
 def repository_path_exists(quoted: str) -> bool:
