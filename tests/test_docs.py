@@ -1,0 +1,329 @@
+"""The README and docs/ hold together: the README stays a page people read (at most 15 KB,
+linking every docs page), every relative link lands on a file and a heading that exist, and
+the `make` targets, `trainctl` commands and options, repository paths and service settings
+the pages quote are the ones the code has.
+
+Commands are resolved in process against the CLI's click tree (`typer.main.get_command`), so
+the check costs no subprocess per command."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer.main
+
+from trainctl.service.cli import app
+from trainctl.service.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+README_MAX_BYTES = 15 * 1024
+
+FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")
+HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+CODE_SPAN = re.compile(r"`+([^`]+?)`+", re.DOTALL)
+SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:|^//")
+# Fenced blocks in these languages are programs or files, not shell lines: `from trainctl
+# import Client` is no command.
+NOT_SHELL = {"python", "py", "toml", "yaml", "yml", "json", "ini"}
+# Where a shell line stops being the trainctl command: a pipe, a list, a comment, a redirect.
+COMMAND_END = re.compile(r"\s\|\s|\|\||&&|;|\s#|\s\d?>")
+QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+OPTION = re.compile(r"(?<![\w-])(--?[a-zA-Z][\w-]*)")
+TRAINCTL = re.compile(r"(?<![\w./\[-])trainctl(?=\s)")
+# What may stand before a command on its line: a prompt, a list or pipe, env assignments,
+# `exec`. Elsewhere the word is output or prose ("model step: trainctl model / HF Llama").
+COMMAND_POSITION = re.compile(r"(?:^|[;&|(]|\$|\bexec|\b[A-Z_]+=\S*)\s*$")
+COMMAND_WORD = re.compile(r"\s+([a-z][a-z0-9-]*)(?=[\s|]|$)")
+MAKE = re.compile(r"(?:^|\s|\$\s)make\s+([A-Za-z0-9_.-]+)")
+REPO_PATH = re.compile(r"^(?:service|store|worker|tests|docker|openapi|bench|docs)/[\w./-]*$")
+
+
+def pages() -> list[Path]:
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def page_name(page: Path) -> str:
+    return str(page.relative_to(REPO))
+
+
+# --- reading markdown -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Block:
+    lang: str
+    lines: list[str]
+
+
+@dataclass(frozen=True)
+class Page:
+    prose: str  # the text outside fenced blocks, blocks blanked out
+    blocks: list[Block]
+
+
+def read_page(text: str) -> Page:
+    prose: list[str] = []
+    blocks: list[Block] = []
+    fence: str | None = None
+    for line in text.splitlines():
+        opened = FENCE.match(line)
+        if fence is None and opened:
+            fence = opened.group(1)
+            blocks.append(Block(opened.group(2).lower(), []))
+            prose.append("")
+        elif fence is not None and line.strip().startswith(fence) and not line.strip(fence[0]):
+            fence = None
+            prose.append("")
+        elif fence is not None:
+            blocks[-1].lines.append(line)
+        else:
+            prose.append(line)
+    return Page("\n".join(prose), blocks)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: the text without markup, lower case, punctuation
+    dropped, spaces as hyphens."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    text = re.sub(r"[`*]", "", text).strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    seen: dict[str, int] = {}
+    found = set()
+    for line in read_page(text).prose.splitlines():
+        heading = HEADING.match(line)
+        if not heading:
+            continue
+        base = slug(heading.group(2))
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def link_targets(text: str) -> list[str]:
+    prose = CODE_SPAN.sub(lambda m: "x" * len(m.group(0)), read_page(text).prose)
+    return LINK.findall(prose)
+
+
+def broken_links(page: Path) -> list[str]:
+    """What is wrong with each relative link of `page`: a missing file, or a missing heading."""
+    problems = []
+    for target in link_targets(page.read_text(encoding="utf-8")):
+        if SCHEME.match(target):
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            problems.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text("utf-8")):
+            problems.append(f"{target}: {dest.name} has no heading #{anchor}")
+    return problems
+
+
+def readme_links() -> set[Path]:
+    found = set()
+    for target in link_targets(README.read_text(encoding="utf-8")):
+        path = target.partition("#")[0]
+        if path and not SCHEME.match(target):
+            found.add((README.parent / path).resolve())
+    return found
+
+
+def code_spans(text: str) -> list[str]:
+    return [" ".join(m.group(1).split()) for m in CODE_SPAN.finditer(read_page(text).prose)]
+
+
+def shell_lines(text: str) -> Iterator[str]:
+    """Every shell line of the fenced blocks (a trailing backslash joins the next; in a console
+    block, the lines after a `$ ` prompt), then every inline code span: where a page quotes a
+    command."""
+    for block in read_page(text).blocks:
+        if block.lang in NOT_SHELL:
+            continue
+        joined = ""
+        for line in block.lines:
+            joined += line.rstrip()
+            if joined.endswith("\\"):
+                joined = joined[:-1] + " "
+                continue
+            # A console block's commands follow its `$ ` prompts; the other lines are output.
+            if block.lang != "console" or joined.lstrip().startswith("$ "):
+                yield joined
+            joined = ""
+        if joined:
+            yield joined
+    yield from code_spans(text)
+
+
+# --- the CLI ----------------------------------------------------------------------------------
+
+
+def cli() -> Any:
+    return typer.main.get_command(app)
+
+
+def option_names(command: Any) -> set[str]:
+    names = {"--help"}
+    for param in command.params:
+        names.update(getattr(param, "opts", []))
+        names.update(getattr(param, "secondary_opts", []))
+    return names
+
+
+@dataclass(frozen=True)
+class Quoted:
+    words: tuple[str, ...]
+    options: tuple[str, ...]
+
+
+def quoted_commands(text: str) -> Iterator[Quoted]:
+    for line in shell_lines(text):
+        for start in TRAINCTL.finditer(line):
+            if not COMMAND_POSITION.search(line[: start.start()]):
+                continue
+            rest = COMMAND_END.split(line[start.end() :], maxsplit=1)[0]
+            words = []
+            pos = 0
+            while word := COMMAND_WORD.match(rest, pos):
+                words.append(word.group(1))
+                pos = word.end()
+            options = OPTION.findall(QUOTED.sub("", rest[pos:]))
+            yield Quoted(tuple(words), tuple(options))
+
+
+def command_problem(root: Any, quoted: Quoted) -> str | None:
+    """Why `trainctl <words> <options>` is not a command of the CLI, or None."""
+    command, path = root, ["trainctl"]
+    for word in quoted.words:
+        if not hasattr(command, "commands"):
+            break  # the rest are arguments
+        if word not in command.commands:
+            return f"{' '.join(path)} has no command {word!r}"
+        command = command.commands[word]
+        path.append(word)
+    if command.context_settings.get("ignore_unknown_options"):
+        return None  # a pass-through (`trainctl worker`): its options are another parser's
+    known = option_names(command) | option_names(root)
+    unknown = [option for option in quoted.options if option not in known]
+    if unknown:
+        return f"{' '.join(path)} takes no {', '.join(unknown)}"
+    return None
+
+
+def makefile_targets() -> set[str]:
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    return set(re.findall(r"^([A-Za-z0-9_.-]+)\s*:(?!=)", makefile, re.MULTILINE))
+
+
+def quoted_make_targets(text: str) -> set[str]:
+    return {target for line in shell_lines(text) for target in MAKE.findall(line)}
+
+
+# --- the tests --------------------------------------------------------------------------------
+
+
+def test_the_readme_is_at_most_15_kb() -> None:
+    size = len(README.read_bytes())
+    assert size <= README_MAX_BYTES, f"README.md is {size:,} bytes; move reference to docs/"
+
+
+def test_every_relative_link_points_to_a_file_and_heading_that_exist() -> None:
+    problems = {page_name(page): broken_links(page) for page in pages()}
+    assert not {page: found for page, found in problems.items() if found}
+
+
+def test_a_broken_link_or_anchor_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "other.md").write_text("# Other page\n\n## Run `kinds`: the list\n")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n\n[fine](other.md#run-kinds-the-list) [here](#page)\n"
+        "[gone](missing.md) [no heading](other.md#nowhere)\n"
+        "```\n[in a block](ignored.md)\n```\n`[in code](ignored.md)`\n"
+    )
+    assert broken_links(page) == [
+        "missing.md: no such file",
+        "other.md#nowhere: other.md has no heading #nowhere",
+    ]
+
+
+def test_headings_get_githubs_anchors() -> None:
+    text = "# A, b & `c`\n\n## 6. API under load\n\n## Twice\n\n## Twice\n```\n# not one\n```\n"
+    assert anchors(text) == {"a-b--c", "6-api-under-load", "twice", "twice-1"}
+
+
+def test_every_docs_page_is_linked_from_the_readme() -> None:
+    linked = readme_links()
+    unlinked = [page_name(page) for page in pages()[1:] if page.resolve() not in linked]
+    assert not unlinked, f"README.md does not link {unlinked}"
+
+
+def test_the_make_commands_quoted_are_makefile_targets() -> None:
+    targets = makefile_targets()
+    readme = quoted_make_targets(README.read_text(encoding="utf-8"))
+    assert {"serve", "test"} <= readme, "the README's two commands are gone"
+    for page in pages():
+        missing = quoted_make_targets(page.read_text(encoding="utf-8")) - targets
+        assert not missing, f"{page_name(page)} quotes make {sorted(missing)}"
+
+
+def test_the_trainctl_commands_quoted_exist_with_their_options() -> None:
+    root = cli()
+    seen = 0
+    for page in pages():
+        for quoted in quoted_commands(page.read_text(encoding="utf-8")):
+            seen += 1
+            problem = command_problem(root, quoted)
+            assert problem is None, f"{page_name(page)}: {problem}"
+    assert seen > 50  # the pages quote commands; a reader that finds none is broken
+
+
+def test_a_command_or_option_that_does_not_exist_is_reported() -> None:
+    root = cli()
+    text = (
+        "```sh\n$ trainctl runs watch ID --samples | jq .state\n"
+        "trainctl runs wait ID\ntrainctl sample EXP TAG 'a --b' --max-new-tokens 5 --tempo 1\n```\n"
+    )
+    problems = [command_problem(root, quoted) for quoted in quoted_commands(text)]
+    assert problems == [
+        None,
+        "trainctl runs has no command 'wait'",
+        "trainctl sample takes no --tempo",
+    ]
+
+
+def test_every_service_setting_is_in_the_operations_table_with_its_default() -> None:
+    text = (DOCS / "operations.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `(TRAINCTL_\w+)` \| ([^|]+?) \|", text, re.MULTILINE))
+    expected = {}
+    for name, field in Settings.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, float) and default.is_integer():
+            default = int(default)
+        expected[f"TRAINCTL_{name.upper()}"] = "unset" if default in (None, []) else f"`{default}`"
+    differ = {k: (rows.get(k), expected.get(k)) for k in rows.keys() | expected.keys()}
+    assert rows == expected, {k: pair for k, pair in differ.items() if pair[0] != pair[1]}
+
+
+def repository_path_exists(quoted: str) -> bool:
+    """`store/plans.py` as a file or folder, `worker/checkpoint.write_checkpoint` as a module's
+    attribute."""
+    module = re.sub(r"\.[A-Za-z_]\w*$", ".py", quoted)
+    return (REPO / quoted).exists() or (REPO / module).is_file()
+
+
+def test_the_repository_paths_quoted_exist() -> None:
+    for page in pages():
+        quoted = set(code_spans(page.read_text(encoding="utf-8")))
+        missing = sorted(p for p in quoted if REPO_PATH.match(p) and not repository_path_exists(p))
+        assert not missing, f"{page_name(page)} quotes {missing}"
