@@ -9,7 +9,7 @@ is in the body (signed) and in `X-Trainctl-Delivery`: a receiver deduplicates on
 delivery may come more than once. A header may carry several `v1` values; one must match.
 
 Standard library only, so that a receiver can import `verify` from a client install, or copy
-it (README, "Notifications").
+it (docs/operations.md, "Notifications").
 """
 
 from __future__ import annotations

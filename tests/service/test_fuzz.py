@@ -213,7 +213,7 @@ EXCLUDED = {
 EXCLUDED_WITHOUT_A_TOKEN = {
     **EXCLUDED,
     # The schema states what a server with TRAINCTL_API_TOKEN requires; a server without one
-    # is open by design (README, "API"), so every endpoint answering without a token is right.
+    # is open by design (docs/api.md), so every endpoint answering without a token is right.
     "ignored_auth": "the server has no token to enforce",
 }
 

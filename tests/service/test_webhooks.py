@@ -1,6 +1,6 @@
 """Webhooks against a real receiver: a threading HTTP server on loopback that records every
-POST and checks its signature the way README "Notifications" tells receivers to. The service
-is served by uvicorn with its dispatcher; runs change state through the run store, as a
+POST and checks its signature the way docs/operations.md "Notifications" tells receivers to.
+The service is served by uvicorn with its dispatcher; runs change state through the run store, as a
 worker changes them (tests/e2e/test_webhooks_e2e.py does it with a real worker)."""
 
 from __future__ import annotations
@@ -42,35 +42,36 @@ class Received:
         return parsed
 
 
-def readme_verify() -> Callable[[str, bytes, str], bool]:
-    """The signature check README "Notifications" gives receivers, run as it is written there."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## Notifications\n", 1)[1].split("\n## ", 1)[0]
+def documented_verify() -> Callable[[str, bytes, str], bool]:
+    """The signature check docs/operations.md "Notifications" gives receivers, run as it is
+    written there."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text("utf-8")
+    section = page.split("\n## Notifications\n", 1)[1].split("\n## ", 1)[0]
     found = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert found, 'README "Notifications" has no Python block'
+    assert found, 'docs/operations.md "Notifications" has no Python block'
     namespace: dict[str, Any] = {}
     exec(found.group(1), namespace)
     verify: Callable[[str, bytes, str], bool] = namespace["verify"]
     return verify
 
 
-README_VERIFY = readme_verify()
+DOCUMENTED_VERIFY = documented_verify()
 
 
 def signature_is_valid(secret: str, header: str, body: bytes) -> bool:
-    return README_VERIFY(secret, body, header)
+    return DOCUMENTED_VERIFY(secret, body, header)
 
 
-def test_the_readme_check_accepts_what_the_service_signs_and_nothing_else() -> None:
+def test_the_documented_check_accepts_what_the_service_signs_and_nothing_else() -> None:
     body, now = b'{"event":"failed"}', int(time.time())
     header = sign("whsec_1", body, timestamp=now)
 
-    assert README_VERIFY("whsec_1", body, header)
-    assert not README_VERIFY("whsec_2", body, header)
-    assert not README_VERIFY("whsec_1", body + b" ", header)
-    assert not README_VERIFY("whsec_1", body, sign("whsec_1", body, timestamp=now - 301))
+    assert DOCUMENTED_VERIFY("whsec_1", body, header)
+    assert not DOCUMENTED_VERIFY("whsec_2", body, header)
+    assert not DOCUMENTED_VERIFY("whsec_1", body + b" ", header)
+    assert not DOCUMENTED_VERIFY("whsec_1", body, sign("whsec_1", body, timestamp=now - 301))
     for malformed in ("", "garbage", "v1=abc", f"t={now}", f"t={now},t={now},{header}"):
-        assert not README_VERIFY("whsec_1", body, malformed), malformed
+        assert not DOCUMENTED_VERIFY("whsec_1", body, malformed), malformed
 
 
 @dataclass
