@@ -7,15 +7,12 @@ A plan is frozen and has no optional field the worker must default; the run row 
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field, StrictInt
 
 from trainctl.store.checkpoints.store import (
     TokenizerId,
-)
-from trainctl.store.data.datasets import (
-    Dataset,
 )
 from trainctl.store.generation import GenerationSettings
 from trainctl.store.names import Name
@@ -31,6 +28,9 @@ from trainctl.store.specs import (
     TrainOptions,
     ValidateOptions,
 )
+
+if TYPE_CHECKING:  # datasets read shards with numpy, which the light client has not
+    from trainctl.store.data.datasets import Dataset
 
 Device = Literal["cpu", "cuda"]
 BENCHMARK_EXPERIMENT = "benchmark"
