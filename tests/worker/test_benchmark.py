@@ -73,6 +73,7 @@ CHANGED: dict[str, dict[str, Any]] = {
         "adamw_lr": 0.03,
         "adamw_beta1": 0.5,
         "adamw_beta2": 0.5,
+        "adamw_eps": 0.1,
         "adamw_weight_decay": 0.9,
         "grad_clip": 1e-3,
     },
@@ -96,7 +97,8 @@ def measured_losses(optimizer: Any = None, schedule: Any = None) -> list[float]:
 
 
 def test_the_changes_cover_every_optimizer_and_schedule_field() -> None:
-    assert set(CHANGED["optimizer"]) == set(OptimizerSpec.model_fields)
+    # The kind has one value so far.
+    assert set(CHANGED["optimizer"]) == set(OptimizerSpec.model_fields) - {"kind"}
     assert set(CHANGED["schedule"]) == set(ScheduleSpec.model_fields)
 
 

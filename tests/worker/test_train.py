@@ -56,14 +56,14 @@ def test_metrics_report_each_optimizer_lr_and_data_wait(tmp_path: Path) -> None:
     step = next(m for m in metrics if m["kind"] == "train")
     assert {
         "loss",
-        "lr_muon",
-        "lr_adamw",
+        "lr/muon",
+        "lr/adamw",
         "grad_norm",
         "tokens_per_sec",
         "data_wait_sec",
         "data_wait_frac",
     } <= set(step)
-    assert step["lr_muon"] / step["lr_adamw"] == pytest.approx(0.02 / 3e-4)
+    assert step["lr/muon"] / step["lr/adamw"] == pytest.approx(0.02 / 3e-4)
 
 
 def test_the_stop_flag_ends_at_a_step_boundary_with_a_checkpoint(tmp_path: Path) -> None:
