@@ -75,6 +75,13 @@ BUILT_IN_KINDS = (
         # AdamW keeps two moments, Muon one momentum buffer: two bound both.
         state_per_param=2,
     ),
+    OptimizerKind(
+        name="adamw",
+        description="AdamW for every parameter (matrices decayed, vectors not): the baseline "
+        "Muon is compared against",
+        reads=ADAMW_FIELDS,
+        state_per_param=2,
+    ),
 )
 for _kind in BUILT_IN_KINDS:
     OPTIMIZER_KINDS.register(_kind.name, _kind)

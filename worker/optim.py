@@ -12,6 +12,7 @@ name (torchtitan's `OptimizersContainer`). The names are the checkpoint's keys
 Muon orthogonalises each update of a weight matrix, which only makes sense for matrices that
 map activations to activations inside the blocks. The embedding (which is also the tied head)
 is a lookup table, and gains/biases are vectors: those go to AdamW, as in modded-nanogpt.
+`adamw`: AdamW for every parameter, the baseline Muon is compared against.
 
 A kind of a plug-in declares its builder under the entry-point group `trainctl.optimizers`,
 and its record (`store.optimizers.OptimizerKind`) under `trainctl.optimizer_kinds`.
@@ -170,6 +171,17 @@ def build_muon_adamw(groups: Groups, spec: OptimizerSpec) -> dict[str, torch.opt
     return {"muon": muon, "adamw": build_adamw(groups["adamw"], spec)}
 
 
+# --- adamw ----------------------------------------------------------------------------------
+
+
+def adamw_groups(model: nn.Module) -> Groups:
+    return {"adamw": [p for _, p in trainable(model)]}
+
+
+def build_adamw_only(groups: Groups, spec: OptimizerSpec) -> dict[str, torch.optim.Optimizer]:
+    return {"adamw": build_adamw(groups["adamw"], spec)}
+
+
 def build_adamw(params: list[nn.Parameter], spec: OptimizerSpec) -> torch.optim.AdamW:
     """AdamW with weight decay on the matrices of `params` only: vectors (norms, gains,
     biases) are never decayed.
@@ -193,3 +205,4 @@ def build_adamw(params: list[nn.Parameter], spec: OptimizerSpec) -> torch.optim.
 
 
 OPTIMIZER_BUILDERS.register("muon_adamw", OptimizerBuilder(muon_adamw_groups, build_muon_adamw))
+OPTIMIZER_BUILDERS.register("adamw", OptimizerBuilder(adamw_groups, build_adamw_only))

@@ -224,6 +224,17 @@ def test_an_integer_is_still_a_valid_float(client: TestClient) -> None:
     assert response.json()["spec"]["optimizer"]["muon_lr"] == 1.0
 
 
+def test_kind_adamw_runs_and_refuses_a_muon_setting_by_name(client: TestClient) -> None:
+    adamw = {"kind": "adamw", "adamw_lr": 1e-3}
+    accepted = submit(client, "train", CPU_TRAIN | {"optimizer": adamw})
+    refused = submit(client, "train", CPU_TRAIN | {"optimizer": adamw | {"muon_lr": 0.05}})
+
+    assert accepted.status_code == 202, accepted.json()
+    assert accepted.json()["spec"]["optimizer"]["kind"] == "adamw"
+    assert refused.status_code == 422
+    assert "optimizer kind 'adamw' does not read muon_lr" in refused.json()["detail"]
+
+
 def test_a_validation_error_also_lists_the_raw_errors(client: TestClient) -> None:
     errors = submit(client, "train", {"steps": 0}).json()["errors"]
 

@@ -78,7 +78,9 @@ def test_save_then_load_restores_model_optimizers_and_schedule(tmp_path: Path) -
         )
 
 
-@pytest.mark.parametrize(("kind", "names"), [("muon_adamw", ["muon", "adamw"])])
+@pytest.mark.parametrize(
+    ("kind", "names"), [("muon_adamw", ["muon", "adamw"]), ("adamw", ["adamw"])]
+)
 def test_the_optimizer_file_holds_each_optimizer_under_its_name(
     tmp_path: Path, kind: str, names: list[str]
 ) -> None:
@@ -90,6 +92,15 @@ def test_the_optimizer_file_holds_each_optimizer_under_its_name(
     fresh = make_parts(kind)
     load_checkpoint(*fresh, path)
     assert fresh[1].state_dict().keys() == parts[1].state_dict().keys()
+
+
+def test_a_checkpoint_of_other_optimizers_is_refused_naming_both(tmp_path: Path) -> None:
+    path = save(make_parts("muon_adamw"), tmp_path, 1)
+    with pytest.raises(CheckpointMismatch) as caught:
+        load_checkpoint(*make_parts("adamw"), path)
+    message = str(caught.value)
+    assert "optimizer state is of adamw, muon" in message
+    assert "optimizer kind 'adamw' trains with adamw" in message and str(path) in message
 
 
 def test_weights_are_saved_in_the_master_dtype_unless_bf16_is_asked(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from trainctl.worker.optim import (
 )
 from trainctl.worker.train import Trainer
 
-BUILT_IN = ["muon_adamw"]
+BUILT_IN = ["muon_adamw", "adamw"]
 
 
 def params_of(optimizer: torch.optim.Optimizer) -> list[nn.Parameter]:
@@ -63,6 +63,17 @@ def test_muon_gets_only_hidden_matrices_and_adamw_the_rest() -> None:
     assert id(model.final_norm.weight) in adamw_ids
     assert id(model.blocks[0].attn.q_norm.weight) in adamw_ids
     assert id(model.blocks[0].mlp.w_gate.weight) in muon_ids
+
+
+def test_kind_adamw_trains_every_parameter_with_adamw_and_decays_only_matrices() -> None:
+    model = build_model("tiny", seed=0)
+    optimizers = build_optimizers(model, OptimizerSpec(kind="adamw"))
+    assert list(optimizers) == ["adamw"]
+    adamw = optimizers["adamw"]
+    assert isinstance(adamw, torch.optim.AdamW)
+    decay = {id(p): g["weight_decay"] for g in adamw.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        assert decay[id(p)] == (0.1 if p.dim() >= 2 else 0.0), name
 
 
 def test_seed_defaults_and_explicit_adjust_lr_fn() -> None:
