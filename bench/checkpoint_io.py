@@ -35,12 +35,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def trained_state(size: dict[str, Any]) -> tuple[Any, ...]:
     model = build_model(size["preset"], device=DEVICE, seed=0, n_layers=size["n_layers"])
-    muon, adamw = build_optimizers(model)
+    optimizers = build_optimizers(model)
     x = torch.randint(0, model.config.vocab_size, (1, 16), device=DEVICE)
     model.loss(x, x)[0].backward()  # one step, so the optimizers hold their state
-    muon.step()
-    adamw.step()
-    return model, muon, adamw
+    optimizers.step()
+    return model, optimizers
 
 
 def nbytes(state: CheckpointState) -> int:
@@ -73,12 +72,12 @@ def raw_save(state: CheckpointState, folder: Path, fsync: bool) -> float:
 
 def run(quick: bool = False) -> list[Figure]:
     size = QUICK if quick else FULL
-    model, muon, adamw = trained_state(size)
+    model, optimizers = trained_state(size)
     step = iter(range(1, 10_000))
 
     def capture(dtype: torch.dtype | None = None) -> CheckpointState:
         return capture_checkpoint(
-            model, muon, adamw, None, next(step), 0, None, "bench", dtype=dtype
+            model, optimizers, None, next(step), 0, None, "bench", dtype=dtype
         )
 
     total = nbytes(capture())

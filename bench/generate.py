@@ -77,9 +77,9 @@ def exported(model: GPT, root: Path) -> Any:
         return None
     from transformers import AutoModelForCausalLM
 
-    muon, adamw = build_optimizers(model)
-    scheduler = build_scheduler([muon, adamw], 1)
-    state = capture_checkpoint(model, muon, adamw, scheduler, 1, 0, None, "bench")
+    optimizers = build_optimizers(model)
+    scheduler = build_scheduler(optimizers, 1)
+    state = capture_checkpoint(model, optimizers, scheduler, 1, 0, None, "bench")
     folder = write_checkpoint(state, root)
     export_hf(folder, root / "hf")
     return AutoModelForCausalLM.from_pretrained(root / "hf", dtype=torch.float32).eval()

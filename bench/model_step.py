@@ -4,8 +4,8 @@ Every side trains on the same random batches, fp32, with the same intra-op threa
 one process, alternated round by round. Sides:
   peer           LlamaForCausalLM + torch.optim.AdamW as a plain loop builds it
   model-only     trainctl's GPT + that same plain AdamW (isolates the model)
-  trainctl       trainctl's GPT + trainctl's AdamW (worker.optim.build_adamw: fused)
-  muon           trainctl's GPT + Muon + AdamW (worker.optim.build_optimizers)
+  trainctl       trainctl's GPT + trainctl's AdamW (optimizer kind adamw: fused)
+  muon           trainctl's GPT + Muon + AdamW (optimizer kind muon_adamw, the default)
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import torch
 from bench.common import Figure, alternate, median, paired_ratio
 from bench.hf_peer import build_adamw, build_llama, llama_loss
 from trainctl.store.presets import ModelConfig, get_preset
+from trainctl.store.specs import OptimizerSpec
 from trainctl.worker.model import build_model
-from trainctl.worker.optim import build_adamw as trainctl_adamw
-from trainctl.worker.optim import build_optimizers, split_parameters
+from trainctl.worker.optim import build_optimizers
 
 # `small`'s widths, vocab and heads, with 4 of its 12 layers so a step takes seconds on two
 # cores; the vocab (64,000) stays, since the head is where the two models differ most.
@@ -72,16 +72,13 @@ def sides(size: dict[str, Any]) -> dict[str, Callable[[], float]]:
     ]
     peer = build_llama(cfg, size["seq"])
     ours = [build_model(cfg, seed=0) for _ in range(3)]
-    muon, adamw = build_optimizers(ours[2])
-    no_decay = split_parameters(ours[1])[2]
-    all_matrices = [p for p in ours[1].parameters() if p.dim() >= 2]
+    adamw = build_optimizers(ours[1], OptimizerSpec(kind="adamw"))
+    muon = build_optimizers(ours[2])
     return {
         "peer": stepper(peer, llama_loss, [build_adamw(peer)], batches),
         "model-only": stepper(ours[0], trainctl_loss, [build_adamw(ours[0])], batches),
-        "trainctl": stepper(
-            ours[1], trainctl_loss, [trainctl_adamw(all_matrices, no_decay)], batches
-        ),
-        "muon": stepper(ours[2], trainctl_loss, [muon, adamw], batches),
+        "trainctl": stepper(ours[1], trainctl_loss, list(adamw.values()), batches),
+        "muon": stepper(ours[2], trainctl_loss, list(muon.values()), batches),
     }
 
 

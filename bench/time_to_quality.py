@@ -21,10 +21,10 @@ import torch
 from bench.common import Figure
 from bench.hf_peer import build_adamw, build_llama, llama_loss
 from trainctl.store.presets import ModelConfig
-from trainctl.store.specs import DataSpec
+from trainctl.store.specs import DataSpec, OptimizerSpec
 from trainctl.worker.data import TokenSampler
 from trainctl.worker.model import build_model
-from trainctl.worker.optim import OptimizerConfig, build_optimizers
+from trainctl.worker.optim import build_optimizers
 from trainctl.worker.schedule import build_scheduler
 from trainctl.worker.train import build_token_arrays
 
@@ -89,11 +89,9 @@ def trainctl_loss(model: Any, tokens: torch.Tensor, targets: torch.Tensor) -> to
 
 def run_trainctl(muon_lr: float, size: dict[str, Any], data: Any) -> Curve:
     model = build_model(CONFIG, seed=0)
-    muon, adamw = build_optimizers(
-        model, OptimizerConfig(muon_lr=muon_lr, adamw_lr=size["adamw_lr"])
-    )
-    sched = build_scheduler([muon, adamw], size["steps"], WARMUP_FRAC)
-    return train_curve(model, trainctl_loss, [muon, adamw], sched.step, size, *data)
+    optimizers = build_optimizers(model, OptimizerSpec(muon_lr=muon_lr, adamw_lr=size["adamw_lr"]))
+    sched = build_scheduler(optimizers, size["steps"], WARMUP_FRAC)
+    return train_curve(model, trainctl_loss, list(optimizers.values()), sched.step, size, *data)
 
 
 def run_peer(lr: float, size: dict[str, Any], data: Any) -> Curve:

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from trainctl.store.db.runs import Event, RunStore
+from trainctl.store.optimizers import current_metric_names
 
 PAGE = 1000
 """Events fetched per query; a long run has one metrics event per step."""
@@ -31,9 +32,12 @@ def iter_events(
 
 
 def metric_rows(runs: RunStore, run_id: str, kind: str | None = None) -> list[dict[str, Any]]:
-    """Metrics events as flat rows `{event_id, created_at, **data}`, optionally of one kind."""
+    """Metrics events as flat rows `{event_id, created_at, **data}`, optionally of one kind.
+
+    Metrics of old event logs appear under today's names (`lr_muon` as `lr/muon`), so a table
+    or a chart of runs old and new has one column of each."""
     return [
-        {"event_id": e.id, "created_at": e.created_at.isoformat(), **e.data}
+        {"event_id": e.id, "created_at": e.created_at.isoformat(), **current_metric_names(e.data)}
         for e in iter_events(runs, run_id, type="metrics")
         if kind is None or e.data.get("kind") == kind
     ]

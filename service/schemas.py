@@ -123,7 +123,8 @@ class StreamEndPublic(BaseModel):
 
 
 class MetricPublic(BaseModel):
-    """One metrics event: the worker's numbers (step, loss, lr_muon, ...) flattened in."""
+    """One metrics event: the worker's numbers (step, loss, lr/muon, ...) flattened in; an old
+    event log's lr_muon and lr_adamw under today's names, lr/muon and lr/adamw."""
 
     model_config = ConfigDict(extra="allow")
 

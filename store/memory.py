@@ -7,7 +7,8 @@ the worker is killed by the kernel's OOM killer, and the kernel may pick other p
 too. So submit refuses it, with the estimate and the limit, when it fits no worker.
 
 The estimate counts, per process (each rank of a data-parallel run holds all of it):
-weights, gradients and optimizer state in fp32, the activations kept for backward (the
+weights, gradients and optimizer state in fp32 (as many state tensors per parameter as the
+plan's optimizer kind says it keeps, `store.optimizers`), the activations kept for backward (the
 layer inputs only, plus one layer's, with per-layer activation checkpointing), the tied
 head's logits, an async checkpoint's staging copy, and a fixed runtime overhead. It errs
 high, but within a small factor of what PyTorch allocates.
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.optimizers import DEFAULT_OPTIMIZER_KIND, OPTIMIZER_KINDS
 from trainctl.store.plans import BenchmarkPlan, SamplePlan, StepPlan, TrainPlan, ValidatePlan
 from trainctl.store.presets import ModelConfig
 
@@ -28,9 +30,6 @@ GIB = 1 << 30
 # The runtime before any tensor: torch's libraries and allocator pools on a CPU, the CUDA
 # context and cuBLAS/cuDNN workspaces on a GPU.
 RUNTIME_BYTES = {"cpu": GIB, "cuda": GIB}
-# fp32 master weights and gradients; AdamW keeps two moments, Muon one momentum buffer:
-# two per parameter bounds both.
-STATE_BYTES_PER_PARAM = 4 * (1 + 1 + 2)
 # The eager head computes logits in chunks of this many elements (worker.model).
 HEAD_CHUNK_ELEMENTS = 1 << 26
 
@@ -76,10 +75,13 @@ def estimate_peak(
     seq_len: int,
     async_checkpoint: bool = False,
     training: bool = True,
+    optimizer: str = DEFAULT_OPTIMIZER_KIND,
 ) -> MemoryEstimate:
-    """The peak memory of one process, for one micro-batch in flight. `training` False: a
-    validation, which keeps weights only and no activations for backward."""
+    """The peak memory of one process, for one micro-batch in flight, training with the
+    optimizer kind `optimizer`. `training` False: a validation, which keeps weights only and
+    no activations for backward."""
     params = config.param_counts()["total"]
+    kind = OPTIMIZER_KINDS.get(optimizer)
     tokens = micro_batch_size * seq_len
     # Autocast keeps most saved activations in bf16 on CUDA; on a CPU everything is fp32.
     element = 2 if device == "cuda" else 4
@@ -104,12 +106,14 @@ def estimate_peak(
         else 2 * 4 * min(vocab_elements, HEAD_CHUNK_ELEMENTS)
     )
     return MemoryEstimate(
-        weights_and_optimizer=params * (STATE_BYTES_PER_PARAM if training else 4),
+        weights_and_optimizer=params * (kind.bytes_per_param if training else 4),
         activations=activations,
         head=head if training else 4 * min(vocab_elements, HEAD_CHUNK_ELEMENTS),
         # The staging copy (weights and optimizer state) is host memory: on a GPU it is
         # not the device's.
-        checkpoint_staging=params * 4 * 3 if async_checkpoint and device == "cpu" else 0,
+        checkpoint_staging=(
+            params * kind.staged_bytes_per_param if async_checkpoint and device == "cpu" else 0
+        ),
         runtime=RUNTIME_BYTES.get(device, GIB),
     )
 
@@ -162,6 +166,7 @@ def _step_need(plan: StepPlan, what: str, async_checkpoint: bool, processes: int
         micro_batch_size=b.micro_batch_size,
         seq_len=b.seq_len,
         async_checkpoint=async_checkpoint,
+        optimizer=plan.optimizer.kind,
     )
     return MemoryNeed(estimate, processes, plan.device, what)
 

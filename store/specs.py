@@ -33,6 +33,12 @@ from trainctl.store.names import (
     Name,
     is_valid_name,
 )
+from trainctl.store.optimizers import (
+    BUILT_IN_KINDS,
+    DEFAULT_OPTIMIZER_KIND,
+    OptimizerKindName,
+    unread_settings,
+)
 from trainctl.store.placement import Spread
 from trainctl.store.presets import PRESETS, ModelConfig, get_preset
 
@@ -162,20 +168,59 @@ class BatchSpec(Spec):
     )
 
 
+# The one definition of a run's optimizer settings: the worker builds its optimizers from
+# these (worker.optim), the store estimates their memory (store.memory, store.optimizers).
 class OptimizerSpec(Spec):
-    muon_lr: StrictFloat = Field(0.02, gt=0, le=10, description="Muon learning rate.")
+    """The optimizer kind, and the settings of its optimizers."""
+
+    kind: OptimizerKindName = Field(
+        DEFAULT_OPTIMIZER_KIND,
+        description="The optimizer configuration: "
+        + "; ".join(f"{k.name}: {k.description}" for k in BUILT_IN_KINDS)
+        + ". A setting the kind does not read is refused, unless it has its default value.",
+    )
+    muon_lr: StrictFloat = Field(
+        0.02,
+        gt=0,
+        le=10,
+        description="Muon learning rate (before Muon's own shape adjustment, muon_adjust_lr_fn).",
+    )
     muon_momentum: StrictFloat = Field(0.95, ge=0, lt=1, description="Muon (Nesterov) momentum.")
-    muon_weight_decay: StrictFloat = Field(0.1, ge=0, le=1, description="Muon weight decay.")
+    muon_weight_decay: StrictFloat = Field(
+        0.1, ge=0, le=1, description="Muon's decoupled weight decay of the hidden matrices."
+    )
     muon_adjust_lr_fn: Literal["original", "match_rms_adamw"] = Field(
-        "original", description="Muon's per-shape lr adjustment (torch.optim.Muon)."
+        "original",
+        description="How Muon scales its lr by matrix shape (torch.optim.Muon): 'original' "
+        "(Keller Jordan's max(1, A/B)^0.5, the one muon_lr 0.02 was tuned for) or "
+        "'match_rms_adamw' (Moonshot's 0.2 sqrt(max(A, B))).",
     )
     adamw_lr: StrictFloat = Field(3e-4, gt=0, le=10, description="AdamW learning rate.")
     adamw_beta1: StrictFloat = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
     adamw_beta2: StrictFloat = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
-    adamw_weight_decay: StrictFloat = Field(0.1, ge=0, le=1, description="AdamW weight decay.")
+    adamw_eps: StrictFloat = Field(1e-8, gt=0, le=1, description="AdamW epsilon.")
+    adamw_weight_decay: StrictFloat = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="AdamW weight decay, of the matrices it trains only: vectors (norms, gains) "
+        "are never decayed.",
+    )
     grad_clip: StrictFloat = Field(
         1.0, ge=0, le=1e6, description="Global gradient-norm clip; 0 disables."
     )
+
+    @model_validator(mode="after")
+    def _kind_reads_every_setting(self) -> OptimizerSpec:
+        defaults = {name: f.default for name, f in type(self).model_fields.items()}
+        sent = {name: getattr(self, name) for name in self.model_fields_set}
+        unread = unread_settings(self.kind, sent, defaults)
+        if unread:
+            raise ValueError(
+                f"optimizer kind {self.kind!r} does not read {', '.join(unread)}; remove "
+                f"{'it' if len(unread) == 1 else 'them'}, or pick a kind that does"
+            )
+        return self
 
 
 class ScheduleSpec(Spec):
@@ -284,7 +329,10 @@ class CheckpointChoice(Spec):
 class StepOptions(Spec):
     """How a training step updates the model: a train run's and a benchmark's alike."""
 
-    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec, description="Muon + AdamW.")
+    optimizer: OptimizerSpec = Field(
+        default_factory=OptimizerSpec,
+        description="The optimizers and their settings: Muon + AdamW unless `kind` says otherwise.",
+    )
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec, description="WSD schedule.")
     seed: StrictInt = Field(0, ge=0, le=2**31 - 1, description="Seed of the model initialisation.")
 

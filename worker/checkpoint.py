@@ -50,6 +50,7 @@ from trainctl.store.names import step_tag
 from trainctl.store.presets import ModelConfig
 from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch, CheckpointWriteFailed
 from trainctl.worker.hashed_file import HashedFile
+from trainctl.worker.optim import Optimizers
 from trainctl.worker.safetensors_stream import write_safetensors
 from trainctl.worker.schedule import WSDScheduler
 
@@ -138,8 +139,7 @@ class CheckpointState:
 
 def capture_checkpoint(
     model: nn.Module,
-    muon_opt: torch.optim.Optimizer,
-    adamw_opt: torch.optim.Optimizer,
+    optimizers: Optimizers,
     scheduler: WSDScheduler | None,
     step: int,
     token_count: int,
@@ -178,7 +178,7 @@ def capture_checkpoint(
         "versions": versions(),
         **(extra or {}),
     }
-    optimizer = {"muon": muon_opt.state_dict(), "adamw": adamw_opt.state_dict()}
+    optimizer = optimizers.state_dict()  # by optimizer name: {"muon": ..., "adamw": ...}
     return CheckpointState(
         experiment, tag, model_state(model), optimizer, metadata, dtype, dict(files or {})
     )
@@ -266,8 +266,7 @@ def write_failure(exc: BaseException, save_dir: Path, tag: str) -> str:
 
 def load_checkpoint(
     model: nn.Module,
-    muon_opt: torch.optim.Optimizer | None,
-    adamw_opt: torch.optim.Optimizer | None,
+    optimizers: Optimizers | None,
     scheduler: WSDScheduler | None,
     load_dir: str | Path,
     device: torch.device | str = "cpu",
@@ -276,8 +275,10 @@ def load_checkpoint(
     """Restore model, optimizers and scheduler from a checkpoint folder; return its metadata.
 
     The manifest is verified first (sizes and sha256), so a truncated or altered file is an
-    error here rather than a silently wrong model. RNG state and the data position are in the
-    returned metadata (`restore_rng_state(meta["rng"])`, `meta["data_position"]`).
+    error here rather than a silently wrong model, and optimizer state of other optimizers
+    than `optimizers` (another optimizer kind's) is a CheckpointMismatch naming both. RNG
+    state and the data position are in the returned metadata (`restore_rng_state(meta["rng"])`,
+    `meta["data_position"]`).
     """
     load_dir = Path(load_dir)
     verify_manifest(load_dir, deep=True)
@@ -300,12 +301,11 @@ def load_checkpoint(
         raise CheckpointMismatch(
             f"checkpoint {load_dir}: weights do not fit the model: {exc}"
         ) from exc
-    if muon_opt is not None or adamw_opt is not None:
-        opt_state = load_optimizer_state(load_dir, device)
-        if muon_opt is not None:
-            muon_opt.load_state_dict(opt_state["muon"])
-        if adamw_opt is not None:
-            adamw_opt.load_state_dict(opt_state["adamw"])
+    if optimizers is not None:
+        try:
+            optimizers.load_state_dict(load_optimizer_state(load_dir, device))
+        except CheckpointMismatch as exc:
+            raise CheckpointMismatch(f"checkpoint {load_dir}: {exc}") from exc
     if scheduler is not None and metadata.get("scheduler"):
         scheduler.load_state_dict(metadata["scheduler"])
     return metadata
@@ -320,6 +320,9 @@ def load_optimizer_state(load_dir: Path, device: torch.device | str) -> dict[str
             f"checkpoint {load_dir}: {OPTIMIZER_FILE} holds objects other than tensors and "
             f"plain data; refusing to unpickle it ({exc})"
         ) from exc
-    if not isinstance(state, dict) or not {"muon", "adamw"} <= state.keys():
-        raise CheckpointCorrupt(f"checkpoint {load_dir}: {OPTIMIZER_FILE} lacks muon/adamw state")
+    # Keyed by optimizer name (worker.optim.Optimizers.state_dict), each a state dict.
+    if not isinstance(state, dict) or not all(isinstance(v, dict) for v in state.values()):
+        raise CheckpointCorrupt(
+            f"checkpoint {load_dir}: {OPTIMIZER_FILE} holds no optimizer state by name"
+        )
     return state

@@ -177,7 +177,7 @@ def execute_validate(ctx: RunContext, env: WorkerEnv) -> Outcome:
     info = CheckpointStore(root).get(ref.experiment, ref.tag)
     ctx.log(f"validating checkpoint {ref} (step {info.step})")
     model = build_model(plan.model, device=device)
-    load_checkpoint(model, None, None, None, info.path, device=device)
+    load_checkpoint(model, None, None, info.path, device=device)
     shape = validate_forward_shape(model, device=device)
     autocast = torch.bfloat16 if device.type == "cuda" else None
     batches = validation_batches(plan)

@@ -202,7 +202,7 @@ def load_trained(checkpoint: Path) -> tuple[GPT, dict[str, Any]]:
     # Runtime switches off: export runs no forward pass and needs no compiled graph.
     model = build_model(saved, use_compile=False, use_checkpoint_per_layer=False)
     target: nn.Module = _CompiledNames(model) if saved_compiled(checkpoint) else model
-    meta = load_checkpoint(target, None, None, None, checkpoint)
+    meta = load_checkpoint(target, None, None, checkpoint)
     return model, meta
 
 

@@ -380,7 +380,7 @@ def load_for_generation(
     # Compiling is for training's many steps of one shape; a decode changes shape each step.
     config = info.require_model_config().replace(use_compile=False)
     model = build_model(config, device=device)
-    load_checkpoint(model, None, None, None, info.path, device=device)
+    load_checkpoint(model, None, None, info.path, device=device)
     return model.eval(), _checkpoint_codec(info)
 
 

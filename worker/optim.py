@@ -1,92 +1,208 @@
-"""Muon for the hidden 2-D matrices, AdamW for everything else.
+"""Optimizers as a named container, built from an optimizer kind's parameter-group rule.
 
+A kind (`store.optimizers`: a request's `optimizer.kind`) has a builder here, registered under
+the same name: a rule saying which parameters each of its named optimizers gets, and a
+function building those optimizers from the run's `OptimizerSpec`. What the training loop,
+the schedule, the checkpoints and the metrics see is the container, `Optimizers`: an ordered
+mapping name -> torch optimizer with one `step`, one `zero_grad` and one state dict keyed by
+name (torchtitan's `OptimizersContainer`). The names are the checkpoint's keys
+(`optimizer.pt` = `{"muon": ..., "adamw": ...}`) and the metrics' (`lr/muon`, `lr/adamw`).
+
+`muon_adamw` (the default): Muon for the hidden 2-D matrices, AdamW for everything else.
 Muon orthogonalises each update of a weight matrix, which only makes sense for matrices that
 map activations to activations inside the blocks. The embedding (which is also the tied head)
 is a lookup table, and gains/biases are vectors: those go to AdamW, as in modded-nanogpt.
+`adamw`: AdamW for every parameter, the baseline Muon is compared against.
+
+A kind of a plug-in declares its builder under the entry-point group `trainctl.optimizers`,
+and its record (`store.optimizers.OptimizerKind`) under `trainctl.optimizer_kinds`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
+from trainctl.store.optimizers import lr_metric
+from trainctl.store.registry import Registry
+from trainctl.store.specs import OptimizerSpec
+from trainctl.worker.exceptions import CheckpointMismatch
+
+Groups = dict[str, list[nn.Parameter]]
+"""Parameters by the name of the optimizer that gets them."""
+
+
+class Optimizers(Mapping[str, torch.optim.Optimizer]):
+    """Named optimizers that step together; what a run's optimizer is to the rest of it."""
+
+    def __init__(self, kind: str, optimizers: Mapping[str, torch.optim.Optimizer]) -> None:
+        if not optimizers:
+            raise ValueError(f"optimizer kind {kind!r} built no optimizer")
+        self.kind = kind
+        self._optimizers = dict(optimizers)
+
+    def __getitem__(self, name: str) -> torch.optim.Optimizer:
+        return self._optimizers[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._optimizers)
+
+    def __len__(self) -> int:
+        return len(self._optimizers)
+
+    def step(self) -> None:
+        for optimizer in self.values():
+            optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.values():
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each optimizer's state dict, under its name: what `optimizer.pt` holds."""
+        return {name: optimizer.state_dict() for name, optimizer in self.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore every optimizer from `state` (a `state_dict()`); CheckpointMismatch when
+        it holds other optimizers than these, saying which."""
+        if set(state) != set(self):
+            raise CheckpointMismatch(
+                f"its optimizer state is of {', '.join(sorted(state)) or 'no optimizer'}, but "
+                f"this run's optimizer kind {self.kind!r} trains with "
+                f"{', '.join(sorted(self))}; resume with the optimizer kind the checkpoint was "
+                "saved with, or train from scratch"
+            )
+        for name, optimizer in self.items():
+            optimizer.load_state_dict(state[name])
+
+    def lrs(self) -> dict[str, float]:
+        """Each optimizer's current learning rate (of its first param group), by name."""
+        return {name: optimizer.param_groups[0]["lr"] for name, optimizer in self.items()}
+
+    def lr_metrics(self) -> dict[str, float]:
+        """The learning rates as a train metrics event names them: `lr/<name>`."""
+        return {lr_metric(name): lr for name, lr in self.lrs().items()}
+
 
 @dataclass(frozen=True)
-class OptimizerConfig:
-    muon_lr: float = 0.02
-    """Muon learning rate (before Muon's own shape adjustment, see muon_adjust_lr_fn)."""
-    muon_momentum: float = 0.95
-    """Muon momentum (Nesterov)."""
-    muon_weight_decay: float = 0.1
-    """Decoupled weight decay of the Muon matrices."""
-    muon_adjust_lr_fn: str = "original"
-    """How Muon scales lr by matrix shape: "original" (Keller Jordan's max(1, A/B)^0.5, the
-    one lr 0.02 was tuned for) or "match_rms_adamw" (Moonshot's 0.2·sqrt(max(A, B)))."""
-    adamw_lr: float = 3e-4
-    """AdamW learning rate (embedding/tied head, norms, gains)."""
-    adamw_betas: tuple[float, float] = (0.9, 0.95)
-    """AdamW betas."""
-    adamw_eps: float = 1e-8
-    """AdamW epsilon."""
-    adamw_weight_decay: float = 0.1
-    """AdamW weight decay, applied to the embedding only; vectors are never decayed."""
+class OptimizerBuilder:
+    """How the worker builds one optimizer kind."""
+
+    groups: Callable[[nn.Module], Groups]
+    """The parameter-group rule: which trainable parameters each named optimizer gets; each
+    one exactly once (`build_optimizers` checks)."""
+    build: Callable[[Groups, OptimizerSpec], dict[str, torch.optim.Optimizer]]
+    """The optimizers over those groups, by the same names, with the spec's settings."""
 
 
-def split_parameters(
-    model: nn.Module,
-) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
-    """(muon, adamw_decay, adamw_no_decay). Every trainable parameter lands in exactly one.
-
-    `named_parameters` yields a shared (tied) tensor once, so the tied head counts once.
-    """
-    muon, decay, no_decay = [], [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if p.dim() == 2 and "tok_emb" not in name:
-            muon.append(p)
-        elif p.dim() >= 2:
-            decay.append(p)
-        else:
-            no_decay.append(p)
-    return muon, decay, no_decay
+OPTIMIZER_BUILDERS: Registry[OptimizerBuilder] = Registry(
+    "optimizer builder", group="trainctl.optimizers"
+)
 
 
-def build_optimizers(
-    model: nn.Module, config: OptimizerConfig | None = None
-) -> tuple[torch.optim.Muon, torch.optim.AdamW]:
-    cfg = config or OptimizerConfig()
-    muon_params, decay, no_decay = split_parameters(model)
+def build_optimizers(model: nn.Module, spec: OptimizerSpec | None = None) -> Optimizers:
+    """The optimizers of `spec.kind` over `model`'s trainable parameters."""
+    spec = spec or OptimizerSpec()
+    builder = OPTIMIZER_BUILDERS.get(spec.kind)
+    groups = builder.groups(model)
+    check_partition(model, groups, spec.kind)
+    optimizers = builder.build(groups, spec)
+    if optimizers.keys() != groups.keys():
+        raise ValueError(
+            f"optimizer kind {spec.kind!r} built {', '.join(optimizers)} for the parameter "
+            f"groups {', '.join(groups)}"
+        )
+    return Optimizers(spec.kind, optimizers)
+
+
+def check_partition(model: nn.Module, groups: Groups, kind: str) -> None:
+    """ValueError unless every trainable parameter is in exactly one group: one left out
+    would never train, one in two groups would be updated twice."""
+    names = {id(p): name for name, p in trainable(model)}
+    owner: dict[int, str] = {}
+    for group, params in groups.items():
+        for p in params:
+            if id(p) not in names:
+                raise ValueError(f"optimizer kind {kind!r} gives {group} a parameter not trained")
+            if id(p) in owner:
+                raise ValueError(
+                    f"optimizer kind {kind!r} gives {names[id(p)]} to {owner[id(p)]} and {group}"
+                )
+            owner[id(p)] = group
+    missing = [name for i, name in names.items() if i not in owner]
+    if missing:
+        raise ValueError(f"optimizer kind {kind!r} gives no optimizer {', '.join(missing)}")
+
+
+def trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """`named_parameters` yields a shared (tied) tensor once, so the tied head counts once."""
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+
+# --- muon_adamw -----------------------------------------------------------------------------
+
+
+def is_hidden_matrix(name: str, p: nn.Parameter) -> bool:
+    """A 2-D weight inside the blocks: Muon's. The embedding (and tied head) is a table."""
+    return p.dim() == 2 and "tok_emb" not in name
+
+
+def muon_adamw_groups(model: nn.Module) -> Groups:
+    params = trainable(model)
+    return {
+        "muon": [p for name, p in params if is_hidden_matrix(name, p)],
+        "adamw": [p for name, p in params if not is_hidden_matrix(name, p)],
+    }
+
+
+def build_muon_adamw(groups: Groups, spec: OptimizerSpec) -> dict[str, torch.optim.Optimizer]:
     muon = torch.optim.Muon(
-        muon_params,
-        lr=cfg.muon_lr,
-        momentum=cfg.muon_momentum,
-        weight_decay=cfg.muon_weight_decay,
+        groups["muon"],
+        lr=spec.muon_lr,
+        momentum=spec.muon_momentum,
+        weight_decay=spec.muon_weight_decay,
         nesterov=True,
-        adjust_lr_fn=cfg.muon_adjust_lr_fn,
+        adjust_lr_fn=spec.muon_adjust_lr_fn,
     )
-    return muon, build_adamw(decay, no_decay, cfg)
+    return {"muon": muon, "adamw": build_adamw(groups["adamw"], spec)}
 
 
-def build_adamw(
-    decay: list[nn.Parameter], no_decay: list[nn.Parameter], config: OptimizerConfig | None = None
-) -> torch.optim.AdamW:
-    """AdamW with weight decay on `decay` only.
+# --- adamw ----------------------------------------------------------------------------------
+
+
+def adamw_groups(model: nn.Module) -> Groups:
+    return {"adamw": [p for _, p in trainable(model)]}
+
+
+def build_adamw_only(groups: Groups, spec: OptimizerSpec) -> dict[str, torch.optim.Optimizer]:
+    return {"adamw": build_adamw(groups["adamw"], spec)}
+
+
+def build_adamw(params: list[nn.Parameter], spec: OptimizerSpec) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices of `params` only: vectors (norms, gains,
+    biases) are never decayed.
 
     Fused on every device: torch has a fused AdamW kernel for CPU as well as CUDA, and on CPU
     it is about 9x faster than the default per-tensor loop (one pass over each parameter
     instead of a dozen; docs/performance.md).
     """
-    cfg = config or OptimizerConfig()
+    matrices = [p for p in params if p.dim() >= 2]
+    vectors = [p for p in params if p.dim() < 2]
     return torch.optim.AdamW(
         [
-            {"params": decay, "weight_decay": cfg.adamw_weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
+            {"params": matrices, "weight_decay": spec.adamw_weight_decay},
+            {"params": vectors, "weight_decay": 0.0},
         ],
-        lr=cfg.adamw_lr,
-        betas=cfg.adamw_betas,
-        eps=cfg.adamw_eps,
+        lr=spec.adamw_lr,
+        betas=(spec.adamw_beta1, spec.adamw_beta2),
+        eps=spec.adamw_eps,
         fused=True,
     )
+
+
+OPTIMIZER_BUILDERS.register("muon_adamw", OptimizerBuilder(muon_adamw_groups, build_muon_adamw))
+OPTIMIZER_BUILDERS.register("adamw", OptimizerBuilder(adamw_groups, build_adamw_only))

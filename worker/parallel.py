@@ -92,12 +92,13 @@ class DDPReplica:
     """`DataParallel` for `worker.train`: one of `world` replicas kept in sync by DDP.
 
     DDP all-reduces (averages) the gradients during the last backward of a step, so when
-    `train_step` clips and then calls `muon.step()`, every rank holds the same averaged
-    gradient. That order is what makes Muon correct here: its update orthogonalises the
-    (momentum of the) whole gradient matrix with Newton-Schulz, a non-linear map, so it must
-    see the global average (orthogonalise(mean g) ≠ mean(orthogonalise g)), and since every
-    rank then applies the same deterministic update to the same weights, the replicas stay
-    identical without any further communication. The same holds for AdamW and the clip norm.
+    `train_step` clips and then steps the optimizers (`Optimizers.step`), every rank holds the
+    same averaged gradient. That order is what makes Muon correct here: its update
+    orthogonalises the (momentum of the) whole gradient matrix with Newton-Schulz, a non-linear
+    map, so it must see the global average (orthogonalise(mean g) ≠ mean(orthogonalise g)),
+    and since every rank then applies the same deterministic update to the same weights, the
+    replicas stay identical without any further communication. The same holds for AdamW (of
+    either optimizer kind) and the clip norm.
     """
 
     def __init__(self, model: GPT, device: torch.device, world_size: int) -> None:

@@ -1,6 +1,6 @@
 """Warmup-stable-decay (WSD) learning-rate schedule.
 
-`wsd_factor` is a pure function of the step; `WSDScheduler` applies it to each driven
+`wsd_factor` is a pure function of the step; `WSDScheduler` applies it to each named
 optimizer's *own* base lr (the seed copied the first optimizer's lr to the others, which
 would have trained Muon at AdamW's 3e-4).
 """
@@ -8,6 +8,7 @@ would have trained Muon at AdamW's 3e-4).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -75,15 +76,16 @@ def wsd_factor(
 
 
 class WSDScheduler(LRScheduler):
-    """Drives one optimizer or several with the WSD factor on each one's own base lr.
+    """Drives named optimizers (a run's `worker.optim.Optimizers`) with the WSD factor on each
+    one's own base lr.
 
     torch's LRScheduler owns a single optimizer: the first one is handed to it, the others are
-    set alongside it on every step. `base_lrs` covers the param groups of all of them, in order.
+    set alongside it on every step. `base_lrs` covers the first one's param groups.
     """
 
     def __init__(
         self,
-        optimizers: torch.optim.Optimizer | list[torch.optim.Optimizer] | tuple[Any, ...],
+        optimizers: Mapping[str, torch.optim.Optimizer],
         total_steps: int,
         warmup_frac: float = 0.01,
         stable_frac: float = 0.84,
@@ -94,9 +96,10 @@ class WSDScheduler(LRScheduler):
         check_schedule(warmup_frac, stable_frac, decay, min_lr_ratio)
         if total_steps <= 0:
             raise ValueError(f"total_steps must be positive, got {total_steps}")
-        opts = list(optimizers) if isinstance(optimizers, list | tuple) else [optimizers]
+        opts = list(optimizers.values())
         if not opts:
             raise ValueError("WSDScheduler needs at least one optimizer")
+        self.names = list(optimizers)
         self.optimizers = opts
         self.total_steps = total_steps
         self.warmup_frac, self.stable_frac = warmup_frac, stable_frac
@@ -127,9 +130,11 @@ class WSDScheduler(LRScheduler):
             for group in opt.param_groups:
                 group["lr"] = group["initial_lr"] * f
 
-    def lrs(self) -> list[float]:
-        """The current lr of each optimizer's first param group, in order."""
-        return [opt.param_groups[0]["lr"] for opt in self.optimizers]
+    def lrs(self) -> dict[str, float]:
+        """The current lr of each optimizer's first param group, by name."""
+        return {
+            n: o.param_groups[0]["lr"] for n, o in zip(self.names, self.optimizers, strict=True)
+        }
 
     def state_dict(self) -> dict[str, Any]:
         # Only plain numbers: the scheduler state goes into metadata.json.
@@ -162,13 +167,11 @@ class WSDScheduler(LRScheduler):
 
 
 def build_scheduler(
-    optimizers: list[torch.optim.Optimizer] | tuple[Any, ...],
+    optimizers: Mapping[str, torch.optim.Optimizer],
     total_steps: int,
     warmup_frac: float = 0.01,
     stable_frac: float = 0.84,
     decay: str = "linear",
     min_lr_ratio: float = 0.1,
 ) -> WSDScheduler:
-    return WSDScheduler(
-        list(optimizers), total_steps, warmup_frac, stable_frac, decay, min_lr_ratio
-    )
+    return WSDScheduler(optimizers, total_steps, warmup_frac, stable_frac, decay, min_lr_ratio)

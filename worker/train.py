@@ -3,7 +3,7 @@
 `build_training` assembles model, optimizers and schedule from a plan's step settings and a
 sampler; a train run adds its data (`build_data`), a benchmark a synthetic sampler, so both
 time the same `train_step`. `train` runs a `TrainPlan`, resuming from its pinned checkpoint.
-Resume is exact: the checkpoint holds the master weights, both optimizers, the schedule, the
+Resume is exact: the checkpoint holds the master weights, the optimizers, the schedule, the
 RNG state and the data position, and a batch is a pure function of (seed, position), so a
 resumed run computes the same steps as an uninterrupted one, bit for bit on the same hardware
 and thread count.
@@ -26,7 +26,7 @@ from trainctl.store.data.datasets import bits_per_byte
 from trainctl.store.exceptions import CheckpointNotFound
 from trainctl.store.names import BEST_TAG
 from trainctl.store.plans import BatchPlan, DatasetPin, StepPlan, TrainPlan, bytes_per_token
-from trainctl.store.specs import DataSpec, OptimizerSpec
+from trainctl.store.specs import DataSpec
 from trainctl.worker.async_checkpoint import AsyncCheckpointer
 from trainctl.worker.checkpoint import (
     CheckpointState,
@@ -51,7 +51,7 @@ from trainctl.worker.data import (
 from trainctl.worker.datasets import build_data_record, dataset_arrays, open_dataset
 from trainctl.worker.exceptions import NonFiniteLoss
 from trainctl.worker.model import GPT, build_model
-from trainctl.worker.optim import OptimizerConfig, build_optimizers
+from trainctl.worker.optim import Optimizers, build_optimizers
 from trainctl.worker.parallel import DataParallel, SingleProcess
 from trainctl.worker.sampling import TrainingSamples
 from trainctl.worker.schedule import WSDScheduler, build_scheduler
@@ -63,8 +63,7 @@ Callback = Callable[[dict[str, Any]], None]
 @dataclass
 class TrainParts:
     model: GPT
-    muon: torch.optim.Muon
-    adamw: torch.optim.AdamW
+    optimizers: Optimizers
     scheduler: WSDScheduler
     sampler: Sampler
     val_batches: list[Batch]
@@ -83,18 +82,6 @@ class TrainState:
     data_position: int = 0
     last_loss: float | None = None
     last_val_loss: float | None = None
-
-
-def optimizer_config(o: OptimizerSpec) -> OptimizerConfig:
-    return OptimizerConfig(
-        muon_lr=o.muon_lr,
-        muon_momentum=o.muon_momentum,
-        muon_weight_decay=o.muon_weight_decay,
-        muon_adjust_lr_fn=o.muon_adjust_lr_fn,
-        adamw_lr=o.adamw_lr,
-        adamw_betas=(o.adamw_beta1, o.adamw_beta2),
-        adamw_weight_decay=o.adamw_weight_decay,
-    )
 
 
 def build_token_arrays(
@@ -143,16 +130,15 @@ def build_training(
     `sampler`."""
     device = torch.device(plan.device)
     model = build_model(plan.model.config, device=device, seed=plan.seed)
-    muon, adamw = build_optimizers(model, optimizer_config(plan.optimizer))
+    optimizers = build_optimizers(model, plan.optimizer)
     s = plan.schedule
     scheduler = build_scheduler(
-        [muon, adamw], total_steps, s.warmup_frac, s.stable_frac, s.decay, s.min_lr_ratio
+        optimizers, total_steps, s.warmup_frac, s.stable_frac, s.decay, s.min_lr_ratio
     )
     autocast = torch.bfloat16 if device.type == "cuda" else None
     return TrainParts(
         model,
-        muon,
-        adamw,
+        optimizers,
         scheduler,
         sampler,
         val_batches,
@@ -192,21 +178,18 @@ def train_step(parts: TrainParts, loader: AsyncDataLoader, step: int) -> dict[st
     max_norm = parts.grad_clip if parts.grad_clip > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
     if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
-        parts.muon.zero_grad(set_to_none=True)
-        parts.adamw.zero_grad(set_to_none=True)
+        parts.optimizers.zero_grad(set_to_none=True)
         raise NonFiniteLoss(
             f"loss became {loss_value} (grad norm {grad_norm}) at step {step + 1}: the update "
             "was not applied and no checkpoint was written; lower the learning rate or check "
             "the data"
         )
-    lr_muon, lr_adamw = parts.scheduler.lrs()
+    lrs = parts.optimizers.lr_metrics()  # the lrs this step trains with: `lr/<name>`
     # After the all-reduce: Muon orthogonalises the averaged gradient (worker/parallel.py).
-    parts.muon.step()
-    parts.adamw.step()
-    parts.muon.zero_grad(set_to_none=True)
-    parts.adamw.zero_grad(set_to_none=True)
+    parts.optimizers.step()
+    parts.optimizers.zero_grad(set_to_none=True)
     parts.scheduler.step()
-    return {"loss": loss_value, "grad_norm": grad_norm, "lr_muon": lr_muon, "lr_adamw": lr_adamw}
+    return {"loss": loss_value, "grad_norm": grad_norm, **lrs}
 
 
 def validate(parts: TrainParts) -> dict[str, float]:
@@ -236,7 +219,7 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> 
     except CheckpointNotFound as exc:
         raise CheckpointNotFound(f"cannot resume from {ref}: {exc}") from exc
     meta = load_checkpoint(
-        parts.model, parts.muon, parts.adamw, parts.scheduler, info.path, device=parts.device
+        parts.model, parts.optimizers, parts.scheduler, info.path, device=parts.device
     )
     restore_rng_state(meta["rng"])
     return TrainState(
@@ -308,8 +291,7 @@ class Trainer:
         dtype = torch.bfloat16 if self.plan.save_dtype == "bfloat16" else None
         state = capture_checkpoint(
             p.model,
-            p.muon,
-            p.adamw,
+            p.optimizers,
             p.scheduler,
             s.step,
             s.token_count,

@@ -6,7 +6,9 @@ again later. It raises `SinkRefused` when it never will (the tracker rejects wha
 sent): the mirror stops feeding that run to it and says so in the run's log.
 
 Both sinks name metrics alike: `<kind>/<field>`, the kind's own prefix dropped (`train/loss`,
-`train/lr_muon`, `val/loss`, `val/bits_per_byte`), by the event's step.
+`train/lr/muon`, `val/loss`, `val/bits_per_byte`), by the event's step. An old event log's
+`lr_muon` is mirrored as today's `lr/muon` (`store.optimizers.current_metric_names`), so one
+run's learning rate is one series whichever trainctl wrote it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from trainctl.store.db.runs import Event, Run
+from trainctl.store.optimizers import current_metric_names
 
 METRIC_KINDS = ("train", "val")
 """The kinds of metrics event a train run writes (docs/architecture.md, "Shapes")."""
@@ -56,7 +59,7 @@ def scalars(data: dict[str, Any]) -> list[tuple[str, float]]:
         return []
     return [
         (f"{kind}/{key.removeprefix(f'{kind}_')}", float(value))
-        for key, value in data.items()
+        for key, value in current_metric_names(data).items()
         if key not in NOT_METRICS and isinstance(value, int | float) and not isinstance(value, bool)
     ]
 

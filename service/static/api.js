@@ -32,9 +32,24 @@ export function postJson(path, body) {
 
 export const runPath = (runId) => `/runs/${encodeURIComponent(runId)}`;
 
+// Metric names of event logs from before optimizers were named, and their names now
+// (store/optimizers.py, LEGACY_METRIC_NAMES). GET /runs/{id}/metrics renames them already;
+// the event stream sends events as they were written.
+const LEGACY_METRIC_NAMES = { lr_muon: "lr/muon", lr_adamw: "lr/adamw" };
+
+// Each optimizer's learning rate is the metric `lr/<optimizer name>`.
+export const LR_PREFIX = "lr/";
+
 // A metrics row as GET /runs/{id}/metrics has it, from a stream's metrics event.
 export function metricRow(event) {
-  return { event_id: event.id, created_at: event.created_at, ...event.data };
+  const row = { event_id: event.id, created_at: event.created_at };
+  for (const [key, value] of Object.entries(event.data)) row[LEGACY_METRIC_NAMES[key] ?? key] = value;
+  return row;
+}
+
+// The optimizer names of a row's learning rates, in the row's order: ["muon", "adamw"].
+export function lrNames(row) {
+  return Object.keys(row).filter((k) => k.startsWith(LR_PREFIX)).map((k) => k.slice(LR_PREFIX.length));
 }
 
 // Reads `text/event-stream` frames from a fetch() body; calls onFrame(type, data, id).

@@ -5,7 +5,7 @@
 // comparison can be shared or reloaded. Each run's history comes down-sampled
 // (?max_points); a live run then follows its event stream from its last metrics event.
 
-import { Unauthorized, api, followRun, metricRow, runPath } from "./api.js";
+import { LR_PREFIX, Unauthorized, api, followRun, lrNames, metricRow, runPath } from "./api.js";
 import { fmt, h, showError, stateBadge, tableWrap } from "./dom.js";
 import { FittedChart, PALETTE, ema, joinTables } from "./charts.js";
 import { flatten, formatValue, label } from "./result.js";
@@ -16,15 +16,24 @@ const X_AXES = { step: "step", tokens: "tokens", time: "wall time" };
 const STEP_KINDS = ["train", "measure"];  // a benchmark measures steps as a train run logs them
 
 // smooth: whether the smoothing control applies (not to lrs: a schedule is smooth already).
-const CHARTS = [
+const LOSS_CHARTS = [
   { id: "loss", title: "Train loss", kinds: STEP_KINDS, key: "loss", smooth: true },
   { id: "val_loss", title: "Validation loss", kinds: ["val"], key: "val_loss", smooth: true, points: true },
   { id: "val_bpb", title: "Validation bits per byte", kinds: ["val"], key: "val_bits_per_byte",
     smooth: true, points: true, optional: true },
-  { id: "lr_muon", title: "Muon learning rate", kinds: ["train"], key: "lr_muon" },
-  { id: "lr_adamw", title: "AdamW learning rate", kinds: ["train"], key: "lr_adamw" },
+];
+const SPEED_CHARTS = [
   { id: "tps", title: "Tokens / s", kinds: STEP_KINDS, key: "tokens_per_sec", smooth: true },
 ];
+
+// Between them, a learning-rate chart per optimizer that any of the runs has (`lr/<name>`:
+// the runs' optimizer kinds decide, store/optimizers.py), in the order they first appear.
+function chartsFor(curves) {
+  const names = [...new Set(curves.flatMap((c) => [...c.lrs]))];
+  const lrs = names.map((name) => ({ id: `lr_${name}`, title: `Learning rate: ${name}`,
+    kinds: ["train"], key: `${LR_PREFIX}${name}` }));
+  return [...LOSS_CHARTS, ...lrs, ...SPEED_CHARTS];
+}
 
 // The settings rows come in this order (prefixes of the plan's dotted keys); others follow.
 const SETTING_ORDER = ["experiment", "steps", "model.preset", "model.overrides", "model.config.",
@@ -35,8 +44,8 @@ const SETTING_ORDER = ["experiment", "steps", "model.preset", "model.overrides",
 const KEY_SETTINGS = new Set(["kind", "state", "experiment", "steps", "model.preset",
   "model.config.d_model", "model.config.n_layers", "model.config.n_heads", "model.config.n_kv_heads",
   "model.config.ffn_hidden", "model.config.vocab_size", "batch.micro_batch_size",
-  "batch.grad_accum_steps", "batch.seq_len", "batch: tokens per step", "optimizer.muon_lr",
-  "optimizer.adamw_lr", "optimizer.muon_weight_decay", "optimizer.adamw_weight_decay",
+  "batch.grad_accum_steps", "batch.seq_len", "batch: tokens per step", "optimizer.kind",
+  "optimizer.muon_lr", "optimizer.adamw_lr", "optimizer.muon_weight_decay", "optimizer.adamw_weight_decay",
   "optimizer.grad_clip", "schedule.warmup_frac", "schedule.stable_frac", "schedule.decay",
   "schedule.min_lr_ratio", "data.source", "data.dataset", "data.paths", "seed", "device",
   "nproc_per_node", "resume_from.experiment", "resume_from.tag"]);
@@ -66,12 +75,14 @@ class Curve {
     this.run = run;
     this.color = color;
     this.rows = [];
+    this.lrs = new Set();  // the names of its optimizers, from its metrics
   }
 
   get lastId() { return this.rows.length ? this.rows.at(-1).event_id : 0; }
 
   add(row) {
     this.rows.push(row);
+    for (const name of lrNames(row)) this.lrs.add(name);
     const t = Date.parse(row.created_at);
     // Wall time counts from the run's start, or its first event if that came earlier (a
     // requeued run starts again).
@@ -198,8 +209,17 @@ export async function showCompare(view, params) {
 
   const legendList = h("ul", { id: "compare-legend" });
   const settings = h("table", { id: "compare-settings" });
-  const cards = CHARTS.map((c) => h("div", { class: "chart", "data-chart": c.id },
-    h("h3", {}, c.title), h("div", { class: "plot", id: `compare-${c.id}`, "data-points": "0" })));
+  const chartsBox = h("div", { class: "charts" });
+  let charts = [];
+  let cards = [];
+  const layout = () => {
+    charts = chartsFor(curves);
+    cards = charts.map((c) => h("div", { class: "chart", "data-chart": c.id },
+      h("h3", {}, c.title), h("div", { class: "plot", id: `compare-${c.id}`, "data-points": "0" })));
+    chartsBox.replaceChildren(...cards);
+  };
+  const sameCharts = () => chartsFor(curves).map((c) => c.id).join() === charts.map((c) => c.id).join();
+  layout();
   const setUrl = () => history.replaceState(null, "", compareHash({ ...state, runs: curves.map((c) => c.run.id) }));
   const xSelect = h("select", { id: "compare-x", "aria-label": "x axis", onchange: () => {
     state.x = xSelect.value; setUrl(); build();
@@ -227,7 +247,7 @@ export async function showCompare(view, params) {
       h("label", {}, "x axis ", xSelect), h("label", {}, logBox, " log y"),
       h("label", {}, "smoothing ", smooth, " ", smoothOut)),
     legendList,
-    h("div", { class: "charts" }, ...cards),
+    chartsBox,
     h("div", { class: "toolbar" }, h("h3", {}, "Settings"),
       h("label", {}, diffOnly, " only differences"), h("label", {}, allSettings, " all settings")),
     tableWrap(settings));
@@ -236,6 +256,11 @@ export async function showCompare(view, params) {
   let pending = false;
   const draw = () => {
     pending = false;
+    if (!sameCharts()) {  // a live run's first lr of an optimizer the others lack
+      layout();
+      build();
+      return;
+    }
     for (const [chart, plot, card] of plots) {
       const tables = curves.map((c) => c.table(chart, state));
       const points = tables.reduce((n, [xs]) => n + xs.length, 0);
@@ -251,7 +276,7 @@ export async function showCompare(view, params) {
   // A new x axis or y scale needs new uPlot options: the plots are made again.
   const build = () => {
     for (const [, plot] of plots) plot.destroy();
-    plots = CHARTS.map((chart, i) => {
+    plots = charts.map((chart, i) => {
       const container = cards[i].querySelector(".plot");
       container.replaceChildren();
       return [chart, new FittedChart(container, chartOptions(chart, curves, state),

@@ -6,7 +6,7 @@
 // A run that writes samples is the exception: no route lists its past `sample` events, so its
 // stream starts at the beginning and the metrics and lines already shown are skipped.
 
-import { api, followRun, metricRow, postJson, runPath } from "./api.js";
+import { LR_PREFIX, api, followRun, lrNames, metricRow, postJson, runPath } from "./api.js";
 import { fmt, h, progressCell, showError, stateBadge, tableWrap } from "./dom.js";
 import { FittedChart } from "./charts.js";
 import { describeResult } from "./result.js";
@@ -17,17 +17,21 @@ const MAX_POINTS = 3000;  // the charts' resolution: a few per pixel of the wide
 const ACTIVE = new Set(["queued", "running"]);
 const RESUMABLE = new Set(["failed", "cancelled"]);
 
+// The lr chart has a series per optimizer, `lr/<name>` in the metrics: which ones, the run's
+// optimizer kind decides (store/optimizers.py), so they are added as they first appear.
+const LR_COLORS = ["#2f9e44", "#7048e8", "#e8590c", "#1098ad"];
 const CHARTS = [
   { id: "loss", title: "Loss", series: [["loss", "train loss", "#1f6feb"], ["val_loss", "val loss", "#d9480f"]] },
-  { id: "lr", title: "Learning rate", series: [["lr_muon", "Muon", "#2f9e44", "muon"], ["lr_adamw", "AdamW", "#7048e8", "adamw"]] },
+  { id: "lr", title: "Learning rate", series: [] },
   { id: "tps", title: "Tokens / s", series: [["tokens_per_sec", "tokens/s", "#0c8599"]] },
 ];
 
 function chartOptions(spec) {
   const axes = [{ label: "step", values: (u, vals) => vals.map(fmt.compact) }];
   spec.series.forEach(([, , stroke, scale], i) => {
-    // Muon's and AdamW's lrs differ ~70x: each gets its own axis, left and right.
-    if (scale) axes.push({ scale, side: i ? 1 : 3, stroke, values: (u, vals) => vals.map(fmt.compact), size: 56 });
+    // Muon's and AdamW's lrs differ ~70x: each optimizer's has a scale of its own, the first
+    // two an axis each, left and right.
+    if (scale && i < 2) axes.push({ scale, side: i ? 1 : 3, stroke, values: (u, vals) => vals.map(fmt.compact), size: 56 });
   });
   if (axes.length === 1) axes.push({ size: 56, values: (u, vals) => vals.map(fmt.compact) });
   return {
@@ -41,19 +45,37 @@ function chartOptions(spec) {
 class RunCharts {
   constructor() {
     this.steps = [];  // x values; one entry per train or benchmark-measure step
-    this.data = Object.fromEntries(CHARTS.map((c) => [c.id, c.series.map(() => [])]));
+    this.specs = CHARTS.map((c) => ({ ...c, series: [...c.series] }));  // this run's series
+    this.data = Object.fromEntries(this.specs.map((c) => [c.id, c.series.map(() => [])]));
+    this.stale = new Set();  // charts whose series changed: made again at the next draw
     this.pending = false;
   }
 
-  mount() {
-    this.plots = CHARTS.map((c) => [c, new FittedChart(document.getElementById(`chart-${c.id}`),
-      chartOptions(c), [[], ...c.series.map(() => [])])]);
+  mount() { this.plots = new Map(this.specs.map((c) => [c.id, this.plot(c)])); }
+
+  plot(spec) {
+    const container = document.getElementById(`chart-${spec.id}`);
+    container.replaceChildren();
+    return new FittedChart(container, chartOptions(spec), [[], ...spec.series.map(() => [])]);
+  }
+
+  // An optimizer's lr not seen before gets a series, empty for the steps before.
+  learn(m) {
+    const lr = this.specs.find((c) => c.id === "lr");
+    for (const name of lrNames(m)) {
+      const key = `${LR_PREFIX}${name}`;
+      if (lr.series.some(([k]) => k === key)) continue;
+      lr.series.push([key, name, LR_COLORS[lr.series.length % LR_COLORS.length], key]);
+      this.data.lr.push(this.steps.map(() => null));
+      this.stale.add(lr);
+    }
   }
 
   add(m) {
     if (m.kind === "train" || m.kind === "measure") {
+      this.learn(m);
       this.steps.push(m.step);
-      for (const c of CHARTS) c.series.forEach(([key], i) => this.data[c.id][i].push(m[key] ?? null));
+      for (const c of this.specs) c.series.forEach(([key], i) => this.data[c.id][i].push(m[key] ?? null));
     } else if (m.kind === "val" && this.steps.length) {
       const i = this.steps.lastIndexOf(m.step);
       if (i >= 0) this.data.loss[1][i] = m.val_loss;
@@ -66,13 +88,18 @@ class RunCharts {
 
   draw() {
     this.pending = false;
-    for (const [c, plot] of this.plots) {
-      plot.setData([this.steps, ...this.data[c.id]]);
+    for (const spec of this.stale) {
+      this.plots.get(spec.id).destroy();
+      this.plots.set(spec.id, this.plot(spec));
+    }
+    this.stale.clear();
+    for (const c of this.specs) {
+      this.plots.get(c.id).setData([this.steps, ...this.data[c.id]]);
       document.getElementById(`chart-${c.id}`).dataset.points = String(this.steps.length);
     }
   }
 
-  destroy() { for (const [, plot] of this.plots || []) plot.destroy(); }
+  destroy() { for (const plot of this.plots?.values() ?? []) plot.destroy(); }
 }
 
 // bpb: the latest validation's bits per byte, where the run's data says how many bytes a

@@ -17,13 +17,11 @@ from multiprocessing.context import ForkServerContext
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
-import torch
-
 from tests.worker.checkpoints import save_checkpoint
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE
 from trainctl.store.names import BEST_TAG
 from trainctl.worker.model import GPT, build_model
-from trainctl.worker.optim import build_optimizers
+from trainctl.worker.optim import Optimizers, build_optimizers
 from trainctl.worker.schedule import WSDScheduler, build_scheduler
 
 EXPERIMENT = "exp"
@@ -32,7 +30,7 @@ BEST_EVERY = 2
 """A ``best`` save follows every second step save, so commits that replace a tag are killed
 too (they go through a tagged trash folder that `CheckpointStore.cleanup` puts back)."""
 
-Parts = tuple[GPT, torch.optim.Optimizer, torch.optim.Optimizer, WSDScheduler]
+Parts = tuple[GPT, Optimizers, WSDScheduler]
 
 
 def forkserver() -> ForkServerContext:
@@ -47,8 +45,8 @@ def build_parts() -> Parts:
     """A tiny model with its optimizers and schedule (untrained: the bytes do not matter here,
     and a first Muon step costs a fresh process seconds of BLAS warm-up)."""
     model = build_model("tiny", seed=0)
-    muon, adamw = build_optimizers(model)
-    return model, muon, adamw, build_scheduler([muon, adamw], 10_000)
+    optimizers = build_optimizers(model)
+    return model, optimizers, build_scheduler(optimizers, 10_000)
 
 
 def save_step(
@@ -58,11 +56,10 @@ def save_step(
     tag: str | None = None,
     protected: Iterable[tuple[str, str]] = (),
 ) -> Path:
-    model, muon, adamw, scheduler = parts
+    model, optimizers, scheduler = parts
     return save_checkpoint(
         model,
-        muon,
-        adamw,
+        optimizers,
         scheduler,
         step,
         step * 1000,

@@ -86,12 +86,13 @@ def api(base_url: str) -> Iterator[TrainctlClient]:
 
 @pytest.fixture(scope="module")
 def finished(api: TrainctlClient) -> tuple[RunPublic, RunPublic]:
-    """Two finished train runs of one experiment: byte-level text (so bits per byte) and
-    synthetic tokens with another Muon lr. One experiment trains one run at a time."""
+    """Two finished train runs of one experiment: byte-level text (so bits per byte) with
+    Muon + AdamW, and synthetic tokens with AdamW alone, the baseline Muon is compared with.
+    One experiment trains one run at a time."""
     text = api.submit("train", {**SMALL_RUN, "experiment": "cmp", "data": {"max_bytes": 300_000}})
     assert api.wait(text.id, timeout=600).state == "succeeded"
     other = {**SMALL_RUN, "experiment": "cmp", "data": {"source": "synthetic"}}
-    synthetic = api.submit("train", {**other, "optimizer": {"muon_lr": 0.05}})
+    synthetic = api.submit("train", {**other, "optimizer": {"kind": "adamw", "adamw_lr": 1e-3}})
     assert api.wait(synthetic.id, timeout=600).state == "succeeded"
     return api.get_run(text.id), api.get_run(synthetic.id)
 
@@ -268,6 +269,17 @@ def test_a_finished_runs_page_fits_its_cards_at_every_width_and_follows_resizes(
     assert page.locator("#cancel-run, #resume-run").count() == 0
     # A run without sample_every has no samples (test_dashboard_samples.py has one that does).
     assert page.locator("#run-samples").count() == 0
+    # A series for each optimizer's lr, as the metrics name them (lr/muon, lr/adamw).
+    assert lr_series(page) == ["muon", "adamw"]
+    baseline = open_page(f"#/runs/{finished[1].id}")
+    poll(lambda: points(baseline, "chart-lr") == STEPS, what="the AdamW run's points")
+    assert lr_series(baseline) == ["adamw"]
+
+
+def lr_series(page: Any) -> list[str]:
+    """The series of a run page's learning-rate chart, by their legend's labels."""
+    labels = page.locator("#chart-lr .u-legend .u-series .u-label").all_text_contents()
+    return [label for label in labels if label != "step"]
 
 
 # --- compare -----------------------------------------------------------------------------------
@@ -294,16 +306,17 @@ def test_runs_picked_in_the_table_open_a_compare_view_whose_url_holds_the_select
     assert sorted(legend) == sorted([a.id, b.id])
     total = 2 * STEPS
     poll(lambda: points(page, "compare-loss") == total, what="both runs' train loss")
-    assert points(page, "compare-lr_muon") == total and points(page, "compare-tps") == total
+    # An lr chart per optimizer either run has: Muon's the first run's alone.
+    assert points(page, "compare-lr_muon") == STEPS and points(page, "compare-lr_adamw") == total
+    assert points(page, "compare-tps") == total
     assert points(page, "compare-val_loss") == 2 * 3
     assert points(page, "compare-val_bpb") == 3  # only the byte-level run knows its bits per byte
     # The settings side by side, what differs marked.
-    muon = page.locator("#compare-settings tr[data-key='optimizer.muon_lr']")
-    assert "differs" in (muon.get_attribute("class") or "")
-    assert (
-        muon.locator("td").all_text_contents()
-        == ["0.02", "0.05"][:: 1 if legend[0] == a.id else -1]
-    )
+    order = 1 if legend[0] == a.id else -1
+    for key, values in [("kind", ["muon_adamw", "adamw"]), ("adamw_lr", ["0.0003", "0.001"])]:
+        row = page.locator(f"#compare-settings tr[data-key='optimizer.{key}']")
+        assert "differs" in (row.get_attribute("class") or "")
+        assert row.locator("td").all_text_contents() == values[::order]
     assert "same" in (
         page.get_attribute("#compare-settings tr[data-key='model.preset']", "class") or ""
     )
@@ -363,7 +376,10 @@ def test_the_compare_view_follows_a_live_run_over_its_event_stream(
 def test_the_run_page_cancels_a_run_and_resumes_it_from_the_latest_checkpoint(
     api: TrainctlClient, open_page: Any
 ) -> None:
-    run = api.submit("train", {**LONG_RUN, "experiment": "resume", "data": {"source": "synthetic"}})
+    # AdamW alone: its plan holds Muon's settings too, at their defaults, which the resume
+    # sends back (and a request may, for a kind that does not read them).
+    spec = {**LONG_RUN, "experiment": "resume", "data": {"source": "synthetic"}}
+    run = api.submit("train", {**spec, "optimizer": {"kind": "adamw"}})
     page = open_page(f"#/runs/{run.id}")
     poll(lambda: api.list_checkpoints("resume"), what="a checkpoint to resume from")
 

@@ -224,6 +224,17 @@ def test_an_integer_is_still_a_valid_float(client: TestClient) -> None:
     assert response.json()["spec"]["optimizer"]["muon_lr"] == 1.0
 
 
+def test_kind_adamw_runs_and_refuses_a_muon_setting_by_name(client: TestClient) -> None:
+    adamw = {"kind": "adamw", "adamw_lr": 1e-3}
+    accepted = submit(client, "train", CPU_TRAIN | {"optimizer": adamw})
+    refused = submit(client, "train", CPU_TRAIN | {"optimizer": adamw | {"muon_lr": 0.05}})
+
+    assert accepted.status_code == 202, accepted.json()
+    assert accepted.json()["spec"]["optimizer"]["kind"] == "adamw"
+    assert refused.status_code == 422
+    assert "optimizer kind 'adamw' does not read muon_lr" in refused.json()["detail"]
+
+
 def test_a_validation_error_also_lists_the_raw_errors(client: TestClient) -> None:
     errors = submit(client, "train", {"steps": 0}).json()["errors"]
 
@@ -455,22 +466,26 @@ def test_metrics_come_back_as_rows_filtered_by_kind_and_as_csv(
     client: TestClient, runs: RunStore
 ) -> None:
     run_id = submit(client, "train", CPU_TRAIN).json()["id"]
-    runs.append_event(run_id, "metrics", {"kind": "train", "step": 1, "loss": 5.5, "lr_muon": 0.02})
+    runs.append_event(run_id, "metrics", {"kind": "train", "step": 1, "loss": 5.5, "lr/muon": 0.02})
     runs.append_event(run_id, "metrics", {"kind": "val", "step": 1, "val_loss": 5.9})
     runs.append_event(run_id, "log", {"level": "info", "message": "not a metric"})
+    # An event log from before optimizers had names: its lr_muon reads as lr/muon.
+    runs.append_event(run_id, "metrics", {"kind": "train", "step": 2, "loss": 5.4, "lr_muon": 0.01})
 
     rows = client.get(f"/runs/{run_id}/metrics").json()["items"]
     val = client.get(f"/runs/{run_id}/metrics", params={"kind": "val"}).json()["items"]
     csv = client.get(f"/runs/{run_id}/metrics", params={"format": "csv"})
 
-    assert [r["kind"] for r in rows] == ["train", "val"]
+    assert [r["kind"] for r in rows] == ["train", "val", "train"]
     assert rows[0]["loss"] == 5.5 and "event_id" in rows[0] and "created_at" in rows[0]
+    assert rows[2]["lr/muon"] == 0.01 and "lr_muon" not in rows[2]
     assert [r["val_loss"] for r in val] == [5.9]
     assert csv.headers["content-type"].startswith("text/csv")
     lines = csv.text.splitlines()
-    assert lines[0] == "event_id,created_at,kind,step,loss,lr_muon,val_loss"
+    assert lines[0] == "event_id,created_at,kind,step,loss,lr/muon,val_loss"
     assert lines[1].endswith(",train,1,5.5,0.02,")
     assert lines[2].endswith(",val,1,,,5.9")
+    assert lines[3].endswith(",train,2,5.4,0.01,")
 
 
 def test_logs_come_back_as_json_and_as_text(client: TestClient, runs: RunStore) -> None:

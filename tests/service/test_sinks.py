@@ -77,10 +77,15 @@ def start_run(store: RunStore, trackers: list[str]) -> Run:
 
 
 def write_steps(store: RunStore, run: Run, steps: range) -> None:
-    """What a train run writes: train metrics each step, then validation and samples."""
+    """What a train run writes: train metrics each step, then validation and samples. Its
+    first steps name the learning rates as trainctl did before optimizers had names, as a run
+    that a newer worker resumed has them."""
     for step in steps:
+        lrs = (
+            {"lr_muon": 0.02, "lr_adamw": 3e-4} if step < 5 else {"lr/muon": 0.02, "lr/adamw": 3e-4}
+        )
         train = {"kind": "train", "step": step, "total_steps": 20, "loss": 5.0 - step / 10,
-                 "grad_norm": 1.0 + step, "lr_muon": 0.02, "lr_adamw": 3e-4, "tokens": step * 64,
+                 "grad_norm": 1.0 + step, **lrs, "tokens": step * 64,
                  "tokens_per_sec": 1000.0 + step, "step_time_sec": 0.01}  # fmt: skip
         store.append_event(run.id, "metrics", train, worker_id=WORKER, attempt=run.attempt)
         if step % 10 == 0:
@@ -141,9 +146,12 @@ def test_tensorboard_files_hold_the_metrics_and_samples_of_the_event_log(
     folder = tmp_path / "tensorboard" / "exp" / run.id
     scalars_written = tensorboard_scalars(folder)
     assert scalars_written == logged_scalars(store, run)
-    names = {"train/loss", "train/lr_muon", "train/grad_norm", "train/tokens_per_sec",
-             "val/loss", "val/ppl", "val/bits_per_byte"}  # fmt: skip
-    assert names <= {tag for tag, _, _ in scalars_written}
+    names = {"train/loss", "train/lr/muon", "train/lr/adamw", "train/grad_norm",
+             "train/tokens_per_sec", "val/loss", "val/ppl", "val/bits_per_byte"}  # fmt: skip
+    tags = {tag for tag, _, _ in scalars_written}
+    assert names <= tags and not {"train/lr_muon", "train/lr_adamw"} & tags
+    lr_steps = sorted(step for tag, step, _ in scalars_written if tag == "train/lr/muon")
+    assert lr_steps == list(range(1, 21))  # the old name and the new are one series
     texts = SummaryReader(str(folder)).text
     assert sorted(zip(texts["tag"], texts["step"], texts["value"], strict=True)) == [
         ("samples/0", 10, "def x10"),

@@ -213,3 +213,28 @@ def test_a_request_has_no_field_the_server_fills_in(
     assert not {"model_config_resolved", "warnings"} & set(request_type.model_fields)
     with pytest.raises(ValidationError, match="warnings: filled in by the server"):
         request_type.model_validate(body | {"warnings": ["mine"]})
+
+
+def test_kind_adamw_refuses_the_muon_settings_it_would_ignore() -> None:
+    body = {"kind": "adamw", "muon_lr": 0.05, "muon_momentum": 0.5, "adamw_lr": 1e-3}
+    with pytest.raises(ValidationError) as caught:
+        TrainRequest.model_validate({"steps": 10, "optimizer": body})
+
+    [error] = caught.value.errors()
+    assert error["loc"] == ("optimizer",)
+    assert "optimizer kind 'adamw' does not read muon_lr, muon_momentum" in error["msg"]
+
+
+def test_an_adamw_plan_sent_back_as_a_request_is_the_same_request() -> None:
+    """A plan holds every setting, those its kind does not read at their defaults: the
+    dashboard's resume sends it back as it is."""
+    plan = train_plan(steps=10, optimizer={"kind": "adamw", "adamw_lr": 1e-3})
+    again = TrainRequest(steps=10, optimizer=plan.optimizer.model_dump(mode="json"))
+
+    assert again.optimizer == plan.optimizer
+    assert type(plan).model_validate(plan.model_dump(mode="json")) == plan
+
+
+def test_an_unknown_optimizer_kind_is_refused_listing_the_known_ones() -> None:
+    with pytest.raises(ValidationError, match="Input should be 'muon_adamw' or 'adamw'"):
+        OptimizerSpec.model_validate({"kind": "lion"})

@@ -16,13 +16,13 @@ from torch import nn
 
 from trainctl.store.checkpoints.store import CheckpointStore, Protection
 from trainctl.worker.checkpoint import capture_checkpoint, write_checkpoint
+from trainctl.worker.optim import Optimizers
 from trainctl.worker.schedule import WSDScheduler
 
 
 def save_checkpoint(
     model: nn.Module,
-    muon_opt: torch.optim.Optimizer,
-    adamw_opt: torch.optim.Optimizer,
+    optimizers: Optimizers,
     scheduler: WSDScheduler | None,
     step: int,
     token_count: int,
@@ -53,8 +53,7 @@ def save_checkpoint(
     save_dir = Path(save_dir)
     state = capture_checkpoint(
         model,
-        muon_opt,
-        adamw_opt,
+        optimizers,
         scheduler,
         step,
         token_count,

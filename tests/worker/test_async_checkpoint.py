@@ -17,20 +17,19 @@ from trainctl.worker.async_checkpoint import AsyncCheckpointer
 from trainctl.worker.checkpoint import CheckpointState, capture_checkpoint, write_checkpoint
 from trainctl.worker.exceptions import CheckpointWriteFailed
 from trainctl.worker.model import build_model
-from trainctl.worker.optim import build_optimizers
+from trainctl.worker.optim import Optimizers, build_optimizers
 from trainctl.worker.train import train
 
-Parts = tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.Optimizer]
+Parts = tuple[torch.nn.Module, Optimizers]
 
 
 def trained(device: str = "cpu") -> Parts:
     model = build_model("tiny", seed=0, device=device)
-    muon, adamw = build_optimizers(model)
+    optimizers = build_optimizers(model)
     x = torch.zeros(1, 8, dtype=torch.long, device=device)
     model.loss(x, x)[0].backward()
-    muon.step()
-    adamw.step()
-    return model, muon, adamw
+    optimizers.step()
+    return model, optimizers
 
 
 def capture(parts: Parts, step: int = 1, dtype: torch.dtype | None = None) -> CheckpointState:

@@ -66,6 +66,7 @@ def test_benchmark_reports_every_field_and_consistent_totals() -> None:
 # benchmark must run each of them (it times the training step, not a copy of it).
 CHANGED: dict[str, dict[str, Any]] = {
     "optimizer": {
+        "kind": "adamw",
         "muon_lr": 0.05,
         "muon_momentum": 0.5,
         "muon_weight_decay": 0.9,
@@ -73,6 +74,7 @@ CHANGED: dict[str, dict[str, Any]] = {
         "adamw_lr": 0.03,
         "adamw_beta1": 0.5,
         "adamw_beta2": 0.5,
+        "adamw_eps": 0.1,
         "adamw_weight_decay": 0.9,
         "grad_clip": 1e-3,
     },

@@ -13,37 +13,36 @@ from safetensors.torch import load_file
 from tests.worker.checkpoints import find_latest_checkpoint, save_checkpoint
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.specs import OptimizerSpec
 from trainctl.worker.checkpoint import capture_checkpoint, load_checkpoint
 from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch
 from trainctl.worker.model import GPT, build_model
-from trainctl.worker.optim import build_optimizers
+from trainctl.worker.optim import Optimizers, build_optimizers
 from trainctl.worker.schedule import WSDScheduler, build_scheduler
 
-Parts = tuple[GPT, torch.optim.Optimizer, torch.optim.Optimizer, WSDScheduler]
+Parts = tuple[GPT, Optimizers, WSDScheduler]
 
 
-def make_parts(**overrides: object) -> Parts:
+def make_parts(kind: str = "muon_adamw", **overrides: object) -> Parts:
     model = build_model("tiny", seed=0, **overrides)
-    muon, adamw = build_optimizers(model)
-    return model, muon, adamw, build_scheduler([muon, adamw], 100)
+    optimizers = build_optimizers(model, OptimizerSpec(kind=kind))
+    return model, optimizers, build_scheduler(optimizers, 100)
 
 
 def train_a_little(parts: Parts, steps: int = 3) -> None:
-    model, muon, adamw, sched = parts
+    model, optimizers, sched = parts
     x = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
     for _ in range(steps):
         loss, _ = model.loss(x, x)
         loss.backward()
-        muon.step()
-        adamw.step()
-        muon.zero_grad()
-        adamw.zero_grad()
+        optimizers.step()
+        optimizers.zero_grad()
         sched.step()
 
 
 def save(parts: Parts, root: Path, step: int, **kw: object) -> Path:
-    model, muon, adamw, sched = parts
-    return save_checkpoint(model, muon, adamw, sched, step, step * 100, 2.5, root / "exp", **kw)  # type: ignore[arg-type]
+    model, optimizers, sched = parts
+    return save_checkpoint(model, optimizers, sched, step, step * 100, 2.5, root / "exp", **kw)  # type: ignore[arg-type]
 
 
 def tensors(obj: Any) -> list[torch.Tensor]:
@@ -71,8 +70,37 @@ def test_save_then_load_restores_model_optimizers_and_schedule(tmp_path: Path) -
     assert {"torch", "python", "trainctl"} <= set(meta["versions"])
     for a, b in zip(parts[0].parameters(), fresh[0].parameters(), strict=True):
         assert torch.equal(a, b)
-    assert fresh[3].lrs() == parts[3].lrs()
-    assert fresh[1].state_dict()["state"].keys() == parts[1].state_dict()["state"].keys()
+    assert fresh[2].lrs() == parts[2].lrs()
+    for name in ("muon", "adamw"):
+        assert (
+            fresh[1][name].state_dict()["state"].keys()
+            == parts[1][name].state_dict()["state"].keys()
+        )
+
+
+@pytest.mark.parametrize(
+    ("kind", "names"), [("muon_adamw", ["muon", "adamw"]), ("adamw", ["adamw"])]
+)
+def test_the_optimizer_file_holds_each_optimizer_under_its_name(
+    tmp_path: Path, kind: str, names: list[str]
+) -> None:
+    parts = make_parts(kind)
+    train_a_little(parts, steps=1)
+    path = save(parts, tmp_path, 1)
+    saved = torch.load(path / OPTIMIZER_FILE, weights_only=True)
+    assert list(saved) == names  # what checkpoints from before the container hold, too
+    fresh = make_parts(kind)
+    load_checkpoint(*fresh, path)
+    assert fresh[1].state_dict().keys() == parts[1].state_dict().keys()
+
+
+def test_a_checkpoint_of_other_optimizers_is_refused_naming_both(tmp_path: Path) -> None:
+    path = save(make_parts("muon_adamw"), tmp_path, 1)
+    with pytest.raises(CheckpointMismatch) as caught:
+        load_checkpoint(*make_parts("adamw"), path)
+    message = str(caught.value)
+    assert "optimizer state is of adamw, muon" in message
+    assert "optimizer kind 'adamw' trains with adamw" in message and str(path) in message
 
 
 def test_weights_are_saved_in_the_master_dtype_unless_bf16_is_asked(tmp_path: Path) -> None:
@@ -86,13 +114,13 @@ def test_weights_are_saved_in_the_master_dtype_unless_bf16_is_asked(tmp_path: Pa
 def test_a_capture_holds_the_live_tensors_and_copies_none() -> None:
     parts = make_parts()
     train_a_little(parts, steps=1)
-    model, muon, adamw, sched = parts
-    state = capture_checkpoint(model, muon, adamw, sched, 1, 100, None, "exp", dtype=torch.bfloat16)
+    model, optimizers, sched = parts
+    state = capture_checkpoint(model, optimizers, sched, 1, 100, None, "exp", dtype=torch.bfloat16)
     live = model.state_dict()
     assert state.model.keys() == live.keys()
     # bf16 too: the cast is made by the one copy that writes or stages the weights.
     assert all(state.model[k].data_ptr() == live[k].data_ptr() for k in live)
-    live_opt = {t.data_ptr() for opt in (muon, adamw) for t in tensors(list(opt.state.values()))}
+    live_opt = {t.data_ptr() for o in optimizers.values() for t in tensors(list(o.state.values()))}
     captured_opt = [t.data_ptr() for t in tensors(state.optimizer)]
     assert captured_opt and set(captured_opt) == live_opt
 

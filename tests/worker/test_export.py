@@ -59,21 +59,20 @@ def trained_model(tokens: list[int], steps: int = 8, **overrides: Any) -> GPT:
     """A `tiny` model after a few optimizer steps on `tokens`: its weights, norms included,
     are no longer at their initial values, so a mapping mistake cannot hide."""
     model = build_model("tiny", seed=0, **overrides)
-    optimizers: tuple[torch.optim.Optimizer, ...] = build_optimizers(model)
+    optimizers = build_optimizers(model)
     data = torch.tensor(tokens[: 4 * 65]).view(4, 65)
     for _ in range(steps):
         loss, _ = model.loss(data[:, :-1], data[:, 1:])
         torch.autograd.backward(loss)
-        for opt in optimizers:
-            opt.step()
-            opt.zero_grad()
+        optimizers.step()
+        optimizers.zero_grad()
     return model.eval()
 
 
 def save(model: torch.nn.Module, root: Path, **kw: Any) -> Path:
-    muon, adamw = build_optimizers(model)
-    scheduler = build_scheduler([muon, adamw], 100)
-    return save_checkpoint(model, muon, adamw, scheduler, 8, 2080, 2.25, root / "exp", **kw)
+    optimizers = build_optimizers(model)
+    scheduler = build_scheduler(optimizers, 100)
+    return save_checkpoint(model, optimizers, scheduler, 8, 2080, 2.25, root / "exp", **kw)
 
 
 def softcapped(logits: torch.Tensor, cap: float) -> torch.Tensor:

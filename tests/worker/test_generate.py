@@ -339,9 +339,9 @@ def test_a_byte_level_codec_samples_only_bytes() -> None:
 
 
 def save(model: GPT, root: Path, **kw: Any) -> Path:
-    muon, adamw = build_optimizers(model)
-    sched = build_scheduler([muon, adamw], 10)
-    return save_checkpoint(model, muon, adamw, sched, 3, 300, 2.0, root / "exp", **kw)
+    optimizers = build_optimizers(model)
+    sched = build_scheduler(optimizers, 10)
+    return save_checkpoint(model, optimizers, sched, 3, 300, 2.0, root / "exp", **kw)
 
 
 def test_a_bpe_checkpoint_loads_with_its_tokenizer_and_generates_the_same(

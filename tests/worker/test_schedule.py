@@ -72,19 +72,20 @@ def run(sched: WSDScheduler, opts: tuple[torch.optim.Optimizer, ...], steps: int
 
 def test_each_optimizer_keeps_its_own_base_lr() -> None:
     a, b = two_optimizers()
-    sched = WSDScheduler([a, b], total_steps=100, warmup_frac=0.1, stable_frac=0.5)
+    sched = WSDScheduler({"a": a, "b": b}, total_steps=100, warmup_frac=0.1, stable_frac=0.5)
     run(sched, (a, b), 80)
     factor = wsd_factor(80, 100, 0.1, 0.5)
     assert a.param_groups[0]["lr"] == pytest.approx(0.02 * factor)
     assert b.param_groups[0]["lr"] == pytest.approx(3e-4 * factor)
+    assert sched.lrs() == {"a": a.param_groups[0]["lr"], "b": b.param_groups[0]["lr"]}
 
 
 def test_scheduler_state_round_trips() -> None:
     a, b = two_optimizers()
-    sched = WSDScheduler([a, b], total_steps=100, decay="cosine")
+    sched = WSDScheduler({"a": a, "b": b}, total_steps=100, decay="cosine")
     run(sched, (a, b), 90)
     a2, b2 = two_optimizers()
-    sched2 = WSDScheduler([a2, b2], total_steps=100, decay="cosine")
+    sched2 = WSDScheduler({"a": a2, "b": b2}, total_steps=100, decay="cosine")
     sched2.load_state_dict(sched.state_dict())
     assert sched2.lrs() == sched.lrs()
     run(sched, (a, b), 3)

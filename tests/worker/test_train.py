@@ -13,9 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from tests.plans import train_plan
+from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.plans import TrainPlan
-from trainctl.worker.exceptions import NonFiniteLoss
+from trainctl.worker.exceptions import CheckpointMismatch, NonFiniteLoss
 from trainctl.worker.train import Trainer, train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,14 +57,14 @@ def test_metrics_report_each_optimizer_lr_and_data_wait(tmp_path: Path) -> None:
     step = next(m for m in metrics if m["kind"] == "train")
     assert {
         "loss",
-        "lr_muon",
-        "lr_adamw",
+        "lr/muon",
+        "lr/adamw",
         "grad_norm",
         "tokens_per_sec",
         "data_wait_sec",
         "data_wait_frac",
     } <= set(step)
-    assert step["lr_muon"] / step["lr_adamw"] == pytest.approx(0.02 / 3e-4)
+    assert step["lr/muon"] / step["lr/adamw"] == pytest.approx(0.02 / 3e-4)
 
 
 def test_the_stop_flag_ends_at_a_step_boundary_with_a_checkpoint(tmp_path: Path) -> None:
@@ -125,3 +126,58 @@ def test_resume_in_a_fresh_process_is_bit_identical(tmp_path: Path) -> None:
     b = load_file(str(tmp_path / "resumed" / "step_24" / "model.safetensors"))
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def adamw_plan(checkpoints: Path | None = None, **request: Any) -> TrainPlan:
+    return train_plan(
+        checkpoints,
+        experiment="adamw",
+        steps=30,
+        checkpoint_every=10,
+        val_batches=2,
+        data={"max_bytes": 1_000_000},
+        batch={"micro_batch_size": 8, "seq_len": 64, "grad_accum_steps": 1},
+        optimizer={"kind": "adamw", "adamw_lr": 3e-3},
+        **request,
+    )
+
+
+def train_losses(metrics: list[dict[str, Any]]) -> list[float]:
+    return [m["loss"] for m in metrics if m["kind"] == "train"]
+
+
+def test_kind_adamw_trains_with_its_one_optimizer_and_resumes_exactly(tmp_path: Path) -> None:
+    """The baseline Muon is compared against: AdamW for every parameter."""
+    straight: list[dict[str, Any]] = []
+    Trainer(adamw_plan(), tmp_path / "straight", on_metrics=straight.append).run()
+    losses = train_losses(straight)
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0
+    step = next(m for m in straight if m["kind"] == "train")
+    assert {k for k in step if k.startswith("lr")} == {"lr/adamw"}
+    info = CheckpointStore(tmp_path / "straight").latest("adamw")
+    assert list(torch.load(info.path / OPTIMIZER_FILE, weights_only=True)) == ["adamw"]
+
+    root = tmp_path / "resumed"
+    first: list[dict[str, Any]] = []
+    Trainer(
+        adamw_plan(),
+        root,
+        on_metrics=first.append,
+        should_stop=lambda: len(train_losses(first)) >= 13,
+    ).run()
+    second: list[dict[str, Any]] = []
+    Trainer(adamw_plan(root, resume_from="latest"), root, on_metrics=second.append).run()
+    assert train_losses(first + second) == losses
+    a = load_file(str(info.path / MODEL_FILE))
+    b = load_file(str(CheckpointStore(root).latest("adamw").path / MODEL_FILE))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_muon_adamw_checkpoint_does_not_resume_with_kind_adamw(tmp_path: Path) -> None:
+    muon = train_plan(experiment="adamw", steps=2, data={"source": "synthetic"})
+    Trainer(muon, tmp_path).run()
+    with pytest.raises(CheckpointMismatch) as caught:
+        Trainer(adamw_plan(tmp_path, resume_from="latest"), tmp_path)
+    message = str(caught.value)
+    assert "step_2" in message and "its optimizer state is of adamw, muon" in message
+    assert "optimizer kind 'adamw' trains with adamw; resume with the optimizer kind" in message
