@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.plans import train_plan
-from trainctl.store.checkpoints.store import CheckpointStore
+from tests.stores import folder, posix_store
 from trainctl.store.plans import TrainPlan
 from trainctl.worker.exceptions import NonFiniteLoss
 from trainctl.worker.train import Trainer, train
@@ -33,7 +33,7 @@ def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path
     first: list[float] = []
     result = train(
         s,
-        tmp_path,
+        posix_store(tmp_path),
         on_metrics=lambda m: (
             val.append(m["val_loss"]) if m["kind"] == "val" else first.append(m["loss"])
         ),
@@ -46,13 +46,14 @@ def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path
     assert first[0] > uniform - 0.5
     assert val[-1] < uniform - 3.0  # far below: ~2.5 nats on Python source
     assert result["best_loss"] == min(val)
-    tags = [c.tag for c in CheckpointStore(tmp_path).list_checkpoints("text")]
+    tags = [c.tag for c in posix_store(tmp_path).list_checkpoints("text")]
     assert {"best", "step_300"} <= set(tags)
 
 
 def test_metrics_report_each_optimizer_lr_and_data_wait(tmp_path: Path) -> None:
     metrics: list[dict[str, Any]] = []
-    train(train_plan(steps=3, data={"source": "synthetic"}), tmp_path, on_metrics=metrics.append)
+    plan = train_plan(steps=3, data={"source": "synthetic"})
+    train(plan, posix_store(tmp_path), on_metrics=metrics.append)
     step = next(m for m in metrics if m["kind"] == "train")
     assert {
         "loss",
@@ -70,16 +71,18 @@ def test_the_stop_flag_ends_at_a_step_boundary_with_a_checkpoint(tmp_path: Path)
     steps: list[int] = []
     result = train(
         train_plan(experiment="e", steps=50, checkpoint_every=100),
-        tmp_path,
+        posix_store(tmp_path),
         on_metrics=lambda m: steps.append(m["step"]),
         should_stop=lambda: len(steps) >= 7,
     )
     assert result["stopped"] and result["step"] == 7
-    assert CheckpointStore(tmp_path).latest("e").step == 7
+    assert posix_store(tmp_path).latest("e").step == 7
 
 
 def test_a_non_finite_loss_stops_the_run_and_never_saves_nan(tmp_path: Path) -> None:
-    trainer = Trainer(train_plan(experiment="nan", steps=20, checkpoint_every=5), tmp_path)
+    trainer = Trainer(
+        train_plan(experiment="nan", steps=20, checkpoint_every=5), posix_store(tmp_path)
+    )
 
     def poison(m: dict[str, Any]) -> None:
         if m["kind"] == "train" and m["step"] == 6:  # diverge after step_5 is on disk
@@ -89,10 +92,11 @@ def test_a_non_finite_loss_stops_the_run_and_never_saves_nan(tmp_path: Path) -> 
     trainer.on_metrics = poison
     with pytest.raises(NonFiniteLoss, match="at step 7: the update was not applied"):
         trainer.run()
-    infos = CheckpointStore(tmp_path).list_checkpoints("nan")
+    store = posix_store(tmp_path)
+    infos = store.list_checkpoints("nan")
     assert [i.tag for i in infos if i.tag.startswith("step_")] == ["step_5"]
     for info in infos:
-        weights = load_file(str(info.path / "model.safetensors"))
+        weights = load_file(str(folder(store, "nan", info.tag) / "model.safetensors"))
         assert all(torch.isfinite(t).all() for t in weights.values())
 
 
