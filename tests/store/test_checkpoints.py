@@ -27,7 +27,9 @@ from trainctl.store.checkpoints.manifests import (
 )
 from trainctl.store.checkpoints.memory import MemoryStorage
 from trainctl.store.checkpoints.posix import STAGING_PREFIX, TRASH_PREFIX, PosixStorage
+from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import (
     CheckpointCorrupt,
     CheckpointNotFound,
@@ -431,6 +433,28 @@ def test_the_guard_excludes_other_threads_and_nests_within_one(store: Checkpoint
         assert not try_guard(store, "exp")
         assert try_guard(store, "other")  # one guard per experiment
     assert try_guard(store, "exp", timeout=10)
+
+
+def test_the_protection_policy_spares_what_runs_need_on_any_storage(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    runs = RunStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    runs.create_all()
+    for step in (1, 2, 3):
+        save(store, "exp", step=step)
+    policy = ProtectionPolicy(runs, store)
+    with policy.pinned("exp", "step_1") as info:  # as submit queues a validation of it
+        runs.enqueue("validate", "exp", {}, depends_on=[("exp", info.tag)])
+    runs.enqueue("train", "exp", {})  # an active train run keeps the latest
+
+    with pytest.raises(CheckpointProtected, match="in use by a queued or running run"):
+        policy.delete("exp", "step_1")
+    with pytest.raises(CheckpointProtected, match="the latest of experiment 'exp'"):
+        policy.delete("exp", "step_3")
+    pruned = policy.prune("exp", keep_last=0, keep_best=False, dry_run=False)
+    assert [i.tag for i in pruned.deleted] == ["step_2"]
+    assert policy.retain("exp", 0) == [] and tags(store) == ["step_1", "step_3"]
+    runs.close()
 
 
 def test_prune_keeps_the_newest_steps_best_and_user_tags(store: CheckpointStore) -> None:
