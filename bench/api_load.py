@@ -10,6 +10,7 @@ for scale, `cat` to /dev/null).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ import httpx
 
 from bench.common import Figure, alternate, median, paired_ratio, running_service
 from trainctl.service.sdk.client import TrainctlClient
-from trainctl.store.checkpoints.manifests import write_manifest
+from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.store import CheckpointStore
 
 FULL: dict[str, Any] = dict(clients=50, seconds=20.0, file_mib=1024, rounds=5)
@@ -133,18 +134,20 @@ def under_load(url: str, size: dict[str, Any]) -> list[Figure]:
 
 def big_checkpoint(root: Path, mib: int) -> Path:
     """A complete checkpoint whose model file is `mib` MiB, made through the store."""
-    store = CheckpointStore(root)
-    staging = store.staging_dir("download", "step_1")
-    block = os.urandom(1 << 20)
-    with open(staging / "model.safetensors", "wb") as f:
+    storage = PosixStorage(root)
+    block, digest = os.urandom(1 << 20), hashlib.sha256()
+    with CheckpointStore(storage).stage("download", "step_1") as staged:
+        f = staged.create("model.safetensors")
         for _ in range(mib):
             f.write(block)
-    (staging / "optimizer.pt").write_bytes(b"")
-    meta = {"step": 1, "token_count": 0, "best_loss": None, "run_id": None,
-            "created_at": "2026-01-01T00:00:00+00:00"}  # fmt: skip
-    (staging / "metadata.json").write_text(json.dumps(meta))
-    write_manifest(staging, ["model.safetensors", "optimizer.pt", "metadata.json"])
-    return store.commit(staging, "download", "step_1") / "model.safetensors"
+            digest.update(block)
+        f.close()
+        staged.write("optimizer.pt", b"")
+        meta = {"step": 1, "token_count": 0, "best_loss": None, "run_id": None,
+                "created_at": "2026-01-01T00:00:00+00:00"}  # fmt: skip
+        staged.write("metadata.json", json.dumps(meta).encode())
+        staged.commit({"model.safetensors": digest.hexdigest()})
+    return storage.path_of("download", "step_1") / "model.safetensors"
 
 
 def download(url: str, size: dict[str, Any], path: Path) -> list[Figure]:

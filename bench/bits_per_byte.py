@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Figure
+from trainctl.store.checkpoints.posix import PosixStorage
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.datasets import Dataset, bits_per_byte
 from trainctl.store.data.prepare import prepare_dataset
 from trainctl.store.data.shards import read_shard, stdlib_source_files
@@ -113,5 +115,6 @@ def train_on(
         cpu.append(time.process_time())
         wall.append(time.perf_counter())
 
-    result = Trainer(plan, checkpoints / dataset.folder.name, on_progress=tick).run()
+    store = CheckpointStore(PosixStorage(checkpoints / dataset.folder.name))
+    result = Trainer(plan, store, on_progress=tick).run()
     return result, (cpu[-1] - cpu[1]) / (len(cpu) - 2), wall[-1] - wall[1]

@@ -22,6 +22,8 @@ import torch
 from safetensors.torch import save_file
 
 from bench.common import Figure, alternate, median, paired_ratio
+from trainctl.store.checkpoints.posix import PosixStorage
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.worker.async_checkpoint import AsyncCheckpointer
 from trainctl.worker.checkpoint import CheckpointState, capture_checkpoint, write_checkpoint
 from trainctl.worker.model import build_model
@@ -83,15 +85,17 @@ def run(quick: bool = False) -> list[Figure]:
     total = nbytes(capture())
     with tempfile.TemporaryDirectory(dir=os.environ.get("TRAINCTL_BENCH_TMP")) as tmp:
         root = Path(tmp)
+        storage = PosixStorage(root / "store")
+        store = CheckpointStore(storage)
 
         def ours() -> float:
             # Like raw_save: the state is captured before and the files deleted after the
             # clock, so retention's deletes of older checkpoints are not counted either.
             state = capture()
             started = time.perf_counter()
-            final = write_checkpoint(state, root / "store", max_keep=None)
+            write_checkpoint(state, store, max_keep=None)
             elapsed = time.perf_counter() - started
-            shutil.rmtree(final)
+            shutil.rmtree(storage.path_of(state.experiment, state.tag))
             return total / elapsed
 
         sides = {
@@ -101,10 +105,8 @@ def run(quick: bool = False) -> list[Figure]:
         }
         rates = alternate(sides, size["rounds"], warmup=True)
         sync_times = [total / r for r in rates["trainctl"]]
-        stalls, first = async_stalls(capture, root / "store", size["rounds"])
-        bf16_stalls, _ = async_stalls(
-            lambda: capture(torch.bfloat16), root / "store", size["rounds"]
-        )
+        stalls, first = async_stalls(capture, store, size["rounds"])
+        bf16_stalls, _ = async_stalls(lambda: capture(torch.bfloat16), store, size["rounds"])
     mb = total / 1e6
     note = (
         f"{mb:,.0f} MB of weights + optimizer state, {size['rounds']} alternated rounds, "
@@ -153,7 +155,7 @@ def run(quick: bool = False) -> list[Figure]:
     ]
 
 
-def async_stalls(capture: Any, root: Path, rounds: int) -> tuple[list[float], float]:
+def async_stalls(capture: Any, store: CheckpointStore, rounds: int) -> tuple[list[float], float]:
     """Time the loop waits in `save` (capture and copy), the previous save already finished.
 
     On a GPU, up to the end of the copies there: the next step's kernels queue behind them.
@@ -164,7 +166,7 @@ def async_stalls(capture: Any, root: Path, rounds: int) -> tuple[list[float], fl
         saver.wait()
         maybe_synchronize()
         started = time.perf_counter()
-        saver.save(capture(), lambda s: write_checkpoint(s, root, max_keep=1), {})
+        saver.save(capture(), lambda s: write_checkpoint(s, store, max_keep=1), {})
         maybe_synchronize()
         stalls.append(time.perf_counter() - started)
     saver.wait()

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from bench.common import Figure
+from trainctl.store.checkpoints.posix import PosixStorage
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.resolve import resolve_train
 from trainctl.store.specs import DataSpec, TrainRequest
 from trainctl.worker.data import AsyncDataLoader, TokenSampler
@@ -72,7 +75,7 @@ def run_wait_fraction(size: dict[str, Any]) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         result = train(
             plan,
-            tmp,
+            CheckpointStore(PosixStorage(Path(tmp))),
             on_metrics=lambda m: (
                 fracs.append(m["data_wait_frac"]) if m["kind"] == "train" else None
             ),

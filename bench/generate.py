@@ -19,7 +19,9 @@ from typing import Any
 import torch
 
 from bench.common import Figure, alternate, median, paired_ratio
+from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.generation import GenerationSettings
+from trainctl.store.layout import DataLayout
 from trainctl.store.presets import ModelConfig, get_preset
 from trainctl.worker.checkpoint import capture_checkpoint, write_checkpoint
 from trainctl.worker.generate import generate_tokens
@@ -80,9 +82,11 @@ def exported(model: GPT, root: Path) -> Any:
     optimizers = build_optimizers(model)
     scheduler = build_scheduler(optimizers, 1)
     state = capture_checkpoint(model, optimizers, scheduler, 1, 0, None, "bench")
-    folder = write_checkpoint(state, root)
-    export_hf(folder, root / "hf")
-    return AutoModelForCausalLM.from_pretrained(root / "hf", dtype=torch.float32).eval()
+    stores = open_stores(DataLayout(root))
+    write_checkpoint(state, stores.checkpoints)
+    export_hf(stores.checkpoints.entry("bench", state.tag), stores.exports, "bench", state.tag)
+    hf = stores.layout.exports / "bench" / state.tag  # transformers loads a folder
+    return AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
 
 
 def peer_side(

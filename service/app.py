@@ -34,7 +34,7 @@ from trainctl.service.settings import Settings, get_settings
 from trainctl.service.sinks.mirror import SinkMirrors
 from trainctl.service.supervisor import Supervisor, default_worker_count
 from trainctl.service.webhooks.dispatcher import DispatchConfig, Dispatcher
-from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.db.runs import RunStore
 from trainctl.store.db.tokens import TokenStore
 from trainctl.store.db.webhooks import WebhookStore
@@ -71,12 +71,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings.data_dir.mkdir(parents=True, exist_ok=True)  # the SQLite file goes in it
         store = RunStore(settings.db_url)
         store.create_all()
-        ckpts = CheckpointStore(settings.checkpoint_dir)
-        exports = CheckpointStore(settings.exports_dir)
+        stores = open_stores(settings.layout)
+        ckpts, exports = stores.checkpoints, stores.exports
         # Before any worker starts: a staging folder now is a save (or an export) that died
         # with its worker.
-        for path in ckpts.cleanup() + exports.cleanup():
-            log.warning("cleaned up %s (left by an interrupted save or delete)", path)
+        for folders in (ckpts, exports):
+            for experiment, name in folders.cleanup():
+                where = folders.describe(experiment, name)
+                log.warning("cleaned up %s (left by an interrupted save or delete)", where)
         app.state.runs, app.state.checkpoints, app.state.exports = store, ckpts, exports
         bootstrap = settings.api_token.get_secret_value() if settings.api_token else None
         app.state.tokens = TokenStore(store.engine, bootstrap)

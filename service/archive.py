@@ -14,10 +14,10 @@ import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-from trainctl.store.checkpoints.manifests import MANIFEST_FILE, file_size, open_file
-from trainctl.store.checkpoints.store import CheckpointInfo
+from trainctl.store.checkpoints.info import CheckpointInfo
+from trainctl.store.checkpoints.manifests import MANIFEST_FILE, file_size
+from trainctl.store.checkpoints.storage import Files, Reader
 from trainctl.store.exceptions import CheckpointCorrupt, CheckpointNotFound
 
 CHUNK = 1 << 20
@@ -28,7 +28,7 @@ RECORD = tarfile.RECORDSIZE
 @dataclass(frozen=True)
 class Member:
     header: bytes
-    folder: Path
+    files: Files
     name: str
     size: int
 
@@ -47,21 +47,22 @@ class TarStream:
         written = 0
         for member in self.members:
             yield member.header
-            yield from _file_chunks(member.folder, member.name, member.size)
+            yield from _file_chunks(member.files, member.name, member.size)
             yield b"\0" * (_padded(member.size) - member.size)
             written += len(member.header) + _padded(member.size)
         end = 2 * BLOCK
         yield b"\0" * (_padded(written + end, RECORD) - written)
 
 
-def checkpoint_tar(info: CheckpointInfo) -> TarStream:
-    """Members ``<tag>/<file>`` for every file the manifest lists, then the manifest itself."""
-    files = [(f["name"], int(f["size"])) for f in info.files]
-    files.append((MANIFEST_FILE, _size(info, MANIFEST_FILE)))
+def checkpoint_tar(info: CheckpointInfo, files: Files) -> TarStream:
+    """Members ``<tag>/<file>`` for every file the manifest lists, then the manifest itself;
+    `files` are the checkpoint's, as the store reads them (`CheckpointStore.entry`)."""
+    listed = [(f["name"], int(f["size"])) for f in info.files]
+    listed.append((MANIFEST_FILE, _size(info, files, MANIFEST_FILE)))
     mtime = int(time.time())
     members = [
-        Member(_header(f"{info.tag}/{name}", size, mtime), info.path, name, size)
-        for name, size in files
+        Member(_header(f"{info.tag}/{name}", size, mtime), files, name, size)
+        for name, size in listed
     ]
     return TarStream(members, filename=f"{info.experiment}-{info.tag}.tar")
 
@@ -72,28 +73,33 @@ def _header(name: str, size: int, mtime: int) -> bytes:
     return member.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
 
 
-def _size(info: CheckpointInfo, name: str) -> int:
+def _size(info: CheckpointInfo, files: Files, name: str) -> int:
     try:
-        return file_size(info.path, name)
+        return file_size(files, name)
     except FileNotFoundError:
         raise CheckpointNotFound(
             f"checkpoint {info.experiment}/{info.tag} changed while it was being archived"
         ) from None
 
 
-def _file_chunks(folder: Path, name: str, size: int) -> Iterator[bytes]:
+def _file_chunks(files: Files, name: str, size: int) -> Iterator[bytes]:
     """Exactly `size` bytes of the file: the header already promised that many. Opened
-    without following links, like every read of the store (`manifests.open_file`)."""
-    path, remaining = folder / name, size
-    with open_file(folder, name) as f:
-        while remaining:
-            chunk = f.read(min(CHUNK, remaining))
-            if not chunk:
-                # The response has started, so the status cannot change; failing the stream
-                # makes the client see a truncated download rather than a wrong tar.
-                raise CheckpointCorrupt(f"{path} shrank while it was being archived")
-            remaining -= len(chunk)
-            yield chunk
+    without following links, like every read of the store."""
+    with files.open(name) as f:
+        yield from reader_chunks(f, size, files.describe(name))
+
+
+def reader_chunks(f: Reader, size: int, what: str) -> Iterator[bytes]:
+    """Exactly `size` bytes of `f`, in chunks; a file that shrank fails the stream: the
+    response has started, so its status cannot change, and the client sees a truncated
+    download rather than a wrong one."""
+    remaining = size
+    while remaining:
+        chunk = f.read(min(CHUNK, remaining))
+        if not chunk:
+            raise CheckpointCorrupt(f"{what} shrank while it was being sent")
+        remaining -= len(chunk)
+        yield chunk
 
 
 def _padded(size: int, unit: int = BLOCK) -> int:

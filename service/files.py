@@ -1,43 +1,58 @@
 """Serving checkpoint files and archives: conditional GET, Range (via Starlette), tar streams.
 
-Files are served from the descriptor the store opened without following links, never by
-path: what was checked is what is sent (docs/architecture.md, "Checkpoint store").
+Files are served from the reader the store opened without following links, never by a path
+of our own: what was checked is what is sent (docs/architecture.md, "Checkpoint store").
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import Response
 from fastapi.responses import FileResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from trainctl.service.archive import checkpoint_tar
+from trainctl.service.archive import CHUNK, checkpoint_tar, reader_chunks
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE, sha256_of
+from trainctl.store.checkpoints.storage import Reader
 from trainctl.store.checkpoints.store import CheckpointStore
 
 
 class CheckpointFileResponse(FileResponse):
-    """A FileResponse of an open descriptor, which it closes when the response ends.
+    """A FileResponse of a reader with a local path, which it closes when the response ends.
 
-    Starlette opens the path it is given (once per range); /proc/self/fd/<fd> opens the
-    very file the descriptor holds, whatever its name points to by then.
+    Starlette opens the path it is given (once per range); the reader's path opens the very
+    file the reader holds, whatever its name points to by then.
     """
 
     # Starlette reads 64 KiB per await, each in a worker thread: a GiB-sized weight file
     # is 16,384 thread hops. 1 MiB reads serve it several times faster (docs/performance.md).
-    chunk_size = 1 << 20
+    chunk_size = CHUNK
 
-    def __init__(self, fd: int, **kwargs: Any) -> None:
-        self.fd = fd
-        super().__init__(f"/proc/self/fd/{fd}", stat_result=os.fstat(fd), **kwargs)
+    def __init__(self, reader: Reader, path: str, **kwargs: Any) -> None:
+        self.reader = reader
+        super().__init__(path, stat_result=os.stat(path), **kwargs)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            os.close(self.fd)  # also when the client went away mid-download
+            self.reader.close()  # also when the client went away mid-download
+
+
+def streamed_file_response(reader: Reader, **kwargs: Any) -> Response:
+    """A file the storage cannot offer by a local path, streamed whole (a Range request
+    gets all of it, which HTTP allows)."""
+
+    def chunks() -> Iterator[bytes]:
+        with reader:
+            yield from reader_chunks(reader, reader.size, "the file")
+
+    response = StreamingResponse(chunks(), **kwargs)
+    response.headers["Content-Length"] = str(reader.size)
+    return response
 
 
 # What the file and archive routes of a store (/checkpoints, /exports) answer, for OpenAPI.
@@ -61,29 +76,33 @@ def checkpoint_file_response(
     FileResponse answers Range (206, or 416 for a range past the end) and If-Range against
     this ETag; a sha256 ETag stays valid across copies of the store, unlike mtime-based ones.
     """
-    info, fd = ckpts.open_file(experiment, tag, name)
+    info, reader = ckpts.open_file(experiment, tag, name)
     try:
         if name == MANIFEST_FILE:
-            sha = sha256_of(info.path, name)  # the manifest does not list itself; it is small
+            # The manifest does not list itself; it is small.
+            sha = sha256_of(ckpts.entry(experiment, tag), name)
         else:
             sha = next(f["sha256"] for f in info.files if f["name"] == name)
         etag = f'"{sha}"'
         if if_none_match is not None and _matches(if_none_match, etag):
-            os.close(fd)
+            reader.close()
             return Response(status_code=304, headers={"ETag": etag})
+        media_type = "application/json" if name.endswith(".json") else "application/octet-stream"
+        if reader.local_path is None:
+            disposition = {"Content-Disposition": f'attachment; filename="{name}"'}
+            return streamed_file_response(
+                reader, media_type=media_type, headers={"ETag": etag, **disposition}
+            )
+        return CheckpointFileResponse(
+            reader, reader.local_path, filename=name, media_type=media_type, headers={"ETag": etag}
+        )
     except BaseException:
-        os.close(fd)
+        reader.close()
         raise
-    return CheckpointFileResponse(
-        fd,
-        filename=name,
-        media_type="application/json" if name.endswith(".json") else "application/octet-stream",
-        headers={"ETag": etag},
-    )
 
 
 def checkpoint_archive_response(ckpts: CheckpointStore, experiment: str, tag: str) -> Response:
-    tar = checkpoint_tar(ckpts.get(experiment, tag))
+    tar = checkpoint_tar(ckpts.get(experiment, tag), ckpts.entry(experiment, tag))
     return StreamingResponse(
         iter(tar),
         media_type="application/x-tar",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field, StrictInt
 
-from trainctl.store.checkpoints.store import (
+from trainctl.store.checkpoints.info import (
     TokenizerId,
 )
 from trainctl.store.generation import GenerationSettings

@@ -18,13 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.store.checkpoints.exports import check_exportable
+from trainctl.store.checkpoints.info import CheckpointInfo, TokenizerId, check_fits
 from trainctl.store.checkpoints.manifests import sha256_file
-from trainctl.store.checkpoints.store import (
-    CheckpointInfo,
-    CheckpointStore,
-    TokenizerId,
-    check_fits,
-)
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.codec import TextCodec, build_codec
 from trainctl.store.data.datasets import (
     DATASET_FILE,
@@ -308,7 +304,7 @@ def resolve_sample(
     device = pick_device(request.device, cuda_available)
     info = _chosen_checkpoint(checkpoints, request, "sample from")
     config = info.require_model_config()
-    codec = checkpoint_codec(info)
+    codec = checkpoint_codec(checkpoints, info)
     source = f"checkpoint {info.experiment}/{info.tag}"
     if request.prompts is not None:
         if codec is None:
@@ -394,17 +390,18 @@ def data_codec(data: DataSpec, dataset: DatasetPin | None) -> TextCodec | None:
         raise InvalidRequest(f"data.dataset: {exc}") from None
 
 
-def checkpoint_codec(info: CheckpointInfo) -> TextCodec | None:
-    """The text codec of a checkpoint's tokenizer (its tokenizer.json checked against the
-    recorded sha256); None where it records none."""
+def checkpoint_codec(checkpoints: CheckpointStore, info: CheckpointInfo) -> TextCodec | None:
+    """The text codec of a checkpoint's tokenizer (its tokenizer.json, read through the
+    store, checked against the recorded sha256); None where it records none."""
     tokenizer_json = None
     if info.tokenizer is not None and info.tokenizer.kind == "bpe":
         try:
-            tokenizer_json = (info.path / TOKENIZER_FILE).read_bytes()
+            with checkpoints.entry(info.experiment, info.tag).open(TOKENIZER_FILE) as f:
+                tokenizer_json = f.read()
         except OSError as exc:
             raise InvalidRequest(
                 f"checkpoint {info.experiment}/{info.tag}: cannot read its {TOKENIZER_FILE} "
-                f"({exc.strerror})"
+                f"({exc.strerror or exc})"
             ) from None
     try:
         return build_codec(info.tokenizer, tokenizer_json)

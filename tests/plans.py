@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainctl.store.checkpoints.store import CheckpointStore
+from tests.stores import posix_store
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.kinds import kind_of_plan, placement_of
 from trainctl.store.plans import BenchmarkPlan, TrainPlan, ValidatePlan
@@ -16,7 +16,7 @@ from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
 def train_plan(checkpoints: Path | None = None, **request: Any) -> TrainPlan:
     """A train plan; `checkpoints` is the store a `resume_from` is pinned in. Metrics every
     step unless `log_every` is given: most tests follow a run step by step."""
-    store = CheckpointStore(checkpoints) if checkpoints is not None else None
+    store = posix_store(checkpoints) if checkpoints is not None else None
     request.setdefault("log_every", 1)
     return resolve_train(
         TrainRequest(**request), cuda_available=False, data_roots=[], checkpoints=store
@@ -32,7 +32,7 @@ def validate_plan(checkpoints: Path, **request: Any) -> ValidatePlan:
         ValidateRequest(**request),
         cuda_available=False,
         data_roots=[],
-        checkpoints=CheckpointStore(checkpoints),
+        checkpoints=posix_store(checkpoints),
     )
 
 

@@ -73,3 +73,57 @@ def test_code_cites_the_architecture_document_in_the_repository_only() -> None:
             text = path.read_text()
             for outside in ("DESIGN.md", "../shared", "shared/seed"):
                 assert outside not in text, (path, outside)
+
+
+# The storage seam (docs/architecture.md, "Storage"): how files are locked, opened without
+# following links and reopened by descriptor is the POSIX backend's alone, and stores are
+# built in one place.
+POSIX_MECHANICS = ("/proc/self/fd", "import fcntl", "fcntl.", "O_NOFOLLOW", "sync_file_range")
+POSIX_BACKEND = REPO / "store" / "checkpoints" / "posix.py"
+FACTORY = REPO / "store" / "checkpoints" / "factory.py"
+
+
+def room_files() -> list[Path]:
+    return [path for package in FORBIDDEN for path in (REPO / package).rglob("*.py")]
+
+
+def test_only_the_posix_storage_locks_files_or_opens_them_by_descriptor() -> None:
+    for path in room_files():
+        if path == POSIX_BACKEND:
+            continue
+        text = path.read_text()
+        for mechanic in POSIX_MECHANICS:
+            assert mechanic not in text, (path.relative_to(REPO), mechanic)
+
+
+def test_stores_are_built_by_the_factory_alone() -> None:
+    for path in room_files():
+        if path == FACTORY:
+            continue
+        for line in path.read_text().splitlines():
+            if not line.lstrip().startswith("class "):
+                assert "CheckpointStore(" not in line, (path.relative_to(REPO), line)
+                assert "PosixStorage(" not in line, (path.relative_to(REPO), line)
+
+
+def test_the_checkpoint_types_and_the_client_import_without_fcntl() -> None:
+    """The laptop install (the SDK, the CLI, the plans it sends) never needs the POSIX
+    backend: each imports in an interpreter where fcntl cannot be imported."""
+    modules = [
+        "trainctl.service.sdk",
+        "trainctl.service.cli",
+        "trainctl.store.plans",
+        "trainctl.store.checkpoints.info",
+        "trainctl.store.checkpoints.store",
+        "trainctl.store.checkpoints.memory",
+    ]
+    code = (
+        "import importlib, sys\n"
+        "sys.modules['fcntl'] = None\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "assert 'trainctl.store.checkpoints.posix' not in sys.modules\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr

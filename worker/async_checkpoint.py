@@ -8,7 +8,7 @@ thread waits for them (one CUDA event per device) before it reads a byte. Traini
 queued after the save run after the copies on the same stream, so they cannot change a
 tensor before it is copied. A background thread then writes, hashes, fsyncs and commits the
 checkpoint exactly as a synchronous save does (`worker.checkpoint.write_checkpoint`), so what
-lands on disk is the same, byte for byte, and becomes visible only complete.
+lands in the store is the same, byte for byte, and becomes visible only complete.
 
 At most one save is in flight: a new save first waits for the previous one (and with it for
 its buffers). A failed write is re-raised on the training thread at the next `save`, `poll`
@@ -20,14 +20,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainctl.worker.checkpoint import CheckpointState
 
-Write = Callable[[CheckpointState], Path]
+Write = Callable[[CheckpointState], str]
+"""Writes and commits a state; returns where it went, in words (`write_checkpoint`)."""
 
 
 @dataclass
@@ -89,7 +89,7 @@ class PendingSave:
     copied: list[torch.cuda.Event] = field(default_factory=list)
     """Done once the staged state is complete in host memory (GPU copies are asynchronous)."""
     thread: threading.Thread | None = None
-    path: Path | None = None
+    where: str | None = None
     error: BaseException | None = None
 
 
@@ -133,7 +133,7 @@ class AsyncCheckpointer:
         try:
             for event in pending.copied:
                 event.synchronize()  # the GPU's copies into the buffers are complete
-            pending.path = write(pending.state)
+            pending.where = write(pending.state)
         except BaseException as exc:  # re-raised on the training thread by wait()
             pending.error = exc
 
@@ -157,4 +157,4 @@ class AsyncCheckpointer:
             p.thread.join()
         if p.error is not None:
             raise p.error
-        return [{**p.info, "path": str(p.path)}]
+        return [{**p.info, "path": p.where}]

@@ -1,10 +1,10 @@
-"""Saving and loading training state on the checkpoint store layout (see store.checkpoints.store).
+"""Saving and loading training state in the checkpoint store (see store.checkpoints.store).
 
-A save writes every file into a hidden staging folder, writes the manifest last, fsyncs and
-renames the folder into place: a checkpoint is visible complete or not at all. Weights are
-saved in the master dtype so a resumed run continues the interrupted one exactly; bf16 is an
-export option. Optimizer state is loaded with weights_only=True: a checkpoint is data, never
-code.
+A save writes every file into a staged entry of the store, the manifest last, and commits
+it: a checkpoint is visible complete or not at all. Loads read through the store too, never
+by a path of their own. Weights are saved in the master dtype so a resumed run continues the
+interrupted one exactly; bf16 is an export option. Optimizer state is loaded with
+weights_only=True: a checkpoint is data, never code.
 
 Capturing a checkpoint copies nothing: it holds the live tensors, on their device. The one
 copy to the host is made by whoever writes: `write_checkpoint` (a synchronous save: weights
@@ -17,35 +17,32 @@ from __future__ import annotations
 
 import base64
 import errno
-import hashlib
 import json
-import os
 import pickle
 import platform
-import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
-from pathlib import Path
 from typing import IO, Any, cast
 
 import safetensors
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load, load_file
 from torch import nn
 
+from trainctl.store.checkpoints.info import check_fits
 from trainctl.store.checkpoints.manifests import (
     METADATA_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
-    open_file,
     read_metadata,
     verify_manifest,
-    write_manifest,
 )
-from trainctl.store.checkpoints.store import CheckpointStore, Protection, check_fits
+from trainctl.store.checkpoints.storage import Files
+from trainctl.store.checkpoints.store import CheckpointStore, Protection
+from trainctl.store.checkpoints.writer import CheckpointWriter
 from trainctl.store.names import step_tag
 from trainctl.store.presets import ModelConfig
 from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch, CheckpointWriteFailed
@@ -55,13 +52,6 @@ from trainctl.worker.safetensors_stream import write_safetensors
 from trainctl.worker.schedule import WSDScheduler
 
 FORMAT_VERSION = 1
-
-
-def _fsync_write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def versions() -> dict[str, str]:
@@ -186,70 +176,70 @@ def capture_checkpoint(
 
 def write_checkpoint(
     state: CheckpointState,
-    root: str | Path,
+    store: CheckpointStore,
     max_keep: int | None = 3,
     protected: Protection = frozenset(),
     before_commit: Callable[[], None] | None = None,
-) -> Path:
-    """Write a captured state into the store at `root` and commit it (see capture_checkpoint).
+) -> str:
+    """Write a captured state into `store` and commit it (see capture_checkpoint); return
+    where it is, in words.
 
     Weights and optimizer state go through `HashedFile`s, which hash each tensor's bytes
-    while writing them and start their write-out at once: the sha256 of the manifest costs
-    no second read, and the fsync before the commit finds little left to flush. The two
-    files are written at the same time (one thread each, plus one hashing thread each): a
-    sha256 runs at about 2 GB/s per core, so one file at a time leaves cores idle.
+    while writing them into the staged entry, whose sinks start their write-out at once: the
+    sha256 of the manifest costs no second read, and the flush before the commit finds little
+    left to do. The two files are written at the same time (one thread each, plus one
+    hashing thread each): a sha256 runs at about 2 GB/s per core, so one file at a time
+    leaves cores idle.
 
     Device tensors are copied to the host here, once, on the calling thread (the training
     thread for a synchronous save, so in order with the steps it has queued): the weights
     by `host_weights`, the optimizer state by torch.save itself.
     """
-    store, experiment, tag = CheckpointStore(Path(root)), state.experiment, state.tag
+    experiment, tag = state.experiment, state.tag
     weights = state.host_weights()
-    staging: Path | None = None
     try:
-        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="trainctl-save") as pool:
-            staging = store.staging_dir(experiment, tag)
-
-            def write_hashed(name: str, write: Callable[[HashedFile], None]) -> str:
-                assert staging is not None
-                with HashedFile(staging / name, pool) as f:
-                    write(f)
-                return f.hexdigest()
-
-            model = pool.submit(write_hashed, MODEL_FILE, lambda f: write_safetensors(weights, f))
-            hashes = {
-                OPTIMIZER_FILE: write_hashed(
-                    # torch.save needs only write (and flush); HashedFile is no full IO.
-                    OPTIMIZER_FILE,
-                    lambda f: torch.save(state.optimizer, cast(IO[bytes], f)),
-                )
-            }
-            hashes[MODEL_FILE] = model.result()
-        _fsync_write(staging / METADATA_FILE, json.dumps(state.metadata, indent=2).encode())
-        for name, data in state.files.items():
-            assert name not in (MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE), name
-            _fsync_write(staging / name, data)
-            hashes[name] = hashlib.sha256(data).hexdigest()
-        # write_manifest fsyncs every file before it writes the manifest.
-        names = [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE, *state.files]
-        write_manifest(staging, names, hashes)
-        if before_commit is not None:
-            before_commit()
-        final = store.commit(staging, experiment, tag)
-    except BaseException as exc:
-        # The staging folder is invisible anyway, but on a full disk its bytes are what the
-        # next save (or another run) needs; cleanup at the next start is too late.
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise CheckpointWriteFailed(write_failure(exc, store.root / experiment, tag)) from exc
-        raise
+        # A failed save removes its stage at once: it is invisible anyway, but on a full
+        # disk its bytes are what the next save (or another run) needs.
+        with store.stage(experiment, tag) as staged:
+            hashes = write_files(state, weights, staged)
+            staged.commit(hashes, before_commit=before_commit)
+    except OSError as exc:
+        raise CheckpointWriteFailed(write_failure(exc, store, experiment, tag)) from exc
     if max_keep is not None:
         store.retain(experiment, max_keep, protected=protected)
-    return final
+    return store.describe(experiment, tag)
 
 
-def write_failure(exc: BaseException, save_dir: Path, tag: str) -> str:
+def write_files(
+    state: CheckpointState, weights: dict[str, torch.Tensor], staged: CheckpointWriter
+) -> dict[str, str]:
+    """Every file of the checkpoint but the manifest; the sha256 of those hashed on the way.
+    Created in the manifest's order: weights, optimizer state, metadata, the others."""
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="trainctl-save") as pool:
+        model_file = HashedFile(staged.create(MODEL_FILE), pool)
+        optimizer_file = HashedFile(staged.create(OPTIMIZER_FILE), pool)
+
+        def write_hashed(f: HashedFile, write: Callable[[HashedFile], None]) -> str:
+            with f:
+                write(f)
+            return f.hexdigest()
+
+        model = pool.submit(write_hashed, model_file, lambda f: write_safetensors(weights, f))
+        hashes = {
+            # torch.save needs only write (and flush); HashedFile is no full IO.
+            OPTIMIZER_FILE: write_hashed(
+                optimizer_file, lambda f: torch.save(state.optimizer, cast(IO[bytes], f))
+            )
+        }
+        hashes[MODEL_FILE] = model.result()
+    staged.write(METADATA_FILE, json.dumps(state.metadata, indent=2).encode())
+    for name, data in state.files.items():
+        assert name not in (MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE), name
+        staged.write(name, data)
+    return hashes
+
+
+def write_failure(exc: BaseException, store: CheckpointStore, experiment: str, tag: str) -> str:
     """Say which store failed and how, in words a user can act on."""
     full = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or (
         "No space left" in str(exc) or "quota" in str(exc).lower()
@@ -259,8 +249,8 @@ def write_failure(exc: BaseException, save_dir: Path, tag: str) -> str:
     else:
         problem, advice = "not writable", "check that it exists and this worker may write to it"
     return (
-        f"checkpoint store {problem}: could not save checkpoint {save_dir.name}/{tag} in "
-        f"{save_dir}: {exc}; {advice}. Earlier checkpoints are intact."
+        f"checkpoint store {problem}: could not save checkpoint {experiment}/{tag} in "
+        f"{store.describe(experiment)}: {exc}; {advice}. Earlier checkpoints are intact."
     )
 
 
@@ -268,11 +258,12 @@ def load_checkpoint(
     model: nn.Module,
     optimizers: Optimizers | None,
     scheduler: WSDScheduler | None,
-    load_dir: str | Path,
+    checkpoint: Files,
     device: torch.device | str = "cpu",
     strict: bool = True,
 ) -> dict[str, Any]:
-    """Restore model, optimizers and scheduler from a checkpoint folder; return its metadata.
+    """Restore model, optimizers and scheduler from a checkpoint (`CheckpointStore.entry`);
+    return its metadata.
 
     The manifest is verified first (sizes and sha256), so a truncated or altered file is an
     error here rather than a silently wrong model, and optimizer state of other optimizers
@@ -280,17 +271,14 @@ def load_checkpoint(
     state and the data position are in the returned metadata (`restore_rng_state(meta["rng"])`,
     `meta["data_position"]`).
     """
-    load_dir = Path(load_dir)
-    verify_manifest(load_dir, deep=True)
-    metadata = read_metadata(load_dir)
+    where = checkpoint.describe()
+    verify_manifest(checkpoint, deep=True)
+    metadata = read_metadata(checkpoint)
     config, saved = getattr(model, "config", None), metadata.get("model_config")
     if isinstance(config, ModelConfig) and isinstance(saved, dict):
-        check_fits(ModelConfig.from_dict(saved), config, f"checkpoint {load_dir}")
+        check_fits(ModelConfig.from_dict(saved), config, f"checkpoint {where}")
     params = dict(model.named_parameters())
-    # Read through the descriptor the manifest check opened the same way: no link followed,
-    # and a file swapped after the check is not what loads (store.checkpoints.manifests.open_file).
-    with open_file(load_dir, MODEL_FILE) as f:
-        state = load_file(f"/proc/self/fd/{f.fileno()}", device=str(device))
+    state = load_weights(checkpoint, device)
     for name, t in state.items():
         target = params.get(name)
         if target is not None and t.dtype != target.dtype:
@@ -299,30 +287,41 @@ def load_checkpoint(
         model.load_state_dict(state, strict=strict)
     except RuntimeError as exc:
         raise CheckpointMismatch(
-            f"checkpoint {load_dir}: weights do not fit the model: {exc}"
+            f"checkpoint {where}: weights do not fit the model: {exc}"
         ) from exc
     if optimizers is not None:
         try:
-            optimizers.load_state_dict(load_optimizer_state(load_dir, device))
+            optimizers.load_state_dict(load_optimizer_state(checkpoint, device))
         except CheckpointMismatch as exc:
-            raise CheckpointMismatch(f"checkpoint {load_dir}: {exc}") from exc
+            raise CheckpointMismatch(f"checkpoint {where}: {exc}") from exc
     if scheduler is not None and metadata.get("scheduler"):
         scheduler.load_state_dict(metadata["scheduler"])
     return metadata
 
 
-def load_optimizer_state(load_dir: Path, device: torch.device | str) -> dict[str, Any]:
+def load_weights(checkpoint: Files, device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The weights file, read from the file the storage opened the same way as the manifest
+    check: no link followed, and a file swapped after the check is not what loads. A local
+    file is mapped (safetensors reads it by the reader's path); any other is read whole."""
+    with checkpoint.open(MODEL_FILE) as f:
+        if f.local_path is not None:
+            return load_file(f.local_path, device=str(device))
+        return {k: t.to(device) for k, t in load(f.read()).items()}
+
+
+def load_optimizer_state(checkpoint: Files, device: torch.device | str) -> dict[str, Any]:
+    where = checkpoint.describe()
     try:
-        with open_file(load_dir, OPTIMIZER_FILE) as f:
-            state = torch.load(f, map_location=device, weights_only=True)
+        with checkpoint.open(OPTIMIZER_FILE) as f:
+            state = torch.load(cast(IO[bytes], f), map_location=device, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise CheckpointCorrupt(
-            f"checkpoint {load_dir}: {OPTIMIZER_FILE} holds objects other than tensors and "
+            f"checkpoint {where}: {OPTIMIZER_FILE} holds objects other than tensors and "
             f"plain data; refusing to unpickle it ({exc})"
         ) from exc
     # Keyed by optimizer name (worker.optim.Optimizers.state_dict), each a state dict.
     if not isinstance(state, dict) or not all(isinstance(v, dict) for v in state.values()):
         raise CheckpointCorrupt(
-            f"checkpoint {load_dir}: {OPTIMIZER_FILE} holds no optimizer state by name"
+            f"checkpoint {where}: {OPTIMIZER_FILE} holds no optimizer state by name"
         )
     return state

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
 import torch
 from pydantic import ValidationError
 
+from trainctl.store.checkpoints.factory import Stores
+from trainctl.store.checkpoints.info import check_fits
 from trainctl.store.checkpoints.protection import ProtectionPolicy
-from trainctl.store.checkpoints.store import CheckpointStore, check_fits
 from trainctl.store.data.prepare import PrepareStopped
 from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.plans import (
@@ -51,8 +51,8 @@ P = TypeVar("P", bound=Spec)
 class WorkerEnv:
     """What an executor gets besides its run: the worker's own places."""
 
-    checkpoint_root: Path
-    """The checkpoint store this worker reads and writes."""
+    stores: Stores
+    """The checkpoint and export stores this worker reads and writes."""
     address: str | None = None
     """Where gang members on other nodes reach this worker (torchrun's rendezvous)."""
 
@@ -93,17 +93,16 @@ def read_plan(ctx: RunContext, kind: type[P]) -> P:
 
 def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, TrainPlan)
-    root, address = env.checkpoint_root, env.address
+    store, address = env.stores.checkpoints, env.address
     check_device(plan.device)
-    store = CheckpointStore(root)
     gang = ctx.run.gang
     # Only this run writes to its experiment (one active train run each), so what is left
     # half-written there (a save killed mid-write, a commit cut between its renames) is
     # swept now rather than when the service next restarts; in a gang, by its leader alone
     # (nothing is saved before every member has joined the rendezvous).
     if gang is None or gang.node_rank == 0:
-        for leftover in store.cleanup(plan.experiment):
-            ctx.log(f"cleaned up {leftover.name} (left by an interrupted save)")
+        for _, leftover in store.cleanup(plan.experiment):
+            ctx.log(f"cleaned up {leftover} (left by an interrupted save)")
     # A run that was interrupted (worker killed, node drained) continues from its own last
     # checkpoint; the steps after it are recomputed, deterministically, from the same batches.
     previous = store.latest_of_run(plan.experiment, ctx.run.id)
@@ -119,19 +118,19 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
             f"joining the gang as node {gang.node_rank} of {gang.nnodes} with "
             f"{plan.nproc_per_node} processes (torchrun, rendezvous {gang.rendezvous})"
         )
-        launched = launch_train(plan, root, ctx, address)
+        launched = launch_train(plan, env.stores.layout, ctx, address)
         if launched is None:
             return Outcome("member", reason="the member holding rank 0 reports the run")
         result = launched
     elif plan.nproc_per_node > 1:
         ctx.log(f"launching {plan.nproc_per_node} data-parallel processes (torchrun)")
-        launched = launch_train(plan, root, ctx)
+        launched = launch_train(plan, env.stores.layout, ctx)
         assert launched is not None  # a single node's launch has rank 0
         result = launched
     else:
         trainer = Trainer(
             plan,
-            root,
+            store,
             run_id=ctx.run.id,
             on_metrics=ctx.metrics,
             on_checkpoint=ctx.log_checkpoint,
@@ -171,13 +170,13 @@ def validation_batches(plan: ValidatePlan) -> list[Any]:
 
 def execute_validate(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, ValidatePlan)
-    root = env.checkpoint_root
+    store = env.stores.checkpoints
     device = check_device(plan.device)
     ref = plan.checkpoint
-    info = CheckpointStore(root).get(ref.experiment, ref.tag)
+    info = store.get(ref.experiment, ref.tag)
     ctx.log(f"validating checkpoint {ref} (step {info.step})")
     model = build_model(plan.model, device=device)
-    load_checkpoint(model, None, None, info.path, device=device)
+    load_checkpoint(model, None, None, store.entry(ref.experiment, ref.tag), device=device)
     shape = validate_forward_shape(model, device=device)
     autocast = torch.bfloat16 if device.type == "cuda" else None
     batches = validation_batches(plan)
@@ -198,22 +197,31 @@ def execute_validate(ctx: RunContext, env: WorkerEnv) -> Outcome:
 
 def execute_sample(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, SamplePlan)
-    root = env.checkpoint_root
-    return Outcome("succeeded", run_sample(plan, ctx, root, check_device(plan.device)))
+    store = env.stores.checkpoints
+    return Outcome("succeeded", run_sample(plan, ctx, store, check_device(plan.device)))
 
 
 def execute_export(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, ExportPlan)
-    root = env.checkpoint_root
-    ref, output = plan.checkpoint, Path(plan.output)
-    info = CheckpointStore(root).get(ref.experiment, ref.tag)
+    checkpoints, exports = env.stores.checkpoints, env.stores.exports
+    ref = plan.checkpoint
+    info = checkpoints.get(ref.experiment, ref.tag)
     # A tag ('best') may have been saved again since submit: export what was asked for.
     check_fits(info.require_model_config(), plan.model, f"checkpoint {ref}")
-    # What an export killed mid-write left beside its folder (the service sweeps it too).
-    for leftover in CheckpointStore(output.parent.parent).cleanup(ref.experiment):
-        ctx.log(f"cleaned up {leftover.name} (left by an interrupted export)")
+    # What an export killed mid-write left in the exports store (the service sweeps it too).
+    for _, leftover in exports.cleanup(ref.experiment):
+        ctx.log(f"cleaned up {leftover} (left by an interrupted export)")
     ctx.log(f"exporting checkpoint {ref} (step {info.step}) as {plan.format}, {plan.dtype}")
-    exported = export_hf(info.path, output, dtype=plan.dtype, facts={"export run": ctx.run.id})
+    # The export is filed under the checkpoint's name in the exports store: plan.output names
+    # that place as submit saw it.
+    exported = export_hf(
+        checkpoints.entry(ref.experiment, ref.tag),
+        exports,
+        ref.experiment,
+        ref.tag,
+        dtype=plan.dtype,
+        facts={"export run": ctx.run.id},
+    )
     for difference in exported.differences:
         ctx.log(f"differs from trainctl: {difference}", level="warning")
     return Outcome(

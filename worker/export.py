@@ -4,28 +4,24 @@ and the model card are in `store.checkpoints.exports`).
 The weights are loaded through `load_checkpoint`, so a damaged checkpoint fails here with the
 same integrity error a resume would raise, and renamed to the transformers names of Qwen3 (or
 Llama, for a model without QK-norm), which compute trainctl's function: checked in
-`tests/worker/test_export.py` against trainctl's logits. Like a checkpoint save, every file
-is written into a hidden staging folder beside the target, the manifest last, then the
-folder is renamed into place: an export is there complete or not at all.
+`tests/worker/test_export.py` against trainctl's logits. The checkpoint is read through the
+checkpoint store, and the export written as a checkpoint is, through a staged entry of the
+exports store, the manifest last: an export is there complete or not at all.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import shutil
-import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load
 from torch import nn
 
 from trainctl.store.checkpoints.exports import (
@@ -36,7 +32,6 @@ from trainctl.store.checkpoints.exports import (
     TOKENIZER_CONFIG_FILE,
     ExportResult,
     TrainingFacts,
-    check_export_target,
     check_exportable,
     differences,
     export_metadata,
@@ -49,20 +44,20 @@ from trainctl.store.checkpoints.exports import (
 from trainctl.store.checkpoints.manifests import (
     METADATA_FILE,
     MODEL_FILE,
-    fsync_dir,
-    open_file,
     read_metadata,
     verify_manifest,
-    write_manifest,
 )
-from trainctl.store.checkpoints.store import STAGING_PREFIX
+from trainctl.store.checkpoints.storage import Files
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.tokenizer import EOT_NAMES
 from trainctl.store.exceptions import CheckpointCorrupt, Conflict, InvalidRequest
 from trainctl.store.presets import ModelConfig
 from trainctl.store.specs import EXPORT_DTYPES, ExportDtype
 from trainctl.worker.checkpoint import load_checkpoint
+from trainctl.worker.hashed_file import HashedFile
 from trainctl.worker.model import GPT, build_model
+from trainctl.worker.safetensors_stream import write_safetensors
 
 # What torch.compile's wrapper (OptimizedModule) puts before every name in its state dict.
 # trainctl compiles in place (`build_model`), so its checkpoints never carry it; a state dict
@@ -92,35 +87,40 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def export_hf(
-    checkpoint: Path,
-    out: Path,
+    checkpoint: Files,
+    exports: CheckpointStore,
+    experiment: str,
+    tag: str,
     *,
     dtype: ExportDtype = "float32",
     facts: Mapping[str, str] | None = None,
 ) -> ExportResult:
-    """Write checkpoint folder `checkpoint` as a new transformers folder `out` and say what
-    differs (see `store.checkpoints.exports`).
+    """Write `checkpoint` (`CheckpointStore.entry`) as a new transformers folder, entry
+    `experiment`/`tag` of the `exports` store, and say what differs (see
+    `store.checkpoints.exports`).
 
     `facts` are further (fact, value) rows for the model card, after those the checkpoint's
     metadata gives (the export run can add what only the run knows, such as its data spec).
-    Raises `CheckpointCorrupt` for a damaged checkpoint, `Conflict` when `out` exists and
-    `InvalidRequest` for a target inside the checkpoint or a model it cannot map; whatever
-    fails, nothing is left at `out`.
+    Raises `CheckpointCorrupt` for a damaged checkpoint, `Conflict` when the export exists
+    (an export is never overwritten) and `InvalidRequest` for a model it cannot map;
+    whatever fails, no export is left.
     """
-    checkpoint, out = Path(checkpoint), Path(out)
     if dtype not in EXPORT_DTYPES:
         raise InvalidRequest(
             f"export dtype must be one of {', '.join(EXPORT_DTYPES)}, not {dtype!r}"
         )
-    check_export_target(out, checkpoint)
+    where = exports.describe(experiment, tag)
+    if exports.storage.exists(experiment, tag):
+        raise Conflict(f"{where} exists; an export is never overwritten: delete it first")
     model, meta = load_trained(checkpoint)
     check_exportable(model.config)
     tokenizer = export_tokenizer(checkpoint, meta, model.config)
     found = differences(model.config, dtype, str(meta.get("dtype")))
     texts = export_texts(model.config, meta, dtype, tokenizer, found, dict(facts or {}))
-    manifest = write_export(out, hf_weights(model, TORCH_DTYPES[dtype]), texts)
+    weights = hf_weights(model, TORCH_DTYPES[dtype])
+    manifest = write_export(exports, experiment, tag, weights, texts)
     return ExportResult(
-        folder=out,
+        folder=where,
         format=HF_FORMAT,
         architecture=hf_architecture(model.config),
         dtype=dtype,
@@ -159,21 +159,29 @@ def export_texts(
 
 
 def write_export(
-    out: Path, weights: dict[str, torch.Tensor], texts: dict[str, bytes]
+    exports: CheckpointStore,
+    experiment: str,
+    tag: str,
+    weights: dict[str, torch.Tensor],
+    texts: dict[str, bytes],
 ) -> dict[str, Any]:
-    """Stage the files beside `out`, manifest last, and rename the folder into place;
-    return the manifest."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with staged(out) as staging:
-        # The framework in the file's metadata: older transformers releases fail to load a
-        # safetensors file without it.
-        save_file(weights, staging / MODEL_FILE, metadata={"format": "pt"})
+    """Stage the files in the exports store, manifest last, and commit them as a new entry
+    (never over one); return the manifest."""
+    with exports.stage(experiment, tag) as staged:
+        with (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainctl-export") as pool,
+            HashedFile(staged.create(MODEL_FILE), pool) as f,
+        ):
+            # The framework in the file's metadata: older transformers releases fail to load
+            # a safetensors file without it.
+            write_safetensors(weights, f, metadata={"format": "pt"})
         for name, data in texts.items():
-            (staging / name).write_bytes(data)
-        # write_manifest fsyncs every file before it writes the manifest.
-        manifest = write_manifest(staging, [MODEL_FILE, *texts])
-        commit(staging, out)
-    return manifest
+            staged.write(name, data)
+        try:
+            return staged.commit({MODEL_FILE: f.hexdigest()}, replace=False)
+        except FileExistsError:
+            where = exports.describe(experiment, tag)
+            raise Conflict(f"{where} appeared during the export; delete it first") from None
 
 
 def _json(data: dict[str, Any]) -> bytes:
@@ -193,12 +201,14 @@ class _CompiledNames(nn.Module):
         self.config = model.config  # load_checkpoint checks it against the saved config
 
 
-def load_trained(checkpoint: Path) -> tuple[GPT, dict[str, Any]]:
+def load_trained(checkpoint: Files) -> tuple[GPT, dict[str, Any]]:
     """The checkpoint's model in float32 on the CPU, and its metadata, integrity checked."""
     verify_manifest(checkpoint, deep=False)  # sizes only: load_checkpoint hashes every byte
     saved = read_metadata(checkpoint).get("model_config")
     if not isinstance(saved, dict):
-        raise InvalidRequest(f"checkpoint {checkpoint} records no model_config; nothing to export")
+        raise InvalidRequest(
+            f"checkpoint {checkpoint.describe()} records no model_config; nothing to export"
+        )
     # Runtime switches off: export runs no forward pass and needs no compiled graph.
     model = build_model(saved, use_compile=False, use_checkpoint_per_layer=False)
     target: nn.Module = _CompiledNames(model) if saved_compiled(checkpoint) else model
@@ -206,18 +216,19 @@ def load_trained(checkpoint: Path) -> tuple[GPT, dict[str, Any]]:
     return model, meta
 
 
-def saved_compiled(checkpoint: Path) -> bool:
+def saved_compiled(checkpoint: Files) -> bool:
     """True when every weight's name starts with torch.compile's prefix.
 
     Only the safetensors header is read; a damaged file answers False here and fails its
     integrity check in `load_checkpoint`, with the message that names it.
     """
     try:
-        with (
-            open_file(checkpoint, MODEL_FILE) as f,
-            safe_open(f"/proc/self/fd/{f.fileno()}", framework="pt") as st,
-        ):
-            names = list(st.keys())
+        with checkpoint.open(MODEL_FILE) as f:
+            if f.local_path is None:
+                names = list(load(f.read()))
+            else:
+                with safe_open(f.local_path, framework="pt") as st:
+                    names = list(st.keys())
     except Exception:  # safetensors raises its own error types for a bad header
         return False
     return bool(names) and all(n.startswith(COMPILE_PREFIX) for n in names)
@@ -264,7 +275,7 @@ class TokenizerExport:
 
 
 def export_tokenizer(
-    checkpoint: Path, meta: dict[str, Any], config: ModelConfig
+    checkpoint: Files, meta: dict[str, Any], config: ModelConfig
 ) -> TokenizerExport:
     """The tokenizer files for the checkpoint's data: its BPE's tokenizer.json, a byte-level
     one, or none when the checkpoint does not know its tokens' meaning."""
@@ -297,21 +308,22 @@ def export_tokenizer(
 
 
 def bpe_tokenizer(
-    checkpoint: Path, recorded: dict[str, Any], config: ModelConfig
+    checkpoint: Files, recorded: dict[str, Any], config: ModelConfig
 ) -> TokenizerExport:
     from tokenizers import Tokenizer
 
+    where = checkpoint.describe()
     try:
-        with open_file(checkpoint, TOKENIZER_FILE) as f:
+        with checkpoint.open(TOKENIZER_FILE) as f:
             data = f.read()
     except FileNotFoundError:
         raise CheckpointCorrupt(
-            f"checkpoint {checkpoint} records a bpe tokenizer but holds no {TOKENIZER_FILE}"
+            f"checkpoint {where} records a bpe tokenizer but holds no {TOKENIZER_FILE}"
         ) from None
     # The manifest vouches for the bytes; this, that they are the tokenizer the data used.
     if hashlib.sha256(data).hexdigest() != recorded.get("sha256"):
         raise CheckpointCorrupt(
-            f"checkpoint {checkpoint}: {TOKENIZER_FILE} is not the tokenizer its metadata.json "
+            f"checkpoint {where}: {TOKENIZER_FILE} is not the tokenizer its metadata.json "
             "records (sha256 differs)"
         )
     tokenizer = Tokenizer.from_str(data.decode())
@@ -359,34 +371,3 @@ def byte_level_tokenizer_json() -> str:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
     return str(tokenizer.to_str())
-
-
-# --- staging and commit ---------------------------------------------------------------------
-
-
-@contextmanager
-def staged(out: Path) -> Iterator[Path]:
-    """A fresh hidden folder beside `out` (so the commit is a same-folder rename), removed
-    if anything fails before the commit."""
-    staging = out.parent / f"{STAGING_PREFIX}{out.name}-{uuid.uuid4().hex}"
-    staging.mkdir()
-    try:
-        yield staging
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def commit(staging: Path, out: Path) -> None:
-    """Rename the finished folder to `out`, which must not exist; fsync the rename.
-
-    POSIX rename replaces an empty folder, so one made at `out` since the check is taken
-    over; a non-empty one makes the rename fail, and the export with it.
-    """
-    if out.exists() or out.is_symlink():
-        raise Conflict(f"{out} appeared during the export; remove it or choose another folder")
-    try:
-        os.rename(staging, out)
-    except OSError as exc:
-        raise Conflict(f"cannot create {out}: {exc.strerror}; choose another folder") from exc
-    fsync_dir(out.parent)

@@ -21,13 +21,13 @@ import hashlib
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import torch
 
-from trainctl.store.checkpoints.manifests import open_file, verify_manifest
-from trainctl.store.checkpoints.store import CheckpointInfo, CheckpointStore
+from trainctl.store.checkpoints.info import CheckpointInfo
+from trainctl.store.checkpoints.manifests import verify_manifest
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.codec import IncrementalDecoder, TextCodec, build_codec
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.exceptions import CheckpointCorrupt, CheckpointNotFound
@@ -365,44 +365,48 @@ def generate_text(
 
 
 def load_for_generation(
-    checkpoint: CheckpointInfo | str | Path, *, device: torch.device | str = "cpu"
+    store: CheckpointStore,
+    checkpoint: CheckpointInfo | tuple[str, str],
+    *,
+    device: torch.device | str = "cpu",
 ) -> tuple[GPT, TextCodec | None]:
     """A checkpoint's model, in eval mode, and its text codec (None where the tokenizer of
     its tokens is unknown: it continues token ids only).
 
     The model is built from the checkpoint's model_config and loaded by `load_checkpoint`,
     which checks every file against the manifest first: a damaged checkpoint raises
-    CheckpointCorrupt. `checkpoint` is what the store resolved, or a checkpoint's folder.
+    CheckpointCorrupt. `checkpoint` is what `store` resolved, or an (experiment, tag).
     """
-    info = checkpoint if isinstance(checkpoint, CheckpointInfo) else _info_at(Path(checkpoint))
+    info = checkpoint if isinstance(checkpoint, CheckpointInfo) else _info_of(store, *checkpoint)
+    files = store.entry(info.experiment, info.tag)
     if info.model_config is None:
-        verify_manifest(info.path, deep=True)  # a damaged metadata.json says so first
+        verify_manifest(files, deep=True)  # a damaged metadata.json says so first
     # Compiling is for training's many steps of one shape; a decode changes shape each step.
     config = info.require_model_config().replace(use_compile=False)
     model = build_model(config, device=device)
-    load_checkpoint(model, None, None, info.path, device=device)
-    return model.eval(), _checkpoint_codec(info)
+    load_checkpoint(model, None, None, files, device=device)
+    return model.eval(), _checkpoint_codec(store, info)
 
 
-def _info_at(folder: Path) -> CheckpointInfo:
-    """The store's reading of a checkpoint folder (<checkpoints>/<experiment>/<tag>)."""
+def _info_of(store: CheckpointStore, experiment: str, tag: str) -> CheckpointInfo:
+    """The store's reading of a checkpoint."""
     try:
-        return CheckpointStore(folder.parent.parent).get(folder.parent.name, folder.name)
+        return store.get(experiment, tag)
     except CheckpointNotFound:
-        # The store hides an incomplete checkpoint; asked for this folder, say what is wrong
+        # The store hides an incomplete checkpoint; asked for this one, say what is wrong
         # with it, as load_checkpoint would.
-        verify_manifest(folder, deep=True)
+        verify_manifest(store.entry(experiment, tag), deep=True)
         raise
 
 
-def _checkpoint_codec(info: CheckpointInfo) -> TextCodec | None:
+def _checkpoint_codec(store: CheckpointStore, info: CheckpointInfo) -> TextCodec | None:
     if info.tokenizer is None or info.tokenizer.kind == "bytes":
         return build_codec(info.tokenizer, None)
     where = f"checkpoint {info.experiment}/{info.tag}"
     listed = {f["name"]: f["sha256"] for f in info.files}
     if TOKENIZER_FILE not in listed:
         raise CheckpointCorrupt(f"{where} records a bpe tokenizer but holds no {TOKENIZER_FILE}")
-    with open_file(info.path, TOKENIZER_FILE) as f:
+    with store.entry(info.experiment, info.tag).open(TOKENIZER_FILE) as f:
         data = f.read()
     # Read after load_checkpoint hashed it: what is used must be what was checked.
     if hashlib.sha256(data).hexdigest() != listed[TOKENIZER_FILE]:

@@ -1,57 +1,44 @@
-"""A write-only file that sha256-hashes its bytes as they go to disk, for checkpoint saves.
+"""A write-only file that sha256-hashes its bytes as they go out, for checkpoint saves.
 
 Hashing what was written by reading it back costs a second pass over every byte, after the
-write. Here each large chunk is hashed by a helper thread while the calling thread copies the
-same bytes into the file (hashlib and the write syscall both release the GIL), so a save
-takes about as long as the slower of the two instead of their sum. The kernel is also asked
-to start writing each chunk to disk at once (Linux `sync_file_range`), so the fsync that
-makes the file durable finds little left to do.
+write. Here each large chunk is hashed by a helper thread while the calling thread hands the
+same bytes to the sink (hashlib and the write syscall both release the GIL), so a save takes
+about as long as the slower of the two instead of their sum. Where the bytes go, and how they
+are made durable, is the sink's business: a staged entry of the checkpoint store gives it
+(`store.checkpoints.storage.Sink`; on POSIX it starts the write-out of each chunk at once and
+fsyncs at close).
 """
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
-import os
 from concurrent.futures import Executor
-from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from trainctl.store.checkpoints.storage import Sink
 
 # Chunks at least this large are hashed beside the write; smaller ones (pickle opcodes, zip
 # headers) are gathered into a buffer first, where thread hand-offs would cost more.
 PARALLEL_MIN = 4 << 20
-_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start write-out of dirty pages, do not wait
-
-
-def _load_sync_file_range() -> Any:
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (AttributeError, OSError):  # not Linux: the final fsync does all the work
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_sync_file_range = _load_sync_file_range()
 
 
 class HashedFile:
-    """`write` bytes to a new file; `close` fsyncs it; `hexdigest` is the sha256 of it all.
+    """`write` bytes to `sink`; `close` closes it; `hexdigest` is the sha256 of it all.
 
     `pool` runs the hashing of large chunks; it must have a thread to spare. A chunk passed
     to `write` is done with (written and hashed) when `write` returns, so callers may reuse
-    their buffers, as torch.save does.
+    their buffers, as torch.save does. When the writing fails the sink is left as it is: the
+    stage it belongs to is aborted, which releases it.
     """
 
-    def __init__(self, path: str | Path, pool: Executor) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    def __init__(self, sink: Sink, pool: Executor) -> None:
+        self._sink = sink
         self._pool = pool
         self._digest = hashlib.sha256()
         self._buffer = bytearray()
-        self._offset = 0  # bytes handed to the kernel so far
-        self._flushed = 0  # bytes whose write-out has been started
+        self._offset = 0  # bytes handed to the sink so far
+        self._closed = False
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
@@ -79,15 +66,12 @@ class HashedFile:
         return self._digest.hexdigest()
 
     def close(self) -> None:
-        """Write what is buffered, fsync and close. Raises what the disk reports (ENOSPC)."""
-        if self._fd < 0:
+        """Write what is buffered and close the sink. Raises what the disk reports (ENOSPC)."""
+        if self._closed:
             return
-        try:
-            self._drain()
-            os.fsync(self._fd)
-        finally:
-            os.close(self._fd)
-            self._fd = -1
+        self._drain()
+        self._closed = True
+        self._sink.close()
 
     def __enter__(self) -> HashedFile:
         return self
@@ -100,9 +84,6 @@ class HashedFile:
     ) -> None:
         if exc_type is None:
             self.close()
-        elif self._fd >= 0:  # the save failed: just release the descriptor
-            os.close(self._fd)
-            self._fd = -1
 
     def _drain(self) -> None:
         if self._buffer:
@@ -111,12 +92,4 @@ class HashedFile:
             self._buffer = bytearray()
 
     def _write_all(self, view: memoryview) -> None:
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-            self._offset += written
-        if _sync_file_range is not None and self._offset - self._flushed >= PARALLEL_MIN:
-            # Advisory: an error here (EIO, ENOSPC) is reported again by the fsync in close.
-            _sync_file_range(self._fd, self._flushed, self._offset - self._flushed,
-                             _SYNC_FILE_RANGE_WRITE)  # fmt: skip
-            self._flushed = self._offset
+        self._offset += self._sink.write(view)

@@ -42,10 +42,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.checkpoints.protection import ProtectionPolicy
-from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost
+from trainctl.store.layout import DataLayout
 from trainctl.store.plans import TrainPlan
 from trainctl.worker.context import RunContext
 from trainctl.worker.parallel import AgreedStop, DDPReplica, RankSampler
@@ -70,7 +71,7 @@ class PeerLost(RuntimeError):
 
 def launch_train(
     plan: TrainPlan,
-    checkpoint_root: Path,
+    layout: DataLayout,
     ctx: RunContext | None,
     local_addr: str | None = None,
 ) -> dict[str, Any] | None:
@@ -80,7 +81,8 @@ def launch_train(
     With a `ctx`, rank 0 reports to the run store as this worker and attempt, and the ranks
     stop at the next step once the worker shuts down or loses the lease. Without one (tests,
     scripts), rank 0 returns the metrics in the result instead. `local_addr` is the address
-    the other members reach this node at.
+    the other members reach this node at. The ranks save into the checkpoint store of
+    `layout`'s data dir, which each opens itself (`store.checkpoints.factory.open_stores`).
     """
     check_world(plan)
     gang = ctx.run.gang if ctx is not None else None
@@ -89,7 +91,8 @@ def launch_train(
         job_file = workdir / "job.json"
         job: dict[str, Any] = {
             "plan": plan.model_dump(mode="json"),
-            "checkpoint_root": str(checkpoint_root),
+            # Each rank opens the data dir's stores as the worker did (store.checkpoints.factory).
+            "data_dir": str(layout.root),
             "torchrun": [*torchrun_args(plan, ctx, local_addr), str(job_file)],
         }
         if ctx is not None:
@@ -253,10 +256,9 @@ class RankTrainer(Trainer):
         if rank != 0:
             self.samples = None  # rank 0 reports, and samples; the others wait at the next step
 
-    def save(self, tag: str | None = None) -> Path:
+    def save(self, tag: str | None = None) -> None:
         if self.rank == 0:
-            return super().save(tag)
-        return self.store.experiment_dir(self.plan.experiment)
+            super().save(tag)
 
 
 def rank_context(job: dict[str, Any], runs: RunStore) -> RunContext:
@@ -327,10 +329,11 @@ def train_rank(
     if rank != 0:
         on_metrics = lambda m: None  # noqa: E731
     stop = AgreedStop(rank_stop(ctx, workdir / STOP_FILE), device or torch.device("cpu"))
-    policy = ProtectionPolicy(runs, CheckpointStore(Path(job["checkpoint_root"])))
+    store = open_stores(DataLayout(Path(job["data_dir"]))).checkpoints
+    policy = ProtectionPolicy(runs, store)
     trainer = RankTrainer(
         plan,
-        job["checkpoint_root"],
+        store,
         rank=rank,
         run_id=ctx.run.id if ctx else None,
         on_metrics=on_metrics,

@@ -23,6 +23,7 @@ from types import FrameType
 
 import torch
 
+from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.db.queue import GANG_RESERVE_SECONDS
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import LeaseLost, WorkerNotFound
@@ -163,7 +164,7 @@ class Worker:
     def __init__(self, config: WorkerConfig, runs: RunStore | None = None) -> None:
         self.config = config
         self.runs = runs or RunStore(config.database_url)
-        self.env = WorkerEnv(config.checkpoint_dir, config.address)
+        self.env = WorkerEnv(open_stores(DataLayout(config.data_dir)), config.address)
         self.shutdown = threading.Event()
 
     def register(self) -> None:

@@ -33,12 +33,16 @@ DTYPES = {
 }
 
 
-def write_safetensors(tensors: dict[str, torch.Tensor], f: Any) -> None:
-    """Write `tensors` (CPU, each with its own memory) to the binary file object `f`."""
+def write_safetensors(
+    tensors: dict[str, torch.Tensor], f: Any, metadata: dict[str, str] | None = None
+) -> None:
+    """Write `tensors` (CPU, each with its own memory) to the binary file object `f`;
+    `metadata` is the header's free-form ``__metadata__`` (strings only, as safetensors
+    has it)."""
     # Wider elements first (then by name), as safetensors orders them: every tensor then
     # starts at a multiple of its element size, so a memory-mapped load is aligned.
     names = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
-    header: dict[str, Any] = {}
+    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
     for name in names:
         t = tensors[name]

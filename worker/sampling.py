@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from trainctl.store.checkpoints.store import CheckpointStore, check_fits
+from trainctl.store.checkpoints.info import check_fits
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.codec import TextCodec
 from trainctl.store.generation import GenerationSettings
 from trainctl.store.plans import SamplePlan, TrainPlan
@@ -58,15 +58,17 @@ class PieceStream:
             self.write({"index": index, "delta": text, "finish_reason": finish_reason})
 
 
-def run_sample(plan: SamplePlan, ctx: RunContext, root: Path, device: torch.device) -> Any:
-    """Continue the plan's prompts with its checkpoint; the run's result."""
+def run_sample(
+    plan: SamplePlan, ctx: RunContext, store: CheckpointStore, device: torch.device
+) -> Any:
+    """Continue the plan's prompts with its checkpoint in `store`; the run's result."""
     ref = plan.checkpoint
-    info = CheckpointStore(root).get(ref.experiment, ref.tag)
+    info = store.get(ref.experiment, ref.tag)
     # 'best' and 'latest' are pinned to a tag, which a later save may replace: the model
     # must still be the one the prompts were checked against at submit.
     check_fits(info.require_model_config(), plan.model, f"checkpoint {ref}")
     ctx.log(f"sampling {len(plan.prompt_tokens)} prompts with checkpoint {ref} (step {info.step})")
-    model, codec = load_for_generation(info, device=device)
+    model, codec = load_for_generation(store, info, device=device)
     started = time.perf_counter()
     if plan.prompts is not None and codec is not None:
         completions = [

@@ -15,7 +15,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -219,7 +218,11 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> 
     except CheckpointNotFound as exc:
         raise CheckpointNotFound(f"cannot resume from {ref}: {exc}") from exc
     meta = load_checkpoint(
-        parts.model, parts.optimizers, parts.scheduler, info.path, device=parts.device
+        parts.model,
+        parts.optimizers,
+        parts.scheduler,
+        store.entry(info.experiment, info.tag),
+        device=parts.device,
     )
     restore_rng_state(meta["rng"])
     return TrainState(
@@ -257,7 +260,7 @@ class Trainer:
     def __init__(
         self,
         plan: TrainPlan,
-        checkpoint_root: str | Path,
+        store: CheckpointStore,
         *,
         run_id: str | None = None,
         on_metrics: Callback | None = None,
@@ -270,7 +273,7 @@ class Trainer:
     ) -> None:
         self.plan, self.run_id = plan, run_id
         self.before_commit = before_commit
-        self.store = CheckpointStore(Path(checkpoint_root))
+        self.store = store
         self.on_metrics = on_metrics or (lambda m: None)
         self.on_checkpoint = on_checkpoint or (lambda m: None)
         # Every step, unlike metrics: the receiver throttles by time (RunContext.progress).
@@ -286,7 +289,7 @@ class Trainer:
         every = plan.sample_every
         self.samples = TrainingSamples(plan, every) if every is not None else None
 
-    def save(self, tag: str | None = None) -> Path:
+    def save(self, tag: str | None = None) -> None:
         p, s = self.parts, self.state
         dtype = torch.bfloat16 if self.plan.save_dtype == "bfloat16" else None
         state = capture_checkpoint(
@@ -311,23 +314,24 @@ class Trainer:
             "step": s.step,
         }
 
-        def write(state: CheckpointState) -> Path:
+        def write(state: CheckpointState) -> str:
             # `protected` is asked under the store's guard, after the commit: a run queued
             # meanwhile that depends on an older checkpoint keeps it.
-            root, protected, started = self.store.root, self.protected, time.perf_counter()
-            path = write_checkpoint(state, root, self.plan.max_keep, protected, self.before_commit)
+            store, protected, started = self.store, self.protected, time.perf_counter()
+            where = write_checkpoint(
+                state, store, self.plan.max_keep, protected, self.before_commit
+            )
             info["save_seconds"] = time.perf_counter() - started  # reported with the commit
-            return path
+            return where
 
         if self.checkpointer is None:
-            path = write(state)
-            self.on_checkpoint({**info, "path": str(path)})
-            return path
+            where = write(state)  # before `info` is read: the write adds its save_seconds
+            self.on_checkpoint({**info, "path": where})
+            return
         # Asynchronous: the loop goes on once the state is copied; the commit is reported
         # when it has happened (maybe_report_saves, finish_saves).
         for done in self.checkpointer.save(state, write, info):
             self.on_checkpoint(done)
-        return self.store.experiment_dir(self.plan.experiment) / state.tag
 
     def maybe_report_saves(self) -> None:
         for done in self.checkpointer.poll() if self.checkpointer else []:
@@ -448,5 +452,5 @@ class Trainer:
         return result
 
 
-def train(plan: TrainPlan, checkpoint_root: str | Path, **kwargs: Any) -> dict[str, Any]:
-    return Trainer(plan, checkpoint_root, **kwargs).run()
+def train(plan: TrainPlan, store: CheckpointStore, **kwargs: Any) -> dict[str, Any]:
+    return Trainer(plan, store, **kwargs).run()

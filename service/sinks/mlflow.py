@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -146,11 +145,11 @@ class MlflowSink:
             return
         self._post("runs/set-tag", _tag(mlflow_run, "trainctl.checkpoint", f"{experiment}/{tag}"))
         try:
-            _, fd = self.checkpoints.open_file(experiment, tag, MANIFEST_FILE)
+            _, reader = self.checkpoints.open_file(experiment, tag, MANIFEST_FILE)
         except NotFound:
             return  # deleted or pruned since; its name above is all there is to say
-        with os.fdopen(fd, "rb") as f:
-            manifest = f.read()
+        with reader:
+            manifest = reader.read()
         artifacts = urlsplit(memo.get("artifact_uri", ""))
         if artifacts.scheme == PROXIED_ARTIFACTS:
             path = f"{artifacts.path.strip('/')}/checkpoint/{MANIFEST_FILE}"

@@ -33,11 +33,10 @@ import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
-from pathlib import Path
 from typing import Any
 
 from trainctl.store.data.datasets import bits_per_byte
-from trainctl.store.exceptions import Conflict, InvalidRequest
+from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.presets import ModelConfig
 from trainctl.store.specs import ExportDtype
 
@@ -374,7 +373,8 @@ def export_metadata(
 class ExportResult:
     """What an export wrote: an export run's result (`to_dict`)."""
 
-    folder: Path
+    folder: str
+    """Where the export is: its entry of the exports store, in words (a folder on POSIX)."""
     format: str
     architecture: str
     """The transformers class in config.json: Qwen3ForCausalLM or LlamaForCausalLM."""
@@ -389,25 +389,4 @@ class ExportResult:
     """The manifest's entries: {name, size, sha256}."""
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["folder"] = str(self.folder)
-        return data
-
-
-# --- where it may go ------------------------------------------------------------------------
-
-
-def check_export_target(out: Path, checkpoint: Path) -> None:
-    """Refuse an output folder that exists, or one inside (or beside, where it would list as a
-    checkpoint) the checkpoint: an export never writes into a training checkpoint's folder."""
-    out, source = Path(out).absolute(), Path(checkpoint).absolute()
-    if out.exists() or out.is_symlink():
-        raise Conflict(f"{out} exists; export writes a new folder: remove it or choose another")
-    real_out, real_source = out.parent.resolve() / out.name, source.resolve()
-    if real_out == real_source or real_out.is_relative_to(real_source):
-        raise InvalidRequest(f"{out} is inside checkpoint {source}; export into another folder")
-    if real_out.parent == real_source.parent:
-        raise InvalidRequest(
-            f"{out} is beside checkpoint {source}, in its experiment's folder, where the store "
-            "would take it for a checkpoint; export into another folder"
-        )
+        return dataclasses.asdict(self)

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from trainctl.store.checkpoints.store import IN_USE, CheckpointInfo, CheckpointStore, PruneOutcome
+from trainctl.store.checkpoints.info import CheckpointInfo, PruneOutcome
+from trainctl.store.checkpoints.store import IN_USE, CheckpointStore
 from trainctl.store.db.runs import Checkpoint, RunStore
 
 

@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trainctl.store.checkpoints.store import TokenizerId
+from trainctl.store.checkpoints.info import TokenizerId
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.tokenizer import EOT_NAMES, vocab_size
 from trainctl.store.data.shards import BYTE_VOCAB, DataError

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests.e2e.conftest import Service
+from tests.stores import posix_store
 from trainctl.store.generation import GenerationSettings
 from trainctl.worker.generate import generate_tokens, load_for_generation
 
@@ -144,7 +145,7 @@ def test_the_export_loads_in_transformers_and_computes_the_same_function(
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    ours, codec = load_for_generation(checkpoint)
+    ours, codec = load_for_generation(posix_store(checkpoint.parent.parent), ("code", "step_300"))
     assert codec is not None
     ids = torch.tensor([codec.encode("def main():\n    return 1\n")])
     assert (

@@ -36,7 +36,7 @@ from tests.e2e.conftest import Service
 from tests.plans import train_plan
 from tests.polling import poll
 from tests.reliability.workers import Workers
-from trainctl.store.checkpoints.store import CheckpointStore
+from tests.stores import folder, posix_store
 from trainctl.store.db.runs import RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES
 from trainctl.worker.train import Trainer
@@ -66,7 +66,7 @@ class Cluster:
         self.service.extra_env["TRAINCTL_DATABASE_URL"] = database_url
         self.workers = Workers(data_dir, database_url)
         self.runs = RunStore(database_url)
-        self.checkpoints = CheckpointStore(data_dir / "checkpoints")
+        self.checkpoints = posix_store(data_dir / "checkpoints")
 
     def start_worker(self, worker_id: str, node: str) -> None:
         self.workers.start_node(worker_id, node, self.runs)
@@ -106,7 +106,7 @@ class Cluster:
     def final_parameters(self, experiment: str) -> dict[str, torch.Tensor]:
         latest = self.checkpoints.latest_or_none(experiment)
         assert latest is not None and latest.step == STEPS
-        return load_file(latest.path / "model.safetensors")
+        return load_file(folder(self.checkpoints, experiment, latest.tag) / "model.safetensors")
 
     def close(self) -> None:
         self.workers.close()
@@ -162,7 +162,8 @@ def test_a_two_node_run_follows_one_process_with_the_same_global_batch(
 
     plan = train_plan(cluster.data_dir / "reference", experiment="reference", **REQUEST)
     reference: list[dict[str, Any]] = []
-    Trainer(plan, cluster.data_dir / "reference", on_metrics=reference.append).run()
+    store = posix_store(cluster.data_dir / "reference")
+    Trainer(plan, store, on_metrics=reference.append).run()
     expected = [m["loss"] for m in reference if m["kind"] == "train"]
 
     losses = cluster.train_losses(uninterrupted)

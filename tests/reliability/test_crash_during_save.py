@@ -20,13 +20,11 @@ from pathlib import Path
 import pytest
 
 from tests.reliability import saver
+from tests.stores import folder, posix_store
+from trainctl.store.checkpoints.info import CheckpointInfo
 from trainctl.store.checkpoints.manifests import verify_manifest
-from trainctl.store.checkpoints.store import (
-    STAGING_PREFIX,
-    TRASH_PREFIX,
-    CheckpointInfo,
-    CheckpointStore,
-)
+from trainctl.store.checkpoints.posix import STAGING_PREFIX, TRASH_PREFIX
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.names import BEST_TAG, parse_step
 from trainctl.worker.checkpoint import load_checkpoint
 
@@ -56,22 +54,22 @@ def assert_consistent(store: CheckpointStore) -> CheckpointInfo:
     listed = store.list_checkpoints(saver.EXPERIMENT)
     assert all(not c.tag.startswith(".") for c in listed), [c.tag for c in listed]
     for info in listed:
-        verify_manifest(info.path, deep=True)
+        verify_manifest(store.entry(info.experiment, info.tag), deep=True)
     latest = store.latest(saver.EXPERIMENT)
     assert latest.step == max(parse_step(c.tag) or 0 for c in listed)
-    meta = load_checkpoint(*saver.build_parts(), latest.path)
+    meta = load_checkpoint(*saver.build_parts(), store.entry(latest.experiment, latest.tag))
     assert meta["step"] == latest.step and meta["tag"] == latest.tag
     return latest
 
 
 def assert_cleanup_repairs(store: CheckpointStore) -> int:
     """`cleanup` leaves no hidden folder and restores orphaned tags; returns how many."""
-    folder = store.experiment_dir(saver.EXPERIMENT)
-    orphans = orphaned_tags(folder)
+    exp = folder(store, saver.EXPERIMENT)
+    orphans = orphaned_tags(exp)
     store.cleanup()
-    assert hidden(folder) == []
+    assert hidden(exp) == []
     for tag in orphans:
-        verify_manifest(folder / tag, deep=True)
+        verify_manifest(store.entry(saver.EXPERIMENT, tag), deep=True)
     return len(orphans)
 
 
@@ -81,7 +79,7 @@ def test_kill_9_at_random_moments_during_saves_never_exposes_a_broken_checkpoint
     ctx = saver.forkserver()
     save_seconds = saver.measure_save_seconds(tmp_path / "measure")
     root = tmp_path / "checkpoints"
-    store = CheckpointStore(root)
+    store = posix_store(root)
     rng = random.Random(SEED)
     mid_save = restored = 0
     previous: CheckpointInfo | None = None
@@ -98,8 +96,8 @@ def test_kill_9_at_random_moments_during_saves_never_exposes_a_broken_checkpoint
         proc.kill()
         proc.join()
         assert proc.exitcode == -signal.SIGKILL, "the saver died before it was killed"
-        folder = store.experiment_dir(saver.EXPERIMENT)
-        mid_save += any(n.startswith(STAGING_PREFIX) for n in hidden(folder))
+        exp = folder(store, saver.EXPERIMENT)
+        mid_save += any(n.startswith(STAGING_PREFIX) for n in hidden(exp))
         latest = assert_consistent(store)
         if previous is not None:
             assert latest.step is not None and previous.step is not None
@@ -134,7 +132,7 @@ def test_kill_9_at_every_file_system_call_of_a_save_is_repaired_by_cleanup(
         proc = ctx.Process(target=saver.crash_at_call, args=(str(root), number, work))
         proc.start()
         proc.join()
-        store = CheckpointStore(root)
+        store = posix_store(root)
         latest = assert_consistent(store)
         assert latest.tag in ("step_3", "step_4")
         if proc.exitcode == 0:
@@ -147,5 +145,5 @@ def test_kill_9_at_every_file_system_call_of_a_save_is_repaired_by_cleanup(
         assert after.tag == latest.tag, "cleanup changed which checkpoint is latest"
     assert points >= 20, f"only {points} crash points: the kill hook is not reached"
     assert orphans_restored >= 1, "no crash fell between the two renames of a replacing commit"
-    final = sorted(c.tag for c in CheckpointStore(root).list_checkpoints())
+    final = sorted(c.tag for c in posix_store(root).list_checkpoints())
     assert final == ["best", "step_2", "step_3", "step_4"]

@@ -34,6 +34,7 @@ from tests.conftest import fresh_database
 from tests.plans import enqueue, train_plan
 from tests.polling import poll
 from tests.reliability.workers import Workers, wait_finished
+from tests.stores import folder, posix_store
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import Run, RunStore
 
@@ -61,7 +62,7 @@ def gang_run(runs: RunStore, experiment: str) -> Run:
 def final_parameters(store: CheckpointStore, experiment: str) -> dict[str, torch.Tensor]:
     latest = store.latest_or_none(experiment)
     assert latest is not None and latest.step == STEPS
-    return load_file(latest.path / "model.safetensors")
+    return load_file(folder(store, experiment, latest.tag) / "model.safetensors")
 
 
 @pytest.fixture
@@ -81,7 +82,7 @@ def test_a_gang_survives_every_member_fault_with_unchanged_parameters(
     nodes: tuple[Workers, RunStore], tmp_path: Path
 ) -> None:
     pool, runs = nodes
-    store = CheckpointStore(tmp_path / "checkpoints")
+    store = posix_store(tmp_path / "checkpoints")
     reference = wait_finished(runs, gang_run(runs, "reference"))
     assert reference.state == "succeeded", pool.logs()
     want = final_parameters(store, "reference")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.polling import poll
 from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
-from trainctl.store.checkpoints.store import CheckpointStore
+from tests.stores import folder, posix_store
 from trainctl.store.db.runs import Run, RunStore
 
 PAST_THE_LEASE = timedelta(minutes=5)
@@ -36,9 +36,10 @@ def reap(runs: RunStore) -> list[Run]:
 
 def checkpoints(root: Path, experiment: str) -> dict[str, str]:
     """Tag -> manifest text of every complete checkpoint: any new or rewritten one shows."""
-    store = CheckpointStore(root)
+    store = posix_store(root)
     return {
-        c.tag: (c.path / "manifest.json").read_text() for c in store.list_checkpoints(experiment)
+        c.tag: (folder(store, experiment, c.tag) / "manifest.json").read_text()
+        for c in store.list_checkpoints(experiment)
     }
 
 

@@ -21,12 +21,12 @@ import pytest
 
 from tests.polling import poll
 from tests.reliability import saver
+from tests.stores import posix_store
 from trainctl.store.checkpoints.manifests import (
     METADATA_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
     verify_manifest,
-    write_manifest,
 )
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.exceptions import CheckpointProtected
@@ -44,7 +44,7 @@ def test_prune_during_saves_never_deletes_latest_best_protected_or_the_one_being
 ) -> None:
     ctx = saver.forkserver()
     root = tmp_path / "checkpoints"
-    store, rng = CheckpointStore(root), random.Random(SEED)
+    store, rng = posix_store(root), random.Random(SEED)
     ready, stop = ctx.Event(), ctx.Event()
     proc = ctx.Process(target=saver.save_forever, args=(str(root), 1, ready, stop, PROTECTED))
     proc.start()
@@ -81,7 +81,7 @@ def test_prune_during_saves_never_deletes_latest_best_protected_or_the_one_being
     assert proc.exitcode == 0, "the saver failed: a checkpoint it had just committed was gone"
     final = store.list_checkpoints(EXP)
     for info in final:
-        verify_manifest(info.path, deep=True)
+        verify_manifest(store.entry(EXP, info.tag), deep=True)
     assert {BEST_TAG, PROTECTED_TAG} <= {c.tag for c in final}
     steps_saved = store.latest(EXP).step
     with capsys.disabled():
@@ -94,18 +94,17 @@ def test_prune_during_saves_never_deletes_latest_best_protected_or_the_one_being
 
 def save_fake(store: CheckpointStore, step: int) -> None:
     """A torch-free checkpoint written the way the worker writes one: stage, manifest, commit."""
-    staging = store.staging_dir(EXP, step_tag(step))
-    for name in (MODEL_FILE, OPTIMIZER_FILE):
-        (staging / name).write_bytes(os.urandom(64))
-    (staging / METADATA_FILE).write_text(json.dumps({"step": step, "created_at": None}))
-    write_manifest(staging, [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE])
-    store.commit(staging, EXP, step_tag(step))
+    with store.stage(EXP, step_tag(step)) as staged:
+        for name in (MODEL_FILE, OPTIMIZER_FILE):
+            staged.write(name, os.urandom(64))
+        staged.write(METADATA_FILE, json.dumps({"step": step, "created_at": None}).encode())
+        staged.commit()
 
 
 def test_listing_while_retention_deletes_never_raises(tmp_path: Path) -> None:
     """Readers (GET /checkpoints, latest, prune's own listing) race deletes all the time: a
     checkpoint that vanishes while it is being read is simply not listed."""
-    store = CheckpointStore(tmp_path)
+    store = posix_store(tmp_path)
     save_fake(store, 1)
     done, failures = threading.Event(), []
 

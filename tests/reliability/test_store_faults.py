@@ -26,6 +26,7 @@ import pytest
 
 from tests.reliability import saver
 from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
+from tests.stores import folder, posix_store
 from trainctl.store.checkpoints.manifests import verify_manifest
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
@@ -66,17 +67,18 @@ def unwritable(folder: Path) -> Iterator[str]:
 def snapshot(store: CheckpointStore, experiment: str = EXP) -> dict[str, str]:
     """Tag -> manifest text: equal snapshots mean no earlier checkpoint was touched."""
     return {
-        c.tag: (c.path / "manifest.json").read_text() for c in store.list_checkpoints(experiment)
+        c.tag: (folder(store, experiment, c.tag) / "manifest.json").read_text()
+        for c in store.list_checkpoints(experiment)
     }
 
 
 def assert_intact(store: CheckpointStore, before: dict[str, str]) -> None:
     assert snapshot(store) == before
-    folder = store.experiment_dir(EXP)
-    assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []
+    exp = folder(store, EXP)
+    assert [p.name for p in exp.iterdir() if p.name.startswith(".")] == []
     for info in store.list_checkpoints(EXP):
-        verify_manifest(info.path, deep=True)
-    load_checkpoint(*saver.build_parts(), store.latest(EXP).path)
+        verify_manifest(store.entry(EXP, info.tag), deep=True)
+    load_checkpoint(*saver.build_parts(), store.entry(EXP, store.latest(EXP).tag))
 
 
 @pytest.fixture
@@ -84,7 +86,7 @@ def store(tmp_path: Path) -> CheckpointStore:
     parts = saver.build_parts()
     for step in (1, 2):
         saver.save_step(parts, tmp_path, step)
-    return CheckpointStore(tmp_path)
+    return posix_store(tmp_path)
 
 
 def fsync_reports_a_full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,7 +122,7 @@ def test_a_full_store_fails_the_save_clearly_and_leaves_nothing_behind(
     before = snapshot(store)
     fault(monkeypatch)
     with pytest.raises(CheckpointWriteFailed, match=r"checkpoint store full.*No space left"):
-        saver.save_step(saver.build_parts(), store.root, 3)
+        saver.save_step(saver.build_parts(), folder(store, EXP).parent, 3)
     monkeypatch.undo()
     assert_intact(store, before)
     assert store.latest(EXP).tag == "step_2"
@@ -131,10 +133,10 @@ def test_an_unwritable_store_fails_the_save_clearly_and_leaves_nothing_behind(
 ) -> None:
     before = snapshot(store)
     with (
-        unwritable(store.experiment_dir(EXP)) as how,
+        unwritable(folder(store, EXP)) as how,
         pytest.raises(CheckpointWriteFailed, match=r"checkpoint store not writable") as failed,
     ):
-        saver.save_step(saver.build_parts(), store.root, 3)
+        saver.save_step(saver.build_parts(), folder(store, EXP).parent, 3)
     assert f"{EXP}/step_3" in str(failed.value), how
     assert_intact(store, before)
 
@@ -155,7 +157,7 @@ def test_a_run_whose_store_fails_ends_failed_with_the_reason_and_the_worker_serv
     proc = workers.start("worker", env)
     first = wait_finished(runs, enqueue_tiny_train(runs, "e", 4, checkpoint_every=2))
     assert first.state == "succeeded", first.error
-    store = CheckpointStore(root)
+    store = posix_store(root)
     before = snapshot(store, "e")
     assert before.keys() == {"best", "step_2", "step_4"}
 
@@ -166,15 +168,15 @@ def test_a_run_whose_store_fails_ends_failed_with_the_reason_and_the_worker_serv
     assert "checkpoint store full" in (on_full.error or "")
     assert "No space left on device" in (on_full.error or "")
 
-    with unwritable(store.experiment_dir("e")) as how:
+    with unwritable(folder(store, "e")) as how:
         on_readonly = wait_finished(runs, enqueue_tiny_train(runs, "e", 6, checkpoint_every=2))
     assert on_readonly.state == "failed"
     assert "checkpoint store not writable" in (on_readonly.error or ""), how
 
     for info in store.list_checkpoints("e"):
-        verify_manifest(info.path, deep=True)
+        verify_manifest(store.entry("e", info.tag), deep=True)
     assert snapshot(store, "e") == before, "an earlier checkpoint was touched"
-    assert sorted(p.name for p in store.experiment_dir("e").iterdir()) == sorted(before)
+    assert sorted(p.name for p in folder(store, "e").iterdir()) == sorted(before)
     assert proc.poll() is None, "the worker died"
     last = wait_finished(runs, enqueue_tiny_train(runs, "e2", 2, checkpoint_every=2))
     assert last.state == "succeeded", last.error

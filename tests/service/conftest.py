@@ -13,12 +13,7 @@ from fastapi.testclient import TestClient
 
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
-from trainctl.store.checkpoints.manifests import (
-    METADATA_FILE,
-    MODEL_FILE,
-    OPTIMIZER_FILE,
-    write_manifest,
-)
+from trainctl.store.checkpoints.manifests import METADATA_FILE, MODEL_FILE, OPTIMIZER_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.names import step_tag
@@ -64,13 +59,10 @@ def save_checkpoint(
     model_config: dict[str, Any] | None = None,
     weights: bytes = b"weights " * 100,
     metadata: dict[str, Any] | None = None,
-) -> Path:
+) -> None:
     """A complete fake checkpoint, written as the worker writes one (no torch needed);
     `metadata` adds to (or replaces) its metadata.json's fields."""
     tag = tag or step_tag(step)
-    staging = ckpts.staging_dir(experiment, tag)
-    (staging / MODEL_FILE).write_bytes(weights)
-    (staging / OPTIMIZER_FILE).write_bytes(b"optimizer state " * 10)
     fields = {
         "step": step,
         "token_count": step * 1024,
@@ -80,9 +72,11 @@ def save_checkpoint(
         "model_config": model_config or get_preset("tiny").to_dict(),
         **(metadata or {}),
     }
-    (staging / METADATA_FILE).write_text(json.dumps(fields))
-    write_manifest(staging, [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE])
-    return ckpts.commit(staging, experiment, tag)
+    with ckpts.stage(experiment, tag) as staged:
+        staged.write(MODEL_FILE, weights)
+        staged.write(OPTIMIZER_FILE, b"optimizer state " * 10)
+        staged.write(METADATA_FILE, json.dumps(fields).encode())
+        staged.commit()
 
 
 def finish(runs: RunStore, run_id: str, state: str = "succeeded") -> Run:

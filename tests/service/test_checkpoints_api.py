@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from tests.service.conftest import save_checkpoint
 from trainctl.service.schemas import CheckpointPublic
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE, MODEL_FILE
+from trainctl.store.checkpoints.memory import MemoryStorage
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
 
@@ -165,7 +166,8 @@ def test_the_archive_untars_to_the_same_files(
     names = sorted(p.name for p in (tmp_path / "out" / "step_20").iterdir())
     assert names == sorted([f["name"] for f in info.files] + [MANIFEST_FILE])
     for name in names:
-        assert (tmp_path / "out/step_20" / name).read_bytes() == (info.path / name).read_bytes()
+        with three.entry("exp", "step_20").open(name) as stored:
+            assert (tmp_path / "out/step_20" / name).read_bytes() == stored.read()
 
 
 # --- delete and prune -----------------------------------------------------------------------
@@ -265,6 +267,35 @@ def test_pruning_an_unknown_experiment_is_404(client: TestClient) -> None:
     response = client.post("/checkpoints/prune", json={"experiment": "nope", "keep_last": 1})
 
     assert response.status_code == 404
+
+
+# --- any storage -------------------------------------------------------------------------
+
+
+def test_a_store_in_memory_is_listed_served_archived_and_deleted_by_the_same_routes(
+    client: TestClient,
+) -> None:
+    # The routes know the store, never its storage: one without local files serves too
+    # (whole files: a Range request gets a 200 with all of it, which HTTP allows).
+    memory = CheckpointStore(MemoryStorage())
+    client.app.state.checkpoints = memory  # type: ignore[attr-defined]
+    save_checkpoint(memory, "exp", step=10, weights=b"w" * 100)
+
+    assert tags(client.get("/checkpoints").json()) == ["step_10"]
+    url = "/checkpoints/exp/step_10/files/model.safetensors"
+    got = client.get(url)
+    etag = f'"{hashlib.sha256(b"w" * 100).hexdigest()}"'
+    assert (got.status_code, got.content, got.headers["etag"]) == (200, b"w" * 100, etag)
+    assert got.headers["content-length"] == "100"
+    assert client.get(url, headers={"If-None-Match": etag}).status_code == 304
+    assert client.get(url, headers={"Range": "bytes=0-9"}).content == b"w" * 100
+    archive = client.get("/checkpoints/exp/step_10/archive")
+    with tarfile.open(fileobj=io.BytesIO(archive.content), mode="r|") as tar:
+        names = sorted(m.name for m in tar)
+    assert names == sorted(f"step_10/{n}" for n in (MODEL_FILE, "optimizer.pt",
+                                                    "metadata.json", MANIFEST_FILE))  # fmt: skip
+    assert client.delete("/checkpoints/exp/step_10").status_code == 200
+    assert tags(client.get("/checkpoints").json()) == []
 
 
 # --- hostile paths --------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from tests.e2e.conftest import REPO, Service
 from tests.service.conftest import save_checkpoint
 from tests.service.test_cli import NO_CONFIG
-from trainctl.store.checkpoints.store import CheckpointStore
+from tests.stores import posix_store
 
 # What `pip install "trainctl[server]"` or `"trainctl[worker]"` brings, and the client lacks.
 HEAVY = (
@@ -49,7 +49,7 @@ app(sys.argv[2:], prog_name="trainctl")
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     svc = Service(tmp_path_factory.mktemp("cli-install"), workers=0).start()
-    save_checkpoint(CheckpointStore(svc.data_dir / "checkpoints"), "light", step=10)
+    save_checkpoint(posix_store(svc.data_dir / "checkpoints"), "light", step=10)
     yield svc
     svc.stop()
 

@@ -12,7 +12,7 @@ import pytest
 from tests.e2e.conftest import Service
 from tests.service.conftest import save_checkpoint
 from tests.service.test_cli import trainctl
-from trainctl.store.checkpoints.store import CheckpointStore
+from tests.stores import posix_store
 
 SUBMIT_COMMANDS = [
     ("submit", "train"),
@@ -73,7 +73,7 @@ def test_queueing_flags_reach_the_other_kinds_requests(service: Service) -> None
     run = json.loads(out)
     assert (run["priority"], run["max_attempts"]) == (-2, 4)
 
-    save_checkpoint(CheckpointStore(service.data_dir / "checkpoints"), "done", step=4)
+    save_checkpoint(posix_store(service.data_dir / "checkpoints"), "done", step=4)
     code, out, err = trainctl(
         service, "checkpoints", "export", "done", "step_4", "--no-watch", "--priority", "9",
         "--json",

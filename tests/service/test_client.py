@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from tests.service.conftest import save_checkpoint
 from tests.service.serving import serve
+from tests.stores import folder
 from trainctl.service.app import create_app
 from trainctl.service.sdk.async_client import AsyncTrainctlClient
 from trainctl.service.sdk.client import ApiError, DownloadError, TrainctlClient
@@ -132,8 +133,8 @@ def test_downloads_land_on_disk_verified(
 def test_a_download_that_does_not_match_the_manifest_raises_and_leaves_no_file(
     api: TrainctlClient, ckpts: CheckpointStore, tmp_path: Path
 ) -> None:
-    folder = save_checkpoint(ckpts, "exp", step=10, weights=b"a" * 1000)
-    (folder / MODEL_FILE).write_bytes(b"b" * 1000)  # bit rot: same size, other bytes
+    save_checkpoint(ckpts, "exp", step=10, weights=b"a" * 1000)
+    (folder(ckpts, "exp", "step_10") / MODEL_FILE).write_bytes(b"b" * 1000)  # bit rot
 
     with pytest.raises(DownloadError, match="does not match the manifest"):
         api.download_file("exp", "step_10", MODEL_FILE, tmp_path / "model.bin")
@@ -355,8 +356,8 @@ def test_the_async_client_resumes_an_interrupted_download_from_its_part_file(
 def test_an_async_download_that_does_not_match_the_manifest_raises_and_leaves_no_file(
     server_app: FastAPI, ckpts: CheckpointStore, tmp_path: Path
 ) -> None:
-    folder = save_checkpoint(ckpts, "exp", step=10, weights=b"a" * 1000)
-    (folder / MODEL_FILE).write_bytes(b"b" * 1000)  # bit rot: same size, other bytes
+    save_checkpoint(ckpts, "exp", step=10, weights=b"a" * 1000)
+    (folder(ckpts, "exp", "step_10") / MODEL_FILE).write_bytes(b"b" * 1000)  # bit rot
 
     async def scenario(api: AsyncTrainctlClient) -> Path:
         return await api.download_file("exp", "step_10", MODEL_FILE, tmp_path / "model.bin")

@@ -34,6 +34,7 @@ from schemathesis.checks import CHECKS, CheckContext, load_all_checks
 
 from tests.service.conftest import finish, save_checkpoint
 from tests.service.serving import serve
+from tests.stores import posix_store
 from trainctl.service.app import create_app
 from trainctl.service.openapi import OPENAPI_FILE
 from trainctl.service.routes.runs import CURSOR_FORMAT
@@ -270,7 +271,7 @@ def live_service(data_dir: Path, token: str | None) -> Iterator[LiveService]:
     settings = Settings(data_dir=data_dir, workers=0, api_token=token)
     with RunStore(settings.db_url) as runs:
         runs.create_all()
-        run_ids = seed(settings, runs, CheckpointStore(settings.checkpoint_dir))
+        run_ids = seed(settings, runs, posix_store(settings.checkpoint_dir))
     with serve(create_app(settings)) as url, RunStore(settings.db_url) as runs:
         yield LiveService(url, run_ids, runs)
 

@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.service.conftest import save_checkpoint
+from tests.stores import folder, posix_store
 from trainctl.store.checkpoints.manifests import MODEL_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
 
@@ -59,7 +60,7 @@ def test_a_symlinked_file_pointing_out_of_the_store_is_not_served(
 ) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_bytes(b"x" * 800)  # the size the manifest expects, so only the link is wrong
-    model = one.get("exp", "step_1").path / MODEL_FILE
+    model = folder(one, "exp", "step_1") / MODEL_FILE
     model.unlink()
     os.symlink(secret, model)
     response = client.get("/checkpoints/exp/step_1/files/model.safetensors")
@@ -71,8 +72,8 @@ def test_a_symlinked_experiment_pointing_out_of_the_store_is_not_listed_or_serve
     client: TestClient, one: CheckpointStore, tmp_path: Path
 ) -> None:
     outside = tmp_path / "outside"
-    save_checkpoint(CheckpointStore(outside), "loot", step=1)
-    os.symlink(outside / "loot", one.root / "loot")
+    save_checkpoint(posix_store(outside), "loot", step=1)
+    os.symlink(outside / "loot", folder(one, "loot"))
     assert [c["experiment"] for c in client.get("/checkpoints").json()["items"]] == ["exp"]
     response = client.get("/checkpoints/loot/step_1/files/model.safetensors")
     assert 400 <= response.status_code < 500
@@ -96,7 +97,7 @@ SECRET = b"the contents of a file outside the store"
 def test_no_endpoint_reads_a_file_of_a_checkpoint_through_a_planted_link(
     client: TestClient, one: CheckpointStore, tmp_path: Path, name: str, url: str
 ) -> None:
-    path = one.get("exp", "step_1").path / name
+    path = folder(one, "exp", "step_1") / name
     secret = tmp_path / "secret"
     secret.write_bytes(SECRET[:1] * path.stat().st_size)  # the size the manifest expects
     path.unlink()
@@ -111,11 +112,11 @@ def test_no_endpoint_reads_a_file_of_a_checkpoint_through_a_planted_link(
 def test_a_manifest_that_is_a_link_is_never_read(
     client: TestClient, one: CheckpointStore, tmp_path: Path
 ) -> None:
-    folder = one.get("exp", "step_1").path
+    checkpoint = folder(one, "exp", "step_1")
     stolen = tmp_path / "manifest.json"
-    stolen.write_bytes((folder / "manifest.json").read_bytes())  # a valid one, elsewhere
-    (folder / "manifest.json").unlink()
-    os.symlink(stolen, folder / "manifest.json")
+    stolen.write_bytes((checkpoint / "manifest.json").read_bytes())  # a valid one, elsewhere
+    (checkpoint / "manifest.json").unlink()
+    os.symlink(stolen, checkpoint / "manifest.json")
 
     for url in ["/checkpoints/exp/step_1/archive", "/checkpoints/exp/step_1"]:
         assert client.get(url).status_code == 404
@@ -125,10 +126,10 @@ def test_a_manifest_that_is_a_link_is_never_read(
 def test_listing_and_prune_do_not_follow_a_linked_experiment_folder(
     client: TestClient, one: CheckpointStore, tmp_path: Path
 ) -> None:
-    outside = CheckpointStore(tmp_path / "outside")
+    outside = posix_store(tmp_path / "outside")
     for step in (1, 2, 3):
         save_checkpoint(outside, "loot", step=step)
-    os.symlink(outside.experiment_dir("loot"), one.root / "loot")
+    os.symlink(folder(outside, "loot"), folder(one, "loot"))
 
     assert client.get("/checkpoints?experiment=loot").json()["items"] == []
     assert client.get("/checkpoints/latest?experiment=loot").status_code == 404

@@ -18,11 +18,11 @@ from sqlalchemy import insert
 from tbparse import SummaryReader
 
 from tests.e2e.conftest import free_port
+from tests.stores import posix_store
 from trainctl.service.sinks.base import Sink, scalars
 from trainctl.service.sinks.mirror import BATCH_EVENTS, SinkMirror
 from trainctl.service.sinks.mlflow import MlflowSink
 from trainctl.service.sinks.tensorboard import TensorBoardSink
-from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.db.schema import run_events, write_transaction
 from trainctl.store.db.sinks import SinkStore
@@ -208,7 +208,7 @@ def test_a_tracking_server_that_is_down_is_logged_once_and_the_events_wait(
     run = start_run(store, ["mlflow"])
     write_steps(store, run, range(1, 6))
     down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    sink = MlflowSink(down, CheckpointStore(tmp_path / "checkpoints"), timeout=2)
+    sink = MlflowSink(down, posix_store(tmp_path / "checkpoints"), timeout=2)
     ml = mirror(sink, retry_max_seconds=0.01)
 
     for _ in range(5):
@@ -236,7 +236,7 @@ def test_a_hung_tracking_server_costs_the_mirror_its_timeout_and_is_logged_once(
         hung.bind(("127.0.0.1", 0))
         hung.listen(8)
         uri = f"http://127.0.0.1:{hung.getsockname()[1]}"
-        sink = MlflowSink(uri, CheckpointStore(tmp_path / "checkpoints"), timeout=0.5)
+        sink = MlflowSink(uri, posix_store(tmp_path / "checkpoints"), timeout=0.5)
         ml = mirror(sink)
         ml.tick()
         ml._backoff.clear()
@@ -277,7 +277,7 @@ def test_a_page_instead_of_an_answer_counts_as_the_server_being_down(
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         uri = f"http://127.0.0.1:{server.server_address[1]}"
-        ml = mirror(MlflowSink(uri, CheckpointStore(tmp_path / "checkpoints"), timeout=2))
+        ml = mirror(MlflowSink(uri, posix_store(tmp_path / "checkpoints"), timeout=2))
         ml.tick()
     finally:
         server.shutdown()
@@ -292,7 +292,7 @@ def test_mlflow_named_where_the_service_has_no_server_waits_and_says_why(
 ) -> None:
     run = start_run(store, ["mlflow"])
     write_steps(store, run, range(1, 3))
-    ml = mirror(MlflowSink(None, CheckpointStore(tmp_path / "checkpoints"), timeout=1))
+    ml = mirror(MlflowSink(None, posix_store(tmp_path / "checkpoints"), timeout=1))
 
     ml.tick()
 

@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.service.conftest import save_checkpoint
+from tests.stores import posix_store
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
-from trainctl.store.checkpoints.store import CheckpointStore
 
 BOOT = "bootstrap-token"
 CPU_BENCHMARK = {"steps": 2, "warmup_steps": 0, "device": "cpu"}
@@ -79,7 +79,7 @@ def test_the_database_keeps_no_token_only_its_digest(api: TestClient, tmp_path: 
 def test_each_scope_allows_what_it_says_and_no_more(
     api: TestClient, app_settings: Settings, scope: str, allowed: set[str]
 ) -> None:
-    save_checkpoint(CheckpointStore(app_settings.checkpoint_dir), "exp", step=10)
+    save_checkpoint(posix_store(app_settings.checkpoint_dir), "exp", step=10)
     token = create(api, "holder", scope)
     queued = api.post("/runs/benchmark", json=CPU_BENCHMARK, headers=auth(BOOT)).json()["id"]
     attempts: dict[str, Any] = {

@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from tests.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset, write_byte_dataset
 from tests.service.conftest import save_checkpoint
-from trainctl.store.checkpoints.store import CheckpointStore, TokenizerId
+from tests.stores import posix_store
+from trainctl.store.checkpoints.info import TokenizerId
 from trainctl.store.data.datasets import DATASET_FILE, TOKENIZER_FILE, Dataset, read_dataset
 from trainctl.store.exceptions import DatasetExists, InvalidRequest
 from trainctl.store.plans import DatasetPin, PreparePlan, TrainPlan, ValidatePlan
@@ -61,7 +62,7 @@ def validation(
         ValidateRequest(checkpoint="exp/step_10", data=data),
         cuda_available=False,
         data_roots=roots,
-        checkpoints=CheckpointStore(checkpoints),
+        checkpoints=posix_store(checkpoints),
         datasets_dir=datasets_dir,
     )
 
@@ -164,7 +165,7 @@ def test_a_dataset_source_takes_a_dataset_and_no_paths() -> None:
 
 
 def checkpoint(checkpoints: Path, tokenizer: dict[str, Any] | None) -> None:
-    save_checkpoint(CheckpointStore(checkpoints), "exp", step=10, metadata={"tokenizer": tokenizer})
+    save_checkpoint(posix_store(checkpoints), "exp", step=10, metadata={"tokenizer": tokenizer})
 
 
 def test_a_validation_on_data_of_another_tokenizer_is_refused_saying_so(
@@ -195,16 +196,17 @@ def test_a_checkpoint_that_records_no_tokenizer_validates_on_any_data(
     data = {"source": "dataset", "dataset": "code"}
 
     assert validation(tmp_path / "checkpoints", roots, datasets_dir, data).dataset is not None
-    info = CheckpointStore(tmp_path / "checkpoints").get("exp", "step_10")
+    info = posix_store(tmp_path / "checkpoints").get("exp", "step_10")
     assert info.tokenizer is None
 
 
 def test_the_store_reads_the_tokenizer_a_checkpoint_records(tmp_path: Path) -> None:
     checkpoint(tmp_path, {"kind": "bpe", "sha256": "ab" * 32, "eot_id": 0})
-    info = CheckpointStore(tmp_path).get("exp", "step_10")
+    info = posix_store(tmp_path).get("exp", "step_10")
 
     assert info.tokenizer == TokenizerId("bpe", "ab" * 32)
-    metadata = json.loads((info.path / "metadata.json").read_text())
+    with posix_store(tmp_path).entry("exp", "step_10").open("metadata.json") as f:
+        metadata = json.loads(f.read())
     assert metadata["tokenizer"]["eot_id"] == 0
 
 

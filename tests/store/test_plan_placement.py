@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from tests.plans import benchmark_plan, train_plan, validate_plan
 from tests.service.conftest import save_checkpoint
-from trainctl.store.checkpoints.store import CheckpointStore
+from tests.stores import posix_store
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.kinds import placement_of
 from trainctl.store.placement import Placement
@@ -75,7 +75,7 @@ def test_a_train_plan_asks_for_nnodes_nodes_of_nproc_per_node_gpus_or_processes(
 def test_the_other_kinds_ask_for_one_gpu_on_cuda_and_prepare_and_export_for_one_process(
     tmp_path: Path,
 ) -> None:
-    ckpts = CheckpointStore(tmp_path / "checkpoints")
+    ckpts = posix_store(tmp_path / "checkpoints")
     save_checkpoint(ckpts, "exp", step=3)
 
     assert placement_of(benchmark_plan(steps=1)) == Placement()

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from tests.plans import benchmark_plan, train_plan, validate_plan
 from tests.service.conftest import save_checkpoint
-from trainctl.store.checkpoints.store import CheckpointStore
+from tests.stores import posix_store
 from trainctl.store.plans import (
     BenchmarkPlan,
     ExportPlan,
@@ -115,7 +115,7 @@ def test_experiment_names_and_checkpoint_refs_follow_the_one_name_rule(name: str
 
 
 def plans(tmp_path: Path) -> list[BaseModel]:
-    store = CheckpointStore(tmp_path)
+    store = posix_store(tmp_path)
     save_checkpoint(store, "exp", step=10)
     return [
         train_plan(tmp_path, experiment="exp", steps=10, resume_from="latest"),

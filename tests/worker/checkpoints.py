@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainctl.store.checkpoints.store import CheckpointStore, Protection
+from tests.stores import folder, posix_store
+from trainctl.store.checkpoints.store import Protection
 from trainctl.worker.checkpoint import capture_checkpoint, write_checkpoint
 from trainctl.worker.optim import Optimizers
 from trainctl.worker.schedule import WSDScheduler
@@ -66,7 +67,9 @@ def save_checkpoint(
         extra=extra,
         files=files,
     )
-    return write_checkpoint(state, save_dir.parent, max_keep, protected, before_commit)
+    store = posix_store(save_dir.parent)
+    write_checkpoint(state, store, max_keep, protected, before_commit)
+    return folder(store, state.experiment, state.tag)
 
 
 def find_latest_checkpoint(save_dir: str | Path) -> Path | None:
@@ -74,5 +77,6 @@ def find_latest_checkpoint(save_dir: str | Path) -> Path | None:
     save_dir = Path(save_dir)
     if not save_dir.is_dir():
         return None
-    info = CheckpointStore(save_dir.parent).latest_or_none(save_dir.name)
-    return info.path if info is not None else None
+    store = posix_store(save_dir.parent)
+    info = store.latest_or_none(save_dir.name)
+    return folder(store, info.experiment, info.tag) if info is not None else None

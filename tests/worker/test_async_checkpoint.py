@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 from tests.plans import train_plan
+from tests.stores import entry_at, posix_store
 from tests.worker.test_checkpoint import tensors
 from tests.worker.test_train import run_script
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE, verify_manifest
-from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.worker.async_checkpoint import AsyncCheckpointer
 from trainctl.worker.checkpoint import CheckpointState, capture_checkpoint, write_checkpoint
 from trainctl.worker.exceptions import CheckpointWriteFailed
@@ -47,12 +47,12 @@ def test_the_background_save_writes_the_state_as_it_was_when_saved(tmp_path: Pat
     model, state = captured()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     saver = AsyncCheckpointer()
-    saver.save(state, lambda s: write_checkpoint(s, tmp_path), {"step": 1})
+    saver.save(state, lambda s: write_checkpoint(s, posix_store(tmp_path)), {"step": 1})
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)  # training goes on while the thread writes
     [done] = saver.wait()
-    verify_manifest(Path(done["path"]), deep=True)
+    verify_manifest(entry_at(Path(done["path"])), deep=True)
     saved = load_file(str(Path(done["path"]) / "model.safetensors"))
     assert all(torch.equal(saved[k], before[k]) for k in saved)
 
@@ -63,9 +63,9 @@ def test_each_save_stages_into_the_same_buffers_never_the_live_tensors(tmp_path:
     live = {t.data_ptr() for t in [*state.model.values(), *tensors(state.optimizer)]}
     staged: list[list[int]] = []
 
-    def write(s: CheckpointState) -> Path:
+    def write(s: CheckpointState) -> str:
         staged.append([t.data_ptr() for t in [*s.model.values(), *tensors(s.optimizer)]])
-        return write_checkpoint(s, tmp_path)
+        return write_checkpoint(s, posix_store(tmp_path))
 
     saver = AsyncCheckpointer()
     saver.save(state, write, {"step": 1})
@@ -87,9 +87,9 @@ def test_an_async_save_writes_what_a_synchronous_one_does(
     tmp_path: Path, dtype: torch.dtype | None
 ) -> None:
     model, state = captured(dtype=dtype)
-    sync = write_checkpoint(state, tmp_path / "sync")
+    sync = Path(write_checkpoint(state, posix_store(tmp_path / "sync")))
     saver = AsyncCheckpointer()
-    saver.save(state, lambda s: write_checkpoint(s, tmp_path / "async"), {"step": 1})
+    saver.save(state, lambda s: write_checkpoint(s, posix_store(tmp_path / "async")), {"step": 1})
     [done] = saver.wait()
     staged = Path(done["path"])
     assert (staged / MODEL_FILE).read_bytes() == (sync / MODEL_FILE).read_bytes()
@@ -108,7 +108,7 @@ def test_a_failed_background_save_is_raised_on_the_training_thread(tmp_path: Pat
     _, state = captured()
     (tmp_path / "exp").write_text("a file where the experiment folder should be")
     saver = AsyncCheckpointer()
-    saver.save(state, lambda s: write_checkpoint(s, tmp_path), {"step": 1})
+    saver.save(state, lambda s: write_checkpoint(s, posix_store(tmp_path)), {"step": 1})
     with pytest.raises(CheckpointWriteFailed):
         saver.wait()
     assert saver.wait() == []  # reported once
@@ -118,10 +118,10 @@ def test_at_most_one_save_is_in_flight(tmp_path: Path) -> None:
     _, state = captured()
     release, order = threading.Event(), []
 
-    def slow_write(s: CheckpointState) -> Path:
+    def slow_write(s: CheckpointState) -> str:
         release.wait(timeout=30)
         order.append(s.tag)
-        return write_checkpoint(s, tmp_path)
+        return write_checkpoint(s, posix_store(tmp_path))
 
     saver = AsyncCheckpointer()
     saver.save(state, slow_write, {"step": 1})
@@ -140,13 +140,13 @@ def test_a_stopped_async_run_leaves_its_checkpoint_before_it_returns(tmp_path: P
     reported: list[dict[str, Any]] = []
     result = train(
         train_plan(experiment="e", steps=50, checkpoint_every=3, async_checkpoint=True),
-        tmp_path,
+        posix_store(tmp_path),
         on_metrics=lambda m: steps.append(m["step"]) if m["kind"] == "train" else None,
         on_checkpoint=reported.append,
         should_stop=lambda: len(steps) >= 7,
     )
     assert result["stopped"] and result["step"] == 7
-    assert CheckpointStore(tmp_path).latest("e").step == 7
+    assert posix_store(tmp_path).latest("e").step == 7
     assert [r["step"] for r in reported if r["tag"].startswith("step_")] == [3, 6, 7]
 
 
@@ -183,12 +183,12 @@ def test_on_cuda_the_state_is_staged_in_pinned_buffers_and_saved_as_it_was(
     live = [*state.model.values(), *tensors(state.optimizer)]
     weights = {k: t.to(dtype or t.dtype).cpu() for k, t in state.model.items()}
     moments = [t.cpu() for t in tensors(state.optimizer)]
-    sync = write_checkpoint(state, tmp_path / "sync")
+    sync = Path(write_checkpoint(state, posix_store(tmp_path / "sync")))
     staged: list[torch.Tensor] = []
 
-    def write(s: CheckpointState) -> Path:
+    def write(s: CheckpointState) -> str:
         staged.extend([*s.model.values(), *tensors(s.optimizer)])
-        return write_checkpoint(s, tmp_path / "async")
+        return write_checkpoint(s, posix_store(tmp_path / "async"))
 
     saver = AsyncCheckpointer()
     saver.save(state, write, {"step": 1})

@@ -10,9 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.stores import entry_at, manifest_of, posix_store, write_entry
 from tests.worker.checkpoints import find_latest_checkpoint, save_checkpoint
-from trainctl.store.checkpoints.manifests import MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE
-from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.checkpoints.manifests import (
+    MANIFEST_FILE,
+    METADATA_FILE,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+)
 from trainctl.store.specs import OptimizerSpec
 from trainctl.worker.checkpoint import capture_checkpoint, load_checkpoint
 from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch
@@ -64,7 +69,7 @@ def test_save_then_load_restores_model_optimizers_and_schedule(tmp_path: Path) -
         ["model.safetensors", "optimizer.pt", "metadata.json", "manifest.json"]
     )
     fresh = make_parts()
-    meta = load_checkpoint(*fresh, path)
+    meta = load_checkpoint(*fresh, entry_at(path))
     assert (meta["step"], meta["token_count"], meta["data_position"]) == (3, 300, 3)
     assert meta["run_id"] == "r1" and meta["model_config"]["d_model"] == 64
     assert {"torch", "python", "trainctl"} <= set(meta["versions"])
@@ -154,25 +159,25 @@ def test_a_flipped_byte_is_caught_by_the_manifest(tmp_path: Path) -> None:
     data[-10] ^= 0xFF
     (path / OPTIMIZER_FILE).write_bytes(bytes(data))
     with pytest.raises(CheckpointCorrupt, match=r"optimizer\.pt"):
-        load_checkpoint(*make_parts(), path)
+        load_checkpoint(*make_parts(), entry_at(path))
 
 
 def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     path = save(make_parts(), tmp_path, 1)
     (path / MODEL_FILE).unlink()
     with pytest.raises(CheckpointCorrupt, match=r"model\.safetensors"):
-        load_checkpoint(*make_parts(), path)
+        load_checkpoint(*make_parts(), entry_at(path))
 
 
 def test_loading_into_a_different_model_names_the_difference(tmp_path: Path) -> None:
     path = save(make_parts(), tmp_path, 1)
     with pytest.raises(CheckpointMismatch, match="n_layers: checkpoint 2 vs requested 3"):
-        load_checkpoint(*make_parts(n_layers=3), path)
+        load_checkpoint(*make_parts(n_layers=3), entry_at(path))
 
 
 def test_runtime_switches_do_not_block_loading(tmp_path: Path) -> None:
     path = save(make_parts(), tmp_path, 1)
-    load_checkpoint(*make_parts(use_checkpoint_per_layer=True), path)
+    load_checkpoint(*make_parts(use_checkpoint_per_layer=True), entry_at(path))
 
 
 CRASH_SCRIPT = """
@@ -210,13 +215,13 @@ def test_a_crash_between_the_files_of_a_save_leaves_no_visible_checkpoint(
         timeout=120,
     )
     assert proc.returncode == 9, proc.stderr
-    store = CheckpointStore(tmp_path)
+    store = posix_store(tmp_path)
     assert [c.tag for c in store.list_checkpoints("exp")] == ["step_1"]
     staged = [p for p in (tmp_path / "exp").iterdir() if p.name.startswith(".staging-")]
     assert staged and (staged[0] / MODEL_FILE).exists()  # the half-written save is hidden
     assert not (staged[0] / MANIFEST_FILE).exists()
     assert find_latest_checkpoint(tmp_path / "exp") == tmp_path / "exp" / "step_1"
-    meta = load_checkpoint(*make_parts(), tmp_path / "exp" / "step_1")
+    meta = load_checkpoint(*make_parts(), entry_at(tmp_path / "exp" / "step_1"))
     assert meta["step"] == 1
     store.cleanup("exp")
     assert sorted(p.name for p in (tmp_path / "exp").iterdir()) == ["step_1"]
@@ -232,11 +237,12 @@ def test_optimizer_state_is_loaded_with_weights_only(tmp_path: Path) -> None:
         def __reduce__(self) -> tuple[object, tuple[str]]:
             return (exec, (f"open({str(marker)!r}, 'w').write('x')",))
 
-    (path / OPTIMIZER_FILE).write_bytes(pickle.dumps({"muon": Evil(), "adamw": {}}, protocol=2))
-    from trainctl.store.checkpoints.manifests import write_manifest
-
-    write_manifest(path, ["model.safetensors", "optimizer.pt", "metadata.json"])
+    files = {name: (path / name).read_bytes() for name in (MODEL_FILE, METADATA_FILE)}
+    files[OPTIMIZER_FILE] = pickle.dumps({"muon": Evil(), "adamw": {}}, protocol=2)
+    write_entry(
+        posix_store(tmp_path), "exp", path.name, {**files, MANIFEST_FILE: manifest_of(files)}
+    )
     with pytest.raises(CheckpointCorrupt, match="refusing to unpickle"):
-        load_checkpoint(*make_parts(), path)
+        load_checkpoint(*make_parts(), entry_at(path))
     assert not marker.exists()
     json.loads((path / "metadata.json").read_text())

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from tests.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset
-from trainctl.store.checkpoints.store import CheckpointStore, TokenizerId
+from tests.stores import folder, posix_store
+from trainctl.store.checkpoints.info import TokenizerId
 from trainctl.store.data.datasets import TOKENIZER_FILE, Dataset, Split, TokenizerRef, write_dataset
 from trainctl.store.data.shards import DataError, write_shard
 from trainctl.store.plans import DatasetPin, TrainPlan
@@ -61,17 +62,18 @@ def test_each_checkpoint_of_a_bpe_run_carries_its_tokenizer_and_the_datasets_ide
     tmp_path: Path, dataset: Dataset, async_checkpoint: bool
 ) -> None:
     plan = dataset_plan(tmp_path, async_checkpoint=async_checkpoint)
-    train(plan, tmp_path / "checkpoints")
+    store = posix_store(tmp_path / "checkpoints")
+    train(plan, store)
 
-    store = CheckpointStore(tmp_path / "checkpoints")
     saved = store.list_checkpoints("bpe")
     assert {c.tag for c in saved} >= {"step_3", "step_6", "best"}
     for info in saved:
         listed = {f["name"]: f["sha256"] for f in info.files}
         assert listed[TOKENIZER_FILE] == dataset.tokenizer.sha256
-        assert sha256(info.path / TOKENIZER_FILE) == sha256(dataset.folder / TOKENIZER_FILE)
+        where = folder(store, info.experiment, info.tag)
+        assert sha256(where / TOKENIZER_FILE) == sha256(dataset.folder / TOKENIZER_FILE)
         assert info.tokenizer == TokenizerId("bpe", dataset.tokenizer.sha256)
-        metadata = json.loads((info.path / "metadata.json").read_text())
+        metadata = json.loads((where / "metadata.json").read_text())
         assert plan.dataset is not None
         assert metadata["dataset"] == plan.dataset.model_dump()
         assert metadata["tokenizer"]["eot_id"] == dataset.tokenizer.eot_id
@@ -79,7 +81,8 @@ def test_each_checkpoint_of_a_bpe_run_carries_its_tokenizer_and_the_datasets_ide
 
 def test_validation_on_a_dataset_reports_bits_per_byte(tmp_path: Path, dataset: Dataset) -> None:
     metrics: list[dict[str, Any]] = []
-    result = train(dataset_plan(tmp_path), tmp_path / "checkpoints", on_metrics=metrics.append)
+    checkpoints = posix_store(tmp_path / "checkpoints")
+    result = train(dataset_plan(tmp_path), checkpoints, on_metrics=metrics.append)
 
     val = [m for m in metrics if m["kind"] == "val"]
     assert [m["step"] for m in val] == [3, 6]
@@ -97,7 +100,8 @@ def test_byte_level_text_reports_bits_per_byte_and_synthetic_tokens_do_not(
     tmp_path: Path, data: dict[str, Any], known: bool
 ) -> None:
     metrics: list[dict[str, Any]] = []
-    train(dataset_plan(tmp_path, steps=2, data=data), tmp_path, on_metrics=metrics.append)
+    plan = dataset_plan(tmp_path, steps=2, data=data)
+    train(plan, posix_store(tmp_path), on_metrics=metrics.append)
 
     val = next(m for m in metrics if m["kind"] == "val")
     assert ("val_bits_per_byte" in val) is known
@@ -112,7 +116,7 @@ def test_a_dataset_prepared_again_after_submit_is_not_trained_on(
     write_bpe_dataset(dataset.folder, tokenizer, TEXTS[:-1])
 
     with pytest.raises(DataError, match="prepared again since the run was submitted"):
-        Trainer(plan, tmp_path / "checkpoints")
+        Trainer(plan, posix_store(tmp_path / "checkpoints"))
 
 
 def test_a_tokenizer_file_swapped_after_submit_is_not_saved_with_checkpoints(
@@ -122,7 +126,7 @@ def test_a_tokenizer_file_swapped_after_submit_is_not_saved_with_checkpoints(
     (dataset.folder / TOKENIZER_FILE).write_text("{}")
 
     with pytest.raises(DataError, match=r"not the tokenizer its dataset\.json records"):
-        Trainer(plan, tmp_path / "checkpoints")
+        Trainer(plan, posix_store(tmp_path / "checkpoints"))
 
 
 def test_uint32_shards_of_a_large_vocabulary_read_as_their_token_ids(tmp_path: Path) -> None:

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from tests.plans import enqueue, train_plan
-from trainctl.store.checkpoints.store import CheckpointStore
+from tests.stores import folder, posix_store
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.layout import DataLayout
 from trainctl.store.plans import TrainPlan
 from trainctl.worker.launch import check_world, launch_train
 from trainctl.worker.parallel import RankSampler
@@ -71,9 +72,9 @@ def test_grad_accum_steps_must_split_evenly_across_the_processes() -> None:
 
 def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batch(tmp_path: Path) -> None:
     single: list[dict[str, Any]] = []
-    Trainer(tiny_plan(), tmp_path / "single", on_metrics=single.append).run()
+    Trainer(tiny_plan(), posix_store(tmp_path / "single"), on_metrics=single.append).run()
 
-    result = launch_train(tiny_plan(nproc_per_node=2), tmp_path / "ddp", ctx=None)
+    result = launch_train(tiny_plan(nproc_per_node=2), DataLayout(tmp_path / "ddp"), ctx=None)
 
     expected, got = train_losses(single), train_losses(result["metrics"])
     print(f"single: {expected}\n2 ranks: {got}")
@@ -89,7 +90,7 @@ def test_a_two_process_run_reports_once_saves_from_rank_0_and_resumes_exactly(
     runs = RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}")
     runs.create_all()
     worker = Worker(WorkerConfig(runs.engine.url.render_as_string(), tmp_path, "w1"), runs)
-    checkpoints = CheckpointStore(tmp_path / "checkpoints")
+    checkpoints = posix_store(tmp_path / "checkpoints")
 
     def run_to_end(plan: TrainPlan) -> Any:
         queued = enqueue(runs, plan)
@@ -104,7 +105,7 @@ def test_a_two_process_run_reports_once_saves_from_rank_0_and_resumes_exactly(
     assert steps == list(range(1, STEPS + 1))  # one report per step: rank 0's
     assert {c.tag for c in checkpoints.list_checkpoints("ddp")} == {"step_3", "step_6", "best"}
     assert {c.run_id for c in checkpoints.list_checkpoints("ddp")} == {straight.id}
-    weights = checkpoints.get("ddp", "step_6").path / "model.safetensors"
+    weights = folder(checkpoints, "ddp", "step_6") / "model.safetensors"
     straight_weights = weights.read_bytes()
 
     checkpoints.delete("ddp", "step_6")

@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from tests.stores import entry_at, posix_store
 from tests.worker.checkpoints import save_checkpoint
 from trainctl.store.checkpoints.exports import FIELD_RULES, ExportResult
 from trainctl.store.checkpoints.manifests import (
@@ -24,7 +25,6 @@ from trainctl.store.checkpoints.manifests import (
     MODEL_FILE,
     verify_manifest,
 )
-from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.shards import stdlib_source_files
 from trainctl.store.data.tokenizer import EOT, train_tokenizer
@@ -73,6 +73,13 @@ def save(model: torch.nn.Module, root: Path, **kw: Any) -> Path:
     optimizers = build_optimizers(model)
     scheduler = build_scheduler(optimizers, 100)
     return save_checkpoint(model, optimizers, scheduler, 8, 2080, 2.25, root / "exp", **kw)
+
+
+def export_to(checkpoint: Path, exports: Path, **kw: Any) -> ExportResult:
+    """Export the checkpoint folder into the exports store at `exports`, under the
+    checkpoint's own name, as an export run does."""
+    store = posix_store(exports)
+    return export_hf(entry_at(checkpoint), store, checkpoint.parent.name, checkpoint.name, **kw)
 
 
 def softcapped(logits: torch.Tensor, cap: float) -> torch.Tensor:
@@ -143,19 +150,18 @@ def bpe_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[GPT, Path, Exp
         files={TOKENIZER_FILE: data},
     )
     # Where the service keeps exports: a checkpoint store of their own (store.checkpoints.exports).
-    out = root / "exports" / checkpoint.parent.name / checkpoint.name
-    return model, checkpoint, export_hf(checkpoint, out, dtype="float32")
+    return model, checkpoint, export_to(checkpoint, root / "exports", dtype="float32")
 
 
 def test_the_export_loads_in_transformers_without_remote_code(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
     _, _, result = bpe_export
-    hf = load_hf(result.folder)
+    hf = load_hf(Path(result.folder))
     assert type(hf).__name__ == result.architecture == "Qwen3ForCausalLM"
     assert hf.dtype == torch.float32
     assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()  # tied
-    with safe_open(str(result.folder / MODEL_FILE), framework="pt") as st:
+    with safe_open(str(Path(result.folder) / MODEL_FILE), framework="pt") as st:
         names = set(st.keys())
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
     assert not any("mtp" in n for n in names)
@@ -168,17 +174,17 @@ def test_softcapped_logits_equal_trainctl_s_in_float32(
     tokens = torch.randint(
         0, model.config.vocab_size, (2, 200), generator=torch.Generator().manual_seed(1)
     )
-    assert max_logit_diff(model, load_hf(result.folder), tokens) <= TOLERANCE
+    assert max_logit_diff(model, load_hf(Path(result.folder)), tokens) <= TOLERANCE
 
 
 def test_greedy_generation_of_64_tokens_is_identical(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
     model, _, result = bpe_export
-    tokenizer = transformers.AutoTokenizer.from_pretrained(result.folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(Path(result.folder))
     prompt = tokenizer("def main(argv):\n    ")["input_ids"]
     ours = greedy(model, prompt, NEW_TOKENS)
-    assert hf_greedy(load_hf(result.folder), prompt, NEW_TOKENS) == ours
+    assert hf_greedy(load_hf(Path(result.folder)), prompt, NEW_TOKENS) == ours
     assert len(set(ours)) > 1  # a model stuck on one token would prove little
 
 
@@ -186,7 +192,7 @@ def test_the_bpe_tokenizer_loads_offline_and_round_trips_text(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
     _, checkpoint, result = bpe_export
-    tokenizer = transformers.AutoTokenizer.from_pretrained(result.folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(Path(result.folder))
     assert type(tokenizer).__name__ == "PreTrainedTokenizerFast" and result.tokenizer == "bpe"
     text = "import os\n\ndef héllo(wörld: str) -> None:\n    print('ünïcode ✓', 42)\n"
     ids = tokenizer(text)["input_ids"]
@@ -194,10 +200,10 @@ def test_the_bpe_tokenizer_loads_offline_and_round_trips_text(
     assert tokenizer.eos_token == EOT and tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids(
         EOT
     )
-    assert (result.folder / TOKENIZER_FILE).read_bytes() == (
+    assert (Path(result.folder) / TOKENIZER_FILE).read_bytes() == (
         checkpoint / TOKENIZER_FILE
     ).read_bytes()
-    config = json.loads((result.folder / "generation_config.json").read_text())
+    config = json.loads((Path(result.folder) / "generation_config.json").read_text())
     assert config["eos_token_id"] == tokenizer.eos_token_id
 
 
@@ -205,8 +211,8 @@ def test_generate_takes_the_tokenizer_s_output_as_it_is(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
     _, _, result = bpe_export
-    tokenizer = transformers.AutoTokenizer.from_pretrained(result.folder)
-    model = transformers.AutoModelForCausalLM.from_pretrained(result.folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(Path(result.folder))
+    model = transformers.AutoModelForCausalLM.from_pretrained(Path(result.folder))
 
     inputs = tokenizer("import os\n", return_tensors="pt")  # what every model card shows
     out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
@@ -222,7 +228,7 @@ def test_differences_name_the_softcap_and_the_dropped_mtp_heads(
     assert "transformers computes z; trainctl computes cap*tanh(z/cap) with cap=15" in softcap
     assert "greedy decoding is unchanged" in softcap and "sampling probabilities differ" in softcap
     assert mtp.startswith("multi-token-prediction heads dropped: 2")
-    card = (result.folder / "README.md").read_text()
+    card = (Path(result.folder) / "README.md").read_text()
     assert all(d in card for d in result.differences)
 
 
@@ -230,7 +236,7 @@ def test_the_model_card_gives_the_training_facts(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
     _, _, result = bpe_export
-    card = (result.folder / "README.md").read_text()
+    card = (Path(result.folder) / "README.md").read_text()
     for row in (
         "| checkpoint | exp/step_8 |",
         "| steps | 8 |",
@@ -247,9 +253,9 @@ def test_the_manifest_lists_and_verifies_every_file(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
     _, _, result = bpe_export
-    manifest = verify_manifest(result.folder, deep=True)
+    manifest = verify_manifest(entry_at(Path(result.folder)), deep=True)
     listed = {f["name"] for f in manifest["files"]}
-    assert listed == {p.name for p in result.folder.iterdir()} - {MANIFEST_FILE}
+    assert listed == {p.name for p in Path(result.folder).iterdir()} - {MANIFEST_FILE}
     assert listed >= {MODEL_FILE, "config.json", "generation_config.json", TOKENIZER_FILE,
                       "tokenizer_config.json", "README.md", METADATA_FILE}  # fmt: skip
     assert manifest["files"] == result.files
@@ -259,22 +265,22 @@ def test_an_exports_store_lists_and_serves_the_export_as_a_checkpoint(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
     model, _, result = bpe_export
-    exports = CheckpointStore(result.folder.parent.parent)
+    exports = posix_store(Path(result.folder).parent.parent)
     info = exports.get("exp", "step_8")
     assert (info.step, info.token_count, info.best_loss) == (8, 2080, 2.25)
     assert info.model_config == model.config and info.tokenizer is not None
     assert [f["name"] for f in info.files] == [f["name"] for f in result.files]
-    _, fd = exports.open_file("exp", "step_8", "config.json")
-    with os.fdopen(fd, "rb") as f:
-        assert json.loads(f.read())["architectures"] == ["Qwen3ForCausalLM"]
-    meta = json.loads((result.folder / METADATA_FILE).read_text())
+    _, reader = exports.open_file("exp", "step_8", "config.json")
+    with reader:
+        assert json.loads(reader.read())["architectures"] == ["Qwen3ForCausalLM"]
+    meta = json.loads((Path(result.folder) / METADATA_FILE).read_text())
     assert meta["export"]["differences"] == result.differences and "rng" not in meta
 
 
 def test_the_result_is_plain_json(bpe_export: tuple[GPT, Path, ExportResult]) -> None:
     _, _, result = bpe_export
     data = json.loads(json.dumps(result.to_dict()))
-    assert data["folder"] == str(result.folder) and data["format"] == "hf"
+    assert data["folder"] == result.folder and data["format"] == "hf"
     assert data["dtype"] == "float32" and data["tokenizer"] == "bpe"
 
 
@@ -285,8 +291,8 @@ def test_export_leaves_the_checkpoint_folder_untouched(
     assert sorted(p.name for p in checkpoint.iterdir()) == sorted(
         [MODEL_FILE, "optimizer.pt", "metadata.json", TOKENIZER_FILE, MANIFEST_FILE]
     )
-    verify_manifest(checkpoint, deep=True)
-    assert result.folder.parent != checkpoint.parent
+    verify_manifest(entry_at(checkpoint), deep=True)
+    assert Path(result.folder).parent != checkpoint.parent
 
 
 # --- other checkpoints ----------------------------------------------------------------------
@@ -296,10 +302,12 @@ def test_a_bf16_export_loads_as_bf16_and_says_its_weights_were_rounded(
     byte_trained: tuple[GPT, Path], tmp_path: Path
 ) -> None:
     model, checkpoint = byte_trained
-    result = export_hf(checkpoint, tmp_path / "hf", dtype="bfloat16")
-    hf = load_hf(result.folder, dtype="auto")
+    result = export_to(checkpoint, tmp_path / "exports", dtype="bfloat16")
+    hf = load_hf(Path(result.folder), dtype="auto")
     assert hf.dtype == torch.bfloat16
-    assert json.loads((result.folder / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert (
+        json.loads((Path(result.folder) / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    )
     assert any(d.startswith("weights rounded from float32 to bfloat16") for d in result.differences)
     tokens = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(2))
     assert max_logit_diff(model, hf.float(), tokens) < 0.05  # the same model, rounded (0.01)
@@ -309,8 +317,8 @@ def test_a_byte_level_checkpoint_exports_a_byte_tokenizer_that_round_trips(
     byte_trained: tuple[GPT, Path], tmp_path: Path
 ) -> None:
     model, checkpoint = byte_trained
-    result = export_hf(checkpoint, tmp_path / "hf", dtype="float32")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(result.folder)
+    result = export_to(checkpoint, tmp_path / "exports", dtype="float32")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(Path(result.folder))
     assert result.tokenizer == "bytes" and tokenizer.eos_token is None
     for text in ("plain ascii\n\ttabs", "héllo wörld ✓ 日本語", "".join(map(chr, range(1, 128)))):
         ids = tokenizer(text)["input_ids"]
@@ -320,7 +328,7 @@ def test_a_byte_level_checkpoint_exports_a_byte_tokenizer_that_round_trips(
         export.byte_to_unicode()[b] for b in range(256)
     ]
     prompt = list(b"def main():\n    ")
-    assert hf_greedy(load_hf(result.folder), prompt, NEW_TOKENS) == greedy(
+    assert hf_greedy(load_hf(Path(result.folder)), prompt, NEW_TOKENS) == greedy(
         model, prompt, NEW_TOKENS
     )
 
@@ -330,13 +338,13 @@ def test_a_checkpoint_without_a_tokenizer_exports_weights_and_says_so(
 ) -> None:
     model, _ = byte_trained
     checkpoint = save(model, tmp_path)  # no tokenizer recorded: synthetic tokens
-    result = export_hf(checkpoint, tmp_path / "hf", dtype="float32")
+    result = export_to(checkpoint, tmp_path / "exports", dtype="float32")
     assert result.tokenizer is None
     assert any(n.startswith("no tokenizer exported") for n in result.notes)
-    assert not (result.folder / TOKENIZER_FILE).exists()
-    assert "no tokenizer exported" in (result.folder / "README.md").read_text()
+    assert not (Path(result.folder) / TOKENIZER_FILE).exists()
+    assert "no tokenizer exported" in (Path(result.folder) / "README.md").read_text()
     tokens = torch.randint(0, 512, (1, 32), generator=torch.Generator().manual_seed(3))
-    assert max_logit_diff(model, load_hf(result.folder), tokens) <= TOLERANCE
+    assert max_logit_diff(model, load_hf(Path(result.folder)), tokens) <= TOLERANCE
 
 
 def test_a_model_without_qk_norm_or_softcap_exports_as_llama_computing_the_same(
@@ -346,11 +354,11 @@ def test_a_model_without_qk_norm_or_softcap_exports_as_llama_computing_the_same(
     # model without QK-norm is Llama's function, not Qwen3's.
     model = trained_model(list(stdlib_text().encode()), qk_norm=False, logit_softcap=0.0)
     checkpoint = save(model, tmp_path, extra=BYTES)
-    result = export_hf(checkpoint, tmp_path / "hf", dtype="float32")
-    hf = load_hf(result.folder)
+    result = export_to(checkpoint, tmp_path / "exports", dtype="float32")
+    hf = load_hf(Path(result.folder))
     assert type(hf).__name__ == result.architecture == "LlamaForCausalLM"
     assert result.differences == []
-    assert "none: transformers computes the same" in (result.folder / "README.md").read_text()
+    assert "none: transformers computes the same" in (Path(result.folder) / "README.md").read_text()
     tokens = torch.randint(0, 512, (2, 100), generator=torch.Generator().manual_seed(4))
     assert max_logit_diff(model, hf, tokens) <= TOLERANCE
 
@@ -364,9 +372,9 @@ def test_weights_saved_from_a_torch_compile_wrapper_export_without_the_prefix(
     with safe_open(str(checkpoint / MODEL_FILE), framework="pt") as st:
         names = list(st.keys())
     assert all(name.startswith(export.COMPILE_PREFIX) for name in names)
-    result = export_hf(checkpoint, tmp_path / "hf", dtype="float32")
+    result = export_to(checkpoint, tmp_path / "exports", dtype="float32")
     tokens = torch.randint(0, 256, (1, 50), generator=torch.Generator().manual_seed(5))
-    assert max_logit_diff(model, load_hf(result.folder), tokens) <= TOLERANCE
+    assert max_logit_diff(model, load_hf(Path(result.folder)), tokens) <= TOLERANCE
 
 
 # --- failures -------------------------------------------------------------------------------
@@ -378,11 +386,10 @@ def test_a_damaged_checkpoint_fails_with_the_integrity_message_and_leaves_no_fol
     data = bytearray((checkpoint / MODEL_FILE).read_bytes())
     data[-100] ^= 0xFF  # a weight's byte, not the header
     (checkpoint / MODEL_FILE).write_bytes(bytes(data))
-    out = tmp_path / "exports" / "hf"
+    exports = tmp_path / "exports"
     with pytest.raises(CheckpointCorrupt, match=r"model\.safetensors: sha256 does not match"):
-        export_hf(checkpoint, out, dtype="float32")
-    assert not out.exists()
-    assert not out.parent.exists() or os.listdir(out.parent) == []
+        export_to(checkpoint, exports, dtype="float32")
+    assert not (exports / "exp").exists() or os.listdir(exports / "exp") == []
 
 
 def test_a_failure_while_writing_leaves_nothing_that_looks_complete(
@@ -392,32 +399,31 @@ def test_a_failure_while_writing_leaves_nothing_that_looks_complete(
     def full_disk(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(export, "write_manifest", full_disk)
-    out = tmp_path / "exports" / "hf"
+    monkeypatch.setattr(export, "write_safetensors", full_disk)
+    exports = tmp_path / "exports"
     with pytest.raises(OSError, match="No space left"):
-        export_hf(checkpoint, out, dtype="float32")
-    assert os.listdir(out.parent) == []  # neither the folder nor its staging copy
+        export_to(checkpoint, exports, dtype="float32")
+    assert os.listdir(exports / "exp") == []  # neither the export nor its stage
 
 
-def test_export_refuses_a_folder_that_exists(checkpoint: Path, tmp_path: Path) -> None:
-    (tmp_path / "hf").mkdir()
+def test_export_refuses_an_export_that_exists(checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "exports" / "exp" / checkpoint.name).mkdir(parents=True)
     with pytest.raises(Conflict, match="exists"):
-        export_hf(checkpoint, tmp_path / "hf", dtype="float32")
+        export_to(checkpoint, tmp_path / "exports", dtype="float32")
 
 
-def test_export_never_writes_into_or_beside_the_checkpoint(
-    checkpoint: Path, tmp_path: Path
-) -> None:
-    with pytest.raises(InvalidRequest, match="inside checkpoint"):
-        export_hf(checkpoint, checkpoint / "hf", dtype="float32")
-    with pytest.raises(InvalidRequest, match="where the store would take it for a checkpoint"):
-        export_hf(checkpoint, checkpoint.parent / "hf", dtype="float32")
+def test_export_never_writes_over_the_checkpoint(checkpoint: Path) -> None:
+    # Into the checkpoint's own store, the export's name is the checkpoint's: it exists.
+    before = sorted(p.name for p in checkpoint.iterdir())
+    with pytest.raises(Conflict, match="exists"):
+        export_to(checkpoint, checkpoint.parent.parent, dtype="float32")
     assert sorted(p.name for p in checkpoint.parent.iterdir()) == [checkpoint.name]
+    assert sorted(p.name for p in checkpoint.iterdir()) == before
 
 
 def test_export_refuses_an_unknown_dtype(tmp_path: Path) -> None:
     with pytest.raises(InvalidRequest, match="float32, bfloat16"):
-        export_hf(tmp_path / "ckpt", tmp_path / "hf", dtype="float16")  # type: ignore[arg-type]
+        export_to(tmp_path / "store" / "exp" / "ckpt", tmp_path / "exports", dtype="float16")
 
 
 def test_a_weight_with_no_transformers_counterpart_is_refused() -> None:

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 import torch
 
+from tests.stores import posix_store
 from tests.worker.checkpoints import save_checkpoint
 from trainctl.store.checkpoints.manifests import METADATA_FILE, MODEL_FILE
-from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.shards import stdlib_source_files
 from trainctl.store.data.tokenizer import EOT, train_tokenizer
@@ -352,22 +352,24 @@ def test_a_bpe_checkpoint_loads_with_its_tokenizer_and_generates_the_same(
     folder = save(
         model, tmp_path, extra={"tokenizer": recorded}, files={TOKENIZER_FILE: tokenizer_json}
     )
-    loaded, codec = load_for_generation(folder)
+    store = posix_store(tmp_path)
+    loaded, codec = load_for_generation(store, (folder.parent.name, folder.name))
     assert codec is not None and codec.kind == "bpe" and codec.eot_id == bpe.eot_id
     assert not loaded.training and loaded.config.mtp_depth == 1
     expected = generate_text(model, bpe, ["for i in"], SAMPLED)
     assert generate_text(loaded, codec, ["for i in"], SAMPLED) == expected
-    info = CheckpointStore(tmp_path).get("exp", "step_3")
-    assert load_for_generation(info)[1] is not None
+    info = store.get("exp", "step_3")
+    assert load_for_generation(store, info)[1] is not None
 
 
 def test_a_checkpoint_of_unknown_tokens_continues_token_ids_only(tmp_path: Path) -> None:
     model = build_model("tiny", seed=1)
-    loaded, codec = load_for_generation(save(model, tmp_path))  # no tokenizer recorded
+    save(model, tmp_path)  # no tokenizer recorded
+    loaded, codec = load_for_generation(posix_store(tmp_path), ("exp", "step_3"))
     assert codec is None
     assert len(generate_tokens(loaded, [[1, 2, 3]], GREEDY)[0]) == 32
-    byte_level = save(model, tmp_path / "b", extra={"tokenizer": {"kind": "bytes"}})
-    assert load_for_generation(byte_level)[1] is not None
+    save(model, tmp_path / "b", extra={"tokenizer": {"kind": "bytes"}})
+    assert load_for_generation(posix_store(tmp_path / "b"), ("exp", "step_3"))[1] is not None
 
 
 def flip_a_byte(path: Path, at: int) -> None:
@@ -376,21 +378,22 @@ def flip_a_byte(path: Path, at: int) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("by", ["info", "folder"])
+@pytest.mark.parametrize("by", ["info", "name"])
 def test_a_damaged_checkpoint_fails_with_the_integrity_error(tmp_path: Path, by: str) -> None:
     folder = save(build_model("tiny", seed=1), tmp_path, extra={"tokenizer": {"kind": "bytes"}})
-    info = CheckpointStore(tmp_path).get("exp", "step_3")
+    store = posix_store(tmp_path)
+    info = store.get("exp", "step_3")
     flip_a_byte(folder / MODEL_FILE, -100)
     with pytest.raises(CheckpointCorrupt, match=r"model\.safetensors"):
-        load_for_generation(info if by == "info" else folder)
+        load_for_generation(store, info if by == "info" else ("exp", "step_3"))
 
 
 def test_a_damaged_or_truncated_folder_says_so_rather_than_not_found(tmp_path: Path) -> None:
     folder = save(build_model("tiny", seed=1), tmp_path)
     flip_a_byte(folder / METADATA_FILE, 0)  # no longer JSON: the store would hide it
     with pytest.raises(CheckpointCorrupt, match=r"metadata\.json"):
-        load_for_generation(folder)
+        load_for_generation(posix_store(tmp_path), ("exp", "step_3"))
     other = save(build_model("tiny", seed=1), tmp_path / "b")
     (other / MODEL_FILE).write_bytes((other / MODEL_FILE).read_bytes()[:-10])
     with pytest.raises(CheckpointCorrupt, match=r"model\.safetensors"):
-        load_for_generation(other)
+        load_for_generation(posix_store(tmp_path / "b"), ("exp", "step_3"))

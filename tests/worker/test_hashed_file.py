@@ -1,4 +1,5 @@
-"""HashedFile and the streaming safetensors writer that checkpoint saves go through."""
+"""HashedFile and the streaming safetensors writer that checkpoint saves go through, over the
+sink a POSIX stage gives them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from trainctl.store.checkpoints.posix import PosixSink
 from trainctl.worker.hashed_file import PARALLEL_MIN, HashedFile
 from trainctl.worker.safetensors_stream import write_safetensors
 
@@ -20,7 +22,7 @@ from trainctl.worker.safetensors_stream import write_safetensors
 def test_the_digest_and_the_file_hold_every_byte_in_order(tmp_path: Path) -> None:
     # Small writes are buffered, large ones hashed beside the write: mix both, in odd sizes.
     chunks = [os.urandom(n) for n in (1, 7, PARALLEL_MIN + 3, 100, 3 * PARALLEL_MIN, 5)]
-    with ThreadPoolExecutor(1) as pool, HashedFile(tmp_path / "f", pool) as f:
+    with ThreadPoolExecutor(1) as pool, HashedFile(PosixSink(tmp_path / "f"), pool) as f:
         for chunk in chunks:
             f.write(memoryview(chunk))
         assert f.tell() == sum(map(len, chunks))
@@ -29,16 +31,16 @@ def test_the_digest_and_the_file_hold_every_byte_in_order(tmp_path: Path) -> Non
     assert f.hexdigest() == hashlib.sha256(data).hexdigest()
 
 
-def test_it_never_overwrites_an_existing_file(tmp_path: Path) -> None:
+def test_a_sink_never_overwrites_an_existing_file(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"keep me")
-    with ThreadPoolExecutor(1) as pool, pytest.raises(FileExistsError):
-        HashedFile(tmp_path / "f", pool)
+    with pytest.raises(FileExistsError):
+        PosixSink(tmp_path / "f")
     assert (tmp_path / "f").read_bytes() == b"keep me"
 
 
 def test_torch_save_through_it_loads_back(tmp_path: Path) -> None:
     state = {"m": torch.randn(1500, 1000), "step": 3, "nested": [torch.arange(5)]}
-    with ThreadPoolExecutor(1) as pool, HashedFile(tmp_path / "opt.pt", pool) as f:
+    with ThreadPoolExecutor(1) as pool, HashedFile(PosixSink(tmp_path / "opt.pt"), pool) as f:
         torch.save(state, f)  # type: ignore[arg-type]
     loaded = torch.load(tmp_path / "opt.pt", weights_only=True)
     assert torch.equal(loaded["m"], state["m"]) and loaded["step"] == 3

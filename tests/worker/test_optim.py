@@ -10,9 +10,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 from tests.plans import train_plan
+from tests.stores import folder, posix_store
 from trainctl.store import memory
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
-from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.optimizers import OPTIMIZER_KINDS, OptimizerKind
 from trainctl.store.specs import OptimizerSpec, TrainRequest
 from trainctl.worker.exceptions import CheckpointMismatch
@@ -234,7 +234,8 @@ def test_a_kind_registered_by_a_plugin_trains_saves_and_resumes_exactly(
     assert memory.train_need(plan).estimate.weights_and_optimizer == params * 4 * 3
 
     straight: list[dict[str, Any]] = []
-    Trainer(plan, tmp_path / "straight", on_metrics=straight.append).run()
+    straight_store = posix_store(tmp_path / "straight")
+    Trainer(plan, straight_store, on_metrics=straight.append).run()
     train_rows = [m for m in straight if m["kind"] == "train"]
     assert {k for k in train_rows[0] if k.startswith("lr")} == {"lr/sgd"}
     assert train_rows[0]["lr/sgd"] == 0.05  # a 1 % warm-up of 12 steps is none
@@ -242,18 +243,20 @@ def test_a_kind_registered_by_a_plugin_trains_saves_and_resumes_exactly(
     root = tmp_path / "resumed"
     first: list[dict[str, Any]] = []
     stop = lambda: len([m for m in first if m["kind"] == "train"]) >= 5  # noqa: E731
-    Trainer(plan, root, on_metrics=first.append, should_stop=stop).run()
-    info = CheckpointStore(root).latest("sgd")
+    store = posix_store(root)
+    Trainer(plan, store, on_metrics=first.append, should_stop=stop).run()
+    info = store.latest("sgd")
     assert info.step == 5
-    assert list(torch.load(info.path / OPTIMIZER_FILE, weights_only=True)) == ["sgd"]
+    saved = folder(store, "sgd", info.tag) / OPTIMIZER_FILE
+    assert list(torch.load(saved, weights_only=True)) == ["sgd"]
 
     second: list[dict[str, Any]] = []
     resumed = Trainer(
-        sgd_plan(sgd_kind, root, resume_from="latest"), root, on_metrics=second.append
+        sgd_plan(sgd_kind, root, resume_from="latest"), store, on_metrics=second.append
     )
     resumed.run()
     losses = [m["loss"] for m in first + second if m["kind"] == "train"]
     assert losses == [m["loss"] for m in train_rows]
-    a = load_file(str(CheckpointStore(tmp_path / "straight").latest("sgd").path / MODEL_FILE))
-    b = load_file(str(CheckpointStore(root).latest("sgd").path / MODEL_FILE))
+    a = load_file(str(folder(straight_store, "sgd", straight_store.latest("sgd").tag) / MODEL_FILE))
+    b = load_file(str(folder(store, "sgd", store.latest("sgd").tag) / MODEL_FILE))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

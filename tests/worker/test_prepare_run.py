@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests.datasets import stdlib_documents, train_tokenizer
+from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.data.datasets import TOKENIZER_FILE, read_dataset
 from trainctl.store.data.shards import DataError
 from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.layout import DataLayout
 from trainctl.store.plans import PreparePlan
 from trainctl.store.resolve import resolve_prepare
 from trainctl.store.specs import PrepareRequest
@@ -75,7 +77,7 @@ def test_a_prepare_run_publishes_its_dataset_and_reports_its_progress(
 ) -> None:
     run = claim(runs, plan(tmp_path, root))
 
-    outcome = execute_prepare(context(runs, run), WorkerEnv(tmp_path))
+    outcome = execute_prepare(context(runs, run), WorkerEnv(open_stores(DataLayout(tmp_path))))
 
     assert outcome.state == "succeeded" and outcome.result is not None
     dataset = read_dataset(datasets(tmp_path) / "code")
@@ -100,7 +102,9 @@ def test_a_prepare_stopped_by_a_worker_shutdown_leaves_nothing_and_is_requeued(
     shutdown = threading.Event()
     shutdown.set()
 
-    outcome = execute_prepare(context(runs, run, shutdown), WorkerEnv(tmp_path))
+    outcome = execute_prepare(
+        context(runs, run, shutdown), WorkerEnv(open_stores(DataLayout(tmp_path)))
+    )
 
     assert outcome.state == "requeue"
     assert leftovers(tmp_path) == []
@@ -110,7 +114,7 @@ def test_a_cancelled_prepare_leaves_nothing(runs: RunStore, tmp_path: Path, root
     run = claim(runs, plan(tmp_path, root))
     runs.request_cancel(run.id)
 
-    outcome = execute_prepare(context(runs, run), WorkerEnv(tmp_path))
+    outcome = execute_prepare(context(runs, run), WorkerEnv(open_stores(DataLayout(tmp_path))))
 
     assert outcome.state == "cancelled"
     assert leftovers(tmp_path) == []
@@ -127,7 +131,7 @@ def test_a_retried_attempt_starts_afresh_from_what_a_killed_one_left(
     retried = runs.claim(WORKER, lease_seconds=60)
     assert retried is not None and retried.attempt == 2
 
-    outcome = execute_prepare(context(runs, retried), WorkerEnv(tmp_path))
+    outcome = execute_prepare(context(runs, retried), WorkerEnv(open_stores(DataLayout(tmp_path))))
 
     assert outcome.state == "succeeded"
     assert leftovers(tmp_path) == ["code"]
@@ -138,12 +142,12 @@ def test_an_attempt_reports_the_dataset_its_predecessor_published_before_dying(
     runs: RunStore, tmp_path: Path, root: Path
 ) -> None:
     first = claim(runs, plan(tmp_path, root))
-    published = execute_prepare(context(runs, first), WorkerEnv(tmp_path))
+    published = execute_prepare(context(runs, first), WorkerEnv(open_stores(DataLayout(tmp_path))))
     runs.fail_worker_runs(WORKER, "worker died before it reported the run")
     retried = runs.claim(WORKER, lease_seconds=60)
     assert retried is not None
 
-    outcome = execute_prepare(context(runs, retried), WorkerEnv(tmp_path))
+    outcome = execute_prepare(context(runs, retried), WorkerEnv(open_stores(DataLayout(tmp_path))))
 
     assert outcome.state == "succeeded" and outcome.result is not None
     assert published.result is not None
@@ -158,7 +162,7 @@ def test_a_dataset_made_by_someone_else_since_submit_is_not_replaced(
     (datasets(tmp_path) / "code" / "theirs.txt").write_text("not ours to delete")
 
     with pytest.raises(DataError, match="that this run did not make"):
-        execute_prepare(context(runs, run), WorkerEnv(tmp_path))
+        execute_prepare(context(runs, run), WorkerEnv(open_stores(DataLayout(tmp_path))))
 
     assert (datasets(tmp_path) / "code" / "theirs.txt").exists()
 
@@ -171,6 +175,6 @@ def test_a_strict_prepare_fails_on_a_bad_line_and_leaves_nothing(
     run = claim(runs, plan(tmp_path, root, strict=True))
 
     with pytest.raises(DataError, match="strict"):
-        execute_prepare(context(runs, run), WorkerEnv(tmp_path))
+        execute_prepare(context(runs, run), WorkerEnv(open_stores(DataLayout(tmp_path))))
 
     assert leftovers(tmp_path) == []

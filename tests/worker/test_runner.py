@@ -16,7 +16,7 @@ import pytest
 
 from tests.plans import benchmark_plan, enqueue, train_plan, validate_plan
 from tests.polling import poll
-from trainctl.store.checkpoints.store import CheckpointStore
+from tests.stores import posix_store
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.plans import CheckpointRef
 from trainctl.store.vocabulary import TERMINAL_STATES
@@ -130,7 +130,7 @@ def test_cancel_stops_a_train_run_at_a_step_boundary_after_a_checkpoint(
     done = wait_state(runs, run)
     assert done.state == "cancelled"
     assert done.result and 3 <= done.result["step"] < 100_000
-    latest = CheckpointStore(tmp_path / "checkpoints").latest("c")
+    latest = posix_store(tmp_path / "checkpoints").latest("c")
     assert latest.step == done.result["step"] and latest.run_id == run.id
 
 
@@ -144,7 +144,7 @@ def test_sigterm_checkpoints_and_requeues_then_a_new_worker_resumes(
     assert proc.wait(timeout=60) == 0
     requeued = runs.get(run.id)
     assert requeued.state == "queued" and requeued.attempt == 1
-    saved = CheckpointStore(tmp_path / "checkpoints").latest("s")
+    saved = posix_store(tmp_path / "checkpoints").latest("s")
     assert saved.run_id == run.id and saved.step is not None and saved.step >= 3
     start_worker()
     poll(
@@ -164,7 +164,7 @@ def test_kill_9_mid_run_is_reaped_and_resumed_from_the_runs_own_checkpoint(
 ) -> None:
     run = enqueue_train(runs, experiment="k", steps=100_000, checkpoint_every=5)
     proc = start_worker()
-    store = CheckpointStore(tmp_path / "checkpoints")
+    store = posix_store(tmp_path / "checkpoints")
     poll(lambda: store.latest_or_none("k"), what="a checkpoint")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.plans import train_plan
+from tests.stores import folder, posix_store
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
-from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.plans import TrainPlan
 from trainctl.worker.exceptions import CheckpointMismatch, NonFiniteLoss
 from trainctl.worker.train import Trainer, train
@@ -34,7 +34,7 @@ def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path
     first: list[float] = []
     result = train(
         s,
-        tmp_path,
+        posix_store(tmp_path),
         on_metrics=lambda m: (
             val.append(m["val_loss"]) if m["kind"] == "val" else first.append(m["loss"])
         ),
@@ -47,13 +47,14 @@ def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path
     assert first[0] > uniform - 0.5
     assert val[-1] < uniform - 3.0  # far below: ~2.5 nats on Python source
     assert result["best_loss"] == min(val)
-    tags = [c.tag for c in CheckpointStore(tmp_path).list_checkpoints("text")]
+    tags = [c.tag for c in posix_store(tmp_path).list_checkpoints("text")]
     assert {"best", "step_300"} <= set(tags)
 
 
 def test_metrics_report_each_optimizer_lr_and_data_wait(tmp_path: Path) -> None:
     metrics: list[dict[str, Any]] = []
-    train(train_plan(steps=3, data={"source": "synthetic"}), tmp_path, on_metrics=metrics.append)
+    plan = train_plan(steps=3, data={"source": "synthetic"})
+    train(plan, posix_store(tmp_path), on_metrics=metrics.append)
     step = next(m for m in metrics if m["kind"] == "train")
     assert {
         "loss",
@@ -71,16 +72,18 @@ def test_the_stop_flag_ends_at_a_step_boundary_with_a_checkpoint(tmp_path: Path)
     steps: list[int] = []
     result = train(
         train_plan(experiment="e", steps=50, checkpoint_every=100),
-        tmp_path,
+        posix_store(tmp_path),
         on_metrics=lambda m: steps.append(m["step"]),
         should_stop=lambda: len(steps) >= 7,
     )
     assert result["stopped"] and result["step"] == 7
-    assert CheckpointStore(tmp_path).latest("e").step == 7
+    assert posix_store(tmp_path).latest("e").step == 7
 
 
 def test_a_non_finite_loss_stops_the_run_and_never_saves_nan(tmp_path: Path) -> None:
-    trainer = Trainer(train_plan(experiment="nan", steps=20, checkpoint_every=5), tmp_path)
+    trainer = Trainer(
+        train_plan(experiment="nan", steps=20, checkpoint_every=5), posix_store(tmp_path)
+    )
 
     def poison(m: dict[str, Any]) -> None:
         if m["kind"] == "train" and m["step"] == 6:  # diverge after step_5 is on disk
@@ -90,10 +93,11 @@ def test_a_non_finite_loss_stops_the_run_and_never_saves_nan(tmp_path: Path) -> 
     trainer.on_metrics = poison
     with pytest.raises(NonFiniteLoss, match="at step 7: the update was not applied"):
         trainer.run()
-    infos = CheckpointStore(tmp_path).list_checkpoints("nan")
+    store = posix_store(tmp_path)
+    infos = store.list_checkpoints("nan")
     assert [i.tag for i in infos if i.tag.startswith("step_")] == ["step_5"]
     for info in infos:
-        weights = load_file(str(info.path / "model.safetensors"))
+        weights = load_file(str(folder(store, "nan", info.tag) / "model.safetensors"))
         assert all(torch.isfinite(t).all() for t in weights.values())
 
 
@@ -149,35 +153,37 @@ def train_losses(metrics: list[dict[str, Any]]) -> list[float]:
 def test_kind_adamw_trains_with_its_one_optimizer_and_resumes_exactly(tmp_path: Path) -> None:
     """The baseline Muon is compared against: AdamW for every parameter."""
     straight: list[dict[str, Any]] = []
-    Trainer(adamw_plan(), tmp_path / "straight", on_metrics=straight.append).run()
+    straight_store = posix_store(tmp_path / "straight")
+    Trainer(adamw_plan(), straight_store, on_metrics=straight.append).run()
     losses = train_losses(straight)
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0
     step = next(m for m in straight if m["kind"] == "train")
     assert {k for k in step if k.startswith("lr")} == {"lr/adamw"}
-    info = CheckpointStore(tmp_path / "straight").latest("adamw")
-    assert list(torch.load(info.path / OPTIMIZER_FILE, weights_only=True)) == ["adamw"]
+    saved = folder(straight_store, "adamw", straight_store.latest("adamw").tag)
+    assert list(torch.load(saved / OPTIMIZER_FILE, weights_only=True)) == ["adamw"]
 
     root = tmp_path / "resumed"
+    store = posix_store(root)
     first: list[dict[str, Any]] = []
     Trainer(
         adamw_plan(),
-        root,
+        store,
         on_metrics=first.append,
         should_stop=lambda: len(train_losses(first)) >= 13,
     ).run()
     second: list[dict[str, Any]] = []
-    Trainer(adamw_plan(root, resume_from="latest"), root, on_metrics=second.append).run()
+    Trainer(adamw_plan(root, resume_from="latest"), store, on_metrics=second.append).run()
     assert train_losses(first + second) == losses
-    a = load_file(str(info.path / MODEL_FILE))
-    b = load_file(str(CheckpointStore(root).latest("adamw").path / MODEL_FILE))
+    a = load_file(str(saved / MODEL_FILE))
+    b = load_file(str(folder(store, "adamw", store.latest("adamw").tag) / MODEL_FILE))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_muon_adamw_checkpoint_does_not_resume_with_kind_adamw(tmp_path: Path) -> None:
     muon = train_plan(experiment="adamw", steps=2, data={"source": "synthetic"})
-    Trainer(muon, tmp_path).run()
+    Trainer(muon, posix_store(tmp_path)).run()
     with pytest.raises(CheckpointMismatch) as caught:
-        Trainer(adamw_plan(tmp_path, resume_from="latest"), tmp_path)
+        Trainer(adamw_plan(tmp_path, resume_from="latest"), posix_store(tmp_path))
     message = str(caught.value)
     assert "step_2" in message and "its optimizer state is of adamw, muon" in message
     assert "optimizer kind 'adamw' trains with adamw; resume with the optimizer kind" in message

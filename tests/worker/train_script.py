@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
+from tests.stores import posix_store
 from trainctl.store.plans import TrainPlan
 from trainctl.worker.train import train
 
 
 def main() -> None:
     plan = TrainPlan.model_validate_json(sys.argv[1])
-    root = sys.argv[2]
+    root = Path(sys.argv[2])
     stop_after = int(sys.argv[3]) if len(sys.argv) > 3 else None
     state = {"step": 0}
 
@@ -26,7 +28,7 @@ def main() -> None:
 
     train(
         plan,
-        root,
+        posix_store(root),
         on_metrics=on_metrics,
         should_stop=lambda: stop_after is not None and state["step"] >= stop_after,
     )

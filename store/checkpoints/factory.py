@@ -1,0 +1,33 @@
+"""The one place the folder stores are built from the settings (docs/architecture.md,
+"Checkpoint store", "Storage"): the service (`Settings.layout`) and the worker
+(`WorkerConfig.data_dir`, and each rank of a multi-process run) open the same stores here,
+so which storage backs them is decided once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainctl.store.checkpoints.posix import PosixStorage
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.layout import DataLayout
+
+
+@dataclass(frozen=True)
+class Stores:
+    """The folder stores of one data dir."""
+
+    layout: DataLayout
+    """The data dir they were opened from: what another process needs to open them too."""
+    checkpoints: CheckpointStore
+    exports: CheckpointStore
+    """Exports live in a store of their own, laid out as checkpoints are ("Exports")."""
+
+
+def open_stores(layout: DataLayout) -> Stores:
+    """The checkpoint and export stores of a data dir, on its filesystem."""
+    return Stores(
+        layout,
+        CheckpointStore(PosixStorage(layout.checkpoints)),
+        CheckpointStore(PosixStorage(layout.exports)),
+    )

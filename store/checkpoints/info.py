@@ -1,0 +1,130 @@
+"""What the store knows of one checkpoint, read once from its manifest and metadata.json for
+every caller (docs/architecture.md, "Checkpoint store", "One reader").
+
+Plain data that imports neither a storage backend nor fcntl: plans, codecs and the client
+side name these types without pulling in the store's machinery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trainctl.store.checkpoints.manifests import METADATA_FILE, read_metadata, verify_manifest
+from trainctl.store.checkpoints.storage import Files
+from trainctl.store.exceptions import CheckpointMismatch, InvalidRequest
+from trainctl.store.names import parse_step
+from trainctl.store.presets import ModelConfig
+
+
+@dataclass(frozen=True)
+class TokenizerId:
+    """Which tokenizer made a run's tokens: what a checkpoint records in metadata.json's
+    `tokenizer` and what a validation's data must share with it."""
+
+    kind: str
+    """bytes (a token is a byte) or bpe (a tokenizer.json)."""
+    sha256: str | None
+    """Of the tokenizer.json; None for bytes."""
+
+    def describe(self) -> str:
+        if self.kind == "bytes":
+            return "byte-level tokens"
+        return f"tokens of the {self.kind} tokenizer with sha256 {self.sha256}"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What the store knows about one complete checkpoint (manifest + metadata.json). Its
+    files are read through the store (`CheckpointStore.entry`), never by a path."""
+
+    experiment: str
+    tag: str
+    step: int | None
+    token_count: int | None
+    best_loss: float | None
+    run_id: str | None
+    created_at: str | None
+    """ISO 8601, as the writer recorded it in metadata.json."""
+    size_bytes: int
+    """Sum of the manifest's file sizes."""
+    files: list[dict[str, Any]]
+    """The manifest's entries: ``{name, size, sha256}``."""
+
+    model_config: ModelConfig | None
+    """The model the checkpoint holds; None when metadata.json records none readable."""
+
+    tokenizer: TokenizerId | None = None
+    """The tokenizer of its training data; None when unknown (synthetic tokens, bare shards,
+    a checkpoint from before datasets). A bpe one's tokenizer.json is in the manifest."""
+
+    def require_model_config(self) -> ModelConfig:
+        """The checkpoint's model config, or a clear error saying why it is unknown."""
+        if self.model_config is None:
+            raise InvalidRequest(
+                f"checkpoint {self.experiment}/{self.tag} records no readable model_config in "
+                f"its {METADATA_FILE}, so the model it holds is unknown"
+            )
+        return self.model_config
+
+
+@dataclass(frozen=True)
+class PruneOutcome:
+    deleted: list[CheckpointInfo]
+    kept: list[CheckpointInfo]
+    dry_run: bool
+
+
+def check_fits(saved: ModelConfig, model: ModelConfig, source: str, advice: str = "") -> None:
+    """Refuse to load a checkpoint into a model of another architecture (runtime fields such
+    as torch.compile may differ); the message lists every difference."""
+    diff = saved.differences(model)
+    if diff:
+        details = ", ".join(
+            f"{k}: checkpoint {a!r} vs requested {b!r}" for k, (a, b) in diff.items()
+        )
+        raise CheckpointMismatch(f"{source} was saved by a different model ({details}){advice}")
+
+
+def read_info(files: Files, experiment: str, tag: str) -> CheckpointInfo:
+    """Read a checkpoint's manifest and metadata; raise `CheckpointCorrupt` if it is not
+    complete."""
+    manifest = verify_manifest(files, deep=False)
+    meta = read_metadata(files)
+    step = _typed(meta, "step", int)
+    best_loss = _typed(meta, "best_loss", (int, float))
+    return CheckpointInfo(
+        experiment=experiment,
+        tag=tag,
+        step=step if step is not None else parse_step(tag),
+        token_count=_typed(meta, "token_count", int),
+        best_loss=float(best_loss) if best_loss is not None else None,
+        run_id=_typed(meta, "run_id", str),
+        created_at=_typed(meta, "created_at", str),
+        size_bytes=sum(f["size"] for f in manifest["files"]),
+        files=manifest["files"],
+        model_config=_model_config(meta),
+        tokenizer=_tokenizer(meta),
+    )
+
+
+def _model_config(meta: dict[str, Any]) -> ModelConfig | None:
+    saved = meta.get("model_config")
+    try:
+        return ModelConfig.from_dict(saved) if isinstance(saved, dict) else None
+    except (TypeError, ValueError):
+        return None  # an unreadable config: the checkpoint lists, but nothing can load it
+
+
+def _tokenizer(meta: dict[str, Any]) -> TokenizerId | None:
+    saved = meta.get("tokenizer")
+    if not isinstance(saved, dict) or saved.get("kind") not in ("bytes", "bpe"):
+        return None
+    sha256 = saved.get("sha256")
+    return TokenizerId(saved["kind"], sha256 if isinstance(sha256, str) else None)
+
+
+def _typed(meta: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    """A metadata field if it has the expected type, else None (bool is not an int here)."""
+    value = meta.get(key)
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None

@@ -1,0 +1,107 @@
+"""Writing one checkpoint (or export) into the store: its files, the manifest last, then the
+commit that makes it visible whole (docs/architecture.md, "Checkpoint store", "Commit
+protocol").
+
+The writer keeps the store's rule; the stage under it (`storage.StagedEntry`) keeps the
+mechanics. Each file's size is counted as it is written and its sha256 comes from whoever
+wrote it (the worker hashes its large files while writing them, `worker.hashed_file`) or is
+taken here for bytes written whole, so the manifest costs no second read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+from trainctl.store.checkpoints.manifests import (
+    MANIFEST_FILE,
+    build_manifest,
+    is_plain_file_name,
+    manifest_bytes,
+)
+from trainctl.store.checkpoints.storage import Sink, StagedEntry
+from trainctl.store.exceptions import InvalidName
+
+
+class _Counted:
+    """A sink that counts what passes through it."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink, self.size, self.closed = sink, 0, False
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        written = self.sink.write(data)
+        self.size += written
+        return written
+
+    def close(self) -> None:
+        self.sink.close()
+        self.closed = True
+
+
+class CheckpointWriter:
+    """A checkpoint being written; `CheckpointStore.stage` makes one. Used as a context, it
+    removes what it wrote when the block raises (or ends uncommitted)."""
+
+    def __init__(self, staged: StagedEntry) -> None:
+        self._staged = staged
+        self._files: dict[str, _Counted] = {}  # in the order created: the manifest's order
+        self._hashes: dict[str, str] = {}
+        self.committed = False
+
+    def create(self, name: str) -> Sink:
+        """A new file of the checkpoint; its sha256 is the caller's to give at `commit`."""
+        if not is_plain_file_name(name):
+            raise InvalidName(f"cannot list {name!r} in a manifest: not a plain file name")
+        counted = self._files[name] = _Counted(self._staged.create(name))
+        return counted
+
+    def write(self, name: str, data: bytes) -> None:
+        """A whole file at once, hashed here."""
+        sink = self.create(name)
+        sink.write(data)
+        sink.close()
+        self._hashes[name] = hashlib.sha256(data).hexdigest()
+
+    def commit(
+        self,
+        hashes: Mapping[str, str] | None = None,
+        *,
+        before_commit: Callable[[], None] | None = None,
+        replace: bool = True,
+    ) -> dict[str, Any]:
+        """Write the manifest (every file closed, so durable), run `before_commit` (what it
+        raises aborts the save), then make the checkpoint visible; return the manifest.
+        `replace` False refuses a tag that exists (FileExistsError)."""
+        known = {**self._hashes, **(hashes or {})}
+        missing = [n for n in self._files if n not in known]
+        if missing or not all(f.closed for f in self._files.values()):
+            raise ValueError(f"commit of unfinished files: {missing or 'some still open'}")
+        manifest = build_manifest(
+            [{"name": n, "size": f.size, "sha256": known[n]} for n, f in self._files.items()]
+        )
+        sink = self._staged.create(MANIFEST_FILE)
+        sink.write(manifest_bytes(manifest))
+        sink.close()
+        if before_commit is not None:
+            before_commit()
+        self._staged.commit(replace=replace)
+        self.committed = True
+        return manifest
+
+    def abort(self) -> None:
+        self._staged.abort()
+
+    def __enter__(self) -> CheckpointWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.committed:
+            self.abort()
