@@ -95,14 +95,14 @@ def test_the_optimizer_file_holds_each_optimizer_under_its_name(
     saved = torch.load(path / OPTIMIZER_FILE, weights_only=True)
     assert list(saved) == names  # what checkpoints from before the container hold, too
     fresh = make_parts(kind)
-    load_checkpoint(*fresh, path)
+    load_checkpoint(*fresh, entry_at(path))
     assert fresh[1].state_dict().keys() == parts[1].state_dict().keys()
 
 
 def test_a_checkpoint_of_other_optimizers_is_refused_naming_both(tmp_path: Path) -> None:
     path = save(make_parts("muon_adamw"), tmp_path, 1)
     with pytest.raises(CheckpointMismatch) as caught:
-        load_checkpoint(*make_parts("adamw"), path)
+        load_checkpoint(*make_parts("adamw"), entry_at(path))
     message = str(caught.value)
     assert "optimizer state is of adamw, muon" in message
     assert "optimizer kind 'adamw' trains with adamw" in message and str(path) in message
