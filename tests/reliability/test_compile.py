@@ -1,8 +1,8 @@
 """torch.compile of the train step, with per-layer activation checkpointing, against eager.
 
-On the CPU (inductor, mode `default`) under `make soak` only: inductor compiles the `tiny`
-step's forward and backward in about a minute and a half on two cores, beyond `make test`'s
-budget. The CUDA twin (mode `reduce-overhead`, CUDA graphs, under bf16 autocast) is a `gpu`
+On the CPU (inductor, mode `default`) under `make soak` only: with inductor's compiles of the
+`tiny` step (forward and backward) and of validation's forward, the test takes one to two
+minutes on two cores, beyond `make test`'s budget. The CUDA twin (mode `reduce-overhead`, CUDA graphs, under bf16 autocast) is a `gpu`
 test: `pytest -m gpu`, which `bench/gpu.sh` runs on a GPU node.
 
 Run the CPU one alone with `TRAINCTL_SOAK_ROUNDS=1 pytest tests/reliability/test_compile.py`.
@@ -95,8 +95,11 @@ def max_relative_difference(a: dict[int, float], b: dict[int, float]) -> float:
     return max(abs(a[s] - b[s]) / abs(b[s]) for s in a)
 
 
-@pytest.mark.skipif(not SOAK, reason="inductor takes minutes on 2 cores: make soak, or "
-                    "TRAINCTL_SOAK_ROUNDS=1 pytest tests/reliability/test_compile.py")  # fmt: skip
+@pytest.mark.skipif(
+    not SOAK,
+    reason="inductor takes minutes on 2 cores: make soak, or "
+    "TRAINCTL_SOAK_ROUNDS=1 pytest tests/reliability/test_compile.py",
+)
 def test_on_cpu_the_compiled_step_matches_eager_and_resumes_from_its_checkpoint(
     tmp_path: Path, deterministic: None
 ) -> None:
