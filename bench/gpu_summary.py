@@ -3,13 +3,14 @@
     python -m bench.gpu_summary STEPS_DIR [--json PATH]
 
 STEPS_DIR holds what bench/gpu.sh's steps left: `NAME.status` (one JSON object: status ok,
-failed, timeout or skipped, exit code, seconds, why) and `NAME.json`, the step's own output:
-`env` (versions), `pytest_gpu` (`pytest_gpu.xml`, JUnit), `bench_trainctl` (the worker
-benchmark's JSON), `bench_peer` (bench/gpu_peer.py's), `checkpoint_io` (`python -m bench
---json`'s list of figures) and `train_resume` (bench/gpu_train.py's). Prints a table of the
-figures and the ratios against the issue's goals; writes them as one JSON object. A step
-that did not run or wrote nothing shows as missing: the summary itself never fails on it.
-Standard library only: it runs even where the wheels did not install.
+failed, timeout, skipped (on purpose) or not_run (no time left), exit code, seconds, why)
+and `NAME.json`, the step's own output: `env` (versions), `pytest_gpu` (`pytest_gpu.xml`,
+JUnit), `bench_trainctl` (the worker benchmark's JSON), `bench_peer` (bench/gpu_peer.py's),
+`checkpoint_io` (`python -m bench --json`'s list of figures) and `train_resume`
+(bench/gpu_train.py's). Prints a table of the figures and the ratios against the issue's
+goals; writes them as one JSON object. A step that did not run or wrote nothing shows as
+missing: the summary itself never fails on it. Standard library only: it runs even where
+the wheels did not install.
 """
 
 from __future__ import annotations
@@ -103,7 +104,12 @@ def speed(result: dict[str, Any] | None) -> dict[str, Any] | None:
     if not result:
         return None
     peak = result.get("peak_memory_bytes")
+    # The worker's benchmark has the model config in its plan; the peer says it itself.
+    model = ((result.get("config") or {}).get("model") or {}).get("config") or {}
+    compiled = model.get("use_compile", result.get("compile"))
+    mode = model.get("compile_mode", result.get("compile_mode"))
     return {
+        "compile": (mode or "default") if compiled else "eager",
         "tokens_per_sec": result.get("tokens_per_sec"),
         "mfu": result.get("mfu"),
         "step_time_p50_ms": result.get("step_time_p50_ms"),
@@ -241,13 +247,16 @@ def render(s: dict[str, Any]) -> str:
             if not ok:
                 out.append(f"   FAILED check: {name}")
     out.append("")
-    out.append(f"{'':<10} {'tokens/s':>12} {'MFU':>7} {'p50 ms':>9} {'p95 ms':>9} {'peak GiB':>9}")
+    out.append(
+        f"{'':<10} {'tokens/s':>12} {'MFU':>7} {'p50 ms':>9} {'p95 ms':>9} {'peak GiB':>9}  compile"
+    )
     for label in ("trainctl", "peer"):
         r = s.get(label) or {}
         out.append(
             f"{label:<10} {fmt(r.get('tokens_per_sec'), ',.0f'):>12} "
             f"{fmt(r.get('mfu'), '.1f', 100, ' %'):>7} {fmt(r.get('step_time_p50_ms')):>9} "
             f"{fmt(r.get('step_time_p95_ms')):>9} {fmt(r.get('peak_memory_gib'), '.1f'):>9}"
+            f"  {r.get('compile') or '-'}"
         )
     ck = s.get("checkpoint") or {}
     if ck:

@@ -68,13 +68,11 @@ def canned(steps: Path) -> None:
         "</testsuite></testsuites>"
     )
     speed = {"step_time_p50_ms": 1500.0, "step_time_p95_ms": 1600.0, "device": "NVIDIA H200"}
-    (steps / "bench_trainctl.json").write_text(
-        "a warning line\n"
-        + json.dumps({**speed, "tokens_per_sec": 120_000, "mfu": 0.45, "peak_memory_bytes": 2**36})
-    )
-    (steps / "bench_peer.json").write_text(
-        json.dumps({**speed, "tokens_per_sec": 100_000, "mfu": 0.37, "peak_memory_bytes": 2**35})
-    )
+    plan = {"model": {"config": {"use_compile": True, "compile_mode": "reduce-overhead"}}}
+    trainctl = {"tokens_per_sec": 120_000, "mfu": 0.45, "peak_memory_bytes": 2**36, "config": plan}
+    peer = {"tokens_per_sec": 100_000, "mfu": 0.37, "peak_memory_bytes": 2**35, "compile": True}
+    (steps / "bench_trainctl.json").write_text("a warning line\n" + json.dumps(speed | trainctl))
+    (steps / "bench_peer.json").write_text(json.dumps(speed | peer | {"compile_mode": "default"}))
     figures = [
         {"name": "checkpoint: trainctl sync / raw", "value": 0.75},
         {"name": "checkpoint: async stall / sync save", "value": 0.12},
@@ -107,6 +105,7 @@ def test_the_summary_puts_each_figure_against_its_goal(tmp_path: Path) -> None:
     assert [x["name"] for x in s["steps"]][-1] == "fsdp_1b" and s["ok"]
     assert s["pytest_gpu"]["passed"] == 1 and s["pytest_gpu"]["failed"] == 1
     assert s["trainctl"]["peak_memory_gib"] == 64.0
+    assert (s["trainctl"]["compile"], s["peer"]["compile"]) == ("reduce-overhead", "default")
     assert s["train_resume"]["runs"][0]["last_loss"] == 4
     text = render(s)
     assert "failed: tests.worker.test_data::test_b  AssertionError: pinned" in text

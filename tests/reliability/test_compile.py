@@ -2,8 +2,9 @@
 
 On the CPU (inductor, mode `default`) under `make soak` only: with inductor's compiles of the
 `tiny` step (forward and backward) and of validation's forward, the test takes one to two
-minutes on two cores, beyond `make test`'s budget. The CUDA twin (mode `reduce-overhead`, CUDA graphs, under bf16 autocast) is a `gpu`
-test: `pytest -m gpu`, which `bench/gpu.sh` runs on a GPU node.
+minutes on two cores, beyond `make test`'s budget. The CUDA twin (mode `reduce-overhead`, CUDA
+graphs, under bf16 autocast) is a `gpu` test: `pytest -m gpu`, which `bench/gpu.sh` runs on a
+GPU node.
 
 Run the CPU one alone with `TRAINCTL_SOAK_ROUNDS=1 pytest tests/reliability/test_compile.py`.
 """
