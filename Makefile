@@ -57,9 +57,10 @@ pytest: install browser
 
 test: lint typecheck pytest
 
-# Long fault-injection rounds (kill -9 during saves, prune racing saves), beyond CI's budget.
+# Long fault-injection rounds (kill -9 during saves, prune racing saves), torch.compile of the
+# train step against eager, and bench/gpu.sh --dry-run end to end: beyond CI's budget.
 soak: install
-	TRAINCTL_SOAK_ROUNDS=300 $(VENV)/bin/pytest tests/reliability -q
+	TRAINCTL_SOAK_ROUNDS=300 $(VENV)/bin/pytest tests/reliability tests/bench/test_gpu_script.py -q
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -19,9 +19,10 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
+if TYPE_CHECKING:
+    import psycopg
 
 PG_MAJOR = 15
 SUPERUSER = "trainctl"
@@ -149,6 +150,10 @@ class PostgresServer:
         return f"postgresql+psycopg://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
 
     def _admin(self) -> psycopg.Connection[Any]:
+        # Here, not at the top: tests/conftest.py imports this module, and the GPU machine's
+        # python, which runs `pytest -m gpu` (bench/gpu.sh), has no PostgreSQL driver.
+        import psycopg
+
         return psycopg.connect(
             host="127.0.0.1", port=self.port, user=SUPERUSER, dbname="postgres", autocommit=True
         )

@@ -132,8 +132,9 @@ def summarize(plan: BenchmarkPlan, device: torch.device, times: list[float]) -> 
     }
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m trainctl.worker.benchmark", description=__doc__)
+def arg_parser(prog: str = "python -m trainctl.worker.benchmark") -> argparse.ArgumentParser:
+    """The benchmark's flags; bench/gpu_peer.py takes the same ones for its HF peer."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__)
     p.add_argument("--steps", type=int, default=100, help="measured steps")
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--preset", default=None, help="model preset (default: device profile's)")
@@ -143,29 +144,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--compile", dest="use_compile", action=argparse.BooleanOptionalAction, default=None
     )
+    p.add_argument(
+        "--compile-mode",
+        choices=["default", "reduce-overhead", "max-autotune"],
+        default=None,
+        help="torch.compile mode (default: reduce-overhead)",
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return arg_parser().parse_args(argv)
+
+
+def resolve_args(args: argparse.Namespace) -> BenchmarkPlan:
+    """The plan of the flags, resolved for this machine; ValueError for an invalid one."""
+    return resolve_benchmark(
+        BenchmarkRequest(
+            steps=args.steps,
+            warmup_steps=args.warmup_steps,
+            model=ModelSpec(preset=args.preset),
+            batch=BatchSpec(
+                micro_batch_size=args.micro_batch_size,
+                grad_accum_steps=args.grad_accum_steps,
+                seq_len=args.seq_len,
+            ),
+            use_compile=args.use_compile,
+            compile_mode=args.compile_mode,
+            device=args.device,
+        ),
+        cuda_available=torch.cuda.is_available(),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        plan = resolve_benchmark(
-            BenchmarkRequest(
-                steps=args.steps,
-                warmup_steps=args.warmup_steps,
-                model=ModelSpec(preset=args.preset),
-                batch=BatchSpec(
-                    micro_batch_size=args.micro_batch_size,
-                    grad_accum_steps=args.grad_accum_steps,
-                    seq_len=args.seq_len,
-                ),
-                use_compile=args.use_compile,
-                device=args.device,
-            ),
-            cuda_available=torch.cuda.is_available(),
-        )
+        plan = resolve_args(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

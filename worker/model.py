@@ -8,6 +8,7 @@ a spec without importing this module; they are re-exported here for the worker's
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -196,6 +197,10 @@ class MTPHead(nn.Module):
 class GPT(nn.Module):
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
+    compiled_loss: (
+        Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None
+    ) = None
+    """`eager_loss` under torch.compile, set by `compile_model`; None: eager."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -274,7 +279,19 @@ class GPT(nn.Module):
         return self.head(h[:, -1:] if last_only else h)
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Training loss (next-token plus weighted MTP losses) and the next-token loss alone."""
+        """Training loss (next-token plus weighted MTP losses) and the next-token loss alone.
+
+        Compiled where the config says so (`compile_model`): training calls this method, not
+        `forward`, so compiling `forward` alone would leave every train step eager.
+        """
+        if self.compiled_loss is not None and not torch.compiler.is_compiling():
+            return self.compiled_loss(idx, targets)
+        return self.eager_loss(idx, targets)
+
+    def eager_loss(
+        self, idx: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`loss` as written: what `compile_model` compiles."""
         h = self.hidden(idx)
         main = self.head_loss(h, targets)
         total = main
@@ -405,9 +422,17 @@ def build_model(
             model = GPT(cfg)
     model.to(device=device, dtype=dtype)
     if cfg.use_compile:
-        # In place (nn.Module.compile), so state_dict keys stay free of "_orig_mod.".
-        model.compile(mode=None if cfg.compile_mode == "default" else cfg.compile_mode)
+        compile_model(model, cfg.compile_mode)
     return model
+
+
+def compile_model(model: GPT, mode: str) -> None:
+    """torch.compile what training and validation call: `loss` (a method of its own, which
+    `nn.Module.compile` does not reach) and `forward`. In place, so state_dict keys stay free
+    of "_orig_mod."."""
+    torch_mode = None if mode == "default" else mode
+    model.compile(mode=torch_mode)
+    model.compiled_loss = torch.compile(model.eager_loss, mode=torch_mode)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -136,6 +136,8 @@ def test_cli_prints_one_json_object() -> None:
             "2",
             "--seq-len",
             "32",
+            "--compile-mode",
+            "max-autotune",
             "--json",
         ],
         capture_output=True,
@@ -144,7 +146,9 @@ def test_cli_prints_one_json_object() -> None:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert set(json.loads(proc.stdout)) == RESULT_FIELDS
+    result = json.loads(proc.stdout)
+    assert set(result) == RESULT_FIELDS
+    assert result["config"]["model"]["config"]["compile_mode"] == "max-autotune"
 
 
 def test_cli_rejects_an_unknown_preset_in_one_line() -> None:

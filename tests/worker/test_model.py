@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -97,6 +99,34 @@ def test_sequences_longer_than_the_model_maximum_are_refused() -> None:
 def test_invalid_configs_name_the_problem() -> None:
     with pytest.raises(ValueError, match="divisible by n_kv_heads"):
         ModelConfig(n_heads=12, n_kv_heads=5)
+
+
+def test_a_compiled_model_trains_through_its_compiled_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training calls `loss`, not `forward`: compiling `forward` alone left every step eager.
+    (That the compiled step computes what eager does: tests/reliability/test_compile.py.)"""
+    compiled: list[str] = []
+
+    def fake_compile(fn: Any, mode: str | None = None) -> Any:
+        compiled.append(getattr(fn, "__name__", type(fn).__name__))
+        return fn  # the eager function itself: nothing is compiled here
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    model = build_model("tiny", seed=0, use_compile=True, compile_mode="default")
+    # nn.Module.compile compiles _call_impl (forward, which validation calls)
+    assert compiled == ["_call_impl", "eager_loss"] and model.compiled_loss is not None
+    calls: list[int] = []
+    eager = model.compiled_loss
+
+    def spy(idx: torch.Tensor, targets: torch.Tensor) -> Any:
+        calls.append(idx.shape[0])
+        return eager(idx, targets)
+
+    model.compiled_loss = spy
+    x = torch.randint(0, 512, (2, 8))
+    loss, _ = model.loss(x, x)
+    assert calls == [2]
+    assert build_model("tiny", seed=0).compiled_loss is None
+    assert torch.equal(loss, build_model("tiny", seed=0).loss(x, x)[0])
 
 
 @pytest.mark.gpu
