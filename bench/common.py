@@ -110,7 +110,7 @@ def running_service(data_dir: Path, workers: int = 1, **env: str) -> Iterator[Se
         )
     svc = Service(f"http://127.0.0.1:{port}", data_dir, proc)
     try:
-        wait_ready(svc, workers)
+        wait_ready(svc, workers, token=env.get("TRAINCTL_API_TOKEN"))
         yield svc
     finally:
         proc.terminate()
@@ -121,13 +121,14 @@ def running_service(data_dir: Path, workers: int = 1, **env: str) -> Iterator[Se
             proc.wait()
 
 
-def wait_ready(svc: Service, workers: int, timeout: float = 120) -> None:
+def wait_ready(svc: Service, workers: int, timeout: float = 120, token: str | None = None) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if svc.process.poll() is not None:
             raise RuntimeError(f"service exited; see {svc.data_dir / 'service.log'}")
         try:
-            r = httpx.get(f"{svc.url}/readyz", timeout=2)
+            r = httpx.get(f"{svc.url}/readyz", headers=headers, timeout=2)
             if r.status_code == 200 and (workers == 0 or r.json()["workers_alive"] >= workers):
                 return
         except httpx.TransportError:

@@ -12,6 +12,7 @@ from starlette.types import ASGIApp
 
 from trainctl.service.deps import AUTH
 from trainctl.service.errors import error_responses, install_error_handlers
+from trainctl.service.limits import Slots, StreamSlots
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.middleware import (
     HostAllowList,
@@ -32,6 +33,7 @@ from trainctl.service.routes import (
 from trainctl.service.routing import operation_id, without_null_parameters
 from trainctl.service.settings import Settings, get_settings
 from trainctl.service.sinks.mirror import SinkMirrors
+from trainctl.service.sse import EventFeed
 from trainctl.service.supervisor import Supervisor, default_worker_count
 from trainctl.service.webhooks.dispatcher import DispatchConfig, Dispatcher
 from trainctl.store.checkpoints.factory import open_stores
@@ -58,8 +60,11 @@ class TrainctlApi(FastAPI):
         return self.openapi_schema
 
     def build_middleware_stack(self) -> ASGIApp:
-        # Outermost: the body-size limit (413) sits outside the middleware a user can add.
-        return JsonErrors(super().build_middleware_stack(), max_body_bytes=self.max_body_size)
+        # Around Starlette's outermost layers, the body-size limit (413) and the error handler
+        # (500), which answer outside the middleware a user can add: every answer, theirs
+        # too, is JSON, carries the security headers and the request id, and is measured.
+        errors_in_json = JsonErrors(super().build_middleware_stack(), self.max_body_size)
+        return RequestMiddleware(SecurityHeaders(errors_in_json), metrics=self.state.metrics)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -80,8 +85,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 where = folders.describe(experiment, name)
                 log.warning("cleaned up %s (left by an interrupted save or delete)", where)
         app.state.runs, app.state.checkpoints, app.state.exports = store, ckpts, exports
+        app.state.store_slots = Slots(
+            settings.store_concurrency, settings.store_wait_seconds, "store requests"
+        )
+        app.state.stream_slots = StreamSlots(
+            settings.max_event_streams, settings.max_event_streams_per_token
+        )
         bootstrap = settings.api_token.get_secret_value() if settings.api_token else None
         app.state.tokens = TokenStore(store.engine, bootstrap)
+        app.state.event_feed = EventFeed(store, app.state.tokens)
         app.state.supervisor = supervisor = None
         # Threads of their own: a tracker that is down or slow never holds up a request.
         app.state.sink_mirrors = mirrors = SinkMirrors.build(settings, store, ckpts)
@@ -129,9 +141,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(webhooks.router, responses=unauthorized)
     dashboard.mount_dashboard(app)
     app.state.metrics = ServiceMetrics()
-    # The last added is the outermost: every answer, the Host check's too, carries the request
-    # id and the security headers, and the Host check comes before any route or token check.
+    # The Host check comes before any route or token check (the request id, the security
+    # headers and JSON errors wrap everything: TrainctlApi.build_middleware_stack).
     app.add_middleware(HostAllowList, allowed=settings.host_allow_list)
-    app.add_middleware(SecurityHeaders)
-    app.add_middleware(RequestMiddleware, metrics=app.state.metrics)
     return app

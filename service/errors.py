@@ -22,7 +22,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from trainctl.service.middleware import REQUEST_ID_HEADER
+from trainctl.service.middleware import REQUEST_ID_HEADER, body_too_large
 from trainctl.service.schemas import ErrorPublic, ValidationErrorPublic
 from trainctl.store.db.runs import QUEUE_RETRY_SECONDS
 from trainctl.store.exceptions import (
@@ -49,6 +49,15 @@ STATUS_BY_ERROR: tuple[tuple[type[TrainctlError], int], ...] = (
 )
 
 
+class Overloaded(Exception):
+    """The service holds as much of something as it may (store requests, event streams): a
+    429 when it is the caller's own share, a 503 when it is the service's; retry later."""
+
+    def __init__(self, detail: str, *, status: int, retry_after: int) -> None:
+        super().__init__(detail)
+        self.status, self.retry_after = status, retry_after
+
+
 def status_for(exc: TrainctlError) -> int:
     return next((code for cls, code in STATUS_BY_ERROR if isinstance(exc, cls)), 500)
 
@@ -61,8 +70,10 @@ ERROR_DESCRIPTIONS = {
     409: "The request clashes with the current state (see `detail`).",
     413: "The body is larger than the server accepts.",
     422: "The request is invalid; `detail` names every bad field.",
-    429: "Too many runs are queued (in all, or for this token); retry after `Retry-After`.",
-    503: "The run database cannot be queried; retry after `Retry-After` seconds.",
+    429: "Too many runs are queued, or event streams open, for this token or in all; retry "
+    "after `Retry-After` seconds.",
+    503: "The run database cannot be queried, or the service is busy (store requests, event "
+    "streams); retry after `Retry-After` seconds.",
 }
 
 
@@ -77,14 +88,26 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
+MAX_ERRORS_SHOWN = 50
+"""A body can hold 80,000 bad fields; the answer names the first ones and counts the rest."""
+
+
 def describe_errors(errors: Sequence[Any]) -> str:
     """'body.steps: Input should be greater than or equal to 1; body.model.preset: ...'."""
-    return "; ".join(_describe(error) for error in errors) or "invalid request"
+    shown = "; ".join(_describe(error) for error in errors[:MAX_ERRORS_SHOWN])
+    if len(errors) > MAX_ERRORS_SHOWN:
+        shown += f"; and {len(errors) - MAX_ERRORS_SHOWN:,} more errors"
+    return shown or "invalid request"
 
 
 def _describe(error: Any) -> str:
     loc = [str(part) for part in error.get("loc", ())]
     msg = str(error.get("msg", "invalid value"))
+    number = error.get("input")
+    if error.get("type") == "int_type" and isinstance(number, float):
+        # A literal of more than 20 digits, or an integral one past that (1.5e4299), is read
+        # as a float (service/routing.py); say why an integer field refuses it.
+        msg += f"; got {number:.6g}, a number beyond what any bound here allows"
     if error.get("type") == "json_invalid":
         # loc is ("body", <character offset>) for a body that is not JSON at all.
         problem = (error.get("ctx") or {}).get("error", "not valid JSON")
@@ -96,6 +119,7 @@ def _describe(error: Any) -> str:
 def _validation_response(errors: Sequence[Any]) -> JSONResponse:
     # `input` can hold whatever the client sent (bytes, huge bodies): keep loc/msg/type/ctx.
     raw = [{k: v for k, v in e.items() if k not in ("input", "url")} for e in errors]
+    raw = raw[:MAX_ERRORS_SHOWN]
     return JSONResponse(
         status_code=422,
         content={"detail": describe_errors(errors), "errors": jsonable_encoder(raw)},
@@ -131,6 +155,12 @@ async def handle_database_unavailable(request: Request, exc: Exception) -> JSONR
     )
 
 
+async def handle_overloaded(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Overloaded)
+    headers = {"Retry-After": str(exc.retry_after)}
+    return JSONResponse(status_code=exc.status, content={"detail": str(exc)}, headers=headers)
+
+
 async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
     """FastAPI's own answer, in words a user can act on where FastAPI's are generic."""
     assert isinstance(exc, StarletteHTTPException)
@@ -140,6 +170,8 @@ async def handle_http_error(request: Request, exc: Exception) -> JSONResponse:
             f"no endpoint matches {request.method} {request.url.path}; names in a path must be "
             "single segments without '/' or '..' (see /docs for the endpoints)"
         )
+    elif exc.status_code == 413:
+        detail = body_too_large(request.app.state.settings.max_body_bytes)
     elif exc.status_code == 400 and detail == "There was an error parsing the body":
         detail = "the body cannot be parsed: send JSON encoded as UTF-8"
     elif exc.status_code == 405 and detail == "Method Not Allowed":
@@ -169,9 +201,9 @@ def allowed_methods(request: Request, exc: StarletteHTTPException) -> str:
 async def handle_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     """A bug: the traceback goes to the log, the client gets the request id to find it by.
 
-    Starlette calls this from its outermost middleware, outside RequestMiddleware (whose
-    REQUEST_ID is reset by then and which never sees this response), so the id comes from
-    the request's state. Starlette re-raises the error afterwards; `service.logs` keeps the
+    Starlette calls this from its outermost layer, which RequestMiddleware wraps
+    (TrainctlApi.build_middleware_stack); the id comes from the request's state, where that
+    middleware puts it. Starlette re-raises the error afterwards; `service.logs` keeps the
     server from logging the traceback a second time.
     """
     # RequestMiddleware sets it; a fresh one still ties this answer to the log line.
@@ -195,6 +227,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ValidationError, handle_pydantic_validation)
     app.add_exception_handler(TrainctlError, handle_domain_error)
     app.add_exception_handler(OperationalError, handle_database_unavailable)
+    app.add_exception_handler(Overloaded, handle_overloaded)
     app.add_exception_handler(StarletteHTTPException, handle_http_error)
     # Exception (any other error): Starlette's ServerErrorMiddleware answers with this.
     app.add_exception_handler(Exception, handle_unexpected_error)

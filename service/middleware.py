@@ -6,6 +6,7 @@ pass through unbuffered and their duration is measured to the end of the stream.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import re
@@ -13,9 +14,11 @@ import time
 import uuid
 from http import HTTPStatus
 
+import h11
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from trainctl.service.logs import REQUEST_ID
 from trainctl.service.metrics import ServiceMetrics
@@ -94,37 +97,77 @@ class HostAllowList:
 
     A loopback service without a token trusts whoever can reach it; through DNS rebinding a
     web page the user visits can reach it too, but its requests carry the page's host name.
+    The header is parsed strictly (`parse_host`) and its host compared whole: a lenient
+    split let `[::1].evil.com` and `127.0.0.1:8000@evil.com` pass as loopback names.
     """
 
     def __init__(self, app: ASGIApp, allowed: list[str]) -> None:
-        self.app, self.allowed = app, {h.lower().strip("[]") for h in allowed}
+        self.app = app
+        self.allowed = {"*"} if "*" in allowed else {normal_host(h) for h in allowed}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or "*" in self.allowed:
             await self.app(scope, receive, send)
             return
-        host = _host_name(Headers(scope=scope).get("host", ""))
-        if host in self.allowed:
+        given = Headers(scope=scope).getlist("host")
+        host = parse_host(given[0]) if len(given) == 1 else None
+        if host is not None and host in self.allowed:
             await self.app(scope, receive, send)
             return
-        shown = host if VALID_REQUEST_ID.fullmatch(host) else "(unprintable)"
-        response = JSONResponse(
-            status_code=400,
-            content={
-                "detail": f"host {shown!r} is not one this service answers to; set "
-                "TRAINCTL_ALLOWED_HOSTS to serve it (it guards a loopback service against "
-                "DNS rebinding)"
-            },
-        )
+        response = JSONResponse(status_code=400, content={"detail": _host_refusal(given, host)})
         await response(scope, receive, send)
 
 
-def _host_name(header: str) -> str:
-    """The host of a Host header, without its port: `[::1]:8000` -> `::1`."""
-    header = header.strip().lower()
+# RFC 3986 authority without userinfo, as RFC 9110 7.2 has it for Host: uri-host [":" port].
+# A reg-name is held to DNS's letters, digits, hyphens and dots (no client sends its
+# percent-escapes or sub-delims); an IPv4 address is such a name too, compared as written.
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+_REG_NAME = re.compile(rf"(?=.{{1,253}}\Z){_LABEL}(?:\.{_LABEL})*")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def parse_host(header: str) -> str | None:
+    """The host a Host header names, lower case, an IPv6 address in its compressed form
+    without brackets (`[0::1]:8000` -> `::1`); None when the header is not `host[:port]`."""
+    header = header.lower()
     if header.startswith("["):
-        return header[1 : header.find("]")] if "]" in header else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+        literal, bracket, rest = header[1:].partition("]")
+        host = _ipv6(literal) if bracket else None
+    else:
+        host, colon, port = header.partition(":")
+        host, rest = (host if _REG_NAME.fullmatch(host) else None), colon + port
+    port_ok = not rest or (rest[0] == ":" and _PORT.fullmatch(rest[1:]) and int(rest[1:]) < 65536)
+    return host if port_ok else None
+
+
+def _ipv6(literal: str) -> str | None:
+    """An IPv6 literal's compressed form; None for anything else (a zone id, IPvFuture)."""
+    try:
+        return ipaddress.IPv6Address(literal).compressed if "%" not in literal else None
+    except ValueError:
+        return None
+
+
+def normal_host(entry: str) -> str:
+    """An allow-list entry as `parse_host` writes hosts: `[::1]` and `0::1` are `::1`."""
+    entry = entry.strip().lower().removeprefix("[").removesuffix("]")
+    return _ipv6(entry) or entry
+
+
+def _host_refusal(given: list[str], host: str | None) -> str:
+    advice = (
+        "set TRAINCTL_ALLOWED_HOSTS to serve it (it guards a loopback service against DNS "
+        "rebinding)"
+    )
+    if host is not None:
+        return f"host {host!r} is not one this service answers to; {advice}"
+    if len(given) != 1:
+        return f"the request has {len(given)} Host headers; send exactly one"
+    shown = repr(given[0]) if given[0].isascii() and given[0].isprintable() else "(unprintable)"
+    return (
+        f"the Host header {shown[:200]} is not a host name or IP address with an optional "
+        "port (RFC 9110, 7.2)"
+    )
 
 
 # Every answer: nothing here is meant to be framed, sniffed, or to leak its URL onwards. The
@@ -139,6 +182,24 @@ SECURITY_HEADERS = {
         "frame-ancestors 'none'"
     ),
 }
+
+
+class H11WithHeaders(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, answering a request it cannot parse (a bad request line,
+    a header too large) as the app answers every error: JSON, with the security headers.
+    That 400 is written below the app, so no middleware of ours ever sees it."""
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps({"detail": f"{msg} (malformed HTTP/1.1)"}).encode()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        headers += [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+        for event in (
+            h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+            h11.Data(data=body),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
 
 class SecurityHeaders:
@@ -168,8 +229,7 @@ class JsonErrors:
     def __init__(self, app: ASGIApp, max_body_bytes: int | None) -> None:
         self.app = app
         self.details = {
-            413: f"the request body is larger than the {max_body_bytes or 0:,} bytes this "
-            "service accepts (TRAINCTL_MAX_BODY_BYTES)",
+            413: body_too_large(max_body_bytes or 0),
             416: "the requested range lies outside the file; Content-Range gives its size",
         }
 
@@ -202,6 +262,13 @@ class JsonErrors:
             await send({"type": "http.response.body", "body": payload})
 
         await self.app(scope, receive, send_json)
+
+
+def body_too_large(max_body_bytes: int) -> str:
+    return (
+        f"the request body is larger than the {max_body_bytes:,} bytes this service accepts "
+        "(TRAINCTL_MAX_BODY_BYTES)"
+    )
 
 
 def _plain_error(start: Message) -> bool:

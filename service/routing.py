@@ -1,5 +1,9 @@
 """How our routes behave beyond FastAPI's defaults.
 
+- Every route first checks the token and its scope (401, 403), then the query, then reads
+  the body: nothing a client sends but its headers is read before it is known to be
+  allowed. The body is parsed and validated in a worker thread, never on the event loop,
+  each number at a cost linear in its length (docs/architecture.md, "Admission and access").
 - In the OpenAPI schema the docstring's first line is the summary and the handler's name
   (create_train_run) is the operation id, so generated clients read well.
 - A query parameter the route does not take, or one given twice, is a 422 that names it.
@@ -14,15 +18,17 @@
 
 from __future__ import annotations
 
+import email.message
 import inspect
 import json
 import re
-import sys
 from collections.abc import Callable, Coroutine
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from fastapi import Path
+from fastapi import HTTPException, Path
+from fastapi._compat import ModelField
+from fastapi.concurrency import run_in_threadpool
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
@@ -31,12 +37,28 @@ from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from trainctl.service.deps import authorize, required_scope
 from trainctl.service.errors import error_responses
 from trainctl.store.names import MAX_NAME_LENGTH, NAME_PATTERN, NAME_RULE
 
 # The grammar of a JSON number (RFC 8259): what a query string or header integer may look like.
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
-_MAX_DIGITS = sys.int_info.default_max_str_digits  # 4300
+MAX_INTEGER_DIGITS = 20
+"""An integer of more digits is read as a float: no bound of the API needs more (the widest,
+an event id, is 2^63 - 1: 19 digits), and a float costs the same to read however long."""
+MAX_DECIMAL_CHARS = 64
+"""A number with a fraction or an exponent longer than this is a float, never a Decimal."""
+
+
+def read_json_integer(text: str) -> int | float:
+    """A JSON integer literal: an int up to `MAX_INTEGER_DIGITS` digits, else a float.
+
+    Reading `9` * 4000 as an int costs time quadratic in its digits; as a float it is one
+    linear pass, and its value (beyond every bound, or infinite) is refused by the field's
+    own check, a 422 that names the field, which a parser callback could not name.
+    """
+    digits = len(text) - text.startswith("-")
+    return int(text) if digits <= MAX_INTEGER_DIGITS else float(text)
 
 
 def read_json_number(text: str) -> int | float:
@@ -44,13 +66,24 @@ def read_json_number(text: str) -> int | float:
 
     Python's json reads `548.0` as a float, which a StrictInt field refuses; JSON Schema calls
     it the integer 548. Decimal, not float, decides: `1.0000000000000001` is not integral.
-    Past the digits Python reads in an int by default (`1e5000`), the number stays a float
-    (infinite), which every bound of the API refuses, rather than a costly huge int.
+    An integral value of more than `MAX_INTEGER_DIGITS` digits stays a float (`1.5e4299` is
+    infinite), which every bound of the API refuses: building it as an int would cost 4,300
+    digits of arithmetic for 8 characters of input.
     """
-    number = Decimal(text)
-    if number == number.to_integral_value() and number.adjusted() < _MAX_DIGITS:
+    if len(text) > MAX_DECIMAL_CHARS:
+        return float(text)
+    try:
+        number = Decimal(text)
+    except InvalidOperation:  # an exponent past Decimal's own limits
+        return float(text)
+    if number == number.to_integral_value() and number.adjusted() < MAX_INTEGER_DIGITS:
         return int(number)
     return float(text)
+
+
+def parse_json(body: bytes) -> Any:
+    """A JSON body, its numbers read at a cost linear in their length (`read_json_number`)."""
+    return json.loads(body, parse_float=read_json_number, parse_int=read_json_integer)
 
 
 def _integer_text(value: object) -> object:
@@ -70,12 +103,57 @@ pydantic writes the bounds into the schema as `ge`/`le`, which no JSON Schema to
 
 
 class JsonNumbersRequest(Request):
-    """A request whose JSON body reads integral numbers as ints (`read_json_number`)."""
+    """A request whose JSON body is read in a worker thread, numbers as `parse_json` reads them.
+
+    Parsing a body of up to `max_body_bytes` takes milliseconds, and its validation (one
+    error for each of 80,000 unknown keys) hundreds: on the event loop, either would hold up
+    every other request, `/healthz` too. So `read_body` parses and validates it in a thread,
+    and FastAPI, which validates again, gets only bodies already found valid.
+    """
 
     async def json(self) -> Any:
         if not hasattr(self, "_json_numbers"):
-            self._json_numbers = json.loads(await self.body(), parse_float=read_json_number)
+            self._json_numbers = await run_in_threadpool(parse_json, await self.body())
         return self._json_numbers
+
+    async def read_body(self, field: ModelField) -> None:
+        """Parse and validate a JSON body for `field` off the loop; raise what FastAPI would
+        answer (422 naming the fields, 400), so that an invalid body never reaches it."""
+        if not _is_json(self.headers.get("content-type")) or not (body := await self.body()):
+            return  # FastAPI answers these itself, cheaply: no JSON is parsed
+        try:
+            self._json_numbers, errors = await run_in_threadpool(_parse_and_validate, body, field)
+        except json.JSONDecodeError as exc:
+            raise RequestValidationError([_json_error(exc)]) from None
+        except RecursionError:
+            raise HTTPException(400, "the body is nested too deeply to be read") from None
+        except ValueError:  # not UTF-8, UTF-16 or UTF-32 text
+            raise HTTPException(400, "There was an error parsing the body") from None
+        if errors:
+            raise RequestValidationError(errors)
+
+
+def _parse_and_validate(body: bytes, field: ModelField) -> tuple[Any, list[Any]]:
+    data = parse_json(body)
+    return data, field.validate(data, {}, loc=("body",))[1]
+
+
+def _is_json(content_type: str | None) -> bool:
+    """What FastAPI reads as JSON: `application/json` or `application/*+json`."""
+    if not content_type:
+        return False
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
+def _json_error(exc: json.JSONDecodeError) -> dict[str, Any]:
+    """The error FastAPI reports for a body that is not JSON (see errors._describe)."""
+    return {"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
+            "input": {}, "ctx": {"error": exc.msg}}  # fmt: skip
 
 
 class ApiRoute(APIRoute):
@@ -88,10 +166,19 @@ class ApiRoute(APIRoute):
         super().__init__(path, endpoint, **kwargs)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """The handler, after what every route does first, in this order: the token (401,
+        403: before anything the client sent but its headers is read), the query (422), the
+        body, read and validated off the event loop (413, 400, 422)."""
         handler = super().get_route_handler()
-        allowed = frozenset(_query_names(self.dependant))  # called once, by APIRoute.__init__
+        # Called once, by APIRoute.__init__, when the dependencies are all known.
+        allowed = frozenset(_query_names(self.dependant))
+        needed = required_scope(self.dependant)
+        body_field = self.body_field
 
-        async def strict_query(request: Request) -> Response:
+        async def admit(request: Request) -> Response:
+            request = JsonNumbersRequest(request.scope, request.receive)
+            if needed is not None:
+                await authorize(request, needed)
             errors = [
                 _query_error(request, name, allowed)
                 for name in dict.fromkeys(request.query_params.keys())
@@ -99,9 +186,11 @@ class ApiRoute(APIRoute):
             ]
             if errors:
                 raise RequestValidationError(errors)
-            return await handler(JsonNumbersRequest(request.scope, request.receive))
+            if body_field is not None:
+                await request.read_body(body_field)
+            return await handler(request)
 
-        return strict_query
+        return admit
 
 
 def _query_names(dependant: Dependant) -> set[str]:

@@ -28,11 +28,13 @@ class ErrorPublic(BaseModel):
 
 
 class ValidationErrorPublic(ErrorPublic):
-    """A request that failed validation: `detail` names every bad field in one string."""
+    """A request that failed validation: `detail` names the bad fields in one string (the
+    first 50, and how many more)."""
 
     errors: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="pydantic's errors (loc, msg, type, ctx), for programs; absent when the "
+        description="pydantic's errors (loc, msg, type, ctx), the first 50, for programs; "
+        "absent when the "
         "request was well-formed but the service refused it (an unknown checkpoint to resume).",
     )
 

@@ -137,6 +137,29 @@ class Settings(BaseSettings):
         100, ge=1, le=1_000_000, description="Runs one API token may have waiting; beyond, 429."
     )
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body accepted.")
+    store_concurrency: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="Requests to the checkpoint and export stores served at once (each holds a "
+        "thread of the pool of 40); one more waits for a slot.",
+    )
+    store_wait_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="How long a store request waits for a slot before a 503 with Retry-After.",
+    )
+    max_event_streams: int = Field(
+        256, ge=1, le=100_000, description="Event streams open at once, in all; beyond, 503."
+    )
+    max_event_streams_per_token: int = Field(
+        32,
+        ge=1,
+        le=100_000,
+        description="Event streams one API token may hold open (without tokens, all requests "
+        "share one count); beyond, 429.",
+    )
     webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Hosts webhooks may send to (comma-separated): names, '*.example.com', IP "

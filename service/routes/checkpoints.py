@@ -5,20 +5,23 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
-from fastapi.concurrency import run_in_threadpool
 
 from trainctl.service import files
-from trainctl.service.deps import CheckpointsDep, ProtectionDep, requires
+from trainctl.service.deps import STORE_SLOT, CheckpointsDep, ProtectionDep, requires
 from trainctl.service.errors import error_responses
 from trainctl.service.routing import ApiRoute, name_in_path
 from trainctl.service.schemas import CheckpointPublic, CheckpointsPublic, PruneRequest, PruneResult
 from trainctl.store.names import MAX_NAME_LENGTH, NAME_PATTERN, NAME_RULE
 
+# Every route reads the store in a worker thread, never on the event loop (a file that never
+# answers, a FIFO, would hold up every request), and holds one of its slots (503 when none
+# frees up: a file that never answers holds one thread, never the whole pool).
 router = APIRouter(
     route_class=ApiRoute,
     prefix="/checkpoints",
     tags=["checkpoints"],
-    responses=error_responses(422),  # names that are not safe experiment, tag or file names
+    dependencies=[STORE_SLOT],
+    responses=error_responses(422, 503),  # 422: names that are not safe names
 )
 NOT_FOUND = error_responses(404)
 
@@ -48,28 +51,19 @@ def list_checkpoints(
     return CheckpointsPublic(items=items)
 
 
-# The point reads below are `async def`: they read one or two small files, faster than the
-# hand-off to FastAPI's thread pool, whose GIL contention under 50 polling clients multiplied
-# p99 latency by four. A read across all experiments scans the store, so it stays in a thread.
-
-
 @router.get("/latest", response_model=CheckpointPublic, responses=NOT_FOUND)
-async def read_latest_checkpoint(
+def read_latest_checkpoint(
     ckpts: CheckpointsDep, experiment: ExperimentFilter = None
 ) -> CheckpointPublic:
     """Read the highest step of an experiment, or the newest checkpoint of all."""
-    if experiment is None:
-        return CheckpointPublic.model_validate(await run_in_threadpool(ckpts.latest))
     return CheckpointPublic.model_validate(ckpts.latest(experiment))
 
 
 @router.get("/best", response_model=CheckpointPublic, responses=NOT_FOUND)
-async def read_best_checkpoint(
+def read_best_checkpoint(
     ckpts: CheckpointsDep, experiment: ExperimentFilter = None
 ) -> CheckpointPublic:
     """Read the 'best' checkpoint of an experiment, or the lowest-loss one of all."""
-    if experiment is None:
-        return CheckpointPublic.model_validate(await run_in_threadpool(ckpts.best))
     return CheckpointPublic.model_validate(ckpts.best(experiment))
 
 
@@ -88,9 +82,7 @@ def prune_checkpoints(body: PruneRequest, policy: ProtectionDep) -> PruneResult:
 
 
 @router.get("/{experiment}/{tag}", response_model=CheckpointPublic, responses=NOT_FOUND)
-async def read_checkpoint(
-    experiment: Experiment, tag: Tag, ckpts: CheckpointsDep
-) -> CheckpointPublic:
+def read_checkpoint(experiment: Experiment, tag: Tag, ckpts: CheckpointsDep) -> CheckpointPublic:
     """Read one checkpoint: metadata and its files' sizes and sha256."""
     return CheckpointPublic.model_validate(ckpts.get(experiment, tag))
 

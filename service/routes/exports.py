@@ -13,17 +13,19 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Response
 
 from trainctl.service import files
-from trainctl.service.deps import ExportsDep, requires
+from trainctl.service.deps import STORE_SLOT, ExportsDep, requires
 from trainctl.service.errors import error_responses
 from trainctl.service.routes.checkpoints import ExperimentFilter
 from trainctl.service.routing import ApiRoute, name_in_path
 from trainctl.service.schemas import CheckpointPublic, CheckpointsPublic
 
+# In worker threads, each holding a slot of the stores' (see routes/checkpoints.py).
 router = APIRouter(
     route_class=ApiRoute,
     prefix="/exports",
     tags=["exports"],
-    responses=error_responses(422),  # names that are not safe experiment, tag or file names
+    dependencies=[STORE_SLOT],
+    responses=error_responses(422, 503),  # 422: names that are not safe names
 )
 NOT_FOUND = error_responses(404)
 

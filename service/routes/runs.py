@@ -10,7 +10,14 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import AfterValidator
 
 from trainctl.service import history, sse
-from trainctl.service.deps import CheckpointsDep, RunsDep, SettingsDep, Submitter
+from trainctl.service.deps import (
+    CheckpointsDep,
+    EventFeedDep,
+    RunsDep,
+    SettingsDep,
+    StreamToken,
+    Submitter,
+)
 from trainctl.service.errors import error_responses
 from trainctl.service.presenters import public_run, public_runs
 from trainctl.service.routing import JSON_NUMBER_TEXT, ApiRoute
@@ -144,10 +151,10 @@ def list_runs(
     )
 
 
-# `async def`: a primary-key read takes less time than the hand-off to the thread pool, and
-# it is the endpoint dashboards and `runs watch` poll (see routes/checkpoints.py).
+# A plain `def`, in the thread pool, as every route that queries the database: on the event
+# loop a query that waits (a PostgreSQL across the network, a SQLite lock) holds up all.
 @router.get("/{run_id}", response_model=RunPublic, responses=RUN_NOT_FOUND)
-async def read_run(run_id: str, runs: RunsDep, settings: SettingsDep) -> RunPublic:
+def read_run(run_id: str, runs: RunsDep, settings: SettingsDep) -> RunPublic:
     """Read one run; a queued one says why it waits, if no live worker could take it."""
     return public_run(runs, settings.lease_seconds, runs.get(run_id))
 
@@ -167,15 +174,18 @@ def cancel_run(
         200: {
             "description": "Server-sent events; each `data` is an EventPublic. A final "
             "`event: end` frame (its `data` a StreamEndPublic) follows the last event of a "
-            "finished run.",
+            "finished run. A stream whose token is revoked ends without it.",
             "content": {sse.MEDIA_TYPE: {"schema": sse.FRAME_SCHEMA}},
         },
         **RUN_NOT_FOUND,
+        **error_responses(429),
     },
 )
 def stream_run_events(
     run_id: str,
     runs: RunsDep,
+    feed: EventFeedDep,
+    token: StreamToken,
     last_event_id: Annotated[
         int | None,
         Header(ge=0, le=sse.MAX_EVENT_ID, description="Resume after this event id."),
@@ -191,7 +201,9 @@ def stream_run_events(
     runs.get(run_id)  # an unknown run is a 404 before the stream starts
     start = last_event_id if last_event_id is not None else after or 0
     return StreamingResponse(
-        sse.stream_events(runs, run_id, start), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
+        sse.stream_events(feed, run_id, start, token),
+        media_type=sse.MEDIA_TYPE,
+        headers=sse.HEADERS,
     )
 
 

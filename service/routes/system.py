@@ -19,8 +19,9 @@ public_router = APIRouter(route_class=ApiRoute, tags=["system"])
 router = APIRouter(route_class=ApiRoute, tags=["system"], responses=error_responses(503))
 
 
+# `async def`: it needs no thread, so it answers even while every thread of the pool is busy.
 @public_router.get("/healthz", response_model=HealthPublic)
-def read_health() -> dict[str, Any]:
+async def read_health() -> dict[str, Any]:
     """Liveness: the process answers."""
     return {"status": "ok"}
 

@@ -533,6 +533,22 @@ class RunStore:
             rows = conn.execute(query).all()
         return [Event(r.id, r.run_id, r.type, r.data, r.created_at) for r in rows]
 
+    def last_event_ids(self, run_ids: Iterable[str]) -> dict[str, int]:
+        """The id of each run's newest event (a run without events is left out), in one
+        query per 500 runs: how one poller learns which of many followed runs have news
+        (service/sse.py). One run's ids become visible in order ("Event log"), so a larger
+        id than a follower has seen means events it has not."""
+        wanted, newest = list(dict.fromkeys(run_ids)), {}
+        with read_transaction(self.engine) as conn:
+            for start in range(0, len(wanted), 500):
+                query = (
+                    select(run_events.c.run_id, func.max(run_events.c.id))
+                    .where(run_events.c.run_id.in_(wanted[start : start + 500]))
+                    .group_by(run_events.c.run_id)
+                )
+                newest.update({run_id: int(last) for run_id, last in conn.execute(query)})
+        return newest
+
     def finish(
         self,
         run_id: str,

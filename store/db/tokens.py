@@ -108,18 +108,24 @@ class TokenStore:
             self._seen.pop(row.token_sha256, None)
         return _token(row)
 
-    def identify(self, token: str) -> Principal | None:
-        """Who holds `token`, or None when it is no token of this service."""
+    def recall(self, token: str) -> Principal | None:
+        """Who holds `token` as far as this process knows without a query: the bootstrap
+        token, or one identified within `IDENTITY_SECONDS`; None means `identify` must ask.
+        No I/O, so an event loop may call it (service/deps.py)."""
         if self.bootstrap is not None and hmac.compare_digest(
             token.encode(), self.bootstrap.encode()
         ):
             return Principal(BOOTSTRAP, "admin")
+        with self._lock:
+            seen = self._seen.get(digest(token))
+        return seen[0] if seen is not None and seen[1] > time.monotonic() else None
+
+    def identify(self, token: str) -> Principal | None:
+        """Who holds `token`, or None when it is no token of this service."""
+        if (known := self.recall(token)) is not None:
+            return known
         # The lookup is by the sha256, so its timing says nothing about the token.
         key = digest(token)
-        with self._lock:
-            seen = self._seen.get(key)
-        if seen is not None and seen[1] > time.monotonic():
-            return seen[0]
         query = select(api_tokens).where(api_tokens.c.token_sha256 == key)
         with read_transaction(self.engine) as conn:
             row = conn.execute(query).one_or_none()
@@ -131,7 +137,10 @@ class TokenStore:
                 conn.execute(
                     update(api_tokens).where(api_tokens.c.name == row.name).values(last_used_at=now)
                 )
-        return Principal(row.name, row.scope)
+        principal = Principal(row.name, row.scope)
+        with self._lock:
+            self._seen[key] = (principal, time.monotonic() + IDENTITY_SECONDS)
+        return principal
 
 
 def _token(row: Row[Any]) -> ApiToken:

@@ -504,7 +504,8 @@ def test_an_idle_stream_sends_keepalive_comments(client: TestClient, runs: RunSt
     run_id = submit(client, "train", CPU_TRAIN).json()["id"]
 
     async def first_frames() -> list[str]:
-        stream = sse.stream_events(runs, run_id, poll_seconds=0.01, keepalive_seconds=0.0)
+        feed = sse.EventFeed(runs, client.app.state.tokens)  # type: ignore[attr-defined]
+        stream = sse.stream_events(feed, run_id, keepalive_seconds=0.0)
         frames = [await anext(stream), await anext(stream)]
         await stream.aclose()
         return frames
