@@ -9,6 +9,7 @@ import uvicorn
 
 from trainctl.service.app import create_app
 from trainctl.service.logs import configure_logging
+from trainctl.service.middleware import H11WithHeaders
 from trainctl.service.settings import get_settings, is_loopback
 
 # On SIGTERM uvicorn waits for open responses to finish, and an event stream of a queued run
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         port=port,
         log_config=None,
         access_log=False,
+        http=H11WithHeaders,  # its own 400s carry the security headers too
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
     return 0
