@@ -125,6 +125,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # ours, served from the package: routes/dashboard.py
+        redoc_url=None,
         max_body_size=settings.max_body_bytes,
         generate_unique_id_function=operation_id,
     )

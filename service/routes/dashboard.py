@@ -1,7 +1,10 @@
-"""The web dashboard: one static page and its assets (no build step, no CDN).
+"""The web dashboard and the API docs: static pages and their assets (no build step, no CDN).
 
-The page holds no data: it reads the API with the token the user types in, so it is served
-without one. Plain Starlette routes, not API operations: the OpenAPI schema describes the API.
+The pages hold no data: they read the API with the token the user types in, so they are
+served without one. Plain Starlette routes, not API operations: the OpenAPI schema describes
+the API. The docs are Swagger UI, vendored (static/vendor), on /openapi.json: FastAPI's own
+/docs loads it from a CDN with an inline script, which the CSP blocks and an offline node
+cannot reach.
 """
 
 from __future__ import annotations
@@ -44,6 +47,12 @@ async def read_dashboard(request: Request) -> FileResponse:
     return FileResponse(STATIC_DIR / "index.html", headers=NO_CACHE)
 
 
+async def read_docs(request: Request) -> FileResponse:
+    """The API docs page."""
+    return FileResponse(STATIC_DIR / "docs.html", headers=NO_CACHE)
+
+
 def mount_dashboard(app: FastAPI) -> None:
     app.add_route("/", read_dashboard, methods=["GET"], include_in_schema=False)
+    app.add_route("/docs", read_docs, methods=["GET"], include_in_schema=False)
     app.mount("/static", RevalidatedStaticFiles(directory=STATIC_DIR), name="static")
