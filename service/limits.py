@@ -29,8 +29,8 @@ class Slots:
             await asyncio.wait_for(self._free.acquire(), self.wait_seconds)
         except TimeoutError:
             raise Overloaded(
-                f"{self.limit} {self.what} are in progress and none ended within "
-                f"{self.wait_seconds:g} s; retry later",
+                f"all {self.limit} slots for {self.what} are taken and none freed up within "
+                f"{self.wait_seconds:g} s (TRAINCTL_STORE_CONCURRENCY); retry later",
                 status=503,
                 retry_after=RETRY_SECONDS,
             ) from None

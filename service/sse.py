@@ -168,7 +168,7 @@ async def stream_events(
                 yield event_frame(event)
                 after_id = follower.after_id = event.id
             if events:
-                continue  # a full page: there may be more
+                continue  # at once: a page may not hold them all, and the run may have ended
             if state in TERMINAL_STATES:
                 yield end_frame(run_id, state)
                 return

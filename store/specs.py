@@ -40,7 +40,7 @@ from trainctl.store.optimizers import (
     unread_settings,
 )
 from trainctl.store.placement import Spread
-from trainctl.store.presets import PRESETS, ModelConfig, get_preset
+from trainctl.store.presets import BOUNDS, PRESETS, ModelConfig, get_preset
 
 MAX_STEPS = 10_000_000
 TARGET_TOKENS = 8_310_000_000  # the seed's pre-training budget: 8.31 B tokens
@@ -78,6 +78,8 @@ MAX_TRAIN_PROMPTS = 8
 # A prompt is checked against the model's context at submit; this bounds the request itself.
 MAX_PROMPT_CHARS = 1 << 20
 MAX_PROMPT_TOKENS = 131_072  # the longest context (store.presets.BOUNDS)
+TokenId = Annotated[StrictInt, Field(ge=0, lt=int(BOUNDS["vocab_size"][1]))]
+"""A token id: below the largest vocabulary (the model's own is checked at submit)."""
 # Where the service can mirror a train run's metrics (docs/architecture.md, "Metrics sinks").
 Tracker = Literal["tensorboard", "mlflow"]
 TRACKERS: tuple[Tracker, ...] = ("tensorboard", "mlflow")
@@ -574,7 +576,7 @@ class SampleRequest(CheckpointChoice, Request):
         "checkpoint's: UTF-8 bytes). A checkpoint that records no tokenizer takes "
         "`prompt_tokens` instead.",
     )
-    prompt_tokens: list[list[StrictInt]] | None = Field(
+    prompt_tokens: list[list[TokenId]] | None = Field(
         None,
         min_length=1,
         max_length=MAX_PROMPTS,

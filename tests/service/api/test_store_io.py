@@ -106,7 +106,7 @@ def test_store_reads_that_never_return_hold_up_nothing_else_and_the_next_is_a_50
     assert runs.status_code == 200  # the database's routes still have threads
     assert busy.status_code == 503
     assert busy.headers["Retry-After"] == "1"
-    assert "2 store requests are in progress" in busy.json()["detail"]
+    assert "all 2 slots for store requests are taken" in busy.json()["detail"]
     assert "X-Frame-Options" in busy.headers
     assert reached_the_store == 2  # the third waited for a slot, not in the store
     assert results == [200, 200]
