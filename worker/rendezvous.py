@@ -21,14 +21,12 @@ So instead:
 
 from __future__ import annotations
 
-import fcntl
+import ctypes
 import ipaddress
 import socket
-import struct
 import sys
 from collections.abc import Mapping
 from datetime import timedelta
-from pathlib import Path
 
 import torch.distributed as dist
 
@@ -37,7 +35,6 @@ LOOPBACK_INTERFACE = "lo0" if sys.platform == "darwin" else "lo"
 INTERFACE_SETTINGS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 STORE_TIMEOUT = timedelta(minutes=30)
 """As torch's own process-group store: how long a rank waits for the others' keys."""
-_SIOCGIFADDR = 0x8915  # <linux/sockios.h>: an interface's IPv4 address
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
@@ -108,41 +105,54 @@ def socket_env(local_addr: str, gang: bool, environ: Mapping[str, str]) -> dict[
 
 
 def interface_of(host: str) -> str | None:
-    """The network interface holding `host`'s address on this machine (Linux), or None."""
+    """The network interface holding `host`'s address on this machine, or None."""
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-        address = ipaddress.ip_address(infos[0][4][0])
+        address = ipaddress.ip_address(str(infos[0][4][0]).partition("%")[0])
     except (OSError, ValueError, IndexError):
         return None
     if address.is_loopback:
         return LOOPBACK_INTERFACE
-    if isinstance(address, ipaddress.IPv6Address):
-        return _ipv6_interface(address)
-    for _, name in socket.if_nameindex():
-        if _ipv4_of(name) == address:
-            return name
-    return None
+    return next((name for name, held in interface_addresses() if held == address), None)
 
 
-def _ipv4_of(interface: str) -> ipaddress.IPv4Address | None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            answer = fcntl.ioctl(
-                sock.fileno(), _SIOCGIFADDR, struct.pack("256s", interface[:15].encode())
-            )
-        except OSError:
-            return None
-    return ipaddress.IPv4Address(answer[20:24])
+class _Ifaddrs(ctypes.Structure):
+    """<ifaddrs.h>: one address of one interface, in a linked list."""
 
 
-def _ipv6_interface(address: ipaddress.IPv6Address) -> str | None:
-    """From /proc/net/if_inet6: `<address hex> <index> <prefix> <scope> <flags> <name>`."""
+_Ifaddrs._fields_ = [
+    ("next", ctypes.POINTER(_Ifaddrs)),
+    ("name", ctypes.c_char_p),
+    ("flags", ctypes.c_uint),
+    ("addr", ctypes.c_void_p),
+    ("netmask", ctypes.c_void_p),
+    ("broadaddr", ctypes.c_void_p),
+    ("data", ctypes.c_void_p),
+]
+
+
+def interface_addresses() -> list[tuple[str, ipaddress.IPv4Address | ipaddress.IPv6Address]]:
+    """Every (interface, address) of this machine, from getifaddrs(3); empty but on Linux."""
+    if not sys.platform.startswith("linux"):
+        return []
+    libc = ctypes.CDLL(None, use_errno=True)
+    head = ctypes.POINTER(_Ifaddrs)()
+    if libc.getifaddrs(ctypes.byref(head)) != 0:
+        return []
+    found: list[tuple[str, ipaddress.IPv4Address | ipaddress.IPv6Address]] = []
     try:
-        lines = Path("/proc/net/if_inet6").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split()
-        if len(fields) == 6 and fields[0] == address.exploded.replace(":", ""):
-            return fields[5]
-    return None
+        node = head
+        while node:
+            entry = node.contents
+            family = entry.addr and int.from_bytes(ctypes.string_at(entry.addr, 2), sys.byteorder)
+            # struct sockaddr_in: family, port, address; sockaddr_in6: family, port, flow, address
+            if family == socket.AF_INET:
+                raw = ctypes.string_at(entry.addr, 8)
+                found.append((entry.name.decode(), ipaddress.IPv4Address(raw[4:8])))
+            elif family == socket.AF_INET6:
+                raw = ctypes.string_at(entry.addr, 24)
+                found.append((entry.name.decode(), ipaddress.IPv6Address(raw[8:24])))
+            node = entry.next
+    finally:
+        libc.freeifaddrs(head)
+    return found

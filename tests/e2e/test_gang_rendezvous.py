@@ -5,7 +5,6 @@ address: not to every interface, not to loopback."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -17,14 +16,13 @@ from tests.reliability.workers import Workers, wait_finished
 from tests.sockets import assert_listen_at, listening
 from tests.worker.test_rendezvous import until_cancelled
 from trainctl.store.db.runs import RunStore
-from trainctl.worker.rendezvous import _ipv4_of
+from trainctl.worker.rendezvous import interface_addresses
 
 
 def own_address() -> str | None:
     """An IPv4 address of this machine other than loopback."""
-    for _, name in socket.if_nameindex():
-        address = _ipv4_of(name)
-        if address is not None and not address.is_loopback:
+    for _, address in interface_addresses():
+        if address.version == 4 and not address.is_loopback:
             return str(address)
     return None
 
