@@ -22,9 +22,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The service with its embedded defaults: SQLite and checkpoints under ./data, one local
-# worker per GPU (one on a CPU-only node), http://127.0.0.1:8000.
+# worker per GPU (one on a CPU-only node), http://127.0.0.1:8000. The console script, not
+# `python -m`: nothing is imported from the working folder.
 serve: install
-	$(PY) -m trainctl.service
+	$(VENV)/bin/trainctl serve
 
 benchmark: install
 	$(PY) -m trainctl.worker.benchmark --steps 100

@@ -1,9 +1,22 @@
-"""`python -m trainctl.service`: serve the API (and supervise local workers) with uvicorn."""
+"""`python -m trainctl.service`: serve the API (and supervise local workers) with uvicorn.
+
+`trainctl serve` is the same, and the command to use: `python -m` puts the working folder
+first on `sys.path`, ahead of the installed packages. This module takes it off again before
+it imports anything but `os` and `sys`, so a `fastapi/` or `uvicorn/` there is never
+imported; what Python imports before it runs (the standard library modules `trainctl`
+itself needs) it cannot protect.
+"""
 
 from __future__ import annotations
 
-import argparse
+import os
 import sys
+
+# Before any other import (see above): `python -m` put the working folder first.
+if not sys.flags.safe_path and sys.path and sys.path[0] == os.getcwd():
+    del sys.path[0]
+
+import argparse
 
 import uvicorn
 

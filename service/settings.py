@@ -179,7 +179,7 @@ class Settings(BaseSettings):
         3600.0, gt=0, le=86400, description="Longest wait between a delivery's attempts."
     )
     webhook_concurrency: int = Field(
-        4, ge=1, le=64, description="Webhook deliveries sent at once, by one service."
+        4, ge=1, le=64, description="Webhook deliveries sent at once to one webhook."
     )
     webhook_poll_seconds: float = Field(
         0.5, gt=0, le=60, description="How often the webhook dispatcher reads the event log."

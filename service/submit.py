@@ -51,7 +51,8 @@ def submit_run(
 ) -> Run:
     record = RUN_KINDS.get(kind)
     digest = request_digest(kind, request)
-    if idempotency_key and (existing := runs.replay(idempotency_key, kind, digest)):
+    name = submitter.name if submitter else None
+    if idempotency_key and (existing := runs.replay(idempotency_key, kind, digest, name)):
         return existing  # an idempotent retry gets its run, even if resolving now would differ
     plan = record.resolve.load()(request, submit_context(settings, runs, ckpts))
     placement = record.placement(plan)
@@ -72,7 +73,7 @@ def submit_run(
             placement=placement,
             depends_on=[(ref.experiment, ref.tag)] if ref else [],
             request_digest=digest if idempotency_key else None,
-            submitted_by=submitter.name if submitter else None,
+            submitted_by=name,
             queue_limits=QueueLimits(settings.max_queued_runs, settings.max_queued_runs_per_token),
         )
 

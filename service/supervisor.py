@@ -18,7 +18,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -30,12 +29,15 @@ from typing import TYPE_CHECKING
 from trainctl.service.devices import gpu_count
 from trainctl.service.settings import Settings
 from trainctl.store.db.runs import RunStore
+from trainctl.store.processes import isolated_env, python_command
 
 if TYPE_CHECKING:
     from trainctl.service.metrics import ServiceMetrics
 
 log = logging.getLogger("trainctl.supervisor")
-WORKER_COMMAND = (sys.executable, "-P", "-m", "trainctl.worker")
+# Isolated (store/processes.py): a worker imports neither from the service's working folder
+# nor from its PYTHONPATH, only what is installed, plug-ins included.
+WORKER_COMMAND = tuple(python_command("trainctl.worker"))
 LOG_TAIL_LINES = 10
 LOG_TAIL_BYTES = 16384  # enough for LOG_TAIL_LINES lines of JSON log records
 
@@ -117,8 +119,9 @@ SERVICE_ONLY = (
 
 
 def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment a local worker starts with: the service's, less what only it needs."""
-    return {k: v for k, v in environ.items() if k not in SERVICE_ONLY}
+    """The environment a local worker starts with: the service's, less what only it needs
+    and less the variables that steer a Python interpreter (`PYTHONPATH`, ...)."""
+    return {k: v for k, v in isolated_env(environ).items() if k not in SERVICE_ONLY}
 
 
 # The kernel counts the processes its OOM killer ended in the node's (or container's) cgroup.

@@ -3,12 +3,15 @@
 The worker process stays what it is (it holds the run's lease, heartbeats, and hears SIGTERM)
 and starts torch.distributed's elastic launcher as a child:
 
-    worker ──spawns──▶ python -m trainctl.worker.launch launch N job.json  (torchrun)
-                          └─▶ N × python -m trainctl.worker.launch rank job.json
+    worker ──spawns──▶ python -I … trainctl.worker.launch launch job.json  (torchrun)
+                          └─▶ N × python -I … trainctl.worker.launch rank job.json
 
-torchrun runs as a child rather than in the worker because its agent installs its own SIGTERM
-handler, which would kill the ranks instead of letting a train run checkpoint and requeue.
-The child dies with the worker (PR_SET_PDEATHSIG), and torchrun then stops the ranks.
+Both start isolated (store.processes): they import nothing from the working folder or
+PYTHONPATH. torchrun runs as a child rather than in the worker because its agent installs
+its own SIGTERM handler, which would kill the ranks instead of letting a train run
+checkpoint and requeue. The child dies with the worker (PR_SET_PDEATHSIG), and torchrun
+then stops the ranks. Every store and connection of the run listens on one address only,
+loopback on one node (worker.rendezvous).
 
 How the ranks share the work is `worker.parallel`'s. Rank 0 alone talks to the run store (events,
 progress, cancel, the lease check before a checkpoint commits) and writes checkpoints; every
@@ -35,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,8 +52,10 @@ from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost
 from trainctl.store.layout import DataLayout
 from trainctl.store.plans import TrainPlan
+from trainctl.store.processes import isolated_env, python_command
 from trainctl.worker.context import RunContext
 from trainctl.worker.parallel import AgreedStop, DDPReplica, RankSampler
+from trainctl.worker.rendezvous import LOOPBACK, host_store, rank_store, socket_env
 from trainctl.worker.train import Trainer, TrainParts
 
 POLL_SECONDS = 0.2
@@ -89,11 +95,14 @@ def launch_train(
     with tempfile.TemporaryDirectory(prefix="trainctl-ddp-") as tmp:
         workdir = Path(tmp)
         job_file = workdir / "job.json"
+        rendezvous, hosted = rendezvous_of(ctx)
         job: dict[str, Any] = {
             "plan": plan.model_dump(mode="json"),
             # Each rank opens the data dir's stores as the worker did (store.checkpoints.factory).
             "data_dir": str(layout.root),
-            "torchrun": [*torchrun_args(plan, ctx, local_addr), str(job_file)],
+            "torchrun": torchrun_args(plan, ctx, local_addr, job_file),
+            # host:port; hosted: the launcher serves the store there (one node, a gang's leader)
+            "rendezvous": {"endpoint": rendezvous, "hosted": hosted},
         }
         if ctx is not None:
             job["run"] = {
@@ -103,35 +112,46 @@ def launch_train(
                 "lease_seconds": ctx.lease_seconds,
             }
         job_file.write_text(json.dumps(job))
-        command = [sys.executable, "-P", "-m", "trainctl.worker.launch", "launch"]
-        with subprocess.Popen([*command, str(job_file)], env=child_env(ctx)) as proc:
+        command = python_command("trainctl.worker.launch", "launch", str(job_file))
+        env = child_env(ctx, local_addr or LOOPBACK, gang=gang is not None)
+        with subprocess.Popen(command, env=env) as proc:
             code = watch(proc, workdir, ctx)
         return read_result(workdir, code, gang=gang is not None)
 
 
-def torchrun_args(plan: TrainPlan, ctx: RunContext | None, local_addr: str | None) -> list[str]:
-    """torchrun's arguments: one node on a free local port, or this member's place in a gang.
-    No restarts either way: the queue retries a run from its checkpoint, on any workers."""
+def rendezvous_of(ctx: RunContext | None) -> tuple[str, bool]:
+    """Where the c10d rendezvous meets, and whether this node hosts it: one node on a free
+    loopback port, a gang at its leader's address (docs/architecture.md, "Multi-GPU and
+    multi-node"; worker.rendezvous)."""
     gang = ctx.run.gang if ctx is not None else None
-    args = [f"--nproc-per-node={plan.nproc_per_node}", "--max-restarts=0"]
     if gang is None:
-        args.append("--standalone")
-    else:
-        assert ctx is not None
-        # node rank 0 (the leader) hosts the rendezvous store at its own address; saying so
-        # rather than letting torchrun guess matters when several members share a host.
-        host = "1" if gang.node_rank == 0 else "0"
-        args += [
-            f"--nnodes={gang.nnodes}",
-            f"--node-rank={gang.node_rank}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={gang.rendezvous}",
-            f"--rdzv-id={ctx.run.id}-{ctx.attempt}",
-            f"--rdzv-conf=is_host={host},join_timeout={RENDEZVOUS_JOIN_SECONDS}",
-        ]
-        if local_addr:
-            args.append(f"--local-addr={local_addr}")
-    return [*args, "-m", "trainctl.worker.launch", "rank"]
+        return f"{LOOPBACK}:0", True
+    return gang.rendezvous, gang.node_rank == 0
+
+
+def torchrun_args(
+    plan: TrainPlan, ctx: RunContext | None, local_addr: str | None, job_file: Path
+) -> list[str]:
+    """torchrun's arguments but the rendezvous endpoint (the launcher adds it): one node, or
+    this member's place in a gang. No restarts either way: the queue retries a run from its
+    checkpoint, on any workers. The ranks start isolated (store.processes), which torchrun's
+    own `python -u -m` would not: hence `--no-python` and the whole command."""
+    gang = ctx.run.gang if ctx is not None else None
+    run_id = f"{ctx.run.id}-{ctx.attempt}" if ctx is not None else uuid.uuid4().hex
+    nodes = [f"--nnodes={gang.nnodes}", f"--node-rank={gang.node_rank}"] if gang else []
+    args = [
+        f"--nproc-per-node={plan.nproc_per_node}",
+        "--max-restarts=0",
+        *nodes,
+        "--rdzv-backend=c10d",
+        f"--rdzv-id={run_id}",
+        # The launcher hosts the store (worker.rendezvous): torchrun only joins it.
+        f"--rdzv-conf=is_host=0,join_timeout={RENDEZVOUS_JOIN_SECONDS}",
+        f"--local-addr={local_addr if gang and local_addr else LOOPBACK}",
+        "--no-python",
+    ]
+    rank = python_command("trainctl.worker.launch", "rank", str(job_file), unbuffered=True)
+    return [*args, *rank]
 
 
 def world_size(plan: TrainPlan) -> int:
@@ -151,8 +171,12 @@ def check_world(plan: TrainPlan) -> None:
         )
 
 
-def child_env(ctx: RunContext | None) -> dict[str, str]:
-    env = dict(os.environ)
+def child_env(ctx: RunContext | None, local_addr: str, *, gang: bool) -> dict[str, str]:
+    """torchrun's environment, and so the ranks': isolated (store.processes), with no store
+    shared by torchrun and the interfaces gloo and NCCL may use (worker.rendezvous)."""
+    env = isolated_env(os.environ)
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    env.update(socket_env(local_addr, gang, os.environ))
     if ctx is not None:
         # Through the environment, not the job file: the URL may hold a password.
         env["TRAINCTL_DATABASE_URL"] = ctx.runs.engine.url.render_as_string(hide_password=False)
@@ -215,11 +239,24 @@ def read_result(workdir: Path, code: int, *, gang: bool = False) -> dict[str, An
 
 
 def run_launcher(job_file: str) -> int:
-    """torchrun, with the arguments the worker chose (`torchrun_args`)."""
+    """torchrun, with the arguments the worker chose (`torchrun_args`), after serving the
+    rendezvous store where this node hosts it (worker.rendezvous)."""
     die_with_parent()
     from torch.distributed.run import main as torchrun
 
-    torchrun(json.loads(Path(job_file).read_text())["torchrun"])
+    job = json.loads(Path(job_file).read_text())
+    endpoint, store = job["rendezvous"]["endpoint"], None
+    if job["rendezvous"]["hosted"]:
+        try:
+            store, endpoint = host_store(endpoint)
+        except OSError as exc:  # a fault of this node (its --address), not a peer gone
+            error = {"type": "OSError", "message": str(exc), "peer_lost": False}
+            (Path(job_file).parent / ERROR_FILE).write_text(json.dumps(error))
+            return 1
+    try:
+        torchrun([f"--rdzv-endpoint={endpoint}", *job["torchrun"]])
+    finally:
+        del store  # the rendezvous ends with torchrun
     return 0
 
 
@@ -232,9 +269,6 @@ def die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:  # the worker died before prctl took effect
         sys.exit(1)
-
-
-# ---- a rank ----------------------------------------------------------------------------------
 
 
 # ---- a rank ----------------------------------------------------------------------------------
@@ -294,7 +328,12 @@ def run_rank(job_file: str) -> int:
     if plan.device == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     device = torch.device("cuda", torch.cuda.current_device()) if plan.device == "cuda" else None
-    dist.init_process_group("nccl" if plan.device == "cuda" else "gloo")
+    # The group's store is ours, bound to MASTER_ADDR alone (worker.rendezvous), not torch's
+    # default one that listens on every interface.
+    store = rank_store(rank, world, os.environ)
+    dist.init_process_group(
+        "nccl" if plan.device == "cuda" else "gloo", store=store, rank=rank, world_size=world
+    )
     runs = RunStore(os.environ["TRAINCTL_DATABASE_URL"]) if "run" in job and rank == 0 else None
     report: dict[str, Any] | None = None
     try:

@@ -33,6 +33,7 @@ from trainctl.worker.context import Heartbeat, RunContext
 from trainctl.worker.executor import Outcome, WorkerEnv, execute
 from trainctl.worker.launch import PeerLost
 from trainctl.worker.logs import configure_logging, running
+from trainctl.worker.rendezvous import listener
 
 log = logging.getLogger("trainctl.worker")
 
@@ -153,10 +154,16 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def free_port() -> int:
-    """A TCP port free on this host now (the rendezvous binds it a moment later)."""
-    with socket.socket() as sock:
-        sock.bind(("", 0))  # every interface, as the rendezvous store binds
+def free_port(host: str) -> int:
+    """A TCP port free at `host` now: the leader's launcher binds the rendezvous store there
+    a moment later, at that address alone (worker.rendezvous). Where `host` cannot be bound
+    here, a port free on the others: the claim goes on, and the run fails saying why."""
+    try:
+        sock = listener(host, 0)
+    except OSError:
+        sock = socket.socket()
+        sock.bind(("", 0))
+    with sock:
         return int(sock.getsockname()[1])
 
 
@@ -183,8 +190,8 @@ class Worker:
 
     def rendezvous(self) -> str:
         """host:port for a gang this worker leads."""
-        port = self.config.rendezvous_port or free_port()
-        return f"{self.config.address or socket.getfqdn()}:{port}"
+        host = self.config.address or socket.getfqdn()
+        return f"{host}:{self.config.rendezvous_port or free_port(host)}"
 
     def install_signal_handlers(self) -> None:
         def stop(signum: int, frame: FrameType | None) -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from typing import Annotated
 
 import typer
 
 from trainctl.service.cli.common import needs_extra
 from trainctl.service.cli.errors import MissingExtra
+from trainctl.store.processes import isolated_env, python_command
 
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -37,7 +37,9 @@ def worker(ctx: typer.Context) -> None:
         raise MissingExtra(
             'trainctl worker needs torch, which is not installed: pip install "trainctl[worker]"'
         )
-    os.execv(sys.executable, [sys.executable, "-P", "-m", "trainctl.worker", *ctx.args])
+    # Isolated (store/processes.py): nothing from the working folder or PYTHONPATH.
+    command = python_command("trainctl.worker", *ctx.args)
+    os.execve(command[0], command, isolated_env(os.environ))
 
 
 def register(app: typer.Typer) -> None:

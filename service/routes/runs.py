@@ -163,8 +163,12 @@ def read_run(run_id: str, runs: RunsDep, settings: SettingsDep) -> RunPublic:
 def cancel_run(
     run_id: str, runs: RunsDep, settings: SettingsDep, submitter: Submitter
 ) -> RunPublic:
-    """Cancel a queued run now, or ask a running one to stop at the next step."""
-    return public_run(runs, settings.lease_seconds, runs.request_cancel(run_id))
+    """Cancel a queued run now, or ask a running one to stop at the next step.
+
+    A submit token cancels only the runs it submitted (another's is a 403), an admin token
+    any run."""
+    only_of = submitter.name if submitter and not submitter.allows("admin") else None
+    return public_run(runs, settings.lease_seconds, runs.request_cancel(run_id, only_of))
 
 
 @router.get(

@@ -8,10 +8,13 @@ the store's calls, which block, go to worker threads. Every `poll_seconds` it:
    several services on one database only one dispatches;
 2. reads the event log after its cursor, makes a delivery per state change and subscribed
    webhook, and moves the cursor, in one transaction (`WebhookStore.record`);
-3. claims due deliveries up to its free slots (`webhook_concurrency`) and sends each as a
-   task with a deadline (`sending.send`); the outcome goes to the delivery log.
+3. claims due deliveries up to its free slots (`Slots`) and sends each as a task with a
+   deadline (`sending.send`); the outcome goes to the delivery log.
 
-A slow or dead receiver costs one slot for at most `webhook_timeout_seconds`; the API never
+One receiver never holds up another (`Slots`): each webhook has its own slots
+(`webhook_concurrency`), one only while its last attempt failed, and the webhooks whose last
+attempt failed share at most half of all the slots, the rest being kept for the others. A
+slow or dead receiver costs its slot for at most `webhook_timeout_seconds`; the API never
 waits for it. With no webhook registered the dispatcher only looks again now and then, or
 when this service registers one.
 """
@@ -61,6 +64,8 @@ GAP_SECONDS = 60.0
 CLAIM_MARGIN_SECONDS = 60.0
 """A claimed delivery is due again this long after its attempt's deadline: the service that
 claimed it died while sending."""
+MAX_IN_FLIGHT = 256
+"""Deliveries in flight at once, to all webhooks: open connections, a bound on sockets."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,60 @@ def next_cursor(
 
 
 @dataclass
+class Slots:
+    """Who may send now: each webhook at most `per_webhook` deliveries at once, one while its
+    last attempt failed; in all at most `total`, of which the failing webhooks together hold
+    at most half, so a crowd of dead receivers cannot take the slots of a live one."""
+
+    per_webhook: int
+    total: int = MAX_IN_FLIGHT
+    flying: dict[str, int] = field(default_factory=dict)
+    """Delivery id -> its webhook, for the deliveries being sent."""
+    failing: set[int] = field(default_factory=set)
+    """Webhooks whose last attempt failed (reset by one that succeeds)."""
+
+    def take(self, outgoing: Outgoing) -> None:
+        self.flying[outgoing.id] = outgoing.webhook_id
+
+    def done(self, outgoing: Outgoing, ok: bool | None) -> None:
+        """A send ended; `ok` says how (None: not known, as when it was stopped)."""
+        self.flying.pop(outgoing.id, None)
+        if ok is True:
+            self.failing.discard(outgoing.webhook_id)
+        elif ok is False:
+            self.failing.add(outgoing.webhook_id)
+
+    def claims(self) -> Claims:
+        """What may be claimed now."""
+        busy: dict[int, int] = {}
+        for webhook in self.flying.values():
+            busy[webhook] = busy.get(webhook, 0) + 1
+        healthy = {w: max(self.per_webhook - n, 0) for w, n in busy.items()}
+        failing = {w: max(1 - busy.get(w, 0), 0) for w in self.failing}
+        failing_busy = sum(busy.get(w, 0) for w in self.failing)
+        return Claims(
+            free=self.total - len(self.flying),
+            healthy=healthy | dict.fromkeys(self.failing, 0),
+            per_webhook=self.per_webhook,
+            failing_free=self.total // 2 - failing_busy,
+            failing=failing,
+        )
+
+
+@dataclass(frozen=True)
+class Claims:
+    """How many deliveries a round may claim: `free` in all, of each webhook its quota
+    (`healthy`, else `per_webhook`), and of those failing at most `failing_free` together,
+    each its quota in `failing`."""
+
+    free: int
+    healthy: dict[int, int]
+    per_webhook: int
+    failing_free: int
+    failing: dict[int, int]
+
+
+@dataclass
 class Round:
     """What one round found: deliveries to send, and how long to rest before the next."""
 
@@ -137,6 +196,7 @@ class Dispatcher:
         self._leading = False
         self._in_flight: dict[str, asyncio.Task[None]] = {}
         """Deliveries being sent, by id: never claimed twice by this process."""
+        self._slots = Slots(config.concurrency)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._main, name="trainctl-webhooks", daemon=True)
@@ -173,17 +233,19 @@ class Dispatcher:
         async with build_http(self.config.timeout) as http:
             try:
                 while not self._stopping:
-                    round_ = await self._round(set(self._in_flight))
+                    # The slots are read here, in the loop's thread that changes them.
+                    round_ = await self._round(set(self._in_flight), self._slots.claims())
                     for outgoing in round_.due:
+                        self._slots.take(outgoing)
                         task = asyncio.create_task(self._deliver(http, outgoing))
                         self._in_flight[outgoing.id] = task
                     await self._rest(round_.pause)
             finally:
                 await self._wind_down()
 
-    async def _round(self, in_flight: set[str]) -> Round:
+    async def _round(self, in_flight: set[str], claims: Claims) -> Round:
         try:
-            return await asyncio.to_thread(self._dispatch, in_flight)
+            return await asyncio.to_thread(self._dispatch, in_flight, claims)
         except Exception:
             log.exception("webhook dispatch failed; trying again in %g s", ERROR_SECONDS)
             return Round(pause=ERROR_SECONDS)
@@ -196,8 +258,10 @@ class Dispatcher:
         self._nudge.clear()
 
     async def _deliver(self, http: httpx.AsyncClient, outgoing: Outgoing) -> None:
+        ok: bool | None = None
         try:
             attempt = await send(http, outgoing, self.config.policy, self.config.timeout)
+            ok = attempt.ok
             state = await asyncio.to_thread(
                 self.store.record_attempt, outgoing.id, attempt, self.config.retry
             )
@@ -207,6 +271,8 @@ class Dispatcher:
             return
         finally:
             self._in_flight.pop(outgoing.id, None)
+            self._slots.done(outgoing, ok)
+            self.wake()  # a slot is free: claim what waits for it now, not at the next poll
         if state == "failed":
             log.warning("webhook delivery %s to %s given up after %d attempts: %s",
                         outgoing.id, outgoing.url, attempt.attempt,
@@ -226,7 +292,7 @@ class Dispatcher:
 
     # ---- one round, in a worker thread ----------------------------------------------------------
 
-    def _dispatch(self, in_flight: set[str]) -> Round:
+    def _dispatch(self, in_flight: set[str], claims: Claims) -> Round:
         hooks = self.store.list_webhooks()
         if not hooks:
             if self._leading:
@@ -245,11 +311,22 @@ class Dispatcher:
         if (cursor != stored or new) and not self.store.record(self.holder, new, cursor):
             self._leading = False  # the lease ran out meanwhile: another service may have it
             return Round(pause=IDLE_SECONDS)
-        free = self.config.concurrency - len(in_flight)
-        claim = self.config.timeout + CLAIM_MARGIN_SECONDS
-        due = self.store.claim_due(free, claim, skip=in_flight)
+        due = self._claim(claims, in_flight)
         more = len(batch.event_ids) == BATCH
         return Round(due, pause=0.0 if more else self.config.poll_seconds)
+
+    def _claim(self, claims: Claims, in_flight: set[str]) -> list[Outgoing]:
+        """The healthy webhooks' due deliveries first, then the failing ones' (`Slots`)."""
+        seconds = self.config.timeout + CLAIM_MARGIN_SECONDS
+        due = self.store.claim_due(
+            claims.free, seconds, in_flight, quotas=claims.healthy, default_quota=claims.per_webhook
+        )
+        limit = min(claims.free - len(due), claims.failing_free)
+        if claims.failing and limit > 0:
+            due += self.store.claim_due(
+                limit, seconds, in_flight, quotas=claims.failing, default_quota=0
+            )
+        return due
 
     def _deliveries(self, changes: list[StateChange], hooks: list[Webhook]) -> list[NewDelivery]:
         new = []

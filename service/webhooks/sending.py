@@ -1,7 +1,7 @@
 """One attempt at a delivery: a signed POST with a hard deadline, to an allowed address only.
 
-The attempt never raises for anything the receiver or the network does: a status code or a
-one-line error goes to the delivery log instead. Redirects are not followed (a 3xx is a
+The attempt never raises, whatever the receiver, the network or the URL does: a status code
+or a one-line error goes to the delivery log instead. Redirects are not followed (a 3xx is a
 failed attempt): a redirect could lead anywhere, past the address check. Every attempt opens
 its own connection (no keep-alive), so each is checked where it connects, and the
 environment's proxy settings are ignored for the same reason.
@@ -55,15 +55,10 @@ def build_http(timeout: float) -> httpx.AsyncClient:
 async def send(
     http: httpx.AsyncClient, outgoing: Outgoing, policy: HostPolicy, timeout: float
 ) -> Attempt:
-    """POST the delivery once, within `timeout` seconds all told (name resolution included)."""
-    body = outgoing.body.encode()
-    headers = {
-        "Content-Type": "application/json",
-        SIGNATURE_HEADER: sign(outgoing.secret, body),
-        DELIVERY_HEADER: outgoing.id,
-        EVENT_HEADER: outgoing.event,
-    }
-    trace = address_check(policy, url_host(outgoing.url))
+    """POST the delivery once, within `timeout` seconds all told (name resolution included).
+    Whatever goes wrong, the attempt is returned with the error, to be logged: a URL httpx
+    cannot send (one stored before the rules of `targets.check_url`), a refused address, a
+    fault of ours."""
     started, clock = datetime.now(UTC), time.monotonic()
     status: int | None = None
     error: str | None = None
@@ -71,8 +66,8 @@ async def send(
         # httpx's timeout is per read or write; this one bounds the whole attempt, so that a
         # receiver trickling its answer byte by byte cannot hold a slot for longer.
         async with asyncio.timeout(timeout):
-            request = http.build_request("POST", outgoing.url, content=body, headers=headers)
-            request.extensions["trace"] = trace
+            request = signed_request(http, outgoing)
+            request.extensions["trace"] = address_check(policy, url_host(outgoing.url))
             response = await http.send(request, stream=True)
             status = response.status_code
             await response.aclose()  # the receiver's body is not read: nothing keeps it
@@ -80,10 +75,21 @@ async def send(
         error = f"no answer within {timeout:g} s"
     except AddressRefused as exc:
         error = f"refused: {exc}"
-    except httpx.HTTPError as exc:
+    except Exception as exc:  # any other: logged as this attempt's error, never raised
         error = describe(exc)
     duration_ms = (time.monotonic() - clock) * 1000
     return Attempt(outgoing.attempt, started, round(duration_ms, 1), status, error)
+
+
+def signed_request(http: httpx.AsyncClient, outgoing: Outgoing) -> httpx.Request:
+    body = outgoing.body.encode()
+    headers = {
+        "Content-Type": "application/json",
+        SIGNATURE_HEADER: sign(outgoing.secret, body),
+        DELIVERY_HEADER: outgoing.id,
+        EVENT_HEADER: outgoing.event,
+    }
+    return http.build_request("POST", outgoing.url, content=body, headers=headers)
 
 
 def address_check(
@@ -109,7 +115,7 @@ def address_check(
     return trace
 
 
-def describe(exc: httpx.HTTPError) -> str:
+def describe(exc: Exception) -> str:
     """'ConnectError: [Errno 111] Connection refused', in one line."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -40,6 +40,7 @@ from trainctl.store.db.queue import (
     reserved_for,
 )
 from trainctl.store.db.schema import (
+    IDEMPOTENCY_SCOPE,
     UTCDateTime,
     build_engine,
     read_transaction,
@@ -49,9 +50,11 @@ from trainctl.store.db.schema import (
     workers,
     write_transaction,
 )
+from trainctl.store.db.tokens import same_name
 from trainctl.store.exceptions import (
     Conflict,
     ExperimentBusy,
+    Forbidden,
     InvalidRequest,
     LeaseLost,
     QueueFull,
@@ -262,7 +265,7 @@ class RunStore:
         with write_transaction(self.engine) as conn:
             key = values["idempotency_key"]
             if key is not None:
-                existing = _fetch_one(conn, runs.c.idempotency_key == key)
+                existing = _fetch_one(conn, _keyed(values["submitted_by"], key))
                 if existing is not None:
                     return _replay(existing, values)
             if limits is not None:
@@ -280,13 +283,20 @@ class RunStore:
             )  # fmt: skip
             return _run_from_row(_require_row(conn, run_id))
 
-    def replay(self, idempotency_key: str, kind: str, request_digest: str) -> Run | None:
-        """The run an earlier request with this key created, if any (before resolving again).
+    def replay(
+        self,
+        idempotency_key: str,
+        kind: str,
+        request_digest: str,
+        submitted_by: str | None = None,
+    ) -> Run | None:
+        """The run an earlier request of this submitter with this key created, if any (before
+        resolving again). A key is its submitter's own: another token's is another request.
 
         Raises `Conflict` when the key was used for a different request.
         """
         with read_transaction(self.engine) as conn:
-            existing = _fetch_one(conn, runs.c.idempotency_key == idempotency_key)
+            existing = _fetch_one(conn, _keyed(submitted_by, idempotency_key))
         if existing is None:
             return None
         if existing.kind != kind or existing.request_digest != request_digest:
@@ -344,10 +354,17 @@ class RunStore:
         )
         return [_run_from_row(row) for row in page], next_cursor
 
-    def request_cancel(self, run_id: str) -> Run:
-        """Cancel a queued run now; ask the worker of a running run to stop at a step boundary."""
+    def request_cancel(self, run_id: str, only_of: str | None = None) -> Run:
+        """Cancel a queued run now; ask the worker of a running run to stop at a step boundary.
+
+        With `only_of` (a token name), only a run that token submitted: another's, or one
+        queued without token identities, raises `Forbidden` (docs/architecture.md,
+        "Admission and access").
+        """
         with write_transaction(self.engine) as conn:
             row = _require_row(conn, run_id, lock=True)
+            if only_of is not None:
+                _check_owner(row, only_of)
             if row.state in TERMINAL_STATES:
                 raise RunNotCancellable(
                     f"run {run_id} is already {row.state}; only queued or running runs "
@@ -822,6 +839,26 @@ def _run_from_row(row: Row[Any]) -> Run:
         placement=placement_of_row(row),
         queued_at=row.queued_at,
     )
+
+
+def _keyed(submitted_by: str | None, key: str) -> ColumnElement[bool]:
+    """The run of `submitted_by` with idempotency key `key` (the index `uq_runs_idempotency`
+    is on the same expression)."""
+    return and_(IDEMPOTENCY_SCOPE == (submitted_by or "").lower(), runs.c.idempotency_key == key)
+
+
+def _check_owner(row: Row[Any], name: str) -> None:
+    """A token that is no admin's cancels only the runs it submitted."""
+    if row.submitted_by is None:
+        raise Forbidden(
+            f"run {row.id} was queued without a token (the service had none then); only an "
+            f"admin token may cancel it, and token {name!r} is none"
+        )
+    if not same_name(row.submitted_by, name):
+        raise Forbidden(
+            f"run {row.id} was submitted by {row.submitted_by!r}; token {name!r} may cancel "
+            "only the runs it submitted, and an admin token any run"
+        )
 
 
 def _replay(existing: Row[Any], values: dict[str, Any]) -> Run:

@@ -35,6 +35,7 @@ from sqlalchemy import (
     and_,
     create_engine,
     event,
+    func,
 )
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import ConnectionPoolEntry
@@ -100,8 +101,8 @@ runs = Table(
     Column("max_attempts", Integer, nullable=False),
     Column("cancel_requested", Boolean, nullable=False, default=False),
     Column("lease_expires_at", UTCDateTime, nullable=True),
-    # NULLs are distinct in unique constraints on both SQLite and PostgreSQL.
-    Column("idempotency_key", String(200), nullable=True, unique=True),
+    # Unique per submitter (`uq_runs_idempotency`, below).
+    Column("idempotency_key", String(200), nullable=True),
     # sha256 of the request as the client sent it: a retry with the same key is recognised
     # before the spec is resolved again (which may resolve differently later, e.g. "latest").
     Column("request_digest", String(64), nullable=True),
@@ -139,6 +140,12 @@ Index(
     sqlite_where=_ACTIVE_TRAIN,
     postgresql_where=_ACTIVE_TRAIN,
 )
+
+# An idempotency key is the submitter's own: another token's same key is another request. The
+# scope is the submitter's name in any case (names differ by more than case, see
+# store/db/tokens.py), '' for runs queued without token identities; NULL keys never collide.
+IDEMPOTENCY_SCOPE = func.lower(func.coalesce(runs.c.submitted_by, ""))
+Index("uq_runs_idempotency", IDEMPOTENCY_SCOPE, runs.c.idempotency_key, unique=True)
 
 # Claims read queued runs in this order (store/db/queue.py): an index scan rather than a sort of
 # the whole queue at every claim (measured in bench/claims.py: 3.2 ms against 0.06 ms with
@@ -207,6 +214,8 @@ api_tokens = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("last_used_at", UTCDateTime, nullable=True),
 )
+# Names that differ only by case are one name.
+Index("uq_api_tokens_name_lower", func.lower(api_tokens.c.name), unique=True)
 
 # Metrics sinks (docs/architecture.md, "Metrics sinks"; store/db/sinks.py). A cursor is how far
 # one sink has mirrored one train run's events; `memo` is what the sink keeps of the run
@@ -364,6 +373,37 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
         conn.execution_options(**{_SQLITE_BEGIN_OPTION: "IMMEDIATE"})
         with conn.begin():
             yield conn
+
+
+@contextmanager
+def schema_transaction(engine: Engine) -> Iterator[Connection]:
+    """A write transaction for migrations. On SQLite it does not enforce foreign keys
+    statement by statement: changing a table's constraints there means building it anew and
+    dropping the old one, which rows of other tables refer to; `check_foreign_keys` checks
+    them all before it commits. The pragma takes effect only outside a transaction, so it is
+    set on the bare connection first, and set back whatever happens."""
+    if engine.dialect.name != "sqlite":
+        with write_transaction(engine) as conn:
+            yield conn
+        return
+    with engine.connect() as conn:
+        driver = conn.connection.dbapi_connection
+        assert driver is not None
+        driver.execute("PRAGMA foreign_keys = OFF")
+        try:
+            conn.execution_options(**{_SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+            with conn.begin():
+                yield conn
+        finally:
+            driver.execute("PRAGMA foreign_keys = ON")
+
+
+def check_foreign_keys(conn: Connection) -> None:
+    """On SQLite, fail (and so roll back) a migration that left a row referring to none."""
+    if conn.dialect.name == "sqlite":
+        broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+        if broken:
+            raise RuntimeError(f"a migration broke foreign keys (table, row, parent): {broken[:5]}")
 
 
 @contextmanager

@@ -12,6 +12,11 @@ from deleting checkpoints. An admin creates named tokens with a scope:
 A token is shown once, at creation; the database keeps its sha256 (tokens are 256 random
 bits, so a fast hash is as safe as a slow one). `TRAINCTL_API_TOKEN` is the bootstrap token:
 admin, named `bootstrap`, never stored. Plain bearer tokens, no user database.
+
+A name is an identity, and names that differ only by case are one name: `T-READ` cannot be
+created beside `t-read` (a unique index on `lower(name)`, migration 0006), `bootstrap` is
+taken in any case, revoking finds a token in any case, and a run's submitter is compared in
+any case (`same_name`). A token keeps the case it was created with.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row, delete, insert, select, update
+from sqlalchemy import ColumnElement, Row, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -41,6 +46,11 @@ LAST_USED_RESOLUTION = timedelta(minutes=1)
 # interval instead of one per request. A revocation is felt at once in the process that
 # made it, within this time in others.
 IDENTITY_SECONDS = 5.0
+
+
+def same_name(a: str, b: str) -> bool:
+    """Whether two token names name the same token: names differ by more than case."""
+    return a.lower() == b.lower()
 
 
 @dataclass(frozen=True)
@@ -79,7 +89,7 @@ class TokenStore:
 
     def create(self, name: str, scope: Scope, created_by: str | None) -> tuple[str, ApiToken]:
         """A new token (returned once, never stored) and its record."""
-        if name == BOOTSTRAP:
+        if same_name(name, BOOTSTRAP):
             raise Conflict(f"{BOOTSTRAP!r} is the name of TRAINCTL_API_TOKEN; pick another")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         record = ApiToken(name, scope, created_by, datetime.now(UTC), None)
@@ -88,10 +98,17 @@ class TokenStore:
             with write_transaction(self.engine) as conn:
                 conn.execute(insert(api_tokens).values(values))
         except IntegrityError:
+            taken = self._named(name)
             raise Conflict(
-                f"a token named {name!r} exists already; revoke it first or pick another name"
+                f"a token named {taken.name if taken else name!r} exists already (names differ "
+                "by more than case); revoke it first or pick another name"
             ) from None
         return token, record
+
+    def _named(self, name: str) -> ApiToken | None:
+        with read_transaction(self.engine) as conn:
+            row = conn.execute(select(api_tokens).where(_name_is(name))).one_or_none()
+        return None if row is None else _token(row)
 
     def list_tokens(self) -> list[ApiToken]:
         with read_transaction(self.engine) as conn:
@@ -99,11 +116,12 @@ class TokenStore:
         return [_token(row) for row in rows]
 
     def revoke(self, name: str) -> ApiToken:
+        """Revoke the token of that name, in any case."""
         with write_transaction(self.engine) as conn:
-            row = conn.execute(select(api_tokens).where(api_tokens.c.name == name)).one_or_none()
+            row = conn.execute(select(api_tokens).where(_name_is(name))).one_or_none()
             if row is None:
                 raise NotFound(f"no token named {name!r}")
-            conn.execute(delete(api_tokens).where(api_tokens.c.name == name))
+            conn.execute(delete(api_tokens).where(api_tokens.c.name == row.name))
         with self._lock:
             self._seen.pop(row.token_sha256, None)
         return _token(row)
@@ -141,6 +159,11 @@ class TokenStore:
         with self._lock:
             self._seen[key] = (principal, time.monotonic() + IDENTITY_SECONDS)
         return principal
+
+
+def _name_is(name: str) -> ColumnElement[bool]:
+    """The token of that name, in any case (the index on lower(name) finds it)."""
+    return func.lower(api_tokens.c.name) == name.lower()
 
 
 def _token(row: Row[Any]) -> ApiToken:

@@ -15,12 +15,12 @@ receiver's 2xx and recording it sends that delivery again, under the same delive
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Row, delete, func, insert, select, update
+from sqlalchemy import Row, case, delete, func, insert, literal, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -123,6 +123,7 @@ class Outgoing:
     body: str
     attempt: int
     """The number of this attempt: 1 for the first."""
+    webhook_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -341,21 +342,39 @@ class WebhookStore:
         return True
 
     def claim_due(
-        self, limit: int, claim_seconds: float, skip: Iterable[str] = ()
+        self,
+        limit: int,
+        claim_seconds: float,
+        skip: Iterable[str] = (),
+        *,
+        quotas: Mapping[int, int] | None = None,
+        default_quota: int | None = None,
     ) -> list[Outgoing]:
-        """Up to `limit` deliveries whose time has come, each claimed for `claim_seconds`: if
-        this process dies while sending, the delivery is due again once that has passed."""
+        """Up to `limit` deliveries whose time has come, oldest first, each claimed for
+        `claim_seconds`: if this process dies while sending, the delivery is due again once
+        that has passed. Of each webhook at most its quota (`quotas`, else `default_quota`;
+        none when unset) are taken: its oldest, so one webhook's backlog leaves the rest to
+        the others."""
         if limit <= 0:
             return []
-        now = _utcnow()
-        due = (
-            select(webhook_deliveries.c.id)
-            .where(
-                webhook_deliveries.c.state == "pending",
-                webhook_deliveries.c.next_attempt_at <= now,
-                webhook_deliveries.c.id.not_in(list(skip)),
+        now, d = _utcnow(), webhook_deliveries.c
+        rank = func.row_number().over(partition_by=d.webhook_id, order_by=(d.next_attempt_at, d.id))
+        ranked = (
+            select(d.id, d.webhook_id, rank.label("rank"))
+            .where(d.state == "pending", d.next_attempt_at <= now, d.id.not_in(list(skip)))
+            .subquery()
+        )
+        chosen = select(ranked.c.id)
+        if quotas or default_quota is not None:
+            default = literal(limit if default_quota is None else default_quota)
+            quota = (
+                case(dict(quotas), value=ranked.c.webhook_id, else_=default) if quotas else default
             )
-            .order_by(webhook_deliveries.c.next_attempt_at)
+            chosen = chosen.where(ranked.c.rank <= quota)
+        due = (
+            select(d.id)
+            .where(d.id.in_(chosen), d.state == "pending", d.next_attempt_at <= now)
+            .order_by(d.next_attempt_at, d.id)
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
@@ -374,7 +393,10 @@ class WebhookStore:
                 .where(webhook_deliveries.c.id.in_(ids))
                 .order_by(webhook_deliveries.c.next_attempt_at, webhook_deliveries.c.event_id)
             ).all()
-        return [Outgoing(r.id, r.url, r.secret, r.event, r.body, r.attempts + 1) for r in rows]
+        return [
+            Outgoing(r.id, r.url, r.secret, r.event, r.body, r.attempts + 1, r.webhook_id)
+            for r in rows
+        ]
 
     def record_attempt(
         self, delivery_id: str, attempt: Attempt, retry: RetryPolicy

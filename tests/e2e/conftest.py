@@ -39,6 +39,8 @@ class Service:
     process: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     cwd: Path = REPO
+    argv: list[str] = field(default_factory=lambda: [sys.executable, "-m", "trainctl.service"])
+    """How the service is started: another interpreter, or the console script."""
 
     @property
     def url(self) -> str:
@@ -60,7 +62,7 @@ class Service:
         }
         log = open(self.data_dir / "service.log", "ab")  # noqa: SIM115 - lives with the process
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "trainctl.service"],
+            self.argv,
             cwd=self.cwd,
             env=env,
             stdout=log,

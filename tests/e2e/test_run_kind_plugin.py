@@ -1,13 +1,23 @@
 """A run kind that only a plug-in defines runs through the real API and a real worker
-(docs/architecture.md, "Run kinds"): `echo`, from tests/plugins/trainctl_echo, declared under
-the entry-point groups and discovered by the service and its worker processes, with no other
-module edited."""
+(docs/architecture.md, "Run kinds"): `echo`, from tests/plugins/trainctl_echo, installed by
+pip as a distribution declaring the entry-point groups, and discovered by the service and
+its worker processes, with no other module edited.
+
+The service's workers start isolated (store/processes.py: `python -I`, no PYTHONPATH), so the
+plug-in must be installed where an interpreter finds it by itself: the site-packages of the
+environment the service runs in. The test makes such an environment: a virtualenv holding
+the plug-in, that sees this environment's packages (torch, FastAPI, ...) through a `.pth`
+line instead of installing them again."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import site
 import subprocess
 import sys
+import sysconfig
+import venv
 from pathlib import Path
 
 import httpx
@@ -17,30 +27,49 @@ from tests.e2e.conftest import Service
 from tests.polling import poll
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
-ENTRY_POINTS = """\
-[trainctl.run_kinds]
-echo = trainctl_echo.kind:ECHO
+PYPROJECT = """\
+[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
 
-[trainctl.executors]
-echo = trainctl_echo.executor:execute_echo
+[project]
+name = "trainctl-echo"
+version = "1.0"
+
+[project.entry-points."trainctl.run_kinds"]
+echo = "trainctl_echo.kind:ECHO"
+
+[project.entry-points."trainctl.executors"]
+echo = "trainctl_echo.executor:execute_echo"
+
+[tool.setuptools]
+packages = ["trainctl_echo"]
 """
 
 
-def installed_plugin(site: Path, name: str, entry_points: str) -> str:
-    """A PYTHONPATH on which `name` is found as an installed distribution would be: its
-    dist-info (entry points) in `site`, its code in tests/plugins."""
-    info = site / f"{name.replace('-', '_')}-1.0.dist-info"  # the normalized name, as pip writes
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(entry_points)
-    return os.pathsep.join([str(site), str(PLUGINS)])
+@pytest.fixture(scope="module")
+def plugin_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The python of an environment where trainctl-echo is installed (by pip, offline)."""
+    env = tmp_path_factory.mktemp("plugin-env")
+    venv.create(env, symlinks=True)
+    site_packages = Path(sysconfig.get_path("purelib", vars={"base": str(env)}))
+    (site_packages / "_shared.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    source = tmp_path_factory.mktemp("plugin-src")
+    shutil.copytree(PLUGINS / "trainctl_echo", source / "trainctl_echo")
+    (source / "pyproject.toml").write_text(PYPROJECT)
+    python = env / "bin" / "python"
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+         "--no-index", "--no-cache-dir", str(source)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stdout + install.stderr
+    return python
 
 
 @pytest.fixture
-def echo_service(service: Service, tmp_path: Path) -> Service:
-    service.extra_env["PYTHONPATH"] = installed_plugin(
-        tmp_path / "site", "trainctl-echo", ENTRY_POINTS
-    )
+def echo_service(service: Service, plugin_python: Path) -> Service:
+    service.argv = [str(plugin_python), "-m", "trainctl.service"]
     return service.start()
 
 

@@ -57,7 +57,7 @@ def spawned_envs(
         pid = 1
 
         def __init__(self, args: list[str], env: dict[str, str], **kw: Any) -> None:
-            assert args[1:] == ["-P", "-m", "trainctl.worker"]
+            assert args[1] == "-I" and args[-1] == "trainctl.worker"  # isolated
             envs.append(env)
 
     monkeypatch.setattr(subprocess, "Popen", FakePopen)

@@ -119,7 +119,8 @@ def test_without_an_allow_list_any_host_is_registered_and_addresses_decide() -> 
     policy = HostPolicy.parse([])
     metadata = ipaddress.ip_address("169.254.169.254")
 
-    assert policy.check_host("169.254.169.254") is None  # refused where it connects, below
+    assert policy.check_host("meta.example") is None  # a name: refused where it connects
+    assert "link-local" in (policy.check_host("169.254.169.254") or "")  # an address: now
     assert policy.check_address("localhost", ipaddress.ip_address("127.0.0.1")) is None
     assert "169.254.169.254, a link-local" in (policy.check_address("meta", metadata) or "")
 

@@ -5,6 +5,7 @@ once."""
 from __future__ import annotations
 
 import multiprocessing
+import warnings
 from typing import Any
 
 from alembic.autogenerate import compare_metadata
@@ -17,9 +18,13 @@ from trainctl.store.db.schema import build_engine, metadata, runs, write_transac
 
 
 def schema_differences(url: str) -> list[Any]:
+    """What differs from the declared schema. SQLAlchemy reflects no index on an expression
+    on SQLite (it warns, and the comparison passes over them): those are tested by use."""
     engine = build_engine(url)
     try:
-        with engine.connect() as conn:
+        with engine.connect() as conn, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Skipped unsupported reflection of expression")
+            warnings.filterwarnings("ignore", "autogenerate skipping metadata-specified expr")
             context = MigrationContext.configure(conn, opts={"compare_type": True})
             return list(compare_metadata(context, metadata))
     finally:
@@ -58,7 +63,8 @@ def test_a_database_made_before_migrations_is_adopted_with_its_runs(database_url
     engine = build_engine(database_url)
     with write_transaction(engine) as conn:
         metadata.create_all(conn)
-        # What that trainctl had: none of the later columns and tables.
+        # What that trainctl had: none of the later columns, indexes and tables.
+        conn.execute(text("DROP INDEX uq_runs_idempotency"))
         conn.execute(text("ALTER TABLE runs DROP COLUMN request_digest"))
         conn.execute(text("DROP INDEX ix_runs_submitted_by"))
         conn.execute(text("ALTER TABLE runs DROP COLUMN submitted_by"))

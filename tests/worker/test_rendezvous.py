@@ -1,0 +1,74 @@
+"""Where the processes of a multi-process run listen (worker/rendezvous.py): a real worker
+runs a two-process CPU train run, and every TCP socket its process tree listens on while
+the ranks train is bound to loopback. A gang binds its workers' own address instead:
+tests/e2e/test_gang_rendezvous.py."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.plans import enqueue, train_plan
+from tests.polling import poll
+from tests.reliability.workers import Workers, wait_finished
+from tests.sockets import assert_listen_at, listening
+from trainctl.store.db.runs import RunStore
+from trainctl.store.layout import DataLayout
+from trainctl.store.plans import TrainPlan
+from trainctl.worker.rendezvous import host_store, split_endpoint
+
+
+def until_cancelled(experiment: str, **placement: int) -> TrainPlan:
+    """Tiny CPU ranks that train until the run is cancelled."""
+    return train_plan(
+        experiment=experiment,
+        steps=100_000,
+        model={"preset": "tiny"},
+        data={"source": "synthetic"},
+        batch={"micro_batch_size": 2, "seq_len": 32, "grad_accum_steps": 2},
+        checkpoint_every=1_000_000,
+        val_every=1_000_000,
+        val_batches=1,
+        **placement,
+    )
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Iterator[RunStore]:
+    with RunStore(DataLayout(tmp_path).sqlite_url) as store:
+        store.create_all()
+        yield store
+
+
+def test_a_two_process_run_listens_on_loopback_alone(tmp_path: Path, runs: RunStore) -> None:
+    workers = Workers(tmp_path)
+    try:
+        worker = workers.start("worker")
+        run = enqueue(runs, until_cancelled("exposure", nproc_per_node=2))
+        poll(
+            lambda: runs.get(run.id).progress["step"] >= 2,
+            timeout=300,
+            what=f"the ranks to train; worker log:\n{workers.logs()}",
+        )
+        seen = listening(worker.pid)  # while the ranks train: every store and gloo is up
+        runs.request_cancel(run.id)
+        assert wait_finished(runs, run).state == "cancelled", workers.logs()
+    finally:
+        workers.close()
+
+    # torchrun's launcher (the rendezvous store), rank 0 (the group's store, gloo), rank 1
+    assert_listen_at(seen, "127.0.0.1", processes=3)
+
+
+def test_the_rendezvous_store_listens_at_its_host_alone() -> None:
+    store, endpoint = host_store("127.0.0.1:0")
+    host, port = split_endpoint(endpoint)
+    try:
+        store.set("key", "value")
+        mine = [s for s in listening(os.getpid()) if s.port == port]
+    finally:
+        del store
+    assert host == "127.0.0.1" and [str(s.address) for s in mine] == ["127.0.0.1"]
