@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.polling import poll
-from tests.service.test_dashboard import (  # noqa: F401 (fixtures)
+from tests.service.dashboard.test_dashboard import (  # noqa: F401 (fixtures)
     CHROMIUM,
     SMALL_RUN,
     WIDTHS,

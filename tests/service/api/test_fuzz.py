@@ -53,7 +53,7 @@ from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
 from trainctl.store.vocabulary import RunState
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MAX_EXAMPLES = 50
 """Generated requests per endpoint and mode, on top of schemathesis's boundary-value cases."""
 

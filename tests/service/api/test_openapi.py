@@ -10,7 +10,7 @@ from fastapi.routing import APIRoute, iter_route_contexts
 
 from trainctl.service.openapi import OPENAPI_FILE, render_openapi
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_committed_openapi_matches_the_app(app: FastAPI) -> None:

@@ -27,7 +27,7 @@ from trainctl.service.settings import Settings
 TOKEN = "dashboard-secret"
 ARTIFACTS = Path(
     os.environ.get("TRAINCTL_TEST_ARTIFACTS")
-    or Path(__file__).resolve().parents[2] / "test-artifacts"
+    or Path(__file__).resolve().parents[3] / "test-artifacts"
 )
 CHROMIUM = os.environ.get("TRAINCTL_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 # Root in a container needs --no-sandbox; the rest keeps a closed network from stalling it.

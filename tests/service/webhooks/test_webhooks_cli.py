@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tests.service.test_webhooks import Live, Receiver, dead_url, fast_settings, live
+from tests.service.webhooks.test_webhooks import Live, Receiver, dead_url, fast_settings, live
 from trainctl.service.cli import app
 
 NO_CONFIG = Path(__file__).resolve().parent / "no-such-config-home"

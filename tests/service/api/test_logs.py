@@ -136,6 +136,6 @@ def test_a_new_error_is_still_logged_after_another_was(restore_logging: None) ->
             log.exception("failed")
 
     assert [line["exception"].splitlines()[-1] for line in json_lines(out)] == [
-        "tests.service.test_logs.Bug: attempt 0",
-        "tests.service.test_logs.Bug: attempt 1",
+        "tests.service.api.test_logs.Bug: attempt 0",
+        "tests.service.api.test_logs.Bug: attempt 1",
     ]

@@ -1,7 +1,7 @@
 """The clients' sample and export calls, sync and async, against a real uvicorn server.
 
 No worker runs here: what a worker would write (a sample run's events, an export folder) is
-written into the stores as the worker writes it; tests/service/test_cli_sample.py runs the
+written into the stores as the worker writes it; tests/service/cli/test_cli_sample.py runs the
 real worker.
 """
 

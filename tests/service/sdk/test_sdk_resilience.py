@@ -26,8 +26,8 @@ import pytest
 from fastapi import FastAPI
 
 import trainctl
+from tests.service.sdk.test_client import CPU_TRAIN
 from tests.service.serving import serve
-from tests.service.test_client import CPU_TRAIN
 from trainctl.service.app import create_app
 from trainctl.service.schemas import EventPublic, RunPublic
 from trainctl.service.sdk.async_client import AsyncTrainctlClient

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.conftest import Service
+from tests.service.cli.test_cli import trainctl
 from tests.service.conftest import save_checkpoint
-from tests.service.test_cli import trainctl
 from tests.stores import posix_store
 
 SUBMIT_COMMANDS = [

@@ -20,8 +20,8 @@ from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.service.api.test_fuzz import serve
 from tests.service.conftest import save_checkpoint
-from tests.service.test_fuzz import serve
 from trainctl.service.app import create_app
 from trainctl.service.openapi import OPENAPI_FILE
 from trainctl.service.settings import Settings
@@ -30,7 +30,7 @@ from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.names import MAX_NAME_LENGTH, NAME_PATTERN, is_valid_name
 from trainctl.store.specs import BenchmarkRequest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCHEMA: dict[str, Any] = json.loads((REPO / OPENAPI_FILE).read_text(encoding="utf-8"))
 METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 OPERATIONS = [

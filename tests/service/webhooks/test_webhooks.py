@@ -45,7 +45,7 @@ class Received:
 def documented_verify() -> Callable[[str, bytes, str], bool]:
     """The signature check docs/operations.md "Notifications" gives receivers, run as it is
     written there."""
-    page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text("utf-8")
+    page = (Path(__file__).resolve().parents[3] / "docs" / "operations.md").read_text("utf-8")
     section = page.split("\n## Notifications\n", 1)[1].split("\n## ", 1)[0]
     found = re.search(r"```python\n(.*?)```", section, re.DOTALL)
     assert found, 'docs/operations.md "Notifications" has no Python block'
