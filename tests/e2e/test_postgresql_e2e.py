@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import test_service_e2e as flows
-from tests.e2e.conftest import Service
+from tests.service_process import Service
 
 
 @pytest.mark.parametrize("service", ["postgresql"], indirect=True)

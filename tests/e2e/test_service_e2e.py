@@ -9,8 +9,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.conftest import Service
 from tests.polling import poll
+from tests.service_process import Service
 from trainctl.service.schemas import RunPublic
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.store.db.runs import RunStore

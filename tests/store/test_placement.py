@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from tests.conftest import fresh_database
+from tests.databases import fresh_database
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.db.schema import read_transaction, run_slots, workers
 from trainctl.store.exceptions import InvalidRequest, LeaseLost

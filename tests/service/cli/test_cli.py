@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tests.e2e.conftest import REPO, Service
+from tests.service_process import REPO, Service
 from trainctl.service.cli import app
 
 NO_CONFIG = REPO / "tests" / "no-such-config-home"

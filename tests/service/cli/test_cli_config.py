@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.e2e.conftest import Service
+from tests.service_process import Service
 from trainctl.service.cli import app
 
 TOKEN = "config-test-token"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import REPO, Service
 from tests.service.cli.test_cli import NO_CONFIG
 from tests.service.conftest import save_checkpoint
+from tests.service_process import REPO, Service
 from tests.stores import posix_store
 
 # What `pip install "trainctl[server]"` or `"trainctl[worker]"` brings, and the client lacks.

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tests.e2e.conftest import REPO, Service
+from tests.service_process import REPO, Service
 from trainctl.service.cli import app
 from trainctl.service.cli.sample import Transcript
 from trainctl.service.sdk.client import SamplePiece, TrainctlClient, TrainingSample

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import REPO, Service
 from tests.service.cli.test_cli import NO_CONFIG, trainctl
+from tests.service_process import REPO, Service
 
 SPEC_YAML = """\
 # a train run, as a person would write it

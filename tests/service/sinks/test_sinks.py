@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import insert
 from tbparse import SummaryReader
 
-from tests.e2e.conftest import free_port
+from tests.ports import free_port
 from tests.stores import posix_store
 from trainctl.service.sinks.base import Sink, scalars
 from trainctl.service.sinks.mirror import BATCH_EVENTS, SinkMirror

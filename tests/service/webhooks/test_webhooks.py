@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ import httpx
 import pytest
 
 from tests.polling import poll
+from tests.ports import free_port
 from tests.service.serving import serve
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
@@ -137,9 +137,7 @@ def receiver() -> Iterator[Receiver]:
 
 def dead_url() -> str:
     """A loopback port nothing listens on: connections are refused."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}/hook"
+    return f"http://127.0.0.1:{free_port()}/hook"
 
 
 # --- the service ------------------------------------------------------------------------------
