@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.service.conftest import save_checkpoint
+from tests.service.fakes import save_checkpoint
 from trainctl.service.schemas import CheckpointPublic
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE, MODEL_FILE
 from trainctl.store.checkpoints.memory import MemoryStorage

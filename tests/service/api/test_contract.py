@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.service.api.test_fuzz import serve
-from tests.service.conftest import save_checkpoint
+from tests.service.fakes import save_checkpoint
 from trainctl.service.app import create_app
 from trainctl.service.openapi import OPENAPI_FILE
 from trainctl.service.settings import Settings

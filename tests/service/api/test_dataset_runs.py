@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset, write_byte_dataset
-from tests.service.conftest import save_checkpoint
+from tests.service.fakes import save_checkpoint
 from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.datasets import DATASET_FILE, TOKENIZER_FILE, Dataset

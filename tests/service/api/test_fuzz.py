@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from schemathesis.checks import CHECKS, CheckContext, load_all_checks
 
-from tests.service.conftest import finish, save_checkpoint
+from tests.service.fakes import finish, save_checkpoint
 from tests.service.serving import serve
 from tests.stores import posix_store
 from trainctl.service.app import create_app

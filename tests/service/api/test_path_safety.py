@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.service.conftest import save_checkpoint
+from tests.service.fakes import save_checkpoint
 from tests.stores import folder, posix_store
 from trainctl.store.checkpoints.manifests import MODEL_FILE
 from trainctl.store.checkpoints.store import CheckpointStore

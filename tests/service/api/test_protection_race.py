@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.service.conftest import save_checkpoint
+from tests.service.fakes import save_checkpoint
 from trainctl.service.settings import Settings
 from trainctl.service.submit import submit_run
 from trainctl.store.checkpoints.protection import ProtectionPolicy

@@ -13,7 +13,7 @@ import anyio
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.service.conftest import finish, save_checkpoint
+from tests.service.fakes import finish, save_checkpoint
 from trainctl.service import sse
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.service.conftest import save_checkpoint
+from tests.service.fakes import save_checkpoint
 from tests.stores import posix_store
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings

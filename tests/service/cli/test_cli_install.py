@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.service.cli.test_cli import NO_CONFIG
-from tests.service.conftest import save_checkpoint
+from tests.service.fakes import save_checkpoint
 from tests.service_process import REPO, Service
 from tests.stores import posix_store
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.service.cli.test_cli import trainctl
-from tests.service.conftest import save_checkpoint
+from tests.service.fakes import save_checkpoint
 from tests.service_process import Service
 from tests.stores import posix_store
 

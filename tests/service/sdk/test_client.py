@@ -13,7 +13,7 @@ import anyio
 import pytest
 from fastapi import FastAPI
 
-from tests.service.conftest import save_checkpoint
+from tests.service.fakes import save_checkpoint
 from tests.service.serving import serve
 from tests.stores import folder
 from trainctl.service.app import create_app

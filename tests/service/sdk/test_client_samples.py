@@ -17,7 +17,7 @@ import anyio
 import pytest
 from fastapi import FastAPI
 
-from tests.service.conftest import save_checkpoint
+from tests.service.fakes import save_checkpoint
 from tests.service.serving import serve
 from trainctl.service.app import create_app
 from trainctl.service.schemas import CheckpointPublic
