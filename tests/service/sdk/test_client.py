@@ -5,15 +5,14 @@ from __future__ import annotations
 import hashlib
 import inspect
 import tarfile
-from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import anyio
 import pytest
 from fastapi import FastAPI
 
 from tests.service.fakes import save_checkpoint
+from tests.service.sdk.clients import CPU_TRAIN, run_async
 from tests.service.serving import serve
 from tests.stores import folder
 from trainctl.service.app import create_app
@@ -23,36 +22,6 @@ from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.manifests import MODEL_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
-
-CPU_TRAIN = {"experiment": "exp", "steps": 20, "device": "cpu"}
-T = TypeVar("T")
-
-
-@pytest.fixture
-def server_app(tmp_path: Path) -> Iterator[FastAPI]:
-    """The app served by uvicorn (`serve`) until the test ends; its URL is state.base_url."""
-    app = create_app(Settings(data_dir=tmp_path, workers=0))
-    with serve(app) as url:
-        app.state.base_url = url
-        yield app
-
-
-@pytest.fixture
-def api(server_app: FastAPI) -> Iterator[TrainctlClient]:
-    with TrainctlClient(server_app.state.base_url, timeout=10) as client:
-        yield client
-
-
-@pytest.fixture
-def runs(server_app: FastAPI) -> RunStore:
-    store: RunStore = server_app.state.runs
-    return store
-
-
-@pytest.fixture
-def ckpts(server_app: FastAPI) -> CheckpointStore:
-    store: CheckpointStore = server_app.state.checkpoints
-    return store
 
 
 def test_submit_get_and_list_round_trip(api: TrainctlClient) -> None:
@@ -261,16 +230,6 @@ def test_both_clients_take_the_same_arguments_but_their_transport() -> None:
     ]
     assert {n for n in sync if sync[n].annotation != twin[n].annotation} == {"transport"}
     assert {"retries", "backoff"} <= set(sync)
-
-
-def run_async(server_app: FastAPI, scenario: Callable[[AsyncTrainctlClient], Awaitable[T]]) -> T:
-    """`scenario` with an async client of the server, in an event loop of its own."""
-
-    async def main() -> T:
-        async with AsyncTrainctlClient(server_app.state.base_url, timeout=10) as api:
-            return await scenario(api)
-
-    return anyio.run(main)
 
 
 def test_the_async_client_submits_every_kind_and_reads_logs_health_and_readiness(

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import tarfile
-from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import pytest
 from fastapi import FastAPI
 
 from tests.service.fakes import save_checkpoint
-from tests.service.serving import serve
-from trainctl.service.app import create_app
+from tests.service.sdk.clients import run_async
 from trainctl.service.schemas import CheckpointPublic
 from trainctl.service.sdk.async_client import AsyncTrainctlClient
 from trainctl.service.sdk.client import (
@@ -30,7 +28,6 @@ from trainctl.service.sdk.client import (
     TrainctlClient,
     TrainingSample,
 )
-from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.manifests import MODEL_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
@@ -42,21 +39,6 @@ PIECES = [  # two completions decoded together: their pieces interleave
     {"index": 0, "delta": " f():", "finish_reason": "length"},
     {"index": 1, "delta": "", "finish_reason": "eot"},
 ]
-T = TypeVar("T")
-
-
-@pytest.fixture
-def server_app(tmp_path: Path) -> Iterator[FastAPI]:
-    app = create_app(Settings(data_dir=tmp_path, workers=0))
-    with serve(app) as url:
-        app.state.base_url = url
-        yield app
-
-
-@pytest.fixture
-def api(server_app: FastAPI) -> Iterator[TrainctlClient]:
-    with TrainctlClient(server_app.state.base_url, timeout=10) as client:
-        yield client
 
 
 def stores(app: FastAPI) -> tuple[RunStore, CheckpointStore, CheckpointStore]:
@@ -228,13 +210,3 @@ def test_the_async_client_lists_reads_downloads_deletes_and_submits_exports(
     with tarfile.open(got["archive"]) as tar:
         assert f"step_10/{MODEL_FILE}" in tar.getnames()
     assert got["kind"] == "export"
-
-
-def run_async(server_app: FastAPI, scenario: Callable[[AsyncTrainctlClient], Awaitable[T]]) -> T:
-    """`scenario` with an async client of the server, in an event loop of its own."""
-
-    async def main() -> T:
-        async with AsyncTrainctlClient(server_app.state.base_url, timeout=10) as api:
-            return await scenario(api)
-
-    return anyio.run(main)

@@ -11,8 +11,9 @@ import pytest
 from fastapi import FastAPI
 
 import trainctl
-from tests.service.sdk.test_client import CPU_TRAIN, serve
-from tests.service.sdk.test_sdk_resilience import Proxy, error_answer
+from tests.service.sdk.clients import CPU_TRAIN
+from tests.service.sdk.proxy import Proxy, error_answer
+from tests.service.serving import serve
 from trainctl.service.app import create_app
 from trainctl.service.sdk import steps as sdk_steps
 from trainctl.service.sdk.async_client import AsyncTrainctlClient
