@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,3 +97,7 @@ class Service:
             if p.exists()
         )
         return text[-n:]
+
+
+StartService = Callable[..., Service]
+"""What a factory fixture of started services hands a test (tests/service/cli/conftest.py)."""

@@ -11,42 +11,23 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from tests.service_process import REPO, Service
-from trainctl.service.cli import app
+from tests.service.cli.invoke import NO_CONFIG, trainctl
+from tests.service_process import REPO, Service, StartService
 
-NO_CONFIG = REPO / "tests" / "no-such-config-home"
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(3000))
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+def service(start_service: StartService, tmp_path_factory: pytest.TempPathFactory) -> Service:
+    """The service with a worker, its data dir also its data root: prepare reads a corpus
+    there."""
     root = tmp_path_factory.mktemp("cli")
     (root / "corpus").mkdir()
-    svc = Service(root, extra_env={"TRAINCTL_DATA_ROOTS": str(root)})
-    svc.start()
-    yield svc
-    svc.stop()
-
-
-def trainctl(service: Service | None, *args: str, **kwargs: Any) -> tuple[int, str, str]:
-    """Run the CLI in-process: exit code, stdout, stderr. Only the service's URL comes from
-    the environment: no token, no profile, no config file of the user running the tests."""
-    env = {
-        "TRAINCTL_URL": service.url if service else "http://127.0.0.1:9",
-        "TRAINCTL_API_TOKEN": None,
-        "TRAINCTL_PROFILE": None,
-        "XDG_CONFIG_HOME": str(NO_CONFIG),
-        **kwargs.pop("env", {}),
-    }
-    result = CliRunner().invoke(app, list(args), env=env, **kwargs)
-    return result.exit_code, result.stdout, result.stderr
+    return start_service(workers=1, data_dir=root, TRAINCTL_DATA_ROOTS=str(root))
 
 
 def sha256(path: Path) -> str:

@@ -3,25 +3,20 @@ against a real service that requires a token."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from tests.service_process import Service
-from trainctl.service.cli import app
+from tests.service.cli import invoke
+from tests.service_process import Service, StartService
 
 TOKEN = "config-test-token"
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = Service(tmp_path_factory.mktemp("cli-config"), workers=0)
-    svc.extra_env = {"TRAINCTL_API_TOKEN": TOKEN}
-    svc.start()
-    yield svc
-    svc.stop()
+def service(start_service: StartService) -> Service:
+    """The service with no workers, and a token it requires."""
+    return start_service(TRAINCTL_API_TOKEN=TOKEN)
 
 
 @pytest.fixture
@@ -39,14 +34,9 @@ def write_config(config_home: Path, text: str, mode: int = 0o600) -> Path:
 
 def trainctl(config_home: Path, *args: str, **env: str | None) -> tuple[int, str, str]:
     """The CLI with only what `env` sets: no URL, token or profile from the test's own env."""
-    base: dict[str, str | None] = {
-        "TRAINCTL_URL": None,
-        "TRAINCTL_API_TOKEN": None,
-        "TRAINCTL_PROFILE": None,
-        "XDG_CONFIG_HOME": str(config_home),
-    }
-    result = CliRunner().invoke(app, list(args), env={**base, **env})
-    return result.exit_code, result.stdout, result.stderr
+    return invoke.trainctl(
+        None, *args, env={"TRAINCTL_URL": None, "XDG_CONFIG_HOME": str(config_home), **env}
+    )
 
 
 def test_a_refused_token_exits_3_and_says_where_the_token_came_from(

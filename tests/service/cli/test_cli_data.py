@@ -7,17 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
+from tests.service.cli.invoke import trainctl
 from tests.store.test_tokenizer import stdlib_files
-from trainctl.service.cli import app
 from trainctl.store.data.datasets import read_dataset
-
-
-def trainctl(*args: str | Path) -> tuple[int, str, str]:
-    """Run the CLI in-process: exit code, stdout, stderr."""
-    result = CliRunner().invoke(app, [str(a) for a in args], env={"TRAINCTL_DEBUG": None})
-    return result.exit_code, result.stdout, result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +27,8 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_train_a_tokenizer_then_prepare_a_dataset_with_it(corpus: Path, tmp_path: Path) -> None:
     code, out, err = trainctl(
-        "data", "tokenizer", "train", corpus, "--vocab-size", "600", "--out", tmp_path / "tok",
-        "--text-field", "content",
+        None, "data", "tokenizer", "train", corpus, "--vocab-size", "600",
+        "--out", tmp_path / "tok", "--text-field", "content",
     )  # fmt: skip
 
     tokenizer = tmp_path / "tok" / "tokenizer.json"
@@ -48,7 +41,7 @@ def test_train_a_tokenizer_then_prepare_a_dataset_with_it(corpus: Path, tmp_path
     assert f"skipped 1 document (not in the output); the first:\n  {corpus}/docs.jsonl:4: " in err
 
     code, out, err = trainctl(
-        "data", "prepare", corpus, "--out", tmp_path / "ds", "--tokenizer", tokenizer,
+        None, "data", "prepare", corpus, "--out", tmp_path / "ds", "--tokenizer", tokenizer,
         "--text-field", "content", "--val-fraction", "0.1",
     )  # fmt: skip
 
@@ -67,7 +60,7 @@ def test_train_a_tokenizer_then_prepare_a_dataset_with_it(corpus: Path, tmp_path
 
 def test_strict_exits_2_naming_the_line_and_leaves_no_folder(corpus: Path, tmp_path: Path) -> None:
     code, out, err = trainctl(
-        "data", "prepare", corpus, "--out", tmp_path / "ds", "--text-field", "content",
+        None, "data", "prepare", corpus, "--out", tmp_path / "ds", "--text-field", "content",
         "--strict", "--workers", "1",
     )  # fmt: skip
 
@@ -95,7 +88,7 @@ def test_bad_input_is_one_error_line_and_exit_2(
              for a in args]  # fmt: skip
     out_args = [] if "--out" in args else ["--out", str(tmp_path / "ds")]
 
-    code, out, err = trainctl("data", "prepare", *paths, *out_args, "--workers", "1")
+    code, out, err = trainctl(None, "data", "prepare", *paths, *out_args, "--workers", "1")
 
     assert code == 2 and out == ""
     assert message.format(tmp=tmp_path) in err and err.count("\n") == 1, err
@@ -106,7 +99,7 @@ def test_bytes_is_the_default_and_the_workers_default_to_every_core(
     corpus: Path, tmp_path: Path
 ) -> None:
     code, out, err = trainctl(
-        "data", "prepare", corpus, "--out", tmp_path / "ds", "--text-field", "content"
+        None, "data", "prepare", corpus, "--out", tmp_path / "ds", "--text-field", "content"
     )
 
     dataset = read_dataset(tmp_path / "ds")
@@ -125,8 +118,8 @@ def test_a_parquet_corpus_prepares_through_the_cli_to_the_jsonl_corpus_s_shards(
     table = pa.table({"id": [r["id"] for r in rows], "content": [r["content"] for r in rows]})
     pq.write_table(table, tmp_path / "pq" / "docs.parquet", row_group_size=7)
     code, _, err = trainctl(
-        "data", "tokenizer", "train", corpus, "--vocab-size", "400", "--out", tmp_path / "tok",
-        "--text-field", "content",
+        None, "data", "tokenizer", "train", corpus, "--vocab-size", "400",
+        "--out", tmp_path / "tok", "--text-field", "content",
     )  # fmt: skip
     assert code == 0, err
 
@@ -134,8 +127,8 @@ def test_a_parquet_corpus_prepares_through_the_cli_to_the_jsonl_corpus_s_shards(
         ("jsonl", corpus, "--text-field"), ("parquet", tmp_path / "pq", "--text-column"),
     ]:  # fmt: skip
         code, out, err = trainctl(
-            "data", "prepare", source, "--out", tmp_path / name, "--tokenizer", tmp_path / "tok",
-            option, "content", "--workers", "2",
+            None, "data", "prepare", source, "--out", tmp_path / name,
+            "--tokenizer", tmp_path / "tok", option, "content", "--workers", "2",
         )  # fmt: skip
         assert code == 0 and "57 + 3 documents" in out, err
 

@@ -8,14 +8,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.service.cli.test_cli import NO_CONFIG
+from tests.service.cli.invoke import NO_CONFIG
 from tests.service.fakes import save_checkpoint
-from tests.service_process import REPO, Service
+from tests.service_process import REPO, Service, StartService
 from tests.stores import posix_store
 
 # What `pip install "trainctl[server]"` or `"trainctl[worker]"` brings, and the client lacks.
@@ -47,11 +46,11 @@ app(sys.argv[2:], prog_name="trainctl")
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = Service(tmp_path_factory.mktemp("cli-install"), workers=0).start()
+def service(start_service: StartService) -> Service:
+    """The service with no workers, and one checkpoint: `checkpoints latest` has one to show."""
+    svc = start_service()
     save_checkpoint(posix_store(svc.data_dir / "checkpoints"), "light", step=10)
-    yield svc
-    svc.stop()
+    return svc
 
 
 def python(

@@ -5,11 +5,10 @@ service with no workers (submitted runs stay queued)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
-from tests.service.cli.test_cli import trainctl
+from tests.service.cli.invoke import trainctl
 from tests.service.fakes import save_checkpoint
 from tests.service_process import Service
 from tests.stores import posix_store
@@ -22,13 +21,6 @@ SUBMIT_COMMANDS = [
     ("sample",),
     ("checkpoints", "export"),
 ]
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = Service(tmp_path_factory.mktemp("cli-placement"), workers=0).start()
-    yield svc
-    svc.stop()
 
 
 def test_train_flags_reach_the_request_and_the_run_says_what_it_waits_for(

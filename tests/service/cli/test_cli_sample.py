@@ -8,44 +8,23 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from tests.service_process import REPO, Service
-from trainctl.service.cli import app
+from tests.service.cli.invoke import trainctl
+from tests.service_process import Service, StartService
 from trainctl.service.cli.sample import Transcript
 from trainctl.service.sdk.client import SamplePiece, TrainctlClient, TrainingSample
 
-NO_CONFIG = REPO / "tests" / "no-such-config-home"
 PROMPTS = ("def ", "import ")
 
 
-def trainctl(service: Service | None, *args: str) -> tuple[int, str, str]:
-    """Run the CLI in-process against `service`: exit code, stdout, stderr.
-
-    The output is decoded as it is: click's `Result.stdout` would turn a completion's \\r\\n
-    into \\n, and the text printed must be the text generated.
-    """
-    env = {
-        "TRAINCTL_URL": service.url if service else "http://127.0.0.1:9",
-        "TRAINCTL_API_TOKEN": None,
-        "TRAINCTL_PROFILE": None,
-        "XDG_CONFIG_HOME": str(NO_CONFIG),
-    }
-    result = CliRunner().invoke(app, list(args), env=env)
-    return result.exit_code, result.stdout_bytes.decode(), result.stderr_bytes.decode()
-
-
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = Service(tmp_path_factory.mktemp("cli-sample"))
-    svc.start()
-    yield svc
-    svc.stop()
+def service(start_service: StartService) -> Service:
+    """The service with a worker, which trains the model sampled here."""
+    return start_service(workers=1)
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-from tests.service.cli.test_cli import NO_CONFIG, trainctl
+from tests.service.cli.invoke import NO_CONFIG, trainctl
 from tests.service_process import REPO, Service
 
 SPEC_YAML = """\
@@ -25,13 +24,6 @@ data:
 batch:
   seq_len: 32
 """
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = Service(tmp_path_factory.mktemp("cli-specs"), workers=0).start()
-    yield svc
-    svc.stop()
 
 
 @pytest.mark.parametrize("name", ["spec.yaml", "spec.yml"])

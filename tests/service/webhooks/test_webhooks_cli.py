@@ -9,12 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
+from tests.service.cli.invoke import trainctl
 from tests.service.webhooks.test_webhooks import Live, Receiver, dead_url, fast_settings, live
-from trainctl.service.cli import app
-
-NO_CONFIG = Path(__file__).resolve().parent / "no-such-config-home"
 
 
 @pytest.fixture
@@ -27,18 +24,6 @@ def receiver() -> Iterator[Receiver]:
 def service(tmp_path: Path) -> Iterator[Live]:
     with live(fast_settings(tmp_path, webhook_max_attempts=2)) as s:
         yield s
-
-
-def trainctl(service: Live | None, *args: str) -> tuple[int, str, str]:
-    """The CLI in-process: exit code, stdout, stderr; no token, profile or config file."""
-    env = {
-        "TRAINCTL_URL": service.url if service else "http://127.0.0.1:9",
-        "TRAINCTL_API_TOKEN": None,
-        "TRAINCTL_PROFILE": None,
-        "XDG_CONFIG_HOME": str(NO_CONFIG),
-    }
-    result = CliRunner().invoke(app, list(args), env=env)
-    return result.exit_code, result.stdout, result.stderr
 
 
 def add(service: Live, *args: str) -> dict[str, Any]:
