@@ -5,7 +5,7 @@ and the next run's notification comes, none twice."""
 from __future__ import annotations
 
 from tests.polling import poll
-from tests.service.webhooks.test_webhooks import Receiver, signature_is_valid
+from tests.service.webhooks.receiver import Receiver, signature_is_valid
 from tests.service_process import Service
 from trainctl.service.schemas import DeliveryPublic, RunPublic
 from trainctl.service.sdk.client import TrainctlClient

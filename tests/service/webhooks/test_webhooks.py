@@ -1,65 +1,24 @@
-"""Webhooks against a real receiver: a threading HTTP server on loopback that records every
-POST and checks its signature the way docs/operations.md "Notifications" tells receivers to.
-The service is served by uvicorn with its dispatcher; runs change state through the run store, as a
-worker changes them (tests/e2e/test_webhooks_e2e.py does it with a real worker)."""
+"""Webhooks against a real receiver (receiver.py), which checks each POST's signature the way
+docs/operations.md "Notifications" tells receivers to. The service is served by uvicorn with its
+dispatcher (live.py); runs change state through the run store, as a worker changes them
+(tests/e2e/test_webhooks_e2e.py does it with a real worker)."""
 
 from __future__ import annotations
 
-import json
-import re
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx
-import pytest
 
-from tests.polling import poll
-from tests.ports import free_port
-from tests.service.serving import serve
-from trainctl.service.app import create_app
-from trainctl.service.settings import Settings
+from tests.service.webhooks.live import Live, fast_settings, live
+from tests.service.webhooks.receiver import (
+    DOCUMENTED_VERIFY,
+    Receiver,
+    dead_url,
+    signature_is_valid,
+)
 from trainctl.service.webhooks.signing import sign
-from trainctl.store.db.runs import Run, RunStore
-
-# --- the receiver -----------------------------------------------------------------------------
-
-
-@dataclass
-class Received:
-    headers: dict[str, str]
-    body: bytes
-    path: str
-
-    @property
-    def payload(self) -> dict[str, Any]:
-        parsed: dict[str, Any] = json.loads(self.body)
-        return parsed
-
-
-def documented_verify() -> Callable[[str, bytes, str], bool]:
-    """The signature check docs/operations.md "Notifications" gives receivers, run as it is
-    written there."""
-    page = (Path(__file__).resolve().parents[3] / "docs" / "operations.md").read_text("utf-8")
-    section = page.split("\n## Notifications\n", 1)[1].split("\n## ", 1)[0]
-    found = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert found, 'docs/operations.md "Notifications" has no Python block'
-    namespace: dict[str, Any] = {}
-    exec(found.group(1), namespace)
-    verify: Callable[[str, bytes, str], bool] = namespace["verify"]
-    return verify
-
-
-DOCUMENTED_VERIFY = documented_verify()
-
-
-def signature_is_valid(secret: str, header: str, body: bytes) -> bool:
-    return DOCUMENTED_VERIFY(secret, body, header)
+from trainctl.store.db.runs import RunStore
 
 
 def test_the_documented_check_accepts_what_the_service_signs_and_nothing_else() -> None:
@@ -72,146 +31,6 @@ def test_the_documented_check_accepts_what_the_service_signs_and_nothing_else() 
     assert not DOCUMENTED_VERIFY("whsec_1", body, sign("whsec_1", body, timestamp=now - 301))
     for malformed in ("", "garbage", "v1=abc", f"t={now}", f"t={now},t={now},{header}"):
         assert not DOCUMENTED_VERIFY("whsec_1", body, malformed), malformed
-
-
-@dataclass
-class Receiver:
-    """Answers each POST with the next of `statuses` (then 200); while `hold` is clear, a
-    request waits for it (a slow receiver), setting `holding` meanwhile."""
-
-    statuses: list[int] = field(default_factory=list)
-    hold: threading.Event = field(default_factory=threading.Event)
-    holding: threading.Event = field(default_factory=threading.Event)
-    received: list[Received] = field(default_factory=list)
-    server: ThreadingHTTPServer | None = None
-
-    def __post_init__(self) -> None:
-        self.hold.set()
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return f"http://127.0.0.1:{self.server.server_port}/hook"
-
-    def handler(self) -> type[BaseHTTPRequestHandler]:
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.received.append(Received(dict(self.headers), body, self.path))
-                if not receiver.hold.is_set():
-                    receiver.holding.set()
-                    receiver.hold.wait(timeout=30)
-                status = receiver.statuses.pop(0) if receiver.statuses else 200
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                except OSError:
-                    pass  # the service gave up waiting and closed the connection
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        return Handler
-
-    def __enter__(self) -> Receiver:
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.hold.set()
-        assert self.server is not None
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    with Receiver() as r:
-        yield r
-
-
-def dead_url() -> str:
-    """A loopback port nothing listens on: connections are refused."""
-    return f"http://127.0.0.1:{free_port()}/hook"
-
-
-# --- the service ------------------------------------------------------------------------------
-
-
-def fast_settings(data_dir: Path, **overrides: Any) -> Settings:
-    """Retries in a tenth of a second, attempts cut after one, a dispatcher that reads often."""
-    values: dict[str, Any] = {
-        "data_dir": data_dir,
-        "workers": 0,
-        "webhook_poll_seconds": 0.05,
-        "webhook_retry_seconds": 0.1,
-        "webhook_retry_max_seconds": 0.2,
-        "webhook_timeout_seconds": 1.0,
-        "webhook_max_attempts": 3,
-    }
-    return Settings(**(values | overrides))
-
-
-@dataclass
-class Live:
-    url: str
-    runs: RunStore
-
-    def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        return httpx.post(self.url + path, json=body, timeout=10)
-
-    def get(self, path: str) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=10)
-
-    def add_webhook(self, url: str, **body: Any) -> dict[str, Any]:
-        response = self.post("/webhooks", {"url": url, **body})
-        assert response.status_code == 201, response.text
-        created: dict[str, Any] = response.json()
-        return created
-
-    def deliveries(self, webhook_id: int) -> list[dict[str, Any]]:
-        response = self.get(f"/webhooks/{webhook_id}/deliveries")
-        assert response.status_code == 200, response.text
-        items: list[dict[str, Any]] = response.json()["items"]
-        return items
-
-    def settled(self, webhook_id: int, count: int = 1) -> list[dict[str, Any]]:
-        """The webhook's deliveries once `count` of them are no longer pending."""
-        return poll(
-            lambda: (
-                len(items := self.deliveries(webhook_id)) >= count
-                and all(d["state"] != "pending" for d in items)
-                and items
-            ),
-            timeout=30,
-            what=f"{count} deliveries of webhook {webhook_id} to settle",
-        )
-
-    def run_to_end(self, state: str = "succeeded") -> Run:
-        """A run claimed and finished as a worker would: running, then `state`."""
-        run = self.runs.enqueue("benchmark", "hooks", {"steps": 1})
-        claimed = self.runs.claim("test-worker", lease_seconds=60)
-        assert claimed is not None and claimed.id == run.id
-        result = {"tokens_per_sec": 1.0} if state == "succeeded" else None
-        error = None if state == "succeeded" else "it broke"
-        return self.runs.finish(run.id, "test-worker", 1, state, result=result, error=error)
-
-
-@contextmanager
-def live(settings: Settings) -> Iterator[Live]:
-    with serve(create_app(settings)) as url, RunStore(settings.db_url) as runs:
-        yield Live(url, runs)
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[Live]:
-    with live(fast_settings(tmp_path)) as s:
-        yield s
 
 
 # --- notifications ----------------------------------------------------------------------------

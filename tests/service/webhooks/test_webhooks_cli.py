@@ -11,13 +11,8 @@ from typing import Any
 import pytest
 
 from tests.service.cli.invoke import trainctl
-from tests.service.webhooks.test_webhooks import Live, Receiver, dead_url, fast_settings, live
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    with Receiver() as r:
-        yield r
+from tests.service.webhooks.live import Live, fast_settings, live
+from tests.service.webhooks.receiver import Receiver, dead_url
 
 
 @pytest.fixture
