@@ -9,79 +9,28 @@ test-artifacts/ (or $TRAINCTL_TEST_ARTIFACTS).
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.polling import poll
-from tests.service.serving import serve
-from trainctl.service.app import create_app
+from tests.service.dashboard.pages import (
+    MEASURE,
+    SMALL_RUN,
+    STEPS,
+    WIDTHS,
+    artifact,
+    fits,
+    needs_chromium,
+)
 from trainctl.service.schemas import RunPublic
 from trainctl.service.sdk.client import TrainctlClient
-from trainctl.service.settings import Settings
 
-TOKEN = "dashboard-secret"
-ARTIFACTS = Path(
-    os.environ.get("TRAINCTL_TEST_ARTIFACTS")
-    or Path(__file__).resolve().parents[3] / "test-artifacts"
-)
-CHROMIUM = os.environ.get("TRAINCTL_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-# Root in a container needs --no-sandbox; the rest keeps a closed network from stalling it.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--headless",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-WIDTHS = (1280, 1920, 390)
-"""A laptop, a desktop and a phone (issue 16's widths); 1400 is where the fault was seen."""
+pytestmark = needs_chromium
 
-STEPS = 24
-# Small enough to finish in seconds on a busy CPU, with validations and checkpoints to show.
-SMALL_RUN = {
-    "steps": STEPS,
-    "log_every": 1,
-    "val_every": 8,
-    "checkpoint_every": 12,
-    "val_batches": 1,
-    "batch": {"micro_batch_size": 2, "seq_len": 64},
-    "device": "cpu",
-}
 # Runs that stay live until a test stops them.
 LONG_RUN = {**SMALL_RUN, "steps": 100_000, "checkpoint_every": 5, "val_every": 1000}
-
-playwright = pytest.importorskip("playwright.sync_api")
-pytestmark = pytest.mark.skipif(
-    not Path(CHROMIUM).exists(), reason="no chromium (make test installs it: make browser)"
-)
-
-
-@pytest.fixture(scope="module")
-def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The app with one worker process and a token, served by uvicorn on a free port; one
-    for the module, so that its finished runs are trained once."""
-    settings = Settings(
-        data_dir=tmp_path_factory.mktemp("dashboard"),
-        workers=1,
-        api_token=TOKEN,
-        heartbeat_seconds=0.5,
-    )
-    with serve(create_app(settings), stop_timeout=60) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def api(base_url: str) -> Iterator[TrainctlClient]:
-    with TrainctlClient(base_url, token=TOKEN) as client:
-        poll(lambda: client.readiness().workers_alive >= 1, timeout=120, what="a worker")
-        yield client
 
 
 @pytest.fixture(scope="module")
@@ -97,111 +46,8 @@ def finished(api: TrainctlClient) -> tuple[RunPublic, RunPublic]:
     return api.get_run(text.id), api.get_run(synthetic.id)
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright.sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def open_page(browser: Any, base_url: str) -> Iterator[Any]:
-    """open_page(hash, width): a fresh tab on the dashboard, token given; it fails the test
-    if the page threw."""
-    errors: list[str] = []
-    pages: list[Any] = []
-
-    def open_(hash: str, width: int = 1280) -> Any:
-        page = browser.new_page(viewport={"width": width, "height": 900})
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.on("dialog", lambda dialog: dialog.accept())  # "Cancel run ...?": yes
-        page.goto(f"{base_url}/{hash}")
-        page.fill("#token-input", TOKEN)  # the first 401 asks for the token
-        page.click("#token-form button")
-        pages.append(page)
-        return page
-
-    yield open_
-    for page in pages:
-        page.close()
-    assert errors == []
-
-
-def artifact(name: str) -> str:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    return str(ARTIFACTS / name)
-
-
 def points(page: Any, chart: str) -> int:
     return int(page.get_attribute(f"#{chart}", "data-points") or 0)
-
-
-# Boxes of the page's cards and of the chart inside each, and its scroll extent. An element
-# hidden (display: none) has no box and is left out.
-MEASURE = """() => {
-  const box = (el) => { const r = el.getBoundingClientRect();
-    return { left: r.left, top: r.top, right: r.right, bottom: r.bottom }; };
-  const shown = (el) => el.getClientRects().length > 0;
-  const cards = [...document.querySelectorAll(".chart, .panel")].filter(shown);
-  return {
-    scrollWidth: document.scrollingElement.scrollWidth,
-    clientWidth: document.scrollingElement.clientWidth,
-    cards: cards.map((card) => ({ card: box(card),
-      chart: card.querySelector(".uplot") ? box(card.querySelector(".uplot")) : null })),
-  };
-}"""
-
-
-def overflow(inner: dict[str, float], outer: dict[str, float]) -> float:
-    """How far `inner` reaches out of `outer`, in pixels (0 when inside)."""
-    return max(
-        0.0,
-        outer["left"] - inner["left"],
-        outer["top"] - inner["top"],
-        inner["right"] - outer["right"],
-        inner["bottom"] - outer["bottom"],
-    )
-
-
-def overlap(a: dict[str, float], b: dict[str, float]) -> float:
-    width = min(a["right"], b["right"]) - max(a["left"], b["left"])
-    height = min(a["bottom"], b["bottom"]) - max(a["top"], b["top"])
-    return max(0.0, width) * max(0.0, height)
-
-
-def layout_faults(page: Any) -> list[str]:
-    """What is wrong with the layout now, in words; [] when it fits."""
-    m = page.evaluate(MEASURE)
-    faults = []
-    if m["scrollWidth"] > m["clientWidth"]:
-        faults.append(f"scrolls sideways: {m['scrollWidth']} > {m['clientWidth']} px")
-    for i, c in enumerate(m["cards"]):
-        if c["chart"] is not None and (out := overflow(c["chart"], c["card"])) > 0.5:
-            faults.append(f"chart {i} reaches {out:.0f} px out of its card")
-    boxes = [c["card"] for c in m["cards"]]
-    faults += [
-        f"cards {i} and {j} overlap"
-        for i, a in enumerate(boxes)
-        for j, b in enumerate(boxes[i + 1 :], i + 1)
-        if overlap(a, b) > 0.5
-    ]
-    return faults
-
-
-def fits(page: Any, width: int) -> None:
-    """Size the window to `width` and wait for the charts to follow (a ResizeObserver)."""
-    page.set_viewport_size({"width": width, "height": 900})
-    faults: list[str] = []
-
-    def settled() -> bool:
-        faults[:] = layout_faults(page)
-        return not faults
-
-    try:
-        poll(settled, timeout=10, what=f"the layout to fit {width} px")
-    except AssertionError:
-        raise AssertionError(f"at {width} px: {'; '.join(faults)}") from None
 
 
 # --- a live run --------------------------------------------------------------------------------

@@ -1,35 +1,23 @@
 """The run page's samples (issues 15 and 16) in a real headless browser, against the real
 service with a worker: a train run's latest samples per prompt, with the earlier steps a
-select away, and a sample run's completions. The fixtures, the layout measurement and the
-screenshots are test_dashboard.py's; this module serves its own service and data.
+select away, and a sample run's completions. The fixtures (conftest.py), the layout measurement
+and the screenshots (pages.py) are test_dashboard.py's too; this module serves its own service
+and data.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.polling import poll
-from tests.service.dashboard.test_dashboard import (  # noqa: F401 (fixtures)
-    CHROMIUM,
-    SMALL_RUN,
-    WIDTHS,
-    api,
-    artifact,
-    base_url,
-    browser,
-    fits,
-    open_page,
-)
+from tests.service.dashboard.pages import SMALL_RUN, WIDTHS, artifact, fits, needs_chromium
 from trainctl.service.schemas import RunPublic
 from trainctl.service.sdk.client import TrainctlClient
 
-pytestmark = pytest.mark.skipif(
-    not Path(CHROMIUM).exists(), reason="no chromium (make test installs it: make browser)"
-)
+pytestmark = needs_chromium
 
 # Model output is untrusted text: markup in a prompt (and so in what the page shows) must
 # read as the characters it is. Each would change the page's title if it ran.
@@ -67,7 +55,7 @@ MEASURE_SAMPLES = """() => {
 
 
 @pytest.fixture(scope="module")
-def sampling(api: TrainctlClient) -> RunPublic:  # noqa: F811
+def sampling(api: TrainctlClient) -> RunPublic:
     """A train run that samples its prompts at steps 8 and 16, submitted (not waited for):
     a page opened at once sees its samples arrive."""
     return api.submit("train", SAMPLED_RUN)
@@ -110,9 +98,9 @@ def samples_inside(page: Any) -> None:
 
 
 def test_a_train_runs_page_shows_each_prompts_latest_sample_at_every_width(
-    api: TrainctlClient,  # noqa: F811
+    api: TrainctlClient,
     sampling: RunPublic,
-    open_page: Any,  # noqa: F811
+    open_page: Any,
 ) -> None:
     # Opened at once, mostly while the run is queued or running: its samples arrive live.
     page = open_page(f"#/runs/{sampling.id}")
@@ -144,9 +132,9 @@ def test_a_train_runs_page_shows_each_prompts_latest_sample_at_every_width(
 
 
 def test_a_sample_runs_page_shows_its_completions_as_text(
-    api: TrainctlClient,  # noqa: F811
+    api: TrainctlClient,
     sampling: RunPublic,
-    open_page: Any,  # noqa: F811
+    open_page: Any,
 ) -> None:
     assert api.wait(sampling.id, timeout=600).state == "succeeded"  # its checkpoints
     prompts = ["def ", SCRIPT, IMG]
