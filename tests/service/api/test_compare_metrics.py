@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from tests.service.api.test_runs_api import CPU_TRAIN, submit
+from tests.service.api.submits import CPU_TRAIN, submit
 from trainctl.service.deps import get_runs
 from trainctl.service.history import downsample, fair_shares
 from trainctl.store.db.runs import Event, RunStore

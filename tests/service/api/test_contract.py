@@ -20,8 +20,8 @@ from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.service.api.test_fuzz import serve
 from tests.service.fakes import save_checkpoint
+from tests.service.serving import serve
 from trainctl.service.app import create_app
 from trainctl.service.openapi import OPENAPI_FILE
 from trainctl.service.settings import Settings

@@ -10,16 +10,13 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.service.api.submits import submit
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
 from trainctl.store.db.runs import RunStore
 
 GPU_TRAIN = {"experiment": "gpu", "steps": 10, "device": "cuda", "nproc_per_node": 2}
 CPU_TRAIN = {"experiment": "cpu", "steps": 10, "device": "cpu"}
-
-
-def submit(client: TestClient, kind: str, body: dict[str, Any]) -> Any:
-    return client.post(f"/runs/{kind}", json=body)
 
 
 def test_a_cuda_run_on_a_cpu_only_service_is_queued_and_says_what_it_waits_for(

@@ -13,6 +13,7 @@ import anyio
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.service.api.submits import CPU_TRAIN, submit
 from tests.service.fakes import finish, save_checkpoint
 from trainctl.service import sse
 from trainctl.service.app import create_app
@@ -20,13 +21,6 @@ from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
 from trainctl.store.presets import get_preset
-
-CPU_TRAIN = {"experiment": "exp", "steps": 100, "device": "cpu"}
-
-
-def submit(client: TestClient, kind: str, body: Any, **headers: str) -> Any:
-    return client.post(f"/runs/{kind}", json=body, headers=headers)
-
 
 # --- submit ---------------------------------------------------------------------------------
 
