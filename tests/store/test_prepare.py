@@ -16,7 +16,7 @@ import pytest
 import zstandard
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from tests.store.test_tokenizer import stdlib_files, train_stdlib_tokenizer
+from tests.datasets import stdlib_files, train_stdlib_tokenizer
 from trainctl.store.data import corpus
 from trainctl.store.data.datasets import DATASET_FILE, Dataset, read_dataset
 from trainctl.store.data.prepare import PrepareProgress, PrepareStopped, prepare_dataset

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from tests.plans import train_plan
 from tests.stores import entry_at, posix_store
-from tests.worker.test_checkpoint import tensors
-from tests.worker.test_train import run_script
+from tests.worker.checkpoints import tensors
+from tests.worker.train_script import run_script
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE, verify_manifest
 from trainctl.worker.async_checkpoint import AsyncCheckpointer
 from trainctl.worker.checkpoint import CheckpointState, capture_checkpoint, write_checkpoint

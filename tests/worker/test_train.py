@@ -1,10 +1,6 @@
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +10,11 @@ from safetensors.torch import load_file
 
 from tests.plans import train_plan
 from tests.stores import folder, posix_store
+from tests.worker.train_script import run_script
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
 from trainctl.store.plans import TrainPlan
 from trainctl.worker.exceptions import CheckpointMismatch, NonFiniteLoss
 from trainctl.worker.train import Trainer, train
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path: Path) -> None:
@@ -99,16 +94,6 @@ def test_a_non_finite_loss_stops_the_run_and_never_saves_nan(tmp_path: Path) -> 
     for info in infos:
         weights = load_file(str(folder(store, "nan", info.tag) / "model.safetensors"))
         assert all(torch.isfinite(t).all() for t in weights.values())
-
-
-def run_script(s: TrainPlan, root: Path, stop_after: int | None = None) -> list[dict[str, Any]]:
-    args = [sys.executable, "-m", "tests.worker.train_script", s.model_dump_json(), str(root)]
-    if stop_after is not None:
-        args.append(str(stop_after))
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return [json.loads(line) for line in proc.stdout.splitlines()]
 
 
 def test_resume_in_a_fresh_process_is_bit_identical(tmp_path: Path) -> None:

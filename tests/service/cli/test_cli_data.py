@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.datasets import stdlib_files
 from tests.service.cli.invoke import trainctl
-from tests.store.test_tokenizer import stdlib_files
 from trainctl.store.data.datasets import read_dataset
 
 
