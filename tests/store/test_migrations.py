@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 from typing import Any
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import insert, inspect, text
@@ -88,6 +89,7 @@ def _migrate(url: str, start: Any) -> None:
         store.create_all()
 
 
+@pytest.mark.slow
 def test_several_processes_migrating_one_new_database_at_once_all_succeed(
     database_url: str,
 ) -> None:

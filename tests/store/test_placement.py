@@ -105,6 +105,7 @@ def test_a_gang_is_gathered_by_the_spread_it_asks_for() -> None:
 # ---- claims on both databases ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_claims_take_the_highest_priority_first_then_the_oldest(store: RunStore) -> None:
     low = enqueue(store, priority=-5)
     first = enqueue(store)

@@ -65,6 +65,7 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_jsonl_gz_zst_and_parquet_become_a_dataset_of_documents_in_order(
     mixed_corpus: Path, tokenizer_file: Path, docs: list[str], tmp_path: Path
 ) -> None:
@@ -96,6 +97,7 @@ def test_jsonl_gz_zst_and_parquet_become_a_dataset_of_documents_in_order(
     assert read_dataset(tmp_path / "ds").to_json() | {"created_at": ""} == dataset.to_json()
 
 
+@pytest.mark.slow
 def test_one_and_two_workers_write_the_same_bytes(
     mixed_corpus: Path, tokenizer_file: Path, tmp_path: Path
 ) -> None:

@@ -25,6 +25,7 @@ def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train_stdlib_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
+@pytest.mark.slow
 def test_training_twice_on_the_same_text_gives_the_same_file_byte_for_byte(
     tokenizer_file: Path, tmp_path: Path
 ) -> None:

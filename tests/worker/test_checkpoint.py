@@ -60,6 +60,7 @@ def test_save_then_load_restores_model_optimizers_and_schedule(tmp_path: Path) -
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "names"), [("muon_adamw", ["muon", "adamw"]), ("adamw", ["adamw"])]
 )
@@ -182,6 +183,7 @@ save(parts, root, 2)
 """
 
 
+@pytest.mark.slow
 def test_a_crash_between_the_files_of_a_save_leaves_no_visible_checkpoint(
     tmp_path: Path,
 ) -> None:

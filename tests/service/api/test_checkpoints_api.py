@@ -244,6 +244,7 @@ def test_prune_spares_what_runs_need(client: TestClient, three: CheckpointStore)
     assert tags({"items": response.json()["deleted"]}) == ["step_20"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
@@ -322,6 +323,7 @@ HOSTILE_URLS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("url", HOSTILE_URLS)
 def test_paths_that_try_to_leave_the_store_get_a_4xx_with_a_reason(
     client: TestClient, three: CheckpointStore, url: str
@@ -352,6 +354,7 @@ def test_a_bad_range_is_answered_in_json(
     assert detail in response.json()["detail"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/runs/train", "/checkpoints/prune", "/tokens", "/runs"])
 def test_a_body_over_the_limit_is_413_in_json_everywhere(client: TestClient, path: str) -> None:
     big = b'{"steps": 1, "pad": "' + b"x" * (2 << 20) + b'"}'

@@ -172,6 +172,7 @@ def test_a_100000_step_history_ships_at_most_max_points_rows(
     assert len(response.content) < 200_000  # not the ~9 MB of every step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["0", "1", "-5", "1.5", "abc", "1000001", "", "1e9"])
 def test_a_bad_max_points_is_a_422_naming_it(client: TestClient, value: str) -> None:
     run_id = submit(client, "train", CPU_TRAIN).json()["id"]

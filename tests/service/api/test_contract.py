@@ -160,6 +160,7 @@ def test_an_integral_number_is_an_integer_in_a_body(
     assert isinstance(plan["steps"], int) and isinstance(plan["seed"], int)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep_last", ["1.5", "1.0000000000000001", "true", '"1"', "null"])
 def test_a_number_with_a_fraction_or_another_json_type_is_still_a_422_naming_the_field(
     client: TestClient, keep_last: str
@@ -173,6 +174,7 @@ def test_a_number_with_a_fraction_or_another_json_type_is_still_a_422_naming_the
     assert response.json()["detail"].startswith("body.keep_last: Input should be a valid integer")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("limit", "status"),
     [
@@ -203,6 +205,7 @@ def concrete(path: str) -> str:
         .replace("{name}", "f")  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", sorted(SCHEMA["paths"]))
 def test_a_method_a_path_does_not_take_is_405_allowing_every_method_it_takes(
     client: TestClient, path: str
@@ -280,6 +283,7 @@ print(json.dumps({"ids": ids, "without_token": refused.status_code}))
 """
 
 
+@pytest.mark.slow
 def test_a_client_generated_from_the_schema_lists_runs_with_a_token(
     generated_client: Path, tmp_path: Path
 ) -> None:

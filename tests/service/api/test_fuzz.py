@@ -53,6 +53,9 @@ from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
 from trainctl.store.vocabulary import RunState
 
+# Four fuzzers of a few hundred requests each, a server each: minutes, not the edit loop's.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[3]
 MAX_EXAMPLES = 50
 """Generated requests per endpoint and mode, on top of schemathesis's boundary-value cases."""

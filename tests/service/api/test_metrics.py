@@ -28,6 +28,7 @@ def value(
     return found[(name, frozenset(labels.items()))]
 
 
+@pytest.mark.slow
 def test_metrics_count_runs_by_state_queue_depth_and_live_workers(
     client: TestClient, runs: RunStore
 ) -> None:

@@ -42,6 +42,7 @@ def one(ckpts: CheckpointStore) -> CheckpointStore:
     return ckpts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("place", sorted(PLACES))
 @pytest.mark.parametrize("trick", sorted(TRICKS))
 def test_every_trick_in_every_place_is_refused_with_a_reason(
@@ -84,6 +85,7 @@ def test_a_symlinked_experiment_pointing_out_of_the_store_is_not_listed_or_serve
 SECRET = b"the contents of a file outside the store"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "metadata.json"])
 @pytest.mark.parametrize(
     "url",

@@ -100,6 +100,7 @@ def test_priority_and_max_attempts_are_kept_per_run(client: TestClient, settings
     assert "priority" not in chosen["spec"] and "max_attempts" not in chosen["spec"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("field", "value"),
     [

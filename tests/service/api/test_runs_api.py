@@ -164,6 +164,7 @@ BAD_TRAIN_BODIES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("body", "expected"), BAD_TRAIN_BODIES)
 def test_bad_train_input_is_422_naming_the_field(
     client: TestClient, body: Any, expected: str
@@ -201,6 +202,7 @@ WRONGLY_TYPED_BODIES = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "body", "expected"), WRONGLY_TYPED_BODIES)
 def test_a_value_of_the_wrong_json_type_is_422_naming_the_field(
     client: TestClient, kind: str, body: dict[str, Any], expected: str
@@ -262,6 +264,7 @@ def test_resuming_from_latest_without_a_checkpoint_is_422(client: TestClient) ->
     assert "experiment 'exp' has no checkpoint 'latest' to resume from" in response.json()["detail"]
 
 
+@pytest.mark.slow
 def test_resuming_pins_the_concrete_checkpoint_and_protects_it(
     client: TestClient, ckpts: CheckpointStore, runs: RunStore
 ) -> None:
@@ -330,6 +333,7 @@ def test_run_pages_follow_the_cursor_to_the_end(client: TestClient) -> None:
     assert seen == ids[::-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("params", "expected"),
     [
@@ -506,6 +510,7 @@ def test_an_idle_stream_sends_keepalive_comments(client: TestClient, runs: RunSt
     assert anyio.run(first_frames) == [": keepalive\n\n", ": keepalive\n\n"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [

@@ -53,6 +53,7 @@ def test_readyz_is_503_when_the_database_cannot_be_queried(
     assert "database" in response.json()["detail"]
 
 
+@pytest.mark.slow
 def test_workers_are_listed_with_whether_they_are_alive(
     client: TestClient, runs: RunStore, settings: Settings
 ) -> None:
@@ -76,6 +77,7 @@ def locked(tmp_path: Path) -> Iterator[TestClient]:
         yield test_client
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("authorization", [None, "Bearer wrong", f"Basic {TOKEN}", "Bearer "])
 @pytest.mark.parametrize("path", ["/runs", "/checkpoints", "/workers", "/readyz"])
 def test_without_the_right_token_every_endpoint_is_401(
@@ -133,6 +135,7 @@ def test_serving_beyond_loopback_without_a_token_is_refused(
     assert "TRAINCTL_API_TOKEN" in err and "--insecure" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token", ["", "  \t"])
 def test_serving_beyond_loopback_with_an_empty_or_blank_token_is_refused(
     tmp_path: Path, token: str
@@ -152,6 +155,7 @@ def test_serving_beyond_loopback_with_an_empty_or_blank_token_is_refused(
     assert "TRAINCTL_API_TOKEN" in done.stderr and "blank" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_client_following_a_run_does_not_hold_up_the_services_stop(tmp_path: Path) -> None:
     # uvicorn waits for open responses on SIGTERM, and the event stream of a queued run never
     # ends: unbounded, that wait would outlast Docker's stop_grace_period, and the SIGKILL
@@ -173,6 +177,7 @@ def test_the_app_creates_a_missing_data_dir_at_startup(tmp_path: Path) -> None:
     assert (settings.data_dir / "trainctl.db").is_file()
 
 
+@pytest.mark.slow
 def test_local_workers_run_niced_so_training_yields_the_cpu_to_the_api(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, workers=1, worker_nice=7)
     own = os.getpriority(os.PRIO_PROCESS, 0)

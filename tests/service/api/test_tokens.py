@@ -68,6 +68,7 @@ def test_the_database_keeps_no_token_only_its_digest(api: TestClient, tmp_path: 
     assert token.encode() not in database
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("scope", "allowed"),
     [

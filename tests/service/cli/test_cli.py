@@ -34,6 +34,7 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_prepare_train_watch_validate_and_download_through_the_cli(
     service: Service, tmp_path: Path
 ) -> None:
@@ -82,6 +83,7 @@ def test_prepare_train_watch_validate_and_download_through_the_cli(
     assert code == 0 and out.startswith("would delete: step_20")
 
 
+@pytest.mark.slow
 def test_cancel_and_watch_a_run_that_does_not_finish(service: Service) -> None:
     code, out, _ = trainctl(
         service, "submit", "benchmark", "--steps", "100000", "--warmup-steps", "0",
@@ -98,6 +100,7 @@ def test_cancel_and_watch_a_run_that_does_not_finish(service: Service) -> None:
     assert out == ""
 
 
+@pytest.mark.slow
 def test_every_error_is_one_line_and_its_exit_code_says_what_kind(service: Service) -> None:
     cases = [
         (service, ["runs", "show", "nope"], 1, "error: run 'nope' does not exist"),
@@ -120,6 +123,7 @@ def test_a_command_group_without_a_command_prints_its_help_whole() -> None:
     assert "\n  logs " in err and "error:" not in err
 
 
+@pytest.mark.slow
 def test_serve_refuses_an_open_host_without_a_token_and_worker_execs_python_m_worker() -> None:
     code, _, err = trainctl(None, "serve", "--host", "0.0.0.0", "--port", "1")
     worker = subprocess.run(
@@ -143,6 +147,7 @@ def short_run(service: Service) -> str:
     return run_id
 
 
+@pytest.mark.slow
 def test_runs_logs_follow_prints_the_lines_as_they_come_until_the_run_ends(
     service: Service, short_run: str
 ) -> None:
@@ -155,6 +160,7 @@ def test_runs_logs_follow_prints_the_lines_as_they_come_until_the_run_ends(
     assert re.match(r"\d{4}-\d\d-\d\dT[\d:.]+\+00:00 INFO    started on worker ", logged)
 
 
+@pytest.mark.slow
 def test_runs_metrics_prints_a_table_csv_or_json(service: Service, short_run: str) -> None:
     code, out, _ = trainctl(service, "runs", "watch", short_run, "--json")
     assert code == 0 and json.loads(out)["state"] == "succeeded"
@@ -171,6 +177,7 @@ def test_runs_metrics_prints_a_table_csv_or_json(service: Service, short_run: st
     assert code == 0 and {"KIND", "STEP", "LOSS"} <= set(header) and "EVENT_ID" not in header
 
 
+@pytest.mark.slow
 def test_checkpoints_delete_asks_first_unless_told_yes(service: Service, short_run: str) -> None:
     assert trainctl(service, "runs", "watch", short_run)[0] == 0
 
@@ -191,6 +198,7 @@ def test_checkpoints_delete_asks_first_unless_told_yes(service: Service, short_r
     assert code == 1 and err.startswith("error: ") and "[y/N]" not in err  # gone: not asked
 
 
+@pytest.mark.slow
 def test_workers_lists_the_service_worker(service: Service) -> None:
     code, out, _ = trainctl(service, "workers")
     header = ["ID", "NODE", "HOST", "PID", "DEVICE", "GPUS", "CPUS", "STATE", "RUN", "LAST"]
@@ -203,6 +211,7 @@ def test_workers_lists_the_service_worker(service: Service) -> None:
     )
 
 
+@pytest.mark.slow
 def test_submit_json_watch_prints_only_json_and_exits_1_when_the_run_fails(
     service: Service,
 ) -> None:
@@ -219,6 +228,7 @@ def test_submit_json_watch_prints_only_json_and_exits_1_when_the_run_fails(
     assert code == 1 and err.splitlines()[-1].startswith(f"error: run {documents[0]['id']} failed")
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_watching_with_130_and_the_run_goes_on(service: Service) -> None:
     _, out, _ = trainctl(
         service, "submit", "benchmark", "--steps", "100000", "--warmup-steps", "0", "--json"

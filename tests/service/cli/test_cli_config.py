@@ -39,6 +39,7 @@ def trainctl(config_home: Path, *args: str, **env: str | None) -> tuple[int, str
     )
 
 
+@pytest.mark.slow
 def test_a_refused_token_exits_3_and_says_where_the_token_came_from(
     service: Service, config_home: Path
 ) -> None:
@@ -54,6 +55,7 @@ def test_a_refused_token_exits_3_and_says_where_the_token_came_from(
     assert code == 3 and err.endswith("(HTTP 401; the token came from --token)\n")
 
 
+@pytest.mark.slow
 def test_the_default_profile_gives_the_url_and_token(service: Service, config_home: Path) -> None:
     write_config(config_home, f'[profiles.default]\nurl = "{service.url}"\ntoken = "{TOKEN}"\n')
 
@@ -62,6 +64,7 @@ def test_the_default_profile_gives_the_url_and_token(service: Service, config_ho
     assert code == 0 and out == "[]\n", err
 
 
+@pytest.mark.slow
 def test_a_named_profile_is_chosen_by_flag_or_env_var(service: Service, config_home: Path) -> None:
     write_config(
         config_home,
@@ -76,6 +79,7 @@ def test_a_named_profile_is_chosen_by_flag_or_env_var(service: Service, config_h
     assert code == 2 and "no profile 'nope' in " in err and "profiles there: default, lab" in err
 
 
+@pytest.mark.slow
 def test_a_flag_beats_the_env_var_which_beats_the_profile(
     service: Service, config_home: Path
 ) -> None:
@@ -100,6 +104,7 @@ def test_a_flag_beats_the_env_var_which_beats_the_profile(
     assert code == 3 and f"the token came from profile 'default' in {path}" in err
 
 
+@pytest.mark.slow
 def test_without_xdg_config_home_the_file_is_under_home_dot_config(
     service: Service, tmp_path: Path
 ) -> None:
@@ -110,6 +115,7 @@ def test_without_xdg_config_home_the_file_is_under_home_dot_config(
     assert code == 0, err
 
 
+@pytest.mark.slow
 def test_a_config_file_with_a_token_that_others_can_read_is_refused(
     service: Service, config_home: Path
 ) -> None:
@@ -156,6 +162,7 @@ def test_commands_that_do_not_call_the_service_never_read_the_config(config_home
     assert code == 0 and out.startswith("trainctl ")
 
 
+@pytest.mark.slow
 def test_an_admin_makes_a_token_with_the_cli_and_its_holder_can_read_but_not_delete(
     service: Service, config_home: Path
 ) -> None:

@@ -25,6 +25,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_train_a_tokenizer_then_prepare_a_dataset_with_it(corpus: Path, tmp_path: Path) -> None:
     code, out, err = trainctl(
         None, "data", "tokenizer", "train", corpus, "--vocab-size", "600",
@@ -107,6 +108,7 @@ def test_bytes_is_the_default_and_the_workers_default_to_every_core(
     assert dataset.tokenizer.kind == "bytes" and "vocabulary 256 (bytes, uint16); 1.000" in out
 
 
+@pytest.mark.slow
 def test_a_parquet_corpus_prepares_through_the_cli_to_the_jsonl_corpus_s_shards(
     corpus: Path, tmp_path: Path
 ) -> None:

@@ -75,6 +75,7 @@ def test_importing_the_cli_loads_nothing_heavy() -> None:
     assert result.stdout == "[]\n"
 
 
+@pytest.mark.slow
 def test_help_runs_list_and_checkpoints_latest_load_nothing_heavy(service: Service) -> None:
     result = python(RUN_COMMANDS, ",".join(HEAVY), url=service.url)
 
@@ -85,6 +86,7 @@ def test_help_runs_list_and_checkpoints_latest_load_nothing_heavy(service: Servi
     assert "no runs" in result.stderr and any("light" in line for line in printed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "args", "missing", "extra"),
     [

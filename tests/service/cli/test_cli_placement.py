@@ -23,6 +23,7 @@ SUBMIT_COMMANDS = [
 ]
 
 
+@pytest.mark.slow
 def test_train_flags_reach_the_request_and_the_run_says_what_it_waits_for(
     service: Service,
 ) -> None:
@@ -49,6 +50,7 @@ def test_train_flags_reach_the_request_and_the_run_says_what_it_waits_for(
     assert f"run {run['id']} is queued, {reason}" in " ".join(err.split())
 
 
+@pytest.mark.slow
 def test_a_plain_submit_line_says_why_the_run_waits(service: Service) -> None:
     code, out, err = trainctl(service, "submit", "benchmark", "--steps", "5", "--device", "cuda")
 
@@ -56,6 +58,7 @@ def test_a_plain_submit_line_says_why_the_run_waits(service: Service) -> None:
     assert "(queued, waiting: needs 1 node of 1 GPU; no worker is live)" in out
 
 
+@pytest.mark.slow
 def test_queueing_flags_reach_the_other_kinds_requests(service: Service) -> None:
     code, out, err = trainctl(
         service, "submit", "benchmark", "--steps", "5", "--priority", "-2", "--max-attempts",
@@ -75,6 +78,7 @@ def test_queueing_flags_reach_the_other_kinds_requests(service: Service) -> None
     assert (run["kind"], run["priority"]) == ("export", 9)
 
 
+@pytest.mark.slow
 def test_an_out_of_range_priority_is_the_services_422(service: Service) -> None:
     code, out, err = trainctl(service, "submit", "benchmark", "--steps", "5", "--priority", "5000")
 

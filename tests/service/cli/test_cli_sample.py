@@ -54,6 +54,7 @@ def sample_lines(text: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_runs_watch_samples_prints_a_train_runs_samples_as_it_takes_them(
     service: Service, trained: tuple[str, str, str]
 ) -> None:
@@ -73,6 +74,7 @@ def test_runs_watch_samples_prints_a_train_runs_samples_as_it_takes_them(
     assert sample_lines(plain) == [] and "saved checkpoint sampled/step_40" in plain  # no flag
 
 
+@pytest.mark.slow
 def test_sample_prints_the_completions_as_they_stream_and_exits_0(
     service: Service, trained: tuple[str, str, str]
 ) -> None:
@@ -96,6 +98,7 @@ def test_sample_prints_the_completions_as_they_stream_and_exits_0(
     )
 
 
+@pytest.mark.slow
 def test_sample_refuses_bad_input_with_exit_2_and_the_services_reason(
     service: Service, trained: tuple[str, str, str]
 ) -> None:
@@ -112,6 +115,7 @@ def test_sample_refuses_bad_input_with_exit_2_and_the_services_reason(
     assert code == 2 and "checkpoint: " in err and "nothing to sample from" in err
 
 
+@pytest.mark.slow
 def test_an_export_downloaded_with_exports_download_is_verified_and_loads_in_transformers(
     service: Service, trained: tuple[str, str, str], tmp_path: Path
 ) -> None:
@@ -149,6 +153,7 @@ def generate_greedily(folder: Path, prompt: str, tokens: int) -> list[int]:
     return generated
 
 
+@pytest.mark.slow
 def test_export_download_json_then_a_second_export_is_refused_and_delete_frees_it(
     service: Service, trained: tuple[str, str, str], tmp_path: Path
 ) -> None:

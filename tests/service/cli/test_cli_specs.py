@@ -26,6 +26,7 @@ batch:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["spec.yaml", "spec.yml"])
 def test_a_yaml_spec_file_is_read_and_flags_override_it(
     service: Service, tmp_path: Path, name: str
@@ -43,6 +44,7 @@ def test_a_yaml_spec_file_is_read_and_flags_override_it(
     assert spec["batch"]["seq_len"] == 32 and spec["steps"] == 9
 
 
+@pytest.mark.slow
 def test_any_other_spec_file_is_read_as_json(service: Service, tmp_path: Path) -> None:
     (tmp_path / "spec.txt").write_text(json.dumps({"steps": 5, "warmup_steps": 0}))
 
@@ -86,6 +88,7 @@ def test_version_prints_the_installed_version() -> None:
     assert code == 0 and out == f"trainctl {version('trainctl')}\n"
 
 
+@pytest.mark.slow
 def test_show_completion_prints_a_bash_script_that_completes_commands() -> None:
     env = {
         **os.environ,

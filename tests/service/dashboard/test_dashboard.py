@@ -27,7 +27,8 @@ from tests.service.dashboard.pages import (
 from trainctl.service.schemas import RunPublic
 from trainctl.service.sdk.client import TrainctlClient
 
-pytestmark = needs_chromium
+# A browser, and runs a worker trains first: slow.
+pytestmark = [needs_chromium, pytest.mark.slow]
 
 # Runs that stay live until a test stops them.
 LONG_RUN = {**SMALL_RUN, "steps": 100_000, "checkpoint_every": 5, "val_every": 1000}

@@ -17,7 +17,8 @@ from tests.service.dashboard.pages import SMALL_RUN, WIDTHS, artifact, fits, nee
 from trainctl.service.schemas import RunPublic
 from trainctl.service.sdk.client import TrainctlClient
 
-pytestmark = needs_chromium
+# A browser, and runs a worker trains first: slow.
+pytestmark = [needs_chromium, pytest.mark.slow]
 
 # Model output is untrusted text: markup in a prompt (and so in what the page shows) must
 # read as the characters it is. Each would change the page's title if it ran.

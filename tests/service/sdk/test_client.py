@@ -327,6 +327,7 @@ def test_an_async_download_that_does_not_match_the_manifest_raises_and_leaves_no
     assert list(tmp_path.glob("model*")) == []
 
 
+@pytest.mark.slow
 def test_the_async_client_deletes_prunes_and_finds_the_best_checkpoint(
     server_app: FastAPI, ckpts: CheckpointStore
 ) -> None:

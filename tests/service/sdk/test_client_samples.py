@@ -118,6 +118,7 @@ def test_a_train_runs_sample_events_read_as_training_samples(
     assert read == [None, TrainingSample(**sample), None]  # the log, the sample, the state
 
 
+@pytest.mark.slow
 def test_exports_are_listed_read_downloaded_and_deleted_like_checkpoints(
     api: TrainctlClient, server_app: FastAPI, tmp_path: Path
 ) -> None:
@@ -183,6 +184,7 @@ def test_the_async_client_samples_and_streams_the_pieces(server_app: FastAPI) ->
     assert "temperature must be >= 0" in negative
 
 
+@pytest.mark.slow
 def test_the_async_client_lists_reads_downloads_deletes_and_submits_exports(
     server_app: FastAPI, tmp_path: Path
 ) -> None:

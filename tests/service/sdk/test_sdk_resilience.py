@@ -105,6 +105,7 @@ def last_event_ids(requests: Sequence[Seen]) -> list[int | None]:
 # --- events reconnect -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", CLIENTS)
 @pytest.mark.parametrize("reset", [False, True], ids=["fin", "reset"])
 def test_a_dropped_event_stream_resumes_after_the_last_event_delivered(
@@ -123,6 +124,7 @@ def test_a_dropped_event_stream_resumes_after_the_last_event_delivered(
     assert resumed in [e.id for e in log[:-1]]  # cut mid-stream, after a delivered event
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", CLIENTS)
 def test_a_stream_that_ends_without_its_end_frame_is_resumed(
     kind: str, api: TrainctlClient, runs: RunStore, server_app: FastAPI
@@ -139,6 +141,7 @@ def test_a_stream_that_ends_without_its_end_frame_is_resumed(
     assert last_event_ids(proxy.seen) == [None, log[1].id]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", CLIENTS)
 def test_a_stream_that_keeps_breaking_gives_up_saying_where_to_resume(
     kind: str, api: TrainctlClient, runs: RunStore, server_app: FastAPI
@@ -176,6 +179,7 @@ def test_with_retries_0_a_dropped_stream_is_not_reopened(
 # --- retries --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", CLIENTS)
 def test_a_503_is_retried_after_its_retry_after(
     kind: str, api: TrainctlClient, server_app: FastAPI
@@ -193,6 +197,7 @@ def test_a_503_is_retried_after_its_retry_after(
     assert waited >= 1.0  # Retry-After, not the 0.01 s backoff
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", CLIENTS)
 def test_a_submit_whose_answer_was_lost_is_retried_and_makes_one_run(
     kind: str, runs: RunStore, server_app: FastAPI
@@ -215,6 +220,7 @@ def test_without_retries_a_lost_answer_raises_though_the_server_acted(
     assert len(runs.list_runs()[0]) == 1  # why a retry must carry the same key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("method", "failure", "attempts"),
     [
@@ -301,6 +307,7 @@ def test_bad_retry_settings_are_refused_naming_the_value(bad: dict[str, Any]) ->
 # --- user agent -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", CLIENTS)
 def test_the_server_is_told_the_sdk_and_its_version(kind: str, server_app: FastAPI) -> None:
     with Proxy(server_app.state.base_url) as proxy:

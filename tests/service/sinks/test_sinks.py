@@ -182,6 +182,7 @@ def test_a_restarted_mirror_goes_on_from_its_cursor_without_repeating_anything(
     assert tensorboard_scalars(folder) == logged_scalars(store, run)
 
 
+@pytest.mark.slow
 def test_a_backlog_is_worked_off_a_bounded_slice_per_tick(
     store: RunStore, tmp_path: Path, mirror: MirrorFactory
 ) -> None:
@@ -227,6 +228,7 @@ def test_a_tracking_server_that_is_down_is_logged_once_and_the_events_wait(
     assert store.get(run.id).state == "succeeded"
 
 
+@pytest.mark.slow
 def test_a_hung_tracking_server_costs_the_mirror_its_timeout_and_is_logged_once(
     store: RunStore, tmp_path: Path, mirror: MirrorFactory
 ) -> None:

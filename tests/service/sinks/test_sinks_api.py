@@ -77,6 +77,7 @@ def test_a_tensorboard_dir_inside_the_data_roots_is_pinned_to_its_real_path(
     assert response.json()["spec"]["tensorboard_dir"] == os.path.realpath(roots / "boards")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("body", "expected"),
     [

@@ -30,6 +30,7 @@ def train_run(store: RunStore, experiment: str, **spec: Any) -> Run:
     return store.enqueue("train", experiment, {"steps": 10, **spec})
 
 
+@pytest.mark.slow
 def test_an_idle_sink_has_no_work_and_a_train_run_gives_it_some(store: RunStore) -> None:
     tb = sinks(store)
     assert not tb.has_work()
@@ -39,6 +40,7 @@ def test_an_idle_sink_has_no_work_and_a_train_run_gives_it_some(store: RunStore)
     assert tb.has_work()
 
 
+@pytest.mark.slow
 def test_discover_opens_cursors_only_for_runs_that_name_the_sink(store: RunStore) -> None:
     tb, mlflow = sinks(store), sinks(store, sink="mlflow")
     named = train_run(store, "a", trackers=["tensorboard", "mlflow"])

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.service.webhooks.live import Live, fast_settings, live
 from tests.service.webhooks.receiver import (
@@ -36,6 +37,7 @@ def test_the_documented_check_accepts_what_the_service_signs_and_nothing_else() 
 # --- notifications ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_posted_signed_with_its_delivery_id_and_public_shape(
     service: Live, receiver: Receiver
 ) -> None:
@@ -63,6 +65,7 @@ def test_a_finished_run_is_posted_signed_with_its_delivery_id_and_public_shape(
     ]
 
 
+@pytest.mark.slow
 def test_events_choose_which_state_changes_are_posted(service: Live, receiver: Receiver) -> None:
     webhook = service.add_webhook(receiver.url, events=["running", "failed"])
     assert webhook["events"] == ["failed", "running"]
@@ -76,6 +79,7 @@ def test_events_choose_which_state_changes_are_posted(service: Live, receiver: R
     assert [e for _, e in events].count("running") == 2
 
 
+@pytest.mark.slow
 def test_a_receiver_that_fails_is_retried_with_the_same_delivery_id_and_logged(
     service: Live, receiver: Receiver
 ) -> None:
@@ -94,6 +98,7 @@ def test_a_receiver_that_fails_is_retried_with_the_same_delivery_id_and_logged(
     assert len({r.body for r in receiver.received}) == 1  # every attempt sends the same body
 
 
+@pytest.mark.slow
 def test_a_receiver_that_never_answers_2xx_is_given_up_after_the_attempts(
     service: Live, receiver: Receiver
 ) -> None:
@@ -107,6 +112,7 @@ def test_a_receiver_that_never_answers_2xx_is_given_up_after_the_attempts(
     assert [a["status_code"] for a in delivery["attempts"]] == [500, 500, 500]
 
 
+@pytest.mark.slow
 def test_a_dead_receiver_is_retried_logged_and_given_up(service: Live) -> None:
     webhook = service.add_webhook(dead_url())
     service.run_to_end()
@@ -119,6 +125,7 @@ def test_a_dead_receiver_is_retried_logged_and_given_up(service: Live) -> None:
         assert attempt["status_code"] is None and attempt["error"].startswith("ConnectError")
 
 
+@pytest.mark.slow
 def test_a_slow_receiver_never_blocks_the_api(service: Live, receiver: Receiver) -> None:
     receiver.hold.clear()  # each POST waits: longer than the service's 1 s timeout
     webhook = service.add_webhook(receiver.url, events=["succeeded"])
@@ -138,6 +145,7 @@ def test_a_slow_receiver_never_blocks_the_api(service: Live, receiver: Receiver)
     assert all(a["duration_ms"] < 10_000 for a in delivery["attempts"])
 
 
+@pytest.mark.slow
 def test_a_removed_webhook_gets_nothing_more(service: Live, receiver: Receiver) -> None:
     webhook = service.add_webhook(receiver.url)
     removed = httpx.delete(f"{service.url}/webhooks/{webhook['id']}", timeout=10)
@@ -154,6 +162,7 @@ def test_a_removed_webhook_gets_nothing_more(service: Live, receiver: Receiver) 
     assert httpx.delete(f"{service.url}/webhooks/{webhook['id']}").status_code == 404
 
 
+@pytest.mark.slow
 def test_a_webhook_hears_only_of_changes_after_it_was_registered(
     service: Live, receiver: Receiver
 ) -> None:
@@ -167,6 +176,7 @@ def test_a_webhook_hears_only_of_changes_after_it_was_registered(
     assert [r.payload["run"]["id"] for r in receiver.received] == [after.id]
 
 
+@pytest.mark.slow
 def test_a_restart_neither_loses_nor_repeats_a_notification(
     tmp_path: Path, receiver: Receiver
 ) -> None:
@@ -191,6 +201,7 @@ def test_a_restart_neither_loses_nor_repeats_a_notification(
     assert sorted(d["id"] for d in deliveries) == sorted(ids)
 
 
+@pytest.mark.slow
 def test_two_services_on_one_database_send_each_notification_once(
     database_url: str, tmp_path: Path, receiver: Receiver
 ) -> None:
@@ -208,6 +219,7 @@ def test_two_services_on_one_database_send_each_notification_once(
     assert sorted(ids) == sorted(d["id"] for d in deliveries)
 
 
+@pytest.mark.slow
 def test_a_host_the_allow_list_no_longer_names_is_refused_where_it_connects(
     tmp_path: Path, receiver: Receiver
 ) -> None:

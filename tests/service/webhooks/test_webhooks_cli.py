@@ -60,6 +60,7 @@ def test_an_unknown_event_or_a_bad_url_is_exit_2_with_one_line(service: Live) ->
     assert "must not hold a user name or password" in err and "(HTTP 422" in err
 
 
+@pytest.mark.slow
 def test_list_shows_each_webhook_without_its_secret(service: Live, receiver: Receiver) -> None:
     code, out, err = trainctl(service, "webhooks", "list")
     assert (code, out) == (0, "") and "no webhooks" in err
@@ -73,6 +74,7 @@ def test_list_shows_each_webhook_without_its_secret(service: Live, receiver: Rec
     assert [w["url"] for w in json.loads(out)] == [receiver.url] and secret not in out
 
 
+@pytest.mark.slow
 def test_deliveries_shows_every_attempt_of_the_log(service: Live, receiver: Receiver) -> None:
     receiver.statuses = [500]
     hook = add(service, receiver.url)
@@ -98,6 +100,7 @@ def test_deliveries_shows_every_attempt_of_the_log(service: Live, receiver: Rece
     assert [a["error"].split(":")[0] for a in delivery["attempts"]] == ["ConnectError"] * 2
 
 
+@pytest.mark.slow
 def test_remove_then_remove_again_is_exit_1(service: Live, receiver: Receiver) -> None:
     hook = add(service, receiver.url)
 
@@ -111,6 +114,7 @@ def test_remove_then_remove_again_is_exit_1(service: Live, receiver: Receiver) -
     assert trainctl(service, "webhooks", "deliveries", "1")[0] == 1
 
 
+@pytest.mark.slow
 def test_without_a_service_every_command_is_exit_3() -> None:
     for args in (("add", "http://x.example/"), ("list",), ("remove", "1"), ("deliveries", "1")):
         code, _, err = trainctl(None, "webhooks", *args)

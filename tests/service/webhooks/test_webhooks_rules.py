@@ -246,6 +246,7 @@ def test_the_secret_is_shown_once_and_never_listed(api: TestClient) -> None:
     assert "secret" not in listed.json()["items"][0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("body", "why"),
     [
