@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install browser serve benchmark bench test lint typecheck pytest openapi soak clean
+.PHONY: install browser serve benchmark bench test test-fast lint typecheck pytest openapi soak clean
 
 install: $(STAMP)
 
@@ -57,6 +57,15 @@ pytest: install browser
 	$(VENV)/bin/pytest --durations=25
 
 test: lint typecheck pytest
+
+# The edit loop's tests, in under 3 minutes on 2 cores: the unit tests without the end-to-end,
+# reliability, benchmark and Docker lanes, and without the tests marked slow (a real service,
+# worker or browser, training, fuzzing) or gpu. The fuzzer is slow as a whole; leaving it out
+# of the collection too saves building its schemas. `make test` runs it all and is CI's gate.
+FAST_LANE := -m "not slow and not gpu" --ignore=tests/e2e --ignore=tests/reliability \
+	--ignore=tests/bench --ignore=tests/test_docker.py --ignore=tests/service/api/test_fuzz.py
+test-fast: install
+	$(VENV)/bin/pytest -q $(FAST_LANE)
 
 # Long fault-injection rounds (kill -9 during saves, prune racing saves), torch.compile of the
 # train step against eager, and bench/gpu.sh --dry-run end to end: beyond CI's budget.

@@ -7,15 +7,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.databases import BACKENDS, fresh_database
 from tests.pg import PostgresServer, PostgresUnavailable
-
-BACKENDS = ["sqlite", "postgresql"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -36,17 +34,6 @@ def postgres() -> Iterator[PostgresServer]:
         pytest.fail(f"cannot start PostgreSQL for the tests: {exc}", pytrace=False)
     yield server
     server.stop()
-
-
-@contextmanager
-def fresh_database(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> Iterator[str]:
-    """The URL of a fresh, empty database of `backend`, dropped afterwards (PostgreSQL)."""
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path / 'trainctl.db'}"
-        return
-    server: PostgresServer = request.getfixturevalue("postgres")
-    with server.database() as url:
-        yield url
 
 
 @pytest.fixture(params=BACKENDS)

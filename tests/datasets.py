@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from trainctl.store.data import tokenizer as store_tokenizer
 from trainctl.store.data.datasets import (
     TOKENIZER_FILE,
     Dataset,
@@ -36,6 +37,22 @@ def stdlib_texts(max_bytes: int = 400_000) -> list[str]:
         if total >= max_bytes:
             break
     return texts
+
+
+def stdlib_files(max_bytes: int) -> list[Path]:
+    """Standard library source files, in order, up to about `max_bytes`."""
+    files, total = [], 0
+    for path in stdlib_source_files():
+        files.append(path)
+        total += path.stat().st_size
+        if total >= max_bytes:
+            break
+    return files
+
+
+def train_stdlib_tokenizer(out: Path, vocab: int = 1024, max_bytes: int = 1_500_000) -> Path:
+    """The store's own trainer (what `trainctl data tokenizer train` runs) on stdlib source."""
+    return store_tokenizer.train_tokenizer(stdlib_files(max_bytes), out, vocab)
 
 
 def stdlib_documents(max_bytes: int = 400_000) -> list[str]:

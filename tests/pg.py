@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -23,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import psycopg
+
+from tests.ports import free_port
 
 PG_MAJOR = 15
 SUPERUSER = "trainctl"
@@ -70,12 +71,6 @@ def server_user() -> pwd.struct_passwd:
         "running as root and neither a 'postgres' nor a 'nobody' user exists to run "
         "PostgreSQL as; create one (useradd --system postgres)"
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PostgresServer:

@@ -45,3 +45,18 @@ def enqueue(runs: RunStore, plan: TrainPlan | BenchmarkPlan | ValidatePlan, **kw
     return runs.enqueue(
         kind, plan.filed_under, plan.model_dump(mode="json"), depends_on=depends_on, **kw
     )
+
+
+def until_cancelled(experiment: str, **placement: int) -> TrainPlan:
+    """Tiny CPU ranks that train until the run is cancelled."""
+    return train_plan(
+        experiment=experiment,
+        steps=100_000,
+        model={"preset": "tiny"},
+        data={"source": "synthetic"},
+        batch={"micro_batch_size": 2, "seq_len": 32, "grad_accum_steps": 2},
+        checkpoint_every=1_000_000,
+        val_every=1_000_000,
+        val_batches=1,
+        **placement,
+    )

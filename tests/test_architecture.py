@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +13,28 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# The rooms are installed as trainctl.<room>; the bare names belong to the user.
+ROOMS = ("service", "store", "worker")
+BARE = set(ROOMS)
+# What each room, and each part of one with a wall of its own, must never import; a name
+# stands for its submodules too.
 FORBIDDEN = {
     "service": {"torch", "trainctl.worker"},
+    # The SDK is what a laptop installs (`from trainctl import Client`): no server, no
+    # database, no POSIX locking, no checkpoint store.
+    "service.sdk": {
+        "torch",
+        "trainctl.worker",
+        "fastapi",
+        "starlette",
+        "sqlalchemy",
+        "fcntl",
+        "trainctl.store.checkpoints.store",
+        "trainctl.store.checkpoints.posix",
+    },
     "store": {"torch", "fastapi", "starlette", "trainctl.service", "trainctl.worker"},
     "worker": {"fastapi", "starlette", "trainctl.service"},
 }
-# The rooms are installed as trainctl.<room>; the bare names belong to the user.
-BARE = {"service", "store", "worker"}
 
 
 # Scripts that something runs rather than imports: `python -m`, and alembic's env.py, which
@@ -27,8 +43,10 @@ SCRIPTS = ("__main__", "migrations.env")
 
 
 def modules_of(package: str) -> list[str]:
-    """Every module of a room, its sub-packages' too."""
-    found = pkgutil.walk_packages([str(REPO / package)], prefix=f"trainctl.{package}.")
+    """Every module of a room (`store`) or of a package in one (`service.sdk`), its
+    sub-packages' too."""
+    folder = REPO.joinpath(*package.split("."))
+    found = pkgutil.walk_packages([str(folder)], prefix=f"trainctl.{package}.")
     modules = sorted(m.name for m in found if not m.name.endswith(SCRIPTS))
     return [f"trainctl.{package}", *modules]
 
@@ -38,22 +56,26 @@ def test_package_never_imports_what_its_wall_forbids(package: str) -> None:
     code = (
         "import importlib, json, sys\n"
         f"for m in {modules_of(package)!r}: importlib.import_module(m)\n"
-        "names = {'.'.join(n.split('.')[:2 if n.startswith('trainctl.') else 1])"
-        " for n in sys.modules}\n"
-        "print(json.dumps(sorted(names)))\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     loaded = set(json.loads(proc.stdout))
-    assert not (loaded & FORBIDDEN[package]), f"{package} imports {loaded & FORBIDDEN[package]}"
-    assert not (loaded & BARE), f"{package} imports a bare room name: {loaded & BARE}"
+    crossed = {
+        name
+        for name in FORBIDDEN[package]
+        if any(n == name or n.startswith(f"{name}.") for n in loaded)
+    }
+    assert not crossed, f"{package} imports {crossed}"
+    bare = {n.split(".")[0] for n in loaded} & BARE
+    assert not bare, f"{package} imports a bare room name: {bare}"
 
 
 def test_no_code_path_unpickles_with_weights_only_false() -> None:
     """A checkpoint is data: every torch.load passes weights_only=True, none passes False."""
-    for package in FORBIDDEN:
+    for package in ROOMS:
         for path in (REPO / package).rglob("*.py"):
             text = path.read_text()
             assert "weights_only=False" not in text, path
@@ -66,7 +88,7 @@ def test_no_code_path_unpickles_with_weights_only_false() -> None:
 def test_code_cites_the_architecture_document_in_the_repository_only() -> None:
     """docs/architecture.md is the design's one home; nothing points outside the repository."""
     assert (REPO / "docs" / "architecture.md").is_file()
-    for package in [*FORBIDDEN, "bench", "tests"]:
+    for package in [*ROOMS, "bench", "tests"]:
         for path in (REPO / package).rglob("*.py"):
             if path == Path(__file__):
                 continue
@@ -84,7 +106,7 @@ FACTORY = REPO / "store" / "checkpoints" / "factory.py"
 
 
 def room_files() -> list[Path]:
-    return [path for package in FORBIDDEN for path in (REPO / package).rglob("*.py")]
+    return [path for package in ROOMS for path in (REPO / package).rglob("*.py")]
 
 
 def test_only_the_posix_storage_locks_files_or_opens_them_by_descriptor() -> None:
@@ -127,3 +149,51 @@ def test_the_checkpoint_types_and_the_client_import_without_fcntl() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
+
+
+# The tests are shelved like the code (tests/service/{api,cli,sdk,...}): what two test modules
+# share is a fixture in the nearest conftest.py, or a helper in a plain module beside them.
+# A test module imported by another would run its tests' module-level code twice over and
+# tie the two together; a conftest is pytest's to load, not a module to import from.
+TEST_IMPORT = re.compile(
+    r"^\s*(?:from\s+(tests(?:\.\w+)*)\s+import\s+(\([^)]*\)|[^\n]*)|import\s+(tests(?:\.\w+)*))",
+    re.MULTILINE,
+)
+
+
+def imported_test_modules(text: str) -> list[str]:
+    """The test modules and conftests that `text` imports, in code or in a script it holds."""
+    found = []
+    for module, names, plain in TEST_IMPORT.findall(text):
+        dotted = (module or plain).split(".")
+        if any(part.startswith("test_") or part == "conftest" for part in dotted):
+            found.append(module or plain)
+        for name in re.findall(r"\w+", names.split("#")[0]):
+            if name.startswith("test_") or name == "conftest":
+                found.append(f"{module}.{name}")
+    return found
+
+
+def test_imported_test_modules_are_found_however_they_are_imported() -> None:
+    script = (
+        "from tests.service.sdk.clients import CPU_TRAIN\n"
+        "from tests.e2e import test_service_e2e as flows\n"
+        "    from tests.worker.test_checkpoint import make_parts  # in a script\n"
+        "import tests.service.conftest\n"
+        "from tests.service.cli import (\n    invoke,\n    test_cli,\n)\n"
+    )
+    assert imported_test_modules(script) == [
+        "tests.e2e.test_service_e2e",
+        "tests.worker.test_checkpoint",
+        "tests.service.conftest",
+        "tests.service.cli.test_cli",
+    ]
+
+
+def test_no_test_module_imports_another_or_a_conftest() -> None:
+    offenders = {
+        str(path.relative_to(REPO)): found
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        if path != Path(__file__) and (found := imported_test_modules(path.read_text()))
+    }
+    assert not offenders, offenders

@@ -181,7 +181,7 @@ def test_compose_reads_with_only_the_token_set_and_passes_no_empty_values() -> N
 def test_compose_reads_with_nothing_set_as_on_a_worker_only_node() -> None:
     # No ${VAR:?}: Compose interpolates every service whatever the profile, so a variable the
     # API required would be required on a node that only trains. The API refuses to start
-    # without a token itself (tests/service/test_system_api.py).
+    # without a token itself (tests/service/api/test_system_api.py).
     config = compose_config({}, "worker")
 
     assert config["services"]["trainctl"]["environment"]["TRAINCTL_API_TOKEN"] is None

@@ -1,115 +1,20 @@
-"""End-to-end fixtures: the real service (`python -m trainctl.service`) on a free port, with its
-real worker process(es) and SQLite in a temp dir, driven over HTTP.
+"""End-to-end fixtures: `service`, the real service (tests/service_process.py: `python -m
+trainctl.service` on a free port, with its real worker process(es)) in the test's tmp_path, not
+yet started.
 
-`service` runs on SQLite unless a test asks for PostgreSQL with
+It runs on SQLite unless a test asks for PostgreSQL with
 `@pytest.mark.parametrize("service", ["postgresql"], indirect=True)`: then the service and
 its workers share a fresh database on the session's PostgreSQL server."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.conftest import fresh_database
-from tests.polling import poll
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Service:
-    data_dir: Path
-    port: int = field(default_factory=free_port)
-    workers: int = 1
-    process: subprocess.Popen[bytes] | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
-    cwd: Path = REPO
-    argv: list[str] = field(default_factory=lambda: [sys.executable, "-m", "trainctl.service"])
-    """How the service is started: another interpreter, or the console script."""
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, workers: int | None = None) -> Service:
-        if workers is not None:
-            self.workers = workers
-        env = {
-            **os.environ,
-            "TRAINCTL_HOST": "127.0.0.1",
-            "TRAINCTL_PORT": str(self.port),
-            "TRAINCTL_DATA_DIR": str(self.data_dir),
-            "TRAINCTL_WORKERS": str(self.workers),
-            "TRAINCTL_LEASE_SECONDS": "5",
-            "TRAINCTL_HEARTBEAT_SECONDS": "0.5",
-            "TRAINCTL_REAP_SECONDS": "0.5",
-            **self.extra_env,
-        }
-        log = open(self.data_dir / "service.log", "ab")  # noqa: SIM115 - lives with the process
-        self.process = subprocess.Popen(
-            self.argv,
-            cwd=self.cwd,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        poll(self._ready, timeout=60, what="the service to be ready")
-        return self
-
-    def _ready(self) -> bool:
-        if self.process is not None and self.process.poll() is not None:
-            raise AssertionError(f"service exited: {self.log_tail()}")
-        token = self.extra_env.get("TRAINCTL_API_TOKEN")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        try:
-            r = httpx.get(f"{self.url}/readyz", headers=headers, timeout=2)
-        except httpx.TransportError:
-            return False
-        return r.status_code == 200 and (self.workers == 0 or r.json()["workers_alive"] >= 1)
-
-    def stop(self, timeout: float = 90) -> bool:
-        """SIGTERM and wait; True when the service shut down gracefully.
-
-        uvicorn re-raises the signal once its shutdown (our lifespan) has finished, so a
-        graceful stop ends with -SIGTERM as often as with 0.
-        """
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=timeout) in (0, -signal.SIGTERM)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise AssertionError(
-                f"service did not stop in {timeout} s: {self.log_tail()}"
-            ) from None
-
-    def log_tail(self, n: int = 4000) -> str:
-        text = "".join(
-            p.read_text(errors="replace")[-n:]
-            for p in [
-                self.data_dir / "service.log",
-                *sorted((self.data_dir / "logs").glob("*.log")),
-            ]
-            if p.exists()
-        )
-        return text[-n:]
+from tests.databases import fresh_database
+from tests.service_process import Service
 
 
 @pytest.fixture

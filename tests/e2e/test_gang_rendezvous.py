@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import fresh_database
-from tests.plans import enqueue
+from tests.databases import fresh_database
+from tests.plans import enqueue, until_cancelled
 from tests.polling import poll
 from tests.reliability.workers import Workers, wait_finished
 from tests.sockets import assert_listen_at, listening
-from tests.worker.test_rendezvous import until_cancelled
 from trainctl.store.db.runs import RunStore
 from trainctl.worker.rendezvous import interface_addresses
 

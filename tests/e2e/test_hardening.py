@@ -6,7 +6,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e.conftest import Service
+from tests.service_process import Service
 from trainctl import Client
 
 TOKEN = "hardening-test-token"

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import torch
 
-from tests.e2e.conftest import Service
+from tests.service_process import Service
 from tests.stores import posix_store
 from trainctl.store.generation import GenerationSettings
 from trainctl.worker.generate import generate_tokens, load_for_generation

@@ -31,11 +31,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import fresh_database
-from tests.e2e.conftest import Service
+from tests.databases import fresh_database
 from tests.plans import train_plan
 from tests.polling import poll
 from tests.reliability.workers import Workers
+from tests.service_process import Service
 from tests.stores import folder, posix_store
 from trainctl.store.db.runs import RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import REPO, Service
 from tests.polling import poll
+from tests.service_process import REPO, Service
 
 IN_WORKING_FOLDER = ("fastapi", "uvicorn", "starlette", "torch")
 ON_PYTHONPATH = ("torch",)

@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import Service
 from tests.polling import poll
+from tests.service_process import Service
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 PYPROJECT = """\

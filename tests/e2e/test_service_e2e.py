@@ -7,43 +7,25 @@ import os
 import signal
 import tarfile
 from pathlib import Path
-from typing import Any
 
-from tests.e2e.conftest import Service
-from tests.polling import poll
-from trainctl.service.schemas import RunPublic
+import pytest
+
+from tests.e2e.runs import result_of, wait_done, wait_step
+from tests.service_process import Service
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.store.db.runs import RunStore
-from trainctl.store.vocabulary import TERMINAL_STATES
 
 LONG_TRAIN = {"steps": 100_000, "checkpoint_every": 100_000}
-
-
-def wait_done(client: TrainctlClient, run_id: str, timeout: float = 600) -> RunPublic:
-    return poll(
-        lambda: (r := client.get_run(run_id)).state in TERMINAL_STATES and r,
-        timeout=timeout,
-        what=f"run {run_id} to finish",
-    )
-
-
-def wait_step(client: TrainctlClient, run_id: str, step: int) -> RunPublic:
-    return poll(
-        lambda: ((r := client.get_run(run_id)).progress.step or 0) >= step and r,
-        timeout=600,
-        what=f"run {run_id} to reach step {step}",
-    )
-
-
-def result_of(run: RunPublic) -> dict[str, Any]:
-    assert run.result is not None, f"run {run.id} is {run.state}: {run.error}"
-    return run.result
 
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# The main flow runs on PostgreSQL too; the other end-to-end tests run on SQLite only: the store
+# tests already cover every query on both databases, and each end-to-end test costs tens of
+# seconds.
+@pytest.mark.parametrize("service", ["sqlite", "postgresql"], indirect=True)
 def test_benchmark_then_train_then_checkpoints_work_after_one_command(
     service: Service, tmp_path: Path
 ) -> None:

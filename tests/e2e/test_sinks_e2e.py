@@ -19,8 +19,9 @@ import httpx
 import pytest
 from tbparse import SummaryReader
 
-from tests.e2e.conftest import Service, free_port
 from tests.polling import poll
+from tests.ports import free_port
+from tests.service_process import Service
 from trainctl.service.schemas import EventPublic, RunPublic
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.service.sinks.base import scalars

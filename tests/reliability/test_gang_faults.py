@@ -30,7 +30,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import fresh_database
+from tests.databases import fresh_database
 from tests.plans import enqueue, train_plan
 from tests.polling import poll
 from tests.reliability.workers import Workers, wait_finished

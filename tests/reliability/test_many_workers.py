@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import BACKENDS, fresh_database
+from tests.databases import BACKENDS, fresh_database
 from tests.plans import benchmark_plan
 from tests.polling import poll
 from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished

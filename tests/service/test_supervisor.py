@@ -199,6 +199,7 @@ def holds_throughout(predicate: Callable[[], bool], seconds: float, what: str) -
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_crashing_worker_is_restarted_after_a_growing_delay(
     crash_settings: Settings, store: RunStore, tmp_path: Path
 ) -> None:
@@ -217,6 +218,7 @@ def test_a_crashing_worker_is_restarted_after_a_growing_delay(
     assert status["given_up"] is False and status["given_up_reason"] is None
 
 
+@pytest.mark.slow
 def test_a_worker_that_keeps_crashing_is_given_up_and_reported(
     crash_settings: Settings, store: RunStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -249,6 +251,7 @@ def test_a_worker_that_keeps_crashing_is_given_up_and_reported(
     assert sample("trainctl_worker_slots_given_up") == 1
 
 
+@pytest.mark.slow
 def test_a_worker_that_lived_past_the_threshold_resets_the_count(
     crash_settings: Settings, store: RunStore, tmp_path: Path
 ) -> None:
@@ -264,6 +267,7 @@ def test_a_worker_that_lived_past_the_threshold_resets_the_count(
     assert status["given_up_reason"].endswith("(exit codes 4, 5, 6)")
 
 
+@pytest.mark.slow
 def test_the_run_a_crashed_worker_held_is_handed_back_even_when_its_slot_is_given_up(
     crash_settings: Settings, store: RunStore
 ) -> None:
@@ -291,6 +295,7 @@ CLAIMS_THEN_IS_OOM_KILLED = CLAIMS_THEN_CRASHES.replace(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("oom", [True, False], ids=["oom-killer", "operator-kill-9"])
 def test_a_worker_killed_for_memory_fails_its_run_without_retrying_it(
     crash_settings: Settings,

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset, write_byte_dataset
-from tests.service.conftest import save_checkpoint
+from tests.service.fakes import save_checkpoint
 from tests.stores import posix_store
 from trainctl.store.checkpoints.info import TokenizerId
 from trainctl.store.data.datasets import DATASET_FILE, TOKENIZER_FILE, Dataset, read_dataset

@@ -8,6 +8,7 @@ import multiprocessing
 import warnings
 from typing import Any
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import insert, inspect, text
@@ -94,6 +95,7 @@ def _migrate(url: str, start: Any) -> None:
         store.create_all()
 
 
+@pytest.mark.slow
 def test_several_processes_migrating_one_new_database_at_once_all_succeed(
     database_url: str,
 ) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from tests.conftest import fresh_database
+from tests.databases import fresh_database
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.db.schema import read_transaction, run_slots, workers
 from trainctl.store.exceptions import InvalidRequest, LeaseLost
@@ -105,6 +105,7 @@ def test_a_gang_is_gathered_by_the_spread_it_asks_for() -> None:
 # ---- claims on both databases ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_claims_take_the_highest_priority_first_then_the_oldest(store: RunStore) -> None:
     low = enqueue(store, priority=-5)
     first = enqueue(store)

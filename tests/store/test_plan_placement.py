@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.plans import benchmark_plan, train_plan, validate_plan
-from tests.service.conftest import save_checkpoint
+from tests.service.fakes import save_checkpoint
 from tests.stores import posix_store
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.kinds import placement_of

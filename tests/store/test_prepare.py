@@ -16,7 +16,7 @@ import pytest
 import zstandard
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from tests.store.test_tokenizer import stdlib_files, train_stdlib_tokenizer
+from tests.datasets import stdlib_files, train_stdlib_tokenizer
 from trainctl.store.data import corpus
 from trainctl.store.data.datasets import DATASET_FILE, Dataset, read_dataset
 from trainctl.store.data.prepare import PrepareProgress, PrepareStopped, prepare_dataset
@@ -65,6 +65,7 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_jsonl_gz_zst_and_parquet_become_a_dataset_of_documents_in_order(
     mixed_corpus: Path, tokenizer_file: Path, docs: list[str], tmp_path: Path
 ) -> None:
@@ -96,6 +97,7 @@ def test_jsonl_gz_zst_and_parquet_become_a_dataset_of_documents_in_order(
     assert read_dataset(tmp_path / "ds").to_json() | {"created_at": ""} == dataset.to_json()
 
 
+@pytest.mark.slow
 def test_one_and_two_workers_write_the_same_bytes(
     mixed_corpus: Path, tokenizer_file: Path, tmp_path: Path
 ) -> None:

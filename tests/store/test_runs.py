@@ -115,6 +115,7 @@ def test_a_full_last_page_has_no_next_cursor(store: RunStore) -> None:
     assert cursor is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "cursor",
     [
@@ -212,6 +213,7 @@ def _claim_until_empty(url: str, worker_id: str, start: Barrier, results: Any) -
         results.put((worker_id, claimed))
 
 
+@pytest.mark.slow
 def test_concurrent_claimers_in_separate_processes_never_share_a_run(
     store: RunStore, url: str
 ) -> None:
@@ -384,6 +386,7 @@ def test_cancelling_a_running_run_asks_its_worker_to_stop(store: RunStore) -> No
     assert done.state == "cancelled"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("end_state", ["succeeded", "failed", "cancelled"])
 def test_cancelling_a_finished_run_is_refused_naming_its_state(
     store: RunStore, end_state: str
@@ -422,6 +425,7 @@ def test_events_come_back_in_id_order_after_the_given_id(store: RunStore) -> Non
     ]
 
 
+@pytest.mark.slow
 def test_an_event_of_a_run_waits_for_the_runs_open_event_write_so_ids_appear_in_order(
     store: RunStore,
 ) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from trainctl.store.data.shards import DataError, stdlib_source_files
+from tests.datasets import stdlib_files, train_stdlib_tokenizer
+from trainctl.store.data.shards import DataError
 from trainctl.store.data.tokenizer import (
     EOT,
     TrainProgress,
@@ -19,26 +20,12 @@ from trainctl.store.data.tokenizer import (
 )
 
 
-def stdlib_files(max_bytes: int) -> list[Path]:
-    """Standard library source files, in order, up to about `max_bytes`."""
-    files, total = [], 0
-    for path in stdlib_source_files():
-        files.append(path)
-        total += path.stat().st_size
-        if total >= max_bytes:
-            break
-    return files
-
-
-def train_stdlib_tokenizer(out: Path, vocab: int = 1024, max_bytes: int = 1_500_000) -> Path:
-    return train_tokenizer(stdlib_files(max_bytes), out, vocab)
-
-
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train_stdlib_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
+@pytest.mark.slow
 def test_training_twice_on_the_same_text_gives_the_same_file_byte_for_byte(
     tokenizer_file: Path, tmp_path: Path
 ) -> None:

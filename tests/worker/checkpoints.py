@@ -1,4 +1,5 @@
-"""Test helpers over the checkpoint writer: a save in one call, and the latest step folder.
+"""Test helpers over the checkpoint writer: a save in one call, and the latest step folder; a
+tiny model with its optimizers and schedule to save, and the tensors of a state_dict.
 
 The worker itself captures a state at a step and writes it (`capture_checkpoint`,
 `write_checkpoint`, or the asynchronous checkpointer); the tests that only need a checkpoint
@@ -16,9 +17,13 @@ from torch import nn
 
 from tests.stores import folder, posix_store
 from trainctl.store.checkpoints.store import Protection
+from trainctl.store.specs import OptimizerSpec
 from trainctl.worker.checkpoint import capture_checkpoint, write_checkpoint
-from trainctl.worker.optim import Optimizers
-from trainctl.worker.schedule import WSDScheduler
+from trainctl.worker.model import GPT, build_model
+from trainctl.worker.optim import Optimizers, build_optimizers
+from trainctl.worker.schedule import WSDScheduler, build_scheduler
+
+Parts = tuple[GPT, Optimizers, WSDScheduler]
 
 
 def save_checkpoint(
@@ -80,3 +85,25 @@ def find_latest_checkpoint(save_dir: str | Path) -> Path | None:
     store = posix_store(save_dir.parent)
     info = store.latest_or_none(save_dir.name)
     return folder(store, info.experiment, info.tag) if info is not None else None
+
+
+def make_parts(kind: str = "muon_adamw", **overrides: object) -> Parts:
+    model = build_model("tiny", seed=0, **overrides)
+    optimizers = build_optimizers(model, OptimizerSpec(kind=kind))
+    return model, optimizers, build_scheduler(optimizers, 100)
+
+
+def save(parts: Parts, root: Path, step: int, **kw: object) -> Path:
+    model, optimizers, sched = parts
+    return save_checkpoint(model, optimizers, sched, step, step * 100, 2.5, root / "exp", **kw)  # type: ignore[arg-type]
+
+
+def tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in a nest of dicts, lists and tuples (a state_dict)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, list | tuple):
+        return [t for v in obj for t in tensors(v)]
+    return []

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from tests.plans import train_plan
 from tests.stores import entry_at, posix_store
-from tests.worker.test_checkpoint import tensors
-from tests.worker.test_train import run_script
+from tests.worker.checkpoints import tensors
+from tests.worker.train_script import run_script
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE, verify_manifest
 from trainctl.worker.async_checkpoint import AsyncCheckpointer
 from trainctl.worker.checkpoint import CheckpointState, capture_checkpoint, write_checkpoint
@@ -43,6 +43,7 @@ def captured(
     return parts[0], capture(parts, step, dtype)
 
 
+@pytest.mark.slow
 def test_the_background_save_writes_the_state_as_it_was_when_saved(tmp_path: Path) -> None:
     model, state = captured()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -82,6 +83,7 @@ def test_each_save_stages_into_the_same_buffers_never_the_live_tensors(tmp_path:
     assert all(torch.equal(saved[k], t) for k, t in model.state_dict().items())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["master", "bf16"])
 def test_an_async_save_writes_what_a_synchronous_one_does(
     tmp_path: Path, dtype: torch.dtype | None
@@ -135,6 +137,7 @@ def test_at_most_one_save_is_in_flight(tmp_path: Path) -> None:
     assert order == ["step_1", "step_1"]
 
 
+@pytest.mark.slow
 def test_a_stopped_async_run_leaves_its_checkpoint_before_it_returns(tmp_path: Path) -> None:
     steps: list[int] = []
     reported: list[dict[str, Any]] = []
@@ -150,6 +153,7 @@ def test_a_stopped_async_run_leaves_its_checkpoint_before_it_returns(tmp_path: P
     assert [r["step"] for r in reported if r["tag"].startswith("step_")] == [3, 6, 7]
 
 
+@pytest.mark.slow
 def test_resume_from_an_async_checkpoint_is_bit_identical(tmp_path: Path) -> None:
     common: dict[str, Any] = dict(
         steps=24,

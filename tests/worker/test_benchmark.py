@@ -49,6 +49,7 @@ def test_cpu_profile_is_stated_as_a_warning() -> None:
     assert any("CPU profile" in w for w in plan.warnings)
 
 
+@pytest.mark.slow
 def test_benchmark_reports_every_field_and_consistent_totals() -> None:
     plan = benchmark_plan(steps=3, warmup_steps=1, batch={"micro_batch_size": 2, "seq_len": 32})
     result = run_benchmark(plan)
@@ -102,6 +103,7 @@ def test_the_changes_cover_every_optimizer_and_schedule_field() -> None:
     assert set(CHANGED["schedule"]) == set(ScheduleSpec.model_fields)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("group", "field"), [(g, f) for g, fields in CHANGED.items() for f in fields]
 )
@@ -122,6 +124,7 @@ def test_flops_per_token_follows_the_design_formula() -> None:
     assert flops_per_token(cfg, 4096) == expected
 
 
+@pytest.mark.slow
 def test_cli_prints_one_json_object() -> None:
     proc = subprocess.run(
         [
@@ -151,6 +154,7 @@ def test_cli_prints_one_json_object() -> None:
     assert result["config"]["model"]["config"]["compile_mode"] == "max-autotune"
 
 
+@pytest.mark.slow
 def test_cli_rejects_an_unknown_preset_in_one_line() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "trainctl.worker.benchmark", "--preset", "huge"],

@@ -4,34 +4,27 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from tests.stores import entry_at, manifest_of, posix_store, write_entry
-from tests.worker.checkpoints import find_latest_checkpoint, save_checkpoint
+from tests.worker.checkpoints import (
+    Parts,
+    find_latest_checkpoint,
+    make_parts,
+    save,
+    tensors,
+)
 from trainctl.store.checkpoints.manifests import (
     MANIFEST_FILE,
     METADATA_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
 )
-from trainctl.store.specs import OptimizerSpec
 from trainctl.worker.checkpoint import capture_checkpoint, load_checkpoint
 from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch
-from trainctl.worker.model import GPT, build_model
-from trainctl.worker.optim import Optimizers, build_optimizers
-from trainctl.worker.schedule import WSDScheduler, build_scheduler
-
-Parts = tuple[GPT, Optimizers, WSDScheduler]
-
-
-def make_parts(kind: str = "muon_adamw", **overrides: object) -> Parts:
-    model = build_model("tiny", seed=0, **overrides)
-    optimizers = build_optimizers(model, OptimizerSpec(kind=kind))
-    return model, optimizers, build_scheduler(optimizers, 100)
 
 
 def train_a_little(parts: Parts, steps: int = 3) -> None:
@@ -43,22 +36,6 @@ def train_a_little(parts: Parts, steps: int = 3) -> None:
         optimizers.step()
         optimizers.zero_grad()
         sched.step()
-
-
-def save(parts: Parts, root: Path, step: int, **kw: object) -> Path:
-    model, optimizers, sched = parts
-    return save_checkpoint(model, optimizers, sched, step, step * 100, 2.5, root / "exp", **kw)  # type: ignore[arg-type]
-
-
-def tensors(obj: Any) -> list[torch.Tensor]:
-    """Every tensor in a nest of dicts, lists and tuples (a state_dict)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if isinstance(obj, list | tuple):
-        return [t for v in obj for t in tensors(v)]
-    return []
 
 
 def test_save_then_load_restores_model_optimizers_and_schedule(tmp_path: Path) -> None:
@@ -83,6 +60,7 @@ def test_save_then_load_restores_model_optimizers_and_schedule(tmp_path: Path) -
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "names"), [("muon_adamw", ["muon", "adamw"]), ("adamw", ["adamw"])]
 )
@@ -184,7 +162,7 @@ CRASH_SCRIPT = """
 import os, sys, threading, torch
 from pathlib import Path
 import trainctl.worker.checkpoint as checkpoint
-from tests.worker.test_checkpoint import make_parts, save
+from tests.worker.checkpoints import make_parts, save
 root = Path(sys.argv[1])
 parts = make_parts()
 save(parts, root, 1)
@@ -205,6 +183,7 @@ save(parts, root, 2)
 """
 
 
+@pytest.mark.slow
 def test_a_crash_between_the_files_of_a_save_leaves_no_visible_checkpoint(
     tmp_path: Path,
 ) -> None:

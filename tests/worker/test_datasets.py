@@ -57,6 +57,7 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("async_checkpoint", [False, True], ids=["sync", "async"])
 def test_each_checkpoint_of_a_bpe_run_carries_its_tokenizer_and_the_datasets_identity(
     tmp_path: Path, dataset: Dataset, async_checkpoint: bool
@@ -79,6 +80,7 @@ def test_each_checkpoint_of_a_bpe_run_carries_its_tokenizer_and_the_datasets_ide
         assert metadata["tokenizer"]["eot_id"] == dataset.tokenizer.eot_id
 
 
+@pytest.mark.slow
 def test_validation_on_a_dataset_reports_bits_per_byte(tmp_path: Path, dataset: Dataset) -> None:
     metrics: list[dict[str, Any]] = []
     checkpoints = posix_store(tmp_path / "checkpoints")
@@ -92,6 +94,7 @@ def test_validation_on_a_dataset_reports_bits_per_byte(tmp_path: Path, dataset: 
     assert result["final_val_bits_per_byte"] == val[-1]["val_bits_per_byte"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("data", "known"),
     [({"source": "stdlib", "max_bytes": 200_000}, True), ({"source": "synthetic"}, False)],

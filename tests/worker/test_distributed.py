@@ -70,6 +70,7 @@ def test_grad_accum_steps_must_split_evenly_across_the_processes() -> None:
     assert default.batch.grad_accum_steps == 2  # the CPU profile's 1, rounded up
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batch(tmp_path: Path) -> None:
     single: list[dict[str, Any]] = []
     Trainer(tiny_plan(), posix_store(tmp_path / "single"), on_metrics=single.append).run()
@@ -84,6 +85,7 @@ def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batch(tmp_path
     assert result["token_count"] == STEPS * 4 * 2 * 32  # the global batch, counted once
 
 
+@pytest.mark.slow
 def test_a_two_process_run_reports_once_saves_from_rank_0_and_resumes_exactly(
     tmp_path: Path,
 ) -> None:

@@ -153,6 +153,7 @@ def bpe_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[GPT, Path, Exp
     return model, checkpoint, export_to(checkpoint, root / "exports", dtype="float32")
 
 
+@pytest.mark.slow
 def test_the_export_loads_in_transformers_without_remote_code(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
@@ -167,6 +168,7 @@ def test_the_export_loads_in_transformers_without_remote_code(
     assert not any("mtp" in n for n in names)
 
 
+@pytest.mark.slow
 def test_softcapped_logits_equal_trainctl_s_in_float32(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
@@ -177,6 +179,7 @@ def test_softcapped_logits_equal_trainctl_s_in_float32(
     assert max_logit_diff(model, load_hf(Path(result.folder)), tokens) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_greedy_generation_of_64_tokens_is_identical(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
@@ -188,6 +191,7 @@ def test_greedy_generation_of_64_tokens_is_identical(
     assert len(set(ours)) > 1  # a model stuck on one token would prove little
 
 
+@pytest.mark.slow
 def test_the_bpe_tokenizer_loads_offline_and_round_trips_text(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
@@ -207,6 +211,7 @@ def test_the_bpe_tokenizer_loads_offline_and_round_trips_text(
     assert config["eos_token_id"] == tokenizer.eos_token_id
 
 
+@pytest.mark.slow
 def test_generate_takes_the_tokenizer_s_output_as_it_is(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
@@ -220,6 +225,7 @@ def test_generate_takes_the_tokenizer_s_output_as_it_is(
     assert set(inputs) == {"input_ids", "attention_mask"} and out.shape[1] > 0
 
 
+@pytest.mark.slow
 def test_differences_name_the_softcap_and_the_dropped_mtp_heads(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
@@ -232,6 +238,7 @@ def test_differences_name_the_softcap_and_the_dropped_mtp_heads(
     assert all(d in card for d in result.differences)
 
 
+@pytest.mark.slow
 def test_the_model_card_gives_the_training_facts(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
@@ -249,6 +256,7 @@ def test_the_model_card_gives_the_training_facts(
         assert row in card
 
 
+@pytest.mark.slow
 def test_the_manifest_lists_and_verifies_every_file(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
@@ -261,6 +269,7 @@ def test_the_manifest_lists_and_verifies_every_file(
     assert manifest["files"] == result.files
 
 
+@pytest.mark.slow
 def test_an_exports_store_lists_and_serves_the_export_as_a_checkpoint(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
@@ -277,6 +286,7 @@ def test_an_exports_store_lists_and_serves_the_export_as_a_checkpoint(
     assert meta["export"]["differences"] == result.differences and "rng" not in meta
 
 
+@pytest.mark.slow
 def test_the_result_is_plain_json(bpe_export: tuple[GPT, Path, ExportResult]) -> None:
     _, _, result = bpe_export
     data = json.loads(json.dumps(result.to_dict()))
@@ -284,6 +294,7 @@ def test_the_result_is_plain_json(bpe_export: tuple[GPT, Path, ExportResult]) ->
     assert data["dtype"] == "float32" and data["tokenizer"] == "bpe"
 
 
+@pytest.mark.slow
 def test_export_leaves_the_checkpoint_folder_untouched(
     bpe_export: tuple[GPT, Path, ExportResult],
 ) -> None:
@@ -298,6 +309,7 @@ def test_export_leaves_the_checkpoint_folder_untouched(
 # --- other checkpoints ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_bf16_export_loads_as_bf16_and_says_its_weights_were_rounded(
     byte_trained: tuple[GPT, Path], tmp_path: Path
 ) -> None:
@@ -313,6 +325,7 @@ def test_a_bf16_export_loads_as_bf16_and_says_its_weights_were_rounded(
     assert max_logit_diff(model, hf.float(), tokens) < 0.05  # the same model, rounded (0.01)
 
 
+@pytest.mark.slow
 def test_a_byte_level_checkpoint_exports_a_byte_tokenizer_that_round_trips(
     byte_trained: tuple[GPT, Path], tmp_path: Path
 ) -> None:
@@ -333,6 +346,7 @@ def test_a_byte_level_checkpoint_exports_a_byte_tokenizer_that_round_trips(
     )
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_a_tokenizer_exports_weights_and_says_so(
     byte_trained: tuple[GPT, Path], tmp_path: Path
 ) -> None:
@@ -347,6 +361,7 @@ def test_a_checkpoint_without_a_tokenizer_exports_weights_and_says_so(
     assert max_logit_diff(model, load_hf(Path(result.folder)), tokens) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_a_model_without_qk_norm_or_softcap_exports_as_llama_computing_the_same(
     tmp_path: Path,
 ) -> None:
@@ -363,6 +378,7 @@ def test_a_model_without_qk_norm_or_softcap_exports_as_llama_computing_the_same(
     assert max_logit_diff(model, hf, tokens) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_weights_saved_from_a_torch_compile_wrapper_export_without_the_prefix(
     byte_trained: tuple[GPT, Path], tmp_path: Path
 ) -> None:
@@ -380,6 +396,7 @@ def test_weights_saved_from_a_torch_compile_wrapper_export_without_the_prefix(
 # --- failures -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_fails_with_the_integrity_message_and_leaves_no_folder(
     checkpoint: Path, tmp_path: Path
 ) -> None:
@@ -392,6 +409,7 @@ def test_a_damaged_checkpoint_fails_with_the_integrity_message_and_leaves_no_fol
     assert not (exports / "exp").exists() or os.listdir(exports / "exp") == []
 
 
+@pytest.mark.slow
 def test_a_failure_while_writing_leaves_nothing_that_looks_complete(
     checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -406,12 +424,14 @@ def test_a_failure_while_writing_leaves_nothing_that_looks_complete(
     assert os.listdir(exports / "exp") == []  # neither the export nor its stage
 
 
+@pytest.mark.slow
 def test_export_refuses_an_export_that_exists(checkpoint: Path, tmp_path: Path) -> None:
     (tmp_path / "exports" / "exp" / checkpoint.name).mkdir(parents=True)
     with pytest.raises(Conflict, match="exists"):
         export_to(checkpoint, tmp_path / "exports", dtype="float32")
 
 
+@pytest.mark.slow
 def test_export_never_writes_over_the_checkpoint(checkpoint: Path) -> None:
     # Into the checkpoint's own store, the export's name is the checkpoint's: it exists.
     before = sorted(p.name for p in checkpoint.iterdir())

@@ -60,6 +60,7 @@ def bpe(tokenizer_json: bytes) -> TextCodec:
 # --- the KV cache ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -131,6 +132,7 @@ def test_the_cache_refuses_positions_beyond_max_seq_len() -> None:
 # --- decoding tokens ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_greedy_decoding_with_the_cache_equals_full_recomputation() -> None:
     model = model_with()
     prompts = [[1, 2, 3], [40, 41, 42, 43, 44, 45, 46, 47, 48]]  # of different lengths
@@ -140,6 +142,7 @@ def test_greedy_decoding_with_the_cache_equals_full_recomputation() -> None:
     assert [len(c) for c in cached] == [32, 32]
 
 
+@pytest.mark.slow
 def test_each_prompt_of_a_ragged_batch_decodes_as_it_would_alone() -> None:
     model = model_with()
     prompts = [[5, 6], [7, 8, 9, 10, 11, 12, 13], [14, 15, 16, 17]]
@@ -147,6 +150,7 @@ def test_each_prompt_of_a_ragged_batch_decodes_as_it_would_alone() -> None:
     assert together == [generate_tokens(model, [p], GREEDY)[0] for p in prompts]
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_text_and_another_seed_another() -> None:
     model, codec = model_with(), TextCodec()
     first = generate_text(model, codec, ["def ", "x"], SAMPLED)
@@ -157,6 +161,7 @@ def test_the_same_seed_gives_the_same_text_and_another_seed_another() -> None:
     assert [c.token_ids for c in first] != [c.token_ids for c in other]
 
 
+@pytest.mark.slow
 def test_top_k_of_one_is_greedy() -> None:
     model = model_with()
     prompts = [[3, 1, 4, 1, 5]]
@@ -164,6 +169,7 @@ def test_top_k_of_one_is_greedy() -> None:
     assert generate_tokens(model, prompts, top1) == generate_tokens(model, prompts, GREEDY)
 
 
+@pytest.mark.slow
 def test_a_tiny_top_p_is_greedy() -> None:
     model = model_with()
     prompts = [[3, 1, 4, 1, 5]]
@@ -326,6 +332,7 @@ def test_a_trained_bpe_streams_what_generate_returns(bpe: TextCodec) -> None:
     assert all(t < bpe.vocab_size for c in done for t in c.token_ids)
 
 
+@pytest.mark.slow
 def test_a_byte_level_codec_samples_only_bytes() -> None:
     model = model_with()
     [done] = generate_text(

@@ -11,29 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.plans import enqueue, train_plan
+from tests.plans import enqueue, until_cancelled
 from tests.polling import poll
 from tests.reliability.workers import Workers, wait_finished
 from tests.sockets import assert_listen_at, listening
 from trainctl.store.db.runs import RunStore
 from trainctl.store.layout import DataLayout
-from trainctl.store.plans import TrainPlan
 from trainctl.worker.rendezvous import host_store, split_endpoint
-
-
-def until_cancelled(experiment: str, **placement: int) -> TrainPlan:
-    """Tiny CPU ranks that train until the run is cancelled."""
-    return train_plan(
-        experiment=experiment,
-        steps=100_000,
-        model={"preset": "tiny"},
-        data={"source": "synthetic"},
-        batch={"micro_batch_size": 2, "seq_len": 32, "grad_accum_steps": 2},
-        checkpoint_every=1_000_000,
-        val_every=1_000_000,
-        val_batches=1,
-        **placement,
-    )
 
 
 @pytest.fixture

@@ -85,6 +85,7 @@ def wait_step(runs: RunStore, run: Run, step: int) -> None:
     poll(lambda: (runs.get(run.id).progress["step"] or 0) >= step, what=f"step {step}")
 
 
+@pytest.mark.slow
 def test_the_worker_runs_each_kind_to_success(
     runs: RunStore, tmp_path: Path, start_worker: Callable[[], Any]
 ) -> None:
@@ -104,6 +105,7 @@ def test_the_worker_runs_each_kind_to_success(
     assert {"train", "val"} <= kinds
 
 
+@pytest.mark.slow
 def test_a_failed_run_records_its_reason_and_the_worker_keeps_serving(
     runs: RunStore, start_worker: Callable[[], Any]
 ) -> None:
@@ -120,6 +122,7 @@ def test_a_failed_run_records_its_reason_and_the_worker_keeps_serving(
     assert wait_state(runs, good).state == "succeeded"
 
 
+@pytest.mark.slow
 def test_cancel_stops_a_train_run_at_a_step_boundary_after_a_checkpoint(
     runs: RunStore, tmp_path: Path, start_worker: Callable[[], Any]
 ) -> None:
@@ -134,6 +137,7 @@ def test_cancel_stops_a_train_run_at_a_step_boundary_after_a_checkpoint(
     assert latest.step == done.result["step"] and latest.run_id == run.id
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_requeues_then_a_new_worker_resumes(
     runs: RunStore, tmp_path: Path, start_worker: Callable[[], Any]
 ) -> None:
@@ -159,6 +163,7 @@ def test_sigterm_checkpoints_and_requeues_then_a_new_worker_resumes(
     assert wait_state(runs, run).state == "cancelled"
 
 
+@pytest.mark.slow
 def test_kill_9_mid_run_is_reaped_and_resumed_from_the_runs_own_checkpoint(
     runs: RunStore, tmp_path: Path, start_worker: Callable[[], Any]
 ) -> None:
@@ -186,6 +191,7 @@ def test_kill_9_mid_run_is_reaped_and_resumed_from_the_runs_own_checkpoint(
     assert done.state == "cancelled" and done.attempt == 2
 
 
+@pytest.mark.slow
 def test_a_niceness_outside_0_to_19_is_refused_with_the_value(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "trainctl.worker", "--data-dir", str(tmp_path), "--nice", "25"],
@@ -198,6 +204,7 @@ def test_a_niceness_outside_0_to_19_is_refused_with_the_value(tmp_path: Path) ->
     assert "--nice must be between 0 and 19, got 25" in done.stderr
 
 
+@pytest.mark.slow
 def test_the_worker_logs_json_lines_stamped_with_the_run_id(runs: RunStore, tmp_path: Path) -> None:
     bad = enqueue_vanished_resume(runs)
     log_path = tmp_path / "worker.log"
@@ -230,6 +237,7 @@ def test_the_worker_logs_json_lines_stamped_with_the_run_id(runs: RunStore, tmp_
     assert all("run_id" not in r for r in records if "ready" in r["message"])
 
 
+@pytest.mark.slow
 def test_a_run_error_names_the_nodes_folders_rather_than_spelling_them_out(
     runs: RunStore, tmp_path: Path, start_worker: Callable[[], Any]
 ) -> None:
@@ -252,6 +260,7 @@ def test_a_run_error_carries_no_terminal_escape_codes() -> None:
     assert public_error(coloured, config) == "CUDA error: out of memory in <data>/x"
 
 
+@pytest.mark.slow
 def test_a_train_run_sweeps_what_a_killed_save_left_in_its_experiment(
     runs: RunStore, tmp_path: Path, start_worker: Callable[[], Any]
 ) -> None:

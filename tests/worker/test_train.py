@@ -1,10 +1,6 @@
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +10,14 @@ from safetensors.torch import load_file
 
 from tests.plans import train_plan
 from tests.stores import folder, posix_store
+from tests.worker.train_script import run_script
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
 from trainctl.store.plans import TrainPlan
 from trainctl.worker.exceptions import CheckpointMismatch, NonFiniteLoss
 from trainctl.worker.train import Trainer, train
 
-REPO = Path(__file__).resolve().parents[2]
 
-
+@pytest.mark.slow
 def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path: Path) -> None:
     s = train_plan(
         experiment="text",
@@ -51,6 +47,7 @@ def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path
     assert {"best", "step_300"} <= set(tags)
 
 
+@pytest.mark.slow
 def test_metrics_report_each_optimizer_lr_and_data_wait(tmp_path: Path) -> None:
     metrics: list[dict[str, Any]] = []
     plan = train_plan(steps=3, data={"source": "synthetic"})
@@ -68,6 +65,7 @@ def test_metrics_report_each_optimizer_lr_and_data_wait(tmp_path: Path) -> None:
     assert step["lr/muon"] / step["lr/adamw"] == pytest.approx(0.02 / 3e-4)
 
 
+@pytest.mark.slow
 def test_the_stop_flag_ends_at_a_step_boundary_with_a_checkpoint(tmp_path: Path) -> None:
     steps: list[int] = []
     result = train(
@@ -80,6 +78,7 @@ def test_the_stop_flag_ends_at_a_step_boundary_with_a_checkpoint(tmp_path: Path)
     assert posix_store(tmp_path).latest("e").step == 7
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_stops_the_run_and_never_saves_nan(tmp_path: Path) -> None:
     trainer = Trainer(
         train_plan(experiment="nan", steps=20, checkpoint_every=5), posix_store(tmp_path)
@@ -101,16 +100,7 @@ def test_a_non_finite_loss_stops_the_run_and_never_saves_nan(tmp_path: Path) -> 
         assert all(torch.isfinite(t).all() for t in weights.values())
 
 
-def run_script(s: TrainPlan, root: Path, stop_after: int | None = None) -> list[dict[str, Any]]:
-    args = [sys.executable, "-m", "tests.worker.train_script", s.model_dump_json(), str(root)]
-    if stop_after is not None:
-        args.append(str(stop_after))
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return [json.loads(line) for line in proc.stdout.splitlines()]
-
-
+@pytest.mark.slow
 def test_resume_in_a_fresh_process_is_bit_identical(tmp_path: Path) -> None:
     common = dict(
         steps=24,
@@ -150,6 +140,7 @@ def train_losses(metrics: list[dict[str, Any]]) -> list[float]:
     return [m["loss"] for m in metrics if m["kind"] == "train"]
 
 
+@pytest.mark.slow
 def test_kind_adamw_trains_with_its_one_optimizer_and_resumes_exactly(tmp_path: Path) -> None:
     """The baseline Muon is compared against: AdamW for every parameter."""
     straight: list[dict[str, Any]] = []
@@ -179,6 +170,7 @@ def test_kind_adamw_trains_with_its_one_optimizer_and_resumes_exactly(tmp_path: 
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_a_muon_adamw_checkpoint_does_not_resume_with_kind_adamw(tmp_path: Path) -> None:
     muon = train_plan(experiment="adamw", steps=2, data={"source": "synthetic"})
     Trainer(muon, posix_store(tmp_path)).run()

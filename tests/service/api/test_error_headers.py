@@ -13,9 +13,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from tests.e2e.conftest import Service
-from tests.service.conftest import save_checkpoint
+from tests.service.fakes import save_checkpoint
 from tests.service.serving import serve
+from tests.service_process import Service
 from trainctl.service.app import create_app
 from trainctl.service.middleware import SECURITY_HEADERS
 from trainctl.service.settings import Settings

@@ -18,7 +18,7 @@ import pytest
 from fastapi import FastAPI
 
 from tests.polling import poll
-from tests.service.conftest import save_checkpoint
+from tests.service.fakes import save_checkpoint
 from tests.service.serving import serve
 from tests.stores import folder
 from trainctl.service.app import create_app

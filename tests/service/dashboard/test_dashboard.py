@@ -1,0 +1,277 @@
+"""The dashboard in a real headless browser (Debian's chromium, driven by playwright), against
+the real service with a worker process and the API token on.
+
+The layout is measured, not just the data: at each width every chart lies inside its card,
+no two cards overlap and the page does not scroll sideways. Screenshots are kept in
+test-artifacts/ (or $TRAINCTL_TEST_ARTIFACTS).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.polling import poll
+from tests.service.dashboard.pages import (
+    MEASURE,
+    SMALL_RUN,
+    STEPS,
+    WIDTHS,
+    artifact,
+    fits,
+    needs_chromium,
+)
+from trainctl.service.schemas import RunPublic
+from trainctl.service.sdk.client import TrainctlClient
+
+# A browser, and runs a worker trains first: slow.
+pytestmark = [needs_chromium, pytest.mark.slow]
+
+# Runs that stay live until a test stops them.
+LONG_RUN = {**SMALL_RUN, "steps": 100_000, "checkpoint_every": 5, "val_every": 1000}
+
+
+@pytest.fixture(scope="module")
+def finished(api: TrainctlClient) -> tuple[RunPublic, RunPublic]:
+    """Two finished train runs of one experiment: byte-level text (so bits per byte) with
+    Muon + AdamW, and synthetic tokens with AdamW alone, the baseline Muon is compared with.
+    One experiment trains one run at a time."""
+    text = api.submit("train", {**SMALL_RUN, "experiment": "cmp", "data": {"max_bytes": 300_000}})
+    assert api.wait(text.id, timeout=600).state == "succeeded"
+    other = {**SMALL_RUN, "experiment": "cmp", "data": {"source": "synthetic"}}
+    synthetic = api.submit("train", {**other, "optimizer": {"kind": "adamw", "adamw_lr": 1e-3}})
+    assert api.wait(synthetic.id, timeout=600).state == "succeeded"
+    return api.get_run(text.id), api.get_run(synthetic.id)
+
+
+def points(page: Any, chart: str) -> int:
+    return int(page.get_attribute(f"#{chart}", "data-points") or 0)
+
+
+# --- a live run --------------------------------------------------------------------------------
+
+
+def test_the_dashboard_charts_a_running_run_live_and_lists_its_checkpoints(
+    api: TrainctlClient, open_page: Any
+) -> None:
+    run = api.submit("train", {**LONG_RUN, "experiment": "web", "data": {"max_bytes": 300_000}})
+    page = open_page(f"#/runs/{run.id}")
+
+    # Polled from here rather than with wait_for_function: that evaluates a string in the
+    # page, which the dashboard's Content-Security-Policy rightly refuses.
+    before = poll(lambda: (n := points(page, "chart-loss")) > 2 and n, what="loss points")
+    poll(lambda: points(page, "chart-loss") > before, timeout=60, what="a new loss point")
+    assert points(page, "chart-tps") == points(page, "chart-lr") >= before  # one stream
+    assert page.text_content("#run-summary .state") == "running"
+    assert page.is_visible("#cancel-run") and not page.is_visible("#resume-run")
+    page.screenshot(path=artifact("dashboard.png"), full_page=True)
+
+    page.goto(page.url.split("#")[0] + "#/runs")
+    page.wait_for_selector(f"tr[data-run='{run.id}'] .state.running")
+    assert "web" in (page.text_content("#runs") or "")
+
+    poll(lambda: api.list_checkpoints("web"), what="a checkpoint")
+    page.goto(page.url.split("#")[0] + "#/checkpoints")
+    page.wait_for_selector("table[data-experiment='web'] tr[data-tag] td.files a")
+    links = [a.get_attribute("href") or "" for a in page.locator("td.files a").all()]
+    assert any(h.endswith("/files/model.safetensors") for h in links)
+    api.cancel_run(run.id)
+    assert api.wait(run.id, timeout=60).state == "cancelled"
+
+
+# --- the layout ----------------------------------------------------------------------------
+
+
+def test_a_finished_runs_page_fits_its_cards_at_every_width_and_follows_resizes(
+    finished: tuple[RunPublic, RunPublic], open_page: Any
+) -> None:
+    run, _ = finished
+    # Opened at 1400 px, where the charts used to run under the next card, then resized:
+    # the charts must follow the window, not keep the width they were made at.
+    page = open_page(f"#/runs/{run.id}", width=1400)
+    poll(lambda: points(page, "chart-loss") == STEPS, what="the run's points")
+    measured = {}
+    for width in (1400, *WIDTHS):
+        fits(page, width)
+        page.screenshot(path=artifact(f"run-page-{width}.png"), full_page=True)
+        measured[width] = page.evaluate(MEASURE)
+    (Path(artifact("run-page-layout.json"))).write_text(json.dumps(measured, indent=1))
+
+    # The result in words, and the validation history as a table.
+    assert page.text_content("#run-result dd[data-key='step']") == "24 / 24"
+    assert page.text_content("#run-result dd[data-key='token_count']") == "3,072 tokens"
+    assert (page.text_content("#run-result dd[data-key='final_val_bits_per_byte']") or "").endswith(
+        " bits/byte"
+    )
+    steps = [
+        row.get_attribute("data-step")
+        for row in page.locator("#run-validation tr[data-step]").all()
+    ]
+    assert steps == ["8", "16", "24"]
+    assert page.locator("#run-validation th", has_text="bits/byte").count() == 1
+    # A finished run has nothing to cancel, and a succeeded one nothing to resume.
+    assert page.locator("#cancel-run, #resume-run").count() == 0
+    # A run without sample_every has no samples (test_dashboard_samples.py has one that does).
+    assert page.locator("#run-samples").count() == 0
+    # A series for each optimizer's lr, as the metrics name them (lr/muon, lr/adamw).
+    assert lr_series(page) == ["muon", "adamw"]
+    baseline = open_page(f"#/runs/{finished[1].id}")
+    poll(lambda: points(baseline, "chart-lr") == STEPS, what="the AdamW run's points")
+    assert lr_series(baseline) == ["adamw"]
+
+
+def lr_series(page: Any) -> list[str]:
+    """The series of a run page's learning-rate chart, by their legend's labels."""
+    labels = page.locator("#chart-lr .u-legend .u-series .u-label").all_text_contents()
+    return [label for label in labels if label != "step"]
+
+
+# --- compare -----------------------------------------------------------------------------------
+
+
+def test_runs_picked_in_the_table_open_a_compare_view_whose_url_holds_the_selection(
+    finished: tuple[RunPublic, RunPublic], open_page: Any
+) -> None:
+    a, b = finished
+    page = open_page("#/runs")
+    page.wait_for_selector(f"tr[data-run='{b.id}']")
+    page.select_option("#experiment-filter", "cmp")  # the experiment's runs, then all of them
+    poll(lambda: "experiment=cmp" in page.url, what="the filter in the URL")
+    # The table shows the experiment's runs only (the URL changes before the rows do).
+    experiments = "#runs tr[data-run] td:nth-child(4)"
+    poll(lambda: set(page.locator(experiments).all_text_contents()) == {"cmp"}, what="the filter")
+    page.wait_for_selector(f"tr[data-run='{a.id}']")
+    page.check("#select-all")
+    page.click("#compare-button")
+
+    page.wait_for_selector("#compare-legend li")
+    assert set(page.url.split("runs=")[1].split("&")[0].split(",")) == {a.id, b.id}
+    legend = [li.get_attribute("data-run") for li in page.locator("#compare-legend li").all()]
+    assert sorted(legend) == sorted([a.id, b.id])
+    total = 2 * STEPS
+    poll(lambda: points(page, "compare-loss") == total, what="both runs' train loss")
+    # An lr chart per optimizer either run has: Muon's the first run's alone.
+    assert points(page, "compare-lr_muon") == STEPS and points(page, "compare-lr_adamw") == total
+    assert points(page, "compare-tps") == total
+    assert points(page, "compare-val_loss") == 2 * 3
+    assert points(page, "compare-val_bpb") == 3  # only the byte-level run knows its bits per byte
+    # The settings side by side, what differs marked.
+    order = 1 if legend[0] == a.id else -1
+    for key, values in [("kind", ["muon_adamw", "adamw"]), ("adamw_lr", ["0.0003", "0.001"])]:
+        row = page.locator(f"#compare-settings tr[data-key='optimizer.{key}']")
+        assert "differs" in (row.get_attribute("class") or "")
+        assert row.locator("td").all_text_contents() == values[::order]
+    assert "same" in (
+        page.get_attribute("#compare-settings tr[data-key='model.preset']", "class") or ""
+    )
+
+    # The controls go into the URL; opening that URL again restores them.
+    page.select_option("#compare-x", "tokens")
+    page.check("#compare-log")
+    # A range input cannot be typed into: set it as a drag would, with an input event.
+    page.eval_on_selector(
+        "#compare-smooth", "el => { el.value = '0.6'; el.dispatchEvent(new Event('input')); }"
+    )
+    poll(
+        lambda: "x=tokens" in page.url and "log=1" in page.url and "smooth=0.6" in page.url,
+        what="the controls in the URL",
+    )
+    shared = page.url
+    again = open_page("#" + shared.split("#")[1])
+    again.wait_for_selector("#compare-legend li")
+    assert again.input_value("#compare-x") == "tokens"
+    assert again.is_checked("#compare-log") and again.input_value("#compare-smooth") == "0.6"
+    assert [
+        li.get_attribute("data-run") for li in again.locator("#compare-legend li").all()
+    ] == legend
+    poll(lambda: points(again, "compare-loss") == total, what="the shared view's points")
+
+    for width in WIDTHS:
+        fits(again, width)
+        again.screenshot(path=artifact(f"compare-{width}.png"), full_page=True)
+
+
+def test_the_compare_view_follows_a_live_run_over_its_event_stream(
+    api: TrainctlClient, finished: tuple[RunPublic, RunPublic], open_page: Any
+) -> None:
+    done, _ = finished
+    live = api.submit("train", {**LONG_RUN, "experiment": "live", "data": {"source": "synthetic"}})
+    poll(lambda: api.get_run(live.id).state == "running", what="the live run to start")
+    page = open_page(f"#/compare?runs={done.id},{live.id}")
+    row = f"#compare-legend li[data-run='{live.id}']"
+    page.wait_for_selector(row)
+
+    first = poll(lambda: int(page.get_attribute(row, "data-points") or 0), what="live points")
+    poll(
+        lambda: int(page.get_attribute(row, "data-points") or 0) > first + 2,
+        timeout=60,
+        what="the live run's new points",
+    )
+    assert page.text_content(f"{row} .state") == "running"
+
+    api.cancel_run(live.id)
+    assert api.wait(live.id, timeout=60).state == "cancelled"
+    page.wait_for_selector(f"{row} .state.cancelled")  # the stream's end refreshes the run
+
+
+# --- cancel and resume -------------------------------------------------------------------------
+
+
+def test_the_run_page_cancels_a_run_and_resumes_it_from_the_latest_checkpoint(
+    api: TrainctlClient, open_page: Any
+) -> None:
+    # AdamW alone: its plan holds Muon's settings too, at their defaults, which the resume
+    # sends back (and a request may, for a kind that does not read them).
+    spec = {**LONG_RUN, "experiment": "resume", "data": {"source": "synthetic"}}
+    run = api.submit("train", {**spec, "optimizer": {"kind": "adamw"}})
+    page = open_page(f"#/runs/{run.id}")
+    poll(lambda: api.list_checkpoints("resume"), what="a checkpoint to resume from")
+
+    page.click("#cancel-run")  # the dialog is accepted
+    assert api.wait(run.id, timeout=60).state == "cancelled"
+    page.wait_for_selector("#run-summary .state.cancelled")
+    assert page.locator("#cancel-run").count() == 0
+    latest = api.latest_checkpoint("resume")
+
+    page.click("#resume-run")
+    poll(lambda: run.id not in page.url or page.is_visible("#error"), what="the resumed run")
+    assert not page.is_visible("#error"), page.text_content("#error")
+    resumed = api.get_run(page.url.split("#/runs/")[1])
+    page.wait_for_selector("#run-summary .state")
+    assert resumed.kind == "train" and resumed.experiment == "resume"
+    assert resumed.spec["resume_from"] == {"experiment": "resume", "tag": latest.tag}
+    assert resumed.spec["steps"] == LONG_RUN["steps"]
+    assert resumed.spec["optimizer"] == api.get_run(run.id).spec["optimizer"]
+    poll(
+        lambda: api.get_run(resumed.id).progress.step > (latest.step or 0),
+        timeout=120,
+        what="the resumed run to train past its checkpoint",
+    )
+    api.cancel_run(resumed.id)
+    assert api.wait(resumed.id, timeout=60).state == "cancelled"
+
+
+# --- a run that waits ---------------------------------------------------------------------------
+
+
+def test_the_run_page_says_why_a_queued_run_waits_and_shows_its_priority(
+    api: TrainctlClient, open_page: Any
+) -> None:
+    # Two GPUs on a service whose one worker is on the CPU: queued, not failed, and why.
+    gpu_run = {**SMALL_RUN, "device": "cuda", "nproc_per_node": 2, "priority": 3}
+    run = api.submit("train", {**gpu_run, "experiment": "waits", "data": {"source": "synthetic"}})
+    try:
+        page = open_page(f"#/runs/{run.id}")
+        page.wait_for_selector("#run-waiting")
+        assert "needs 2 GPUs per node" in (page.text_content("#run-waiting") or "")
+        assert page.text_content("#run-priority") == "priority3"
+
+        table = open_page("#/runs")
+        badge = f'tr[data-run="{run.id}"] .state.queued'
+        table.wait_for_selector(badge)
+        assert "needs 2 GPUs per node" in (table.get_attribute(badge, "title") or "")
+    finally:
+        api.cancel_run(run.id)
