@@ -282,7 +282,7 @@ class PosixStage:
     def __init__(self, exp_fd: int, exp_dir: Path, name: str, tag: str) -> None:
         """Make the stage `name` in the experiment folder `exp_fd`, whose descriptor it keeps
         (and closes) from now on."""
-        self._exp_fd, self.name, self.tag = exp_fd, name, tag
+        self._exp_fd, self._fd, self.name, self.tag = exp_fd, -1, name, tag
         self.folder, self.final = exp_dir / name, exp_dir / tag
         self._sinks: list[PosixSink] = []
         self._done = False
@@ -290,7 +290,7 @@ class PosixStage:
             os.mkdir(name, 0o777, dir_fd=exp_fd)
             self._fd = open_folder_at(exp_fd, name)
         except BaseException:
-            os.close(exp_fd)
+            self._close()
             raise
 
     def create(self, name: str) -> PosixSink:
@@ -341,6 +341,9 @@ class PosixStage:
                 os.close(fd)
         self._fd = self._exp_fd = -1
 
+    def __del__(self) -> None:  # a stage dropped unfinished: its folder is cleanup's
+        self._close()
+
 
 # --- the storage ----------------------------------------------------------------------------
 
@@ -378,14 +381,10 @@ class PosixStorage:
         try:
             with _renames_locked(exp_dir, exclusive=False) as fd:
                 return _entry_names(fd)
-        except (FileNotFoundError, NotADirectoryError) as exc:
-            logger.warning("not listing %s: %s", exp_dir, exc)
-            return []
         except OSError as exc:
-            if exc.errno != errno.ELOOP:  # a link swapped in: nothing of ours to list
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                 raise
-            logger.warning("not listing %s: %s", exp_dir, exc)
-            return []
+            return []  # gone since the check, or a link swapped in: nothing of ours
 
     def exists(self, experiment: str, tag: str | None = None) -> bool:
         return _is_real_dir(self.path_of(experiment, tag))
