@@ -144,6 +144,11 @@ def dataset_folder(ref: str, roots: list[Path], datasets_dir: Path | None, field
         if datasets_dir is None:
             raise InvalidRequest(f"{field}: no datasets folder to find {ref!r} in")
         folder = datasets_dir / ref
+        if folder.is_symlink():  # prepare publishes real folders: a link was planted
+            raise InvalidRequest(
+                f"{field}: the data dir's datasets/{ref} is a link, not a dataset a prepare "
+                "run made; name a folder inside the data roots with a path instead"
+            )
         if not folder.is_dir():
             raise InvalidRequest(
                 f"{field}: there is no dataset named {ref!r} in the data dir's datasets/ "
