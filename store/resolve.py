@@ -10,6 +10,7 @@ defaults come from a `Profile` (CPU or CUDA).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,6 @@ from typing import Any
 
 from trainctl.store.checkpoints.exports import check_exportable
 from trainctl.store.checkpoints.info import CheckpointInfo, TokenizerId, check_fits
-from trainctl.store.checkpoints.manifests import sha256_file
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.codec import TextCodec, build_codec
 from trainctl.store.data.datasets import (
@@ -27,6 +27,7 @@ from trainctl.store.data.datasets import (
     TOKENIZER_FILE,
     is_dataset,
     read_dataset,
+    read_tokenizer_file,
 )
 from trainctl.store.data.paths import (
     confine_dataset,
@@ -383,7 +384,10 @@ def data_codec(data: DataSpec, dataset: DatasetPin | None) -> TextCodec | None:
     None where unknown."""
     tokenizer_json = None
     if dataset is not None and dataset.tokenizer.kind == "bpe":
-        tokenizer_json = (Path(dataset.folder) / TOKENIZER_FILE).read_bytes()
+        try:
+            tokenizer_json = read_tokenizer_file(Path(dataset.folder) / TOKENIZER_FILE)
+        except DataError as exc:
+            raise InvalidRequest(f"data.dataset: {exc}") from None
     try:
         return build_codec(data_tokenizer(data, dataset), tokenizer_json)
     except DataError as exc:
@@ -530,12 +534,20 @@ def _data_plan(
         raise InvalidRequest(f"{field}: {exc}") from None
     confine_dataset(found, [*roots, *([datasets_dir] if datasets_dir else [])], field)
     tokenizer = found.tokenizer_path
-    if tokenizer is not None and sha256_file(tokenizer) != found.tokenizer.sha256:
+    if tokenizer is not None and _sha256(tokenizer, field) != found.tokenizer.sha256:
         raise InvalidRequest(
             f"{field}: its {tokenizer.name} is not the one its {DATASET_FILE} records (sha256 "
             "differs): the shards may not be its tokens; prepare it again"
         )
     return data.model_copy(update={"dataset": str(folder)}), DatasetPin.of(found)
+
+
+def _sha256(tokenizer: Path, field: str) -> str:
+    """Of a dataset's tokenizer.json, read as every data file is (never blocking)."""
+    try:
+        return hashlib.sha256(read_tokenizer_file(tokenizer)).hexdigest()
+    except DataError as exc:
+        raise InvalidRequest(f"{field}: {exc}") from None
 
 
 def _check_vocabulary(data: DataSpec, dataset: DatasetPin, vocab_size: int, model: str) -> None:

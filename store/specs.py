@@ -487,8 +487,18 @@ class PrepareOptions(Spec):
     )
     strict: StrictBool = Field(
         False,
-        description="Stop at the first malformed line, missing field or non-UTF-8 document "
-        "(the run fails, naming its file and line) instead of skipping and counting it.",
+        description="Stop at the first malformed line, missing field, non-UTF-8 or oversized "
+        "document (the run fails, naming its file and line) instead of skipping and counting "
+        "it.",
+    )
+    max_document_bytes: StrictInt = Field(
+        16 << 20,
+        ge=1024,
+        le=1 << 30,
+        description="JSONL lines and Parquet values longer than this many bytes are skipped "
+        "and counted (dataset.json's skipped.oversized), or stop the run with strict: a "
+        "document is held whole to be parsed and tokenized, at about 30 times its size. Text "
+        "files have no limit: they are read in pieces.",
     )
 
 

@@ -11,14 +11,19 @@ be validated, sampled or exported without the dataset.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from trainctl.store.data.datasets import TOKENIZER_FILE, Dataset, TokenizerRef, read_dataset
+from trainctl.store.data.datasets import (
+    TOKENIZER_FILE,
+    Dataset,
+    TokenizerRef,
+    read_dataset,
+    read_tokenizer,
+)
 from trainctl.store.data.shards import DataError, read_shard
 from trainctl.store.plans import DatasetPin, data_tokenizer
 from trainctl.store.specs import DataSpec
@@ -47,20 +52,6 @@ def dataset_arrays(dataset: Dataset) -> tuple[list[np.ndarray], list[np.ndarray]
                 )
         splits.append([a for a in arrays if len(a)])
     return splits[0], splits[1]
-
-
-def read_tokenizer(dataset: Dataset) -> bytes | None:
-    """The dataset's tokenizer.json, checked against the sha256 its dataset.json records."""
-    path = dataset.tokenizer_path
-    if path is None:
-        return None
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != dataset.tokenizer.sha256:
-        raise DataError(
-            f"{path}: not the tokenizer its dataset.json records (sha256 differs); "
-            "prepare the dataset again"
-        )
-    return data
 
 
 @dataclass(frozen=True)

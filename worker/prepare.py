@@ -53,6 +53,20 @@ def prepare(plan: PreparePlan, ctx: RunContext) -> dict[str, Any]:
             "prepare since this one was submitted?); prepare under another name"
         )
     staging = out.parent / f"{STAGING_PREFIX}{plan.name}-{ctx.run.id}-{ctx.attempt}"
+    # Made here, by mkdir, which fails on anything at its name: a link planted there (the run
+    # id is no secret) would have the shards written wherever it points.
+    os.mkdir(staging)
+    try:
+        events = prepare_into(staging, plan, ctx)
+        publish(staging, out, ctx)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return summary(read_dataset(out), plan.name, seconds=events.seconds)
+
+
+def prepare_into(staging: Path, plan: PreparePlan, ctx: RunContext) -> ProgressEvents:
+    """The plan's dataset, written into the (empty) folder `staging`; its progress."""
     events = ProgressEvents(ctx)
     prepare_dataset(
         [Path(p) for p in plan.inputs],
@@ -64,16 +78,12 @@ def prepare(plan: PreparePlan, ctx: RunContext) -> dict[str, Any]:
         shard_tokens=plan.shard_tokens,
         workers=plan.workers,
         strict=plan.strict,
+        max_document_bytes=plan.max_document_bytes,
         on_progress=events,
         should_stop=ctx.should_stop,
     )
     events.flush()
-    try:
-        publish(staging, out, ctx)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return summary(read_dataset(out), plan.name, seconds=events.seconds)
+    return events
 
 
 def publish(staging: Path, out: Path, ctx: RunContext) -> None:

@@ -37,6 +37,15 @@ Inputs = Annotated[
 ]
 TextField = Annotated[str, typer.Option(help="The JSONL field that holds a document's text.")]
 TextColumn_ = Annotated[str, typer.Option(help="The Parquet column that holds the text.")]
+MaxDocumentBytes = Annotated[
+    int,
+    typer.Option(
+        min=1024,
+        help="JSONL lines and Parquet values longer than this are skipped and counted (each "
+        "is held whole, at about 30 times its size); text files are read in pieces.",
+    ),
+]
+MAX_DOCUMENT_BYTES = 16 << 20  # store.data.corpus.MAX_DOCUMENT_BYTES, without importing numpy
 
 
 @tokenizer_app.command("train")
@@ -48,6 +57,7 @@ def train(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for tokenizer.json.")],
     text_field: TextField = "text",
     text_column: TextColumn_ = "text",
+    max_document_bytes: MaxDocumentBytes = MAX_DOCUMENT_BYTES,
 ) -> None:
     """Train a byte-level BPE tokenizer with an <|endoftext|> token (deterministic)."""
     with needs_extra("worker", "data tokenizer train"):
@@ -63,7 +73,7 @@ def train(
         with _as_bad_input(), needs_extra("worker", "data tokenizer train"):
             path = train_tokenizer(
                 inputs, out, vocab_size, text_field=text_field, text_column=text_column,
-                on_progress=on_progress,
+                max_document_bytes=max_document_bytes, on_progress=on_progress,
             )  # fmt: skip
     if skipped:
         _report_skipped(skipped[0].documents, skipped[0].to_json()["examples"])
@@ -100,6 +110,7 @@ def prepare(
     strict: Annotated[
         bool, typer.Option("--strict", help="Stop at a bad document instead of skipping it.")
     ] = False,
+    max_document_bytes: MaxDocumentBytes = MAX_DOCUMENT_BYTES,
 ) -> None:
     """Tokenize documents into a dataset: train_*.bin, val_*.bin, tokenizer.json, dataset.json."""
     with needs_extra("worker", "data prepare"):
@@ -122,7 +133,7 @@ def prepare(
                 inputs, out, None if tokenizer == "bytes" else Path(tokenizer),
                 text_field=text_field, text_column=text_column, val_fraction=val_fraction,
                 shard_tokens=shard_tokens, workers=workers, strict=strict,
-                on_progress=on_progress,
+                max_document_bytes=max_document_bytes, on_progress=on_progress,
             )  # fmt: skip
     _report_skipped(dataset.skipped["documents"], dataset.skipped["examples"])
     train, val = dataset.splits["train"], dataset.splits["val"]

@@ -10,11 +10,19 @@ The files are written with TensorBoard's own protocol buffers and record framing
 (`tensorboard.compat.proto`, `RecordWriter`) into a plain file, without TensorFlow or torch:
 this runs in the API process. A service that starts again writes a new file into the same
 folder (TensorBoard reads them all, in name order); the cursor makes sure no event is in two.
+
+The experiment and run folders are named by users, in a root that others may write to (a
+data root), so no link is followed on the way to the file: the root's real path is opened a
+component at a time without following links, each folder below it is made and opened
+relative to its parent's descriptor, refusing a link, and the file is created there new
+(`store.files`). A link planted at `<root>/<experiment>`, or swapped in later, ends the
+mirroring of that run with a message instead of writing where it points.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import time
@@ -30,6 +38,7 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 
 from trainctl.service.sinks.base import SinkRefused, SinkUnavailable, sample_tag, scalars
 from trainctl.store.db.runs import Event, Run
+from trainctl.store.files import create_file_at, make_folder_at, open_folder
 
 FILE_VERSION = "brain.Event:2"
 """The first record of every event file: the format version TensorBoard expects."""
@@ -84,27 +93,49 @@ class TensorBoardSink:
     def _open(self, run: Run) -> _EventFile:
         if run.id in self._files:
             return self._files[run.id]
-        root = run.spec.get("tensorboard_dir")
-        if root is not None and not self._allowed(root):
-            raise SinkRefused(
-                f"tensorboard_dir {root} is no longer inside the data roots (TRAINCTL_DATA_ROOTS)"
-            )
-        folder = self.folder(run)
-        folder.mkdir(parents=True, exist_ok=True)
         name = (
             f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
             f"{os.getpid()}.{uuid.uuid4().hex[:8]}"
         )
-        file = open(folder / name, "xb")  # noqa: SIM115 - kept open across batches
+        folder = self._run_folder(run)
+        try:
+            fd = create_file_at(folder, name)
+        finally:
+            os.close(folder)
+        file = os.fdopen(fd, "wb")  # kept open across batches
         out = _EventFile(file, RecordWriter(file))
         header = event_pb2.Event(wall_time=time.time(), file_version=FILE_VERSION)
         out.records.write(header.SerializeToString())
         self._files[run.id] = out
         return out
 
-    def _allowed(self, root: str) -> bool:
-        real = Path(os.path.realpath(root))
-        return any(real.is_relative_to(r) for r in self.allowed_roots)
+    def _run_folder(self, run: Run) -> int:
+        """A descriptor of `<root>/<experiment>/<run id>`, made as needed, reached through no
+        link; SinkRefused when the way holds one (or leaves the data roots)."""
+        root = run.spec.get("tensorboard_dir")
+        real = Path(os.path.realpath(root or self.default_root))
+        if root is not None and not any(real.is_relative_to(r) for r in self.allowed_roots):
+            raise SinkRefused(
+                f"tensorboard_dir {root} is no longer inside the data roots (TRAINCTL_DATA_ROOTS)"
+            )
+        real.mkdir(parents=True, exist_ok=True)
+        fd = -1
+        try:
+            fd = open_folder(real)  # its real path: a link swapped in since is refused
+            for name in (run.experiment, run.id):
+                inner = make_folder_at(fd, name)
+                os.close(fd)
+                fd = inner
+        except OSError as exc:
+            if fd >= 0:
+                os.close(fd)
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            raise SinkRefused(
+                f"cannot write {self.folder(run)}: a link or a file stands on the way "
+                "(the tensorboard sink writes only into real folders)"
+            ) from None
+        return fd
 
     def _close(self, run_id: str) -> None:
         out = self._files.pop(run_id, None)

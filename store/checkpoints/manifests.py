@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from pathlib import Path
 from typing import IO, Any
 
 from trainctl.store.checkpoints.storage import Files, Reader
@@ -49,12 +48,6 @@ def file_size(files: Files, name: str) -> int:
 def sha256_of(files: Files, name: str) -> str:
     """Hex sha256 of a file of a checkpoint, in 1 MiB chunks, following no link."""
     with files.open(name) as f:
-        return sha256_stream(f)
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a local file that is no checkpoint's (a dataset's tokenizer.json)."""
-    with open(path, "rb") as f:
         return sha256_stream(f)
 
 

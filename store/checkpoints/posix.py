@@ -15,8 +15,11 @@ No link is followed on the way to a file: the experiment and tag folders are ope
 O_NOFOLLOW and the file relative to the folder's descriptor, also with O_NOFOLLOW. A link
 planted in a shared filesystem (``manifest.json -> /etc/passwd``, a weights file pointing
 elsewhere, a tag or experiment folder that is a link) is then missing, never read; the root
-itself may be a link (that is the administrator's choice, not a user's). Readers offer the
-descriptor that was checked as ``/proc/self/fd/N``, never a path that could be swapped.
+itself may be a link (that is the administrator's choice, not a user's). A file is read only
+if it is regular and has no other name: it is opened non-blocking and checked with `fstat`
+(`store.files`), so a FIFO never blocks a reader and a hardlink to a file outside the store
+is missing too; the store itself never makes one. Readers offer the descriptor that was
+checked as ``/proc/self/fd/N``, never a path that could be swapped.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import logging
 import os
 import re
 import shutil
-import stat
 import threading
 import uuid
 from collections.abc import Iterator
@@ -40,6 +42,15 @@ from typing import Any
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE
 from trainctl.store.checkpoints.storage import Complete
 from trainctl.store.exceptions import CheckpointCorrupt
+from trainctl.store.files import (
+    NotRegularFile,
+    check_regular,
+    describe_mode,
+    make_folder_at,
+    open_folder_at,
+    open_folders_below,
+    open_regular_fd_at,
+)
 from trainctl.store.names import is_valid_name, validate_name
 
 logger = logging.getLogger(__name__)
@@ -50,7 +61,6 @@ GUARD_PREFIX = ".guard-"
 # A trash folder that remembers its tag came from a commit replacing that tag; `delete` uses a
 # tagless trash name so that `cleanup` never resurrects an entry the user deleted.
 _TAGGED_TRASH_RE = re.compile(rf"^{re.escape(TRASH_PREFIX)}(?P<tag>.+)-[0-9a-f]{{32}}$")
-_NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # A sink asks the kernel to start writing out what it was given once this much is pending,
 # so that the fsync at its close finds little left to flush.
@@ -88,8 +98,12 @@ class PosixSink:
     """A new file of a stage: every byte handed to the kernel at once, write-out started per
     chunk (Linux `sync_file_range`), fsync at `close`."""
 
-    def __init__(self, path: Path) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    def __init__(self, path: Path | str, dir_fd: int | None = None) -> None:
+        """A new file at `path` (relative to the folder `dir_fd`, if given): O_EXCL, so a
+        link planted at its name is never opened."""
+        self._fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644, dir_fd=dir_fd
+        )
         self._offset = 0  # bytes handed to the kernel so far
         self._flushed = 0  # bytes whose write-out has been started
 
@@ -127,42 +141,37 @@ class PosixSink:
         return self._fd < 0
 
 
+def _open_below(base: Path, *names: str) -> int:
+    """A descriptor of `base/names...`: `base` as it is (the store's root may be a link, the
+    administrator's choice), each of `names` without following a link."""
+    return open_folders_below(os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), names)
+
+
 def _open_folder(folder: Path) -> int:
     """A descriptor of `folder`, opened so that neither it nor its parent is a symlink."""
     folder = folder.absolute()
-    above = os.open(folder.parent.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        parent = os.open(folder.parent.name, _NOFOLLOW_DIR, dir_fd=above)
-    finally:
-        os.close(above)
-    try:
-        return os.open(folder.name, _NOFOLLOW_DIR, dir_fd=parent)
-    finally:
-        os.close(parent)
+    return _open_below(folder.parent.parent, folder.parent.name, folder.name)
 
 
 def open_fd(folder: Path, name: str) -> int:
     """A read descriptor of the regular file `name` directly in `folder`, following no link.
 
-    Raises FileNotFoundError for anything else there (a link, a folder, a device) or a
-    folder reached through a link, so callers treat it as a missing file.
+    Raises FileNotFoundError for anything else there (a link, a folder, a FIFO, a device, a
+    file with a second name) or a folder reached through a link, so callers treat it as a
+    missing file. Never blocks: a FIFO is opened non-blocking, and refused.
     """
     try:
         folder_fd = _open_folder(folder)
     except OSError as exc:  # ELOOP/ENOTDIR: a link where a folder should be
         raise FileNotFoundError(f"{folder}: not a folder of the store ({exc.strerror})") from None
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
-    except OSError as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
+        return open_regular_fd_at(folder_fd, name, folder / name, single_link=True)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # NotRegularFile, or ELOOP: a link swapped in after the check
         raise FileNotFoundError(f"{folder / name}: not a regular file ({exc.strerror})") from None
     finally:
         os.close(folder_fd)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise FileNotFoundError(f"{folder / name}: not a regular file")
-    return fd
 
 
 class _Folder:
@@ -176,15 +185,6 @@ class _Folder:
 
     def describe(self, name: str | None = None) -> str:
         return str(self.folder / name if name is not None else self.folder)
-
-
-def fsync_dir(path: Path) -> None:
-    """Flush a folder's entries to disk, making renames and new files in it durable."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --- folders --------------------------------------------------------------------------------
@@ -204,22 +204,45 @@ def _visible_dirs(folder: Path) -> list[Path]:
 
 
 @contextmanager
-def _renames_locked(folder: Path, *, exclusive: bool) -> Iterator[None]:
-    """Hold an flock on an experiment folder: exclusive while renaming entries in it, shared
-    while scanning it.
+def _renames_locked(folder: Path, *, exclusive: bool) -> Iterator[int]:
+    """Hold an flock on an experiment folder, opened without following a link, and give its
+    descriptor: exclusive while renaming entries in it, shared while scanning it.
 
     A scan (readdir) running while a commit and a retention rename entries can return neither
     the new checkpoint nor the old one, so an experiment that always has a latest would list
     none; under the lock a scan sees the folder as of one moment, and the two renames of a
     replacing commit look like one. The lock is advisory, works across processes, is taken
     on the folder itself (no lock file to list) and is never held while taking another.
+    Renames go through the descriptor, so an experiment folder swapped for a link (to a
+    folder outside the store) is refused (ELOOP), never renamed in.
     """
-    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    fd = _open_below(folder.parent, folder.name)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        with _flocked(fd, exclusive=exclusive):
+            yield fd
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _flocked(fd: int, *, exclusive: bool) -> Iterator[None]:
+    fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    try:
         yield
     finally:
-        os.close(fd)  # releases the lock
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _rename_at(folder_fd: int, old: str, new: str) -> None:
+    os.rename(old, new, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+
+
+def _lexists_at(folder_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 _local = threading.local()
@@ -233,11 +256,12 @@ def _held_guards() -> set[tuple[str, str]]:
     return held
 
 
-def _discard(path: Path) -> None:
-    """Remove a hidden folder. It is already invisible, so a failure is logged, not raised:
-    `cleanup` will retry it at the next start."""
+def _discard(path: Path | str, dir_fd: int | None = None) -> None:
+    """Remove a hidden folder (`path` relative to `dir_fd`, if given; rmtree follows no link).
+    It is already invisible, so a failure is logged, not raised: `cleanup` will retry it at
+    the next start."""
     try:
-        shutil.rmtree(path)
+        shutil.rmtree(path, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
     except OSError:
@@ -248,15 +272,29 @@ def _discard(path: Path) -> None:
 
 
 class PosixStage:
-    """A hidden folder beside the entry it becomes, so its commit is a same-folder rename."""
+    """A hidden folder beside the entry it becomes, so its commit is a same-folder rename.
 
-    def __init__(self, folder: Path, final: Path) -> None:
-        self.folder, self.final = folder, final
+    It works through descriptors of the experiment folder and of itself, both opened without
+    following a link: an experiment folder swapped for a link while a save runs cannot turn
+    its writes, or its commit, to a folder outside the store.
+    """
+
+    def __init__(self, exp_fd: int, exp_dir: Path, name: str, tag: str) -> None:
+        """Make the stage `name` in the experiment folder `exp_fd`, whose descriptor it keeps
+        (and closes) from now on."""
+        self._exp_fd, self._fd, self.name, self.tag = exp_fd, -1, name, tag
+        self.folder, self.final = exp_dir / name, exp_dir / tag
         self._sinks: list[PosixSink] = []
         self._done = False
+        try:
+            os.mkdir(name, 0o777, dir_fd=exp_fd)
+            self._fd = open_folder_at(exp_fd, name)
+        except BaseException:
+            self._close()
+            raise
 
     def create(self, name: str) -> PosixSink:
-        sink = PosixSink(self.folder / validate_name("file", name))
+        sink = PosixSink(validate_name("file", name), dir_fd=self._fd)
         self._sinks.append(sink)
         return sink
 
@@ -267,24 +305,25 @@ class PosixStage:
         folder); a crash between them leaves a tagged trash folder that `cleanup` puts back.
         """
         assert all(s.closed for s in self._sinks), "commit before every file was closed"
-        fsync_dir(self.folder)  # the files' names are durable before the folder is renamed
-        exp_dir, final, trash = self.final.parent, self.final, None
-        with _renames_locked(exp_dir, exclusive=True):
-            if final.exists() or final.is_symlink():
+        os.fsync(self._fd)  # the files' names are durable before the folder is renamed
+        exp, trash = self._exp_fd, None
+        with _flocked(exp, exclusive=True):
+            if _lexists_at(exp, self.tag):
                 if not replace:
-                    raise FileExistsError(errno.EEXIST, "the entry exists", str(final))
-                trash = exp_dir / f"{TRASH_PREFIX}{final.name}-{uuid.uuid4().hex}"
-                os.rename(final, trash)
+                    raise FileExistsError(errno.EEXIST, "the entry exists", str(self.final))
+                trash = f"{TRASH_PREFIX}{self.tag}-{uuid.uuid4().hex}"
+                _rename_at(exp, self.tag, trash)
             try:
-                os.rename(self.folder, final)
+                _rename_at(exp, self.name, self.tag)
             except OSError:
                 if trash is not None:
-                    os.rename(trash, final)  # put the old one back rather than leave a gap
+                    _rename_at(exp, trash, self.tag)  # put the old one back, leave no gap
                 raise
         self._done = True
-        fsync_dir(exp_dir)
+        os.fsync(exp)
         if trash is not None:
-            _discard(trash)
+            _discard(trash, dir_fd=exp)
+        self._close()
 
     def abort(self) -> None:
         # On a full disk its bytes are what the next save (or another run) needs; cleanup
@@ -292,8 +331,18 @@ class PosixStage:
         for sink in self._sinks:
             sink.release()
         if not self._done:
-            shutil.rmtree(self.folder, ignore_errors=True)
+            shutil.rmtree(self.name, ignore_errors=True, dir_fd=self._exp_fd)
             self._done = True
+        self._close()
+
+    def _close(self) -> None:
+        for fd in (self._fd, self._exp_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._exp_fd = -1
+
+    def __del__(self) -> None:  # a stage dropped unfinished: its folder is cleanup's
+        self._close()
 
 
 # --- the storage ----------------------------------------------------------------------------
@@ -329,8 +378,13 @@ class PosixStorage:
         exp_dir = self.path_of(experiment)
         if not _is_real_dir(exp_dir):
             return []
-        with _renames_locked(exp_dir, exclusive=False):
-            return [p.name for p in _visible_dirs(exp_dir)]
+        try:
+            with _renames_locked(exp_dir, exclusive=False) as fd:
+                return _entry_names(fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                raise
+            return []  # gone since the check, or a link swapped in: nothing of ours
 
     def exists(self, experiment: str, tag: str | None = None) -> bool:
         return _is_real_dir(self.path_of(experiment, tag))
@@ -351,39 +405,60 @@ class PosixStorage:
 
     def stage(self, experiment: str, tag: str) -> PosixStage:
         exp_dir = self.path_of(experiment)
-        final = self.path_of(experiment, tag)
-        exp_dir.mkdir(parents=True, exist_ok=True)
-        if exp_dir.is_symlink():
+        self.path_of(experiment, tag)  # a valid tag
+        self.root.mkdir(parents=True, exist_ok=True)
+        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            exp_fd = make_folder_at(root, experiment)
+        except OSError as exc:  # ELOOP, ENOTDIR: a link or a file where the folder should be
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            what = describe_mode(os.lstat(exp_dir).st_mode)
             raise CheckpointCorrupt(
-                f"{exp_dir} is a symlink; the store writes only into its own folders"
-            )
-        staging = exp_dir / f"{STAGING_PREFIX}{tag}-{uuid.uuid4().hex}"
-        staging.mkdir()
-        return PosixStage(staging, final)
+                f"{exp_dir} is {what}, not a folder; the store writes only into its own "
+                "folders, never through a link"
+            ) from None
+        finally:
+            os.close(root)
+        return PosixStage(exp_fd, exp_dir, f"{STAGING_PREFIX}{tag}-{uuid.uuid4().hex}", tag)
 
     def delete(self, experiment: str, tag: str) -> bool:
         """Rename to a tagless trash name (so `cleanup` never restores it), then remove."""
-        exp_dir, folder = self.path_of(experiment), self.path_of(experiment, tag)
-        trash = exp_dir / f"{TRASH_PREFIX}{uuid.uuid4().hex}"
+        self.path_of(experiment, tag)  # valid names
+        trash = f"{TRASH_PREFIX}{uuid.uuid4().hex}"
         try:
-            with _renames_locked(exp_dir, exclusive=True):
-                os.rename(folder, trash)
+            fd = _open_below(self.root, experiment)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                return False  # gone, or a link swapped in: nothing of ours to delete
+            raise
+        try:
+            with _flocked(fd, exclusive=True):
+                _rename_at(fd, tag, trash)
+            os.fsync(fd)
+            _discard(trash, dir_fd=fd)
         except FileNotFoundError:
             return False  # someone else removed it first: the outcome we wanted
-        fsync_dir(exp_dir)
-        _discard(trash)
+        finally:
+            os.close(fd)
         return True
 
     def cleanup(self, experiment: str | None, complete: Complete) -> list[tuple[str, str]]:
         names = [experiment] if experiment is not None else self.experiments()
         handled: list[tuple[str, str]] = []
         for name in names:
-            exp_dir = self.path_of(name)
-            if not _is_real_dir(exp_dir):
+            try:
+                fd = _open_below(self.root, name)
+            except OSError:  # not there, or a link: nothing of ours to clean
                 continue
-            for entry in sorted(exp_dir.iterdir()):
-                if entry.is_dir() and not entry.is_symlink() and _clean(entry, complete):
-                    handled.append((name, entry.name))
+            try:
+                with os.scandir(fd) as found:
+                    entries = sorted(e.name for e in found if e.is_dir(follow_symlinks=False))
+                for entry in entries:
+                    if _clean(fd, self.path_of(name), entry, complete):
+                        handled.append((name, entry))
+            finally:
+                os.close(fd)
         return handled
 
     @contextmanager
@@ -399,9 +474,7 @@ class PosixStorage:
             return
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            fd = os.open(
-                self.root / f"{GUARD_PREFIX}{experiment}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
-            )
+            fd = _open_guard(self.root / f"{GUARD_PREFIX}{experiment}")
         except OSError as exc:
             if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
                 raise
@@ -417,21 +490,46 @@ class PosixStorage:
                 os.close(fd)  # releases the lock
 
 
-def _clean(entry: Path, complete: Complete) -> bool:
+def _entry_names(folder_fd: int) -> list[str]:
+    """The entries of an experiment folder: real sub-folders with store names, sorted."""
+    with os.scandir(folder_fd) as found:
+        names = [e.name for e in found if e.is_dir(follow_symlinks=False)]
+    return sorted(n for n in names if is_valid_name(n))
+
+
+def _open_guard(path: Path) -> int:
+    """The guard's lock file, made if missing; a link or anything but a plain file planted at
+    its name is refused, not followed (O_CREAT through a link would make a file elsewhere)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise CheckpointCorrupt(f"{path} is a link, not the store's lock file; remove it") from None
+    try:
+        check_regular(os.fstat(fd), path)
+    except NotRegularFile as exc:
+        os.close(fd)
+        raise CheckpointCorrupt(f"{path}: {exc.strerror}, not the store's lock file") from None
+    return fd
+
+
+def _clean(exp_fd: int, exp_dir: Path, name: str, complete: Complete) -> bool:
     """Remove a staging folder or trash, or put back a whole entry whose tag a commit left
     free; False for a folder that is neither (a committed entry)."""
-    if entry.name.startswith(STAGING_PREFIX):
-        _discard(entry)
+    if name.startswith(STAGING_PREFIX):
+        _discard(name, dir_fd=exp_fd)
         return True
-    if not entry.name.startswith(TRASH_PREFIX):
+    if not name.startswith(TRASH_PREFIX):
         return False
-    match = _TAGGED_TRASH_RE.fullmatch(entry.name)
-    final = entry.parent / match.group("tag") if match else None
-    if final is not None and not final.exists() and complete(_Folder(entry)):
-        with _renames_locked(entry.parent, exclusive=True):
-            os.rename(entry, final)
-        fsync_dir(entry.parent)
-        logger.warning("restored %s from %s (a commit was interrupted)", final, entry.name)
+    match = _TAGGED_TRASH_RE.fullmatch(name)
+    tag = match.group("tag") if match else None
+    if tag is not None and not _lexists_at(exp_fd, tag) and complete(_Folder(exp_dir / name)):
+        with _flocked(exp_fd, exclusive=True):
+            _rename_at(exp_fd, name, tag)
+        os.fsync(exp_fd)
+        logger.warning("restored %s from %s (a commit was interrupted)", exp_dir / tag, name)
     else:
-        _discard(entry)
+        _discard(name, dir_fd=exp_fd)
     return True

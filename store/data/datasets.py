@@ -18,6 +18,7 @@ read the shards; a checkpoint records its identity (`identity`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -27,12 +28,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from trainctl.store.data.shards import BYTE_VOCAB, DataError
+from trainctl.store.data.shards import BYTE_VOCAB, DataError, open_data
 
 DATASET_FILE = "dataset.json"
 TOKENIZER_FILE = "tokenizer.json"
 FORMAT_VERSION = 1
 MAX_DATASET_JSON_BYTES = 16 << 20
+MAX_TOKENIZER_BYTES = 256 << 20
+"""Llama 3's tokenizer.json is 9 MB; a file past this is not one, and is not read whole."""
 TokenizerKind = Literal["bytes", "bpe"]
 TokenDtype = Literal["uint16", "uint32"]
 SPLITS = ("train", "val")
@@ -120,7 +123,7 @@ def write_dataset(dataset: Dataset) -> Path:
     data = dataset.to_json() | {"created_at": dataset.created_at or datetime.now(UTC).isoformat()}
     path = dataset.folder / DATASET_FILE
     tmp = path.with_name(f".{DATASET_FILE}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(tmp, "x", encoding="utf-8") as f:  # "x": never through a planted link
         json.dump(data, f, indent=2)
         f.flush()
         os.fsync(f.fileno())
@@ -137,17 +140,41 @@ def is_dataset(folder: Path) -> bool:
     return (folder / DATASET_FILE).is_file()
 
 
+def read_tokenizer_file(path: Path) -> bytes:
+    """The bytes of a tokenizer.json, read as every data file is (a regular file, never
+    blocking) and bounded in size; DataError naming it otherwise."""
+    with open_data(path) as f:
+        data = f.read(MAX_TOKENIZER_BYTES + 1)
+    if len(data) > MAX_TOKENIZER_BYTES:
+        raise DataError(f"{path}: larger than {MAX_TOKENIZER_BYTES:,} bytes; not a tokenizer.json")
+    return data
+
+
+def read_tokenizer(dataset: Dataset) -> bytes | None:
+    """The dataset's tokenizer.json, checked against the sha256 its dataset.json records;
+    None for byte-level data."""
+    path = dataset.tokenizer_path
+    if path is None:
+        return None
+    data = read_tokenizer_file(path)
+    if hashlib.sha256(data).hexdigest() != dataset.tokenizer.sha256:
+        raise DataError(
+            f"{path}: not the tokenizer its dataset.json records (sha256 differs); "
+            "prepare the dataset again"
+        )
+    return data
+
+
 def read_dataset(folder: Path) -> Dataset:
     """The dataset in `folder`; DataError naming what is wrong (no dataset.json: unfinished)."""
     path = Path(folder) / DATASET_FILE
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_DATASET_JSON_BYTES + 1)
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         raise DataError(
             f"{folder} has no {DATASET_FILE}: not a prepared dataset, or its prepare did not "
             "finish (prepare it again)"
-        ) from None
+        )
+    with open_data(path) as f:  # a FIFO there fails, never blocks
+        raw = f.read(MAX_DATASET_JSON_BYTES + 1)
     if len(raw) > MAX_DATASET_JSON_BYTES:
         raise DataError(f"{path}: larger than {MAX_DATASET_JSON_BYTES:,} bytes; not ours")
     try:

@@ -4,8 +4,13 @@ expanded, and expanded within bounds (docs/architecture.md, "Requests and plans"
 Submit resolves `data.paths` into files, so a typo is a 422 rather than a failed run. That
 must cost the API little whatever a request says: a pattern whose fixed part lies outside
 the roots is refused before anything is read, the expansion stops at `MAX_DATA_FILES` files
-or `EXPAND_SECONDS`, folders are walked without following links, and a refusal names only the
-request's own pattern, never a file outside the roots.
+or `EXPAND_SECONDS`, checked at every entry it looks at (`store.data.walk`: `**` and folders
+are walked without following links, so a link loop ends too), and a refusal names only the
+request's own pattern, never a file outside the roots. Every file reached must be a regular
+file: a FIFO, a socket or a device is refused, since reading it would block the run or read
+what is no data. A hardlink is a regular file and is read: every name of a file is as
+real as another, datasets use them (deduplicated copies, snapshots), and the kernel lets a
+user link only a file they could read and write already (`fs.protected_hardlinks`).
 
 The same rules confine a prepare run's inputs (whose folders are walked without their hidden
 files, as `trainctl data prepare` reads them) and tokenizer, and the dataset a run names
@@ -15,19 +20,20 @@ to each file its dataset.json lists (`confine_dataset`).
 
 from __future__ import annotations
 
-import glob
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from trainctl.store.data import walk
 from trainctl.store.data.datasets import Dataset
+from trainctl.store.data.walk import Bounds, WalkBounded, files_under, glob_paths
 from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.files import NotRegularFile, check_regular
 from trainctl.store.names import NAME_RULE, is_valid_name
 from trainctl.store.specs import DataSpec
 
-MAX_DATA_FILES = 100_000
-EXPAND_SECONDS = 5.0
+MAX_DATA_FILES = walk.MAX_FILES
+EXPAND_SECONDS = walk.EXPAND_SECONDS
 _GLOB_CHARS = frozenset("*?[")
 ROOTS_SETTING = "TRAINCTL_DATA_ROOTS"
 
@@ -49,7 +55,7 @@ class _Expansion:
 
     def __init__(self, roots: list[Path], field: str) -> None:
         self.roots, self.field = roots, field
-        self.deadline = time.monotonic() + EXPAND_SECONDS
+        self.bounds = Bounds(max_files=MAX_DATA_FILES, seconds=EXPAND_SECONDS)
         self.files: list[Path] = []
 
     def inside(self, path: str) -> bool:
@@ -59,21 +65,24 @@ class _Expansion:
     def refuse(self, pattern: str, problem: str) -> InvalidRequest:
         return InvalidRequest(f"{self.field}: {pattern!r} {problem}")
 
-    def bounded(self, pattern: str, found: Iterator[str]) -> list[str]:
-        """All of `found`, sorted, unless there are too many or they take too long."""
-        kept: list[str] = []
-        for item in found:
-            if len(self.files) + len(kept) >= MAX_DATA_FILES:
-                raise self.refuse(pattern, f"matches more than {MAX_DATA_FILES:,} files; narrow it")
-            if time.monotonic() > self.deadline:
-                raise self.refuse(pattern, f"takes more than {EXPAND_SECONDS:.0f} s to expand")
-            kept.append(item)
-        return sorted(kept)
-
     def add(self, pattern: str, file: str) -> None:
         if not self.inside(file):
             raise self.refuse(pattern, f"reaches a file outside the data roots ({ROOTS_SETTING})")
-        self.files.append(Path(os.path.realpath(file)))
+        real = Path(os.path.realpath(file))
+        try:
+            check_regular(os.stat(real), real)
+        except NotRegularFile as exc:
+            raise self.refuse(pattern, f"reaches {self.shown(real)}, {exc.strerror}") from None
+        except OSError as exc:
+            raise self.refuse(
+                pattern, f"reaches {self.shown(real)}, which cannot be read ({exc.strerror})"
+            ) from None
+        self.files.append(real)
+
+    def shown(self, real: Path) -> str:
+        """A path inside the roots, relative to its root: the user's own name for it."""
+        root = next(r for r in self.roots if real.is_relative_to(r))
+        return repr(str(real.relative_to(root)))
 
 
 def confine_paths(
@@ -95,9 +104,11 @@ def confine_paths(
             raise expansion.refuse(pattern, f"is outside the data roots ({ROOTS_SETTING})")
         before = len(expansion.files)
         try:
-            for match in expansion.bounded(pattern, glob.iglob(full, recursive=True)):
-                for file in expansion.bounded(pattern, _files(match, skip_hidden)):
+            for match in sorted(glob_paths(full, expansion.bounds), key=Path):
+                for file in files_under(match, expansion.bounds, skip_hidden=skip_hidden):
                     expansion.add(pattern, file)
+        except WalkBounded as exc:
+            raise expansion.refuse(pattern, str(exc)) from None
         except OSError as exc:
             raise expansion.refuse(pattern, f"cannot be read ({exc.strerror})") from None
         if len(expansion.files) == before:
@@ -118,25 +129,6 @@ def _until_wildcard(parts: tuple[str, ...]) -> Iterator[str]:
         yield part
 
 
-def _files(match: str, skip_hidden: bool = False) -> Iterator[str]:
-    """A matched file, or every file under a matched folder, without following links to
-    folders (a link to a file is checked by the caller like any other file)."""
-    if not os.path.isdir(match):
-        yield match
-        return
-
-    def raise_error(exc: OSError) -> None:
-        raise exc
-
-    for folder, folders, names in os.walk(match, onerror=raise_error):
-        if skip_hidden:
-            folders[:] = [f for f in folders if not f.startswith(".")]
-            names = [n for n in names if not n.startswith(".")]
-        for name in names:
-            if os.path.isfile(path := os.path.join(folder, name)):
-                yield path
-
-
 # --- a dataset folder -----------------------------------------------------------------------
 
 
@@ -152,6 +144,11 @@ def dataset_folder(ref: str, roots: list[Path], datasets_dir: Path | None, field
         if datasets_dir is None:
             raise InvalidRequest(f"{field}: no datasets folder to find {ref!r} in")
         folder = datasets_dir / ref
+        if folder.is_symlink():  # prepare publishes real folders: a link was planted
+            raise InvalidRequest(
+                f"{field}: the data dir's datasets/{ref} is a link, not a dataset a prepare "
+                "run made; name a folder inside the data roots with a path instead"
+            )
         if not folder.is_dir():
             raise InvalidRequest(
                 f"{field}: there is no dataset named {ref!r} in the data dir's datasets/ "
@@ -197,7 +194,11 @@ def confine_dataset(dataset: Dataset, allowed: list[Path], field: str) -> None:
         real = Path(os.path.realpath(dataset.folder / name))
         if not any(real.is_relative_to(r) for r in roots):
             raise InvalidRequest(f"{field}: its file {name!r} lies outside the data roots")
-        if not real.is_file():
+        try:
+            check_regular(os.stat(real), real)
+        except NotRegularFile as exc:
+            raise InvalidRequest(f"{field}: its file {name!r} is {exc.strerror}") from None
+        except OSError:
             raise InvalidRequest(
                 f"{field}: its dataset.json lists {name!r}, which is missing; prepare it again"
-            )
+            ) from None

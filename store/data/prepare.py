@@ -17,7 +17,10 @@ read (this process)  ──batches of raw records──▶  parse + tokenize (`w
   dataset.json (but its `created_at`) are therefore the same bytes whatever `workers` is.
 - **Memory** is bounded by batches: at most 2 × workers of about `BATCH_BYTES` of text in
   flight, and shards are streamed to disk (`store.data.shards.ShardWriter`), so the peak does not
-  grow with the corpus or with `shard_tokens`.
+  grow with the corpus or with `shard_tokens`. Whatever the compression ratio, the reading
+  holds a batch and one document (`store.data.corpus`); a JSONL line or Parquet value longer
+  than `max_document_bytes` is skipped and counted (`skipped.oversized` in dataset.json), or
+  with `strict` stops the prepare, naming its file and line.
 - **Failure.** The out folder must be new or empty. Anything that stops a prepare (bad input
   with `strict`, `should_stop`, an error, Ctrl-C) removes what it wrote; dataset.json is
   written last, so a folder without it is never a dataset (docs/architecture.md, "Datasets").
@@ -44,6 +47,9 @@ from typing import Any
 import numpy as np
 
 from trainctl.store.data.corpus import (
+    MAX_DOCUMENT_BYTES,
+    Limits,
+    PrepareStopped,
     Problem,
     Record,
     Skipped,
@@ -60,18 +66,19 @@ from trainctl.store.data.datasets import (
     Split,
     TokenDtype,
     TokenizerRef,
+    read_tokenizer_file,
     token_dtype,
     write_dataset,
 )
-from trainctl.store.data.tokenizer import end_of_text_id, load_tokenizer, vocab_size
 from trainctl.store.data.shards import BYTE_VOCAB, DataError, ShardWriter
+from trainctl.store.data.tokenizer import end_of_text_id, load_tokenizer, vocab_size
+from trainctl.store.data.walk import Bounds
 
 PROGRESS_SECONDS = 0.5
 IN_FLIGHT_PER_WORKER = 2
 
 
-class PrepareStopped(DataError):
-    """`should_stop` asked a prepare to stop; what it had written is removed."""
+__all__ = ["PrepareProgress", "PrepareStopped", "prepare_dataset"]
 
 
 @dataclass(frozen=True)
@@ -95,11 +102,14 @@ def prepare_dataset(
     shard_tokens: int = 100_000_000,
     workers: int | None = None,
     strict: bool = False,
+    max_document_bytes: int = MAX_DOCUMENT_BYTES,
     on_progress: Callable[[PrepareProgress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> Dataset:
     """Tokenize the documents of `inputs` (with `tokenizer`, a tokenizer.json or a folder
     holding one; None: bytes) into a dataset folder `out`."""
+    if max_document_bytes < 1:
+        raise DataError(f"max_document_bytes {max_document_bytes} is not positive")
     if not 0 <= val_fraction < 1:
         raise DataError(f"val_fraction {val_fraction} is not in [0, 1)")
     if shard_tokens < 1:
@@ -107,12 +117,13 @@ def prepare_dataset(
     workers = len(os.sched_getaffinity(0)) if workers is None else workers
     if workers < 1:
         raise DataError(f"workers {workers} is not positive")
-    sources = find_sources(inputs)
+    limits = Limits(max_document_bytes=max_document_bytes, should_stop=should_stop)
+    sources = find_sources(inputs, Bounds(check=limits.check))
     folder = _OutFolder.claim(Path(out))
     try:
         tokens = _install_tokenizer(tokenizer, folder)
         job = _Job(sources, folder, tokens, text_field, text_column, val_fraction, strict)
-        dataset = job.run(shard_tokens, workers, on_progress, should_stop)
+        dataset = job.run(shard_tokens, workers, limits, on_progress)
         folder.file(DATASET_FILE)
         write_dataset(dataset)
     except BaseException:
@@ -143,14 +154,12 @@ def _install_tokenizer(tokenizer: Path | None, folder: _OutFolder) -> _Tokens:
     given = Path(tokenizer)
     if given.is_dir():
         given = given / TOKENIZER_FILE
-    if not given.is_file():
+    if not os.path.lexists(given):
         raise DataError(f"{given}: no such tokenizer file")
-    try:
-        data = given.read_bytes()
-    except OSError as exc:
-        raise DataError(f"{given}: cannot read the tokenizer ({exc.strerror})") from None
+    data = read_tokenizer_file(given)
     path = folder.file(TOKENIZER_FILE)
-    path.write_bytes(data)
+    with open(path, "xb") as f:  # "x": never through a link planted in the new folder
+        f.write(data)
     loaded = load_tokenizer(path)
     ref = TokenizerRef("bpe", hashlib.sha256(data).hexdigest(), end_of_text_id(loaded, given))
     return _Tokens(path, ref, vocab_size(loaded))
@@ -275,21 +284,21 @@ class _Job:
         self,
         shard_tokens: int,
         workers: int,
+        limits: Limits,
         on_progress: Callable[[PrepareProgress], None] | None,
-        should_stop: Callable[[], bool] | None,
     ) -> Dataset:
         writers = {s: _SplitWriter(self.folder, s, self.tokens.dtype, shard_tokens) for s in SPLITS}
         rule = self.rule
+        self.skipped = Skipped(max_document_bytes=limits.max_document_bytes)
         progress = _Progress(on_progress, writers, self.skipped)
-        batches = read_batches(self.sources, text_column=self.text_column)
+        batches = read_batches(self.sources, text_column=self.text_column, limits=limits)
         encoder = _Encoder(self.tokens.path, self.tokens.ref.eot_id, self.text_field)
         try:
             with closing(_encoded(batches, encoder, workers)) as results:
                 for encoded in results:
                     self._take(encoded, rule, writers)
                     progress.report()
-                    if should_stop is not None and should_stop():
-                        raise PrepareStopped("the prepare was stopped; nothing of it is left")
+                    limits.check()
             for w in writers.values():
                 w.close()
         except BaseException:
@@ -302,7 +311,7 @@ class _Job:
     def _take(self, encoded: Encoded, rule: _ValRule, writers: dict[str, _SplitWriter]) -> None:
         if encoded.problems and self.strict:
             raise DataError(f"{encoded.problems[0]} (strict: a bad document stops the prepare)")
-        self.skipped.add(encoded.problems, encoded.skipped)
+        self.skipped.add(encoded.problems, encoded.skipped, encoded.oversized)
         val = rule.assign(encoded.last)
         for split, mask in (("train", ~val), ("val", val)):
             writer = writers[split]
@@ -381,6 +390,7 @@ class Encoded:
     last: np.ndarray
     problems: list[Problem]
     skipped: int
+    oversized: int
 
 
 class _Encoder:
@@ -398,7 +408,9 @@ class _Encoder:
         else:
             tokens, counts = self._bpe(parsed.texts, parsed.last)
         nbytes = np.array(parsed.nbytes, dtype=np.int64)
-        return Encoded(tokens, counts, nbytes, last, parsed.problems, parsed.skipped)
+        return Encoded(
+            tokens, counts, nbytes, last, parsed.problems, parsed.skipped, parsed.oversized
+        )
 
     def _bpe(self, texts: list[str], last: list[bool]) -> tuple[np.ndarray, np.ndarray]:
         # Special tokens of a post-processor (a BOS, a CLS) are left out: documents are

@@ -2,19 +2,24 @@
 text files read as byte-level tokens.
 
 The CLI writes shards (`trainctl data prepare`) and the API checks data paths, neither of which
-may import torch; the worker reads the same formats through `worker.data`.
+may import torch; the worker reads the same formats through `worker.data`. Every file is
+opened as `store.files.open_regular` opens it: a FIFO or a device put where a shard or a text
+file was at submit fails the run, naming it, instead of blocking it for good.
 """
 
 from __future__ import annotations
 
-import glob
+import io
 import os
 import sysconfig
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from trainctl.store.files import open_regular
 
 SHARD_MAGIC = 20240520
 # Version 1 is llm.c's: uint16 tokens (its fineweb.py GPT-2 shards read as they are).
@@ -31,6 +36,18 @@ BYTE_VOCAB = 256
 
 class DataError(ValueError):
     """Training data that cannot be used as given."""
+
+
+@contextmanager
+def open_data(path: str | Path) -> Iterator[io.BufferedReader]:
+    """A data file for reading: a regular file, opened without blocking (`store.files`);
+    DataError naming it for anything else, or one that cannot be read."""
+    try:
+        f = open_regular(path)
+    except OSError as exc:
+        raise DataError(f"{path}: {exc.strerror or exc}") from None
+    with f:
+        yield f
 
 
 # --- token shards (llm.c / modded-nanogpt .bin format) ----------------------------------
@@ -60,7 +77,8 @@ class ShardWriter:
         self.dtype = SHARD_DTYPES[self.version]
         self.limit = int(np.iinfo(self.dtype).max)
         self.count = 0
-        self.file = open(self.tmp, "wb")  # noqa: SIM115 (closed by close or abort)
+        # "x": nothing already at its name (a planted link) is opened, let alone written
+        self.file = open(self.tmp, "xb")  # noqa: SIM115 (closed by close or abort)
         self.file.write(bytes(SHARD_HEADER_BYTES))
 
     def append(self, tokens: np.ndarray) -> None:
@@ -94,12 +112,18 @@ class ShardWriter:
 
 
 def read_shard(path: str | Path) -> np.ndarray:
-    """Memory-map a shard's tokens after checking its header against the file size."""
+    """Memory-map a shard's tokens after checking its header against the file size: the
+    file that was opened and checked, whatever its name points to later."""
     path = Path(path)
-    size = path.stat().st_size
+    with open_data(path) as f:
+        return _map_shard(path, f)
+
+
+def _map_shard(path: Path, f: io.BufferedReader) -> np.ndarray:
+    size = os.fstat(f.fileno()).st_size
     if size < SHARD_HEADER_BYTES:
         raise DataError(f"{path}: {size} bytes is too short for a token shard header")
-    header = np.fromfile(path, dtype=np.int32, count=SHARD_HEADER_INTS)
+    header = np.frombuffer(f.read(SHARD_HEADER_BYTES), dtype=np.int32)
     magic, version, count = (int(v) for v in header[:3])
     if magic != SHARD_MAGIC:
         raise DataError(f"{path}: bad magic {magic}, expected {SHARD_MAGIC} (not a .bin shard)")
@@ -113,19 +137,19 @@ def read_shard(path: str | Path) -> np.ndarray:
         raise DataError(
             f"{path}: header says {count} tokens ({expected} bytes) but the file has {size} bytes"
         )
-    return np.memmap(path, dtype=dtype, mode="r", offset=SHARD_HEADER_BYTES, shape=(count,))
+    return np.memmap(f, dtype=dtype, mode="r", offset=SHARD_HEADER_BYTES, shape=(count,))
 
 
 # --- text as byte-level tokens -----------------------------------------------------------
 
 
 def read_text_bytes(paths: Iterable[str | Path], max_bytes: int | None = None) -> np.ndarray:
-    """Concatenate files as bytes (token = byte value), in the given order."""
+    """Concatenate files as bytes (token = byte value), in the given order; at most
+    `max_bytes` of them are read."""
     chunks, total = [], 0
     for p in paths:
-        data = Path(p).read_bytes()
-        if max_bytes is not None:
-            data = data[: max_bytes - total]
+        with open_data(p) as f:
+            data = f.read() if max_bytes is None else f.read(max_bytes - total)
         chunks.append(np.frombuffer(data, dtype=np.uint8))
         total += len(data)
         if max_bytes is not None and total >= max_bytes:
@@ -142,13 +166,19 @@ def stdlib_source_files() -> list[Path]:
 
 
 def expand_paths(patterns: Sequence[str]) -> list[Path]:
-    """Expand globs in order; a pattern that matches nothing is an error, not an empty run."""
+    """Expand globs in order; a pattern that matches nothing is an error, not an empty run.
+
+    A plan's paths are the files submit expanded (`store.data.paths`), each taken as it is,
+    even when its name holds a glob character. Anything else is expanded within the bounds of
+    a submit, without following links to folders (`store.data.walk`)."""
+    from trainctl.store.data.walk import EXPAND_SECONDS, MAX_FILES, Bounds, files_under, glob_paths
+
+    bounds = Bounds(max_files=MAX_FILES, seconds=EXPAND_SECONDS)
     out: list[Path] = []
     for pattern in patterns:
-        matches = sorted(glob.glob(pattern, recursive=True))
-        if not matches:
+        matches = [pattern] if os.path.lexists(pattern) else glob_paths(pattern, bounds)
+        found = [Path(f) for m in sorted(matches, key=Path) for f in files_under(m, bounds)]
+        if not found:
             raise DataError(f"no files match {pattern!r}")
-        for m in matches:
-            p = Path(m)
-            out.extend(sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p])
+        out.extend(found)
     return out

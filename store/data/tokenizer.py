@@ -19,8 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainctl.store.data.corpus import Parsed, Skipped, find_sources, iter_texts
-from trainctl.store.data.datasets import TOKENIZER_FILE
+from trainctl.store.data.corpus import (
+    MAX_DOCUMENT_BYTES,
+    Parsed,
+    Skipped,
+    find_sources,
+    iter_texts,
+)
+from trainctl.store.data.datasets import TOKENIZER_FILE, read_tokenizer_file
 from trainctl.store.data.shards import BYTE_VOCAB, DataError
 
 EOT = "<|endoftext|>"
@@ -50,10 +56,12 @@ def train_tokenizer(
     *,
     text_field: str = "text",
     text_column: str = "text",
+    max_document_bytes: int = MAX_DOCUMENT_BYTES,
     on_progress: Callable[[TrainProgress], None] | None = None,
 ) -> Path:
     """Train a byte-level BPE of at most `vocab_size` tokens (fewer when the text has fewer
-    pairs to merge) on the documents of `inputs`; write `out_dir/tokenizer.json`."""
+    pairs to merge) on the documents of `inputs`; write `out_dir/tokenizer.json`. Documents
+    longer than `max_document_bytes` are skipped, as a prepare skips them."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
@@ -71,7 +79,7 @@ def train_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    progress = _Progress(on_progress)
+    progress = _Progress(on_progress, max_document_bytes)
     texts = _counted(iter_texts(sources, progress.skipped, text_field=text_field,
                                 text_column=text_column), progress)  # fmt: skip
     tokenizer.train_from_iterator(texts, trainer)
@@ -89,11 +97,13 @@ def train_tokenizer(
 
 
 class _Progress:
-    def __init__(self, on_progress: Callable[[TrainProgress], None] | None) -> None:
+    def __init__(
+        self, on_progress: Callable[[TrainProgress], None] | None, max_document_bytes: int
+    ) -> None:
         self.on_progress = on_progress
         self.started = self.last = time.monotonic()
         self.documents = self.bytes = 0
-        self.skipped = Skipped()
+        self.skipped = Skipped(max_document_bytes=max_document_bytes)
 
     def report(self, phase: str, force: bool = False) -> None:
         now = time.monotonic()
@@ -123,13 +133,15 @@ def _skipped_line(skipped: Skipped) -> str:
 
 
 def load_tokenizer(path: Path) -> Any:
-    """A `tokenizers.Tokenizer` from a file; DataError if `tokenizers` cannot load it."""
+    """A `tokenizers.Tokenizer` from a file, read as every data file is (a regular file,
+    never blocking, bounded); DataError if `tokenizers` cannot load it."""
     from tokenizers import Tokenizer
 
-    if not Path(path).is_file():
+    if not os.path.lexists(path):
         raise DataError(f"{path}: no such tokenizer file")
+    data = read_tokenizer_file(Path(path))
     try:
-        return Tokenizer.from_file(str(path))
+        return Tokenizer.from_buffer(data)
     except Exception as exc:  # tokenizers raises plain Exception for a file it cannot parse
         raise DataError(f"{path}: not a tokenizer.json that tokenizers loads ({exc})") from None
 

@@ -93,7 +93,9 @@ def test_jsonl_gz_zst_and_parquet_become_a_dataset_of_documents_in_order(
     assert [s["path"] for s in dataset.sources] == [
         str(mixed_corpus / n) for n in ("a.jsonl", "b.jsonl.gz", "c.jsonl.zst", "d.parquet")
     ]
-    assert dataset.skipped == {"documents": 0, "examples": []}
+    assert dataset.skipped == {
+        "documents": 0, "oversized": 0, "max_document_bytes": 16 << 20, "examples": [],
+    }  # fmt: skip
     assert read_dataset(tmp_path / "ds").to_json() | {"created_at": ""} == dataset.to_json()
 
 
@@ -138,7 +140,7 @@ def test_a_long_text_file_is_read_in_pieces_that_tokenize_as_the_whole(
     assert read_shard(dataset.shard_paths("train")[0]).tolist() == [*whole, 0]
     bad_line = text.encode()[:30_000].count(b"\n") + 2
     assert dataset.skipped == {
-        "documents": 1,
+        "documents": 1, "oversized": 0, "max_document_bytes": 16 << 20,
         "examples": [{"file": str(tmp_path / "bad.py"), "line": bad_line,
                       "reason": "not UTF-8 (byte 0xff)"}],
     }  # fmt: skip
