@@ -29,7 +29,7 @@ from trainctl.service.routes import (
     tokens,
     webhooks,
 )
-from trainctl.service.routing import operation_id, without_null_parameters
+from trainctl.service.routing import match_whole_paths, operation_id, without_null_parameters
 from trainctl.service.settings import Settings, get_settings
 from trainctl.service.sinks.mirror import SinkMirrors
 from trainctl.service.supervisor import Supervisor, default_worker_count
@@ -128,6 +128,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(tokens.router, responses=unauthorized)
     app.include_router(webhooks.router, responses=unauthorized)
     dashboard.mount_dashboard(app)
+    match_whole_paths(app.router.routes)
     app.state.metrics = ServiceMetrics()
     # The last added is the outermost: every answer, the Host check's too, carries the request
     # id and the security headers, and the Host check comes before any route or token check.

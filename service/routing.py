@@ -18,7 +18,7 @@ import inspect
 import json
 import re
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from decimal import Decimal
 from typing import Any
 
@@ -28,11 +28,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BeforeValidator
 from pydantic_core import PydanticCustomError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute
 
 from trainctl.service.errors import error_responses
 from trainctl.store.names import MAX_NAME_LENGTH, NAME_PATTERN, NAME_RULE
+from trainctl.store.text import text_problem
 
 # The grammar of a JSON number (RFC 8259): what a query string or header integer may look like.
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
@@ -90,13 +93,21 @@ class ApiRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         allowed = frozenset(_query_names(self.dependant))  # called once, by APIRoute.__init__
+        headers = frozenset(_header_names(self.dependant))
 
         async def strict_query(request: Request) -> Response:
+            if request.scope["path"].endswith("\n"):
+                # Starlette anchors route patterns with `$`, which Python's `re` also matches
+                # before a final newline: `/healthz%0a` was `/healthz`, and with the `path`
+                # convertor (`.*` stops at a newline) `.../files/metadata.json%0a` served
+                # `metadata.json`. No name of this API ends in one: such a path names nothing.
+                raise StarletteHTTPException(404)
             errors = [
                 _query_error(request, name, allowed)
                 for name in dict.fromkeys(request.query_params.keys())
                 if name not in allowed or len(request.query_params.getlist(name)) > 1
             ]
+            errors += _text_errors(request, headers)
             if errors:
                 raise RequestValidationError(errors)
             return await handler(JsonNumbersRequest(request.scope, request.receive))
@@ -111,6 +122,32 @@ def _query_names(dependant: Dependant) -> set[str]:
     return names
 
 
+def _header_names(dependant: Dependant) -> set[str]:
+    names = {p.alias.lower() for p in dependant.header_params}
+    for sub in dependant.dependencies:
+        names |= _header_names(sub)
+    return names
+
+
+def _text_errors(request: Request, headers: frozenset[str]) -> list[dict[str, Any]]:
+    """A 422 for each path, query or header parameter that is not text a database can hold:
+    a NUL (which a PostgreSQL text column refuses; no name, id or value of this API has one)
+    or what UTF-8 cannot encode (store.text). Every string parameter of every route, so a
+    new one cannot be forgotten."""
+    given = [
+        *(("path", name, value) for name, value in request.path_params.items()),
+        *(("query", name, value) for name, value in request.query_params.multi_items()),
+        *(("header", name, request.headers[name]) for name in headers if name in request.headers),
+    ]
+    errors = []
+    for where, name, value in given:
+        problem = "holds a NUL character" if "\x00" in value else text_problem(value)
+        if problem is not None:
+            msg = f"{problem}: no name, id or value of this API has one"
+            errors.append({"type": "string_unicode", "loc": (where, name), "msg": msg})
+    return errors
+
+
 def _query_error(request: Request, name: str, allowed: frozenset[str]) -> dict[str, Any]:
     values = request.query_params.getlist(name)
     if name in allowed:
@@ -120,6 +157,17 @@ def _query_error(request: Request, name: str, allowed: frozenset[str]) -> dict[s
     else:
         msg = "not a parameter of this endpoint; it takes no query parameters"
     return {"type": "extra_forbidden", "loc": ("query", name), "msg": msg, "input": values[-1]}
+
+
+def match_whole_paths(routes: Iterable[BaseRoute]) -> None:
+    """End the path pattern of each plain Starlette route (the dashboard, its files, the
+    docs) at the very end of the path, `\\Z` for Starlette's `$` (see `ApiRoute`), in place.
+    API routes, which FastAPI builds lazily, refuse such a path in their handler instead."""
+    for route in routes:
+        regex = getattr(route, "path_regex", None)
+        if isinstance(regex, re.Pattern) and regex.pattern.endswith("$"):
+            whole = re.compile(regex.pattern.removesuffix("$") + r"\Z", regex.flags)
+            route.path_regex = whole  # type: ignore[attr-defined]
 
 
 def operation_id(route: APIRoute) -> str:
