@@ -97,23 +97,34 @@ def read_shard(path: str | Path) -> np.ndarray:
     """Memory-map a shard's tokens after checking its header against the file size."""
     path = Path(path)
     size = path.stat().st_size
-    if size < SHARD_HEADER_BYTES:
-        raise DataError(f"{path}: {size} bytes is too short for a token shard header")
-    header = np.fromfile(path, dtype=np.int32, count=SHARD_HEADER_INTS)
-    magic, version, count = (int(v) for v in header[:3])
+    with open(path, "rb") as f:
+        header = f.read(SHARD_HEADER_BYTES)
+    dtype, count = shard_header(header, size, str(path))
+    return np.memmap(path, dtype=dtype, mode="r", offset=SHARD_HEADER_BYTES, shape=(count,))
+
+
+def shard_header(
+    header: bytes, size: int, name: str
+) -> tuple[np.dtype[np.unsignedinteger[Any]], int]:
+    """(token dtype, token count) of a shard whose first bytes are `header` and whose file
+    has `size` bytes; DataError naming `name` when it is not a shard this reads. The one
+    check of a shard: the worker's before it reads one, submit's before it queues a run."""
+    if size < SHARD_HEADER_BYTES or len(header) < SHARD_HEADER_BYTES:
+        raise DataError(f"{name}: {size} bytes is too short for a token shard header")
+    magic, version, count = (int(v) for v in np.frombuffer(header, dtype=np.int32, count=3))
     if magic != SHARD_MAGIC:
-        raise DataError(f"{path}: bad magic {magic}, expected {SHARD_MAGIC} (not a .bin shard)")
+        raise DataError(f"{name}: bad magic {magic}, expected {SHARD_MAGIC} (not a .bin shard)")
     if version not in SHARD_DTYPES:
         raise DataError(
-            f"{path}: unsupported shard version {version}, expected one of {sorted(SHARD_DTYPES)}"
+            f"{name}: unsupported shard version {version}, expected one of {sorted(SHARD_DTYPES)}"
         )
     dtype = SHARD_DTYPES[version]
     expected = SHARD_HEADER_BYTES + dtype.itemsize * count
     if count < 0 or size != expected:
         raise DataError(
-            f"{path}: header says {count} tokens ({expected} bytes) but the file has {size} bytes"
+            f"{name}: header says {count} tokens ({expected} bytes) but the file has {size} bytes"
         )
-    return np.memmap(path, dtype=dtype, mode="r", offset=SHARD_HEADER_BYTES, shape=(count,))
+    return dtype, count
 
 
 # --- text as byte-level tokens -----------------------------------------------------------
