@@ -29,7 +29,12 @@ from trainctl.service.routes import (
     tokens,
     webhooks,
 )
-from trainctl.service.routing import match_whole_paths, operation_id, without_null_parameters
+from trainctl.service.routing import (
+    match_whole_paths,
+    operation_id,
+    with_text_rule,
+    without_null_parameters,
+)
 from trainctl.service.settings import Settings, get_settings
 from trainctl.service.sinks.mirror import SinkMirrors
 from trainctl.service.supervisor import Supervisor, default_worker_count
@@ -54,7 +59,7 @@ class TrainctlApi(FastAPI):
 
     def openapi(self) -> dict[str, Any]:
         if self.openapi_schema is None:
-            self.openapi_schema = without_null_parameters(super().openapi())
+            self.openapi_schema = with_text_rule(without_null_parameters(super().openapi()))
         return self.openapi_schema
 
     def build_middleware_stack(self) -> ASGIApp:

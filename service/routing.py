@@ -195,6 +195,24 @@ def without_null_parameters(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+TEXT_PARAMETER_PATTERN = r"^[^\x00]*$"
+"""What every string parameter without a pattern of its own holds: no NUL (`_text_errors`)."""
+
+
+def with_text_rule(schema: dict[str, Any]) -> dict[str, Any]:
+    """State `_text_errors`' rule in the schema, in place: every string path, query or header
+    parameter that has no pattern of its own gets one without NUL, so a client (and the
+    fuzzer) knows a value the server refuses before sending it. (What UTF-8 cannot encode
+    never arrives over HTTP: percent-decoding writes U+FFFD for it.)"""
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                spec = parameter["schema"]
+                if spec.get("type") == "string" and "pattern" not in spec and "enum" not in spec:
+                    spec["pattern"] = TEXT_PARAMETER_PATTERN
+    return schema
+
+
 def name_in_path(what: str) -> Any:
     """A path parameter holding a store name: the store's rule (store.names), published in
     the schema so that a client can check a name before it sends it."""

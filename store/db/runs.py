@@ -39,7 +39,7 @@ from trainctl.store.db.queue import (
     placement_of_row,
     reserved_for,
 )
-from trainctl.store.db.rows import RowReader, storable_json
+from trainctl.store.db.rows import RowReader, is_clean, storable_json
 from trainctl.store.db.schema import (
     UTCDateTime,
     build_engine,
@@ -835,8 +835,10 @@ def _dependencies(reader: RowReader, value: Any) -> list[Checkpoint]:
 
 
 def _event_from_row(row: Row[Any]) -> Event:
-    reader = RowReader(f"event {row.id}")
-    return Event(row.id, row.run_id, row.type, reader.json("data", row.data), row.created_at)
+    data = row.data
+    if type(data) is not dict or not is_clean(data):  # the quick test first: pages are long
+        data = RowReader(f"event {row.id}").json("data", data)
+    return Event(row.id, row.run_id, row.type, data, row.created_at)
 
 
 def _worker_from_row(row: Row[Any], current_run_id: str | None) -> Worker:

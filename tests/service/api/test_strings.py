@@ -10,6 +10,7 @@ on PostgreSQL, through real HTTP.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,3 +175,14 @@ def test_a_nul_in_a_path_or_query_parameter_is_422_naming_it(
     assert response.status_code == 422, response.text
     assert [where, name] in [e["loc"][:2] for e in response.json()["errors"]]
     assert response.json()["detail"].startswith(f"{where}.{name}: ")
+
+
+def test_the_schema_states_that_no_string_parameter_holds_a_nul() -> None:
+    """A client (and the fuzzer) can know what the server refuses before sending it."""
+    for method, path, operation in operations(APP):
+        for parameter in operation.get("parameters", []):
+            schema = parameter["schema"]
+            if schema.get("type") == "string" and "enum" not in schema:
+                label = f"{method.upper()} {path} {parameter['name']}"
+                assert "pattern" in schema, label
+                assert not re.search(schema["pattern"].replace("$", r"\Z"), "a\x00b"), label
