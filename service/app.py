@@ -30,7 +30,12 @@ from trainctl.service.routes import (
     tokens,
     webhooks,
 )
-from trainctl.service.routing import operation_id, without_null_parameters
+from trainctl.service.routing import (
+    match_whole_paths,
+    operation_id,
+    with_text_rule,
+    without_null_parameters,
+)
 from trainctl.service.settings import Settings, get_settings
 from trainctl.service.sinks.mirror import SinkMirrors
 from trainctl.service.sse import EventFeed
@@ -56,7 +61,7 @@ class TrainctlApi(FastAPI):
 
     def openapi(self) -> dict[str, Any]:
         if self.openapi_schema is None:
-            self.openapi_schema = without_null_parameters(super().openapi())
+            self.openapi_schema = with_text_rule(without_null_parameters(super().openapi()))
         return self.openapi_schema
 
     def build_middleware_stack(self) -> ASGIApp:
@@ -142,6 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(tokens.router, responses=unauthorized)
     app.include_router(webhooks.router, responses=unauthorized)
     dashboard.mount_dashboard(app)
+    match_whole_paths(app.router.routes)
     app.state.metrics = ServiceMetrics()
     # The Host check comes before any route or token check (the request id, the security
     # headers and JSON errors wrap everything: TrainctlApi.build_middleware_stack).

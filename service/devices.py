@@ -8,7 +8,7 @@ import subprocess
 from datetime import UTC, datetime, timedelta
 
 from trainctl.store.db.runs import RunStore, Worker
-from trainctl.store.memory import host_memory_bytes
+from trainctl.store.memory import MemoryLimit, host_memory_bytes
 
 
 def gpu_count() -> int:
@@ -32,18 +32,31 @@ def live_workers(runs: RunStore, lease_seconds: float) -> list[Worker]:
     return [w for w in runs.list_workers() if is_live(w, lease_seconds)]
 
 
-def memory_limit(runs: RunStore, lease_seconds: float, device: str) -> int | None:
+def memory_limit(
+    runs: RunStore, lease_seconds: float, device: str, most_gpu: int
+) -> int | MemoryLimit:
     """The most memory a run on `device` can get: the largest that a live worker of that
     device reports (per GPU on a GPU node); before any has, this node's own, since the
-    service starts its local workers here. None when nothing says."""
+    service starts its local workers here; for CUDA with neither, `most_gpu`
+    (TRAINCTL_MAX_GPU_MEMORY_BYTES), the largest GPU any worker that joins could have. So a
+    run no GPU could hold is refused even while no GPU worker is live, instead of queued
+    for one that will never come."""
     reported = [
         w.info["memory_bytes"]
         for w in live_workers(runs, lease_seconds)
-        if w.device == device and isinstance(w.info.get("memory_bytes"), int)
+        if w.device == device and _is_size(w.info.get("memory_bytes"))
     ]
     if reported:
         return max(reported)
-    return host_memory_bytes() if device == "cpu" else gpu_memory_bytes()
+    if device == "cpu":
+        return host_memory_bytes()
+    return gpu_memory_bytes() or MemoryLimit(
+        most_gpu, "any GPU has (TRAINCTL_MAX_GPU_MEMORY_BYTES; no GPU worker is live to say)"
+    )
+
+
+def _is_size(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def gpu_memory_bytes() -> int | None:

@@ -34,6 +34,7 @@ from trainctl.store.exceptions import (
     QueueFull,
     TrainctlError,
 )
+from trainctl.store.text import repair, repaired
 
 log = logging.getLogger("trainctl.service")
 
@@ -120,10 +121,10 @@ def _validation_response(errors: Sequence[Any]) -> JSONResponse:
     # `input` can hold whatever the client sent (bytes, huge bodies): keep loc/msg/type/ctx.
     raw = [{k: v for k, v in e.items() if k not in ("input", "url")} for e in errors]
     raw = raw[:MAX_ERRORS_SHOWN]
-    return JSONResponse(
-        status_code=422,
-        content={"detail": describe_errors(errors), "errors": jsonable_encoder(raw)},
-    )
+    # Repaired (store.text): a location or a message may quote text UTF-8 cannot encode
+    # (a key of the body), and the answer must still be written.
+    content = {"detail": describe_errors(errors), "errors": jsonable_encoder(raw)}
+    return JSONResponse(status_code=422, content=repaired(content))
 
 
 async def handle_request_validation(request: Request, exc: Exception) -> JSONResponse:
@@ -143,7 +144,8 @@ async def handle_domain_error(request: Request, exc: Exception) -> JSONResponse:
     if code >= 500:
         log.error("unmapped domain error on %s %s", request.method, request.url.path, exc_info=exc)
     headers = {"Retry-After": str(QUEUE_RETRY_SECONDS)} if isinstance(exc, QueueFull) else None
-    return JSONResponse(status_code=code, content={"detail": str(exc)}, headers=headers)
+    content = {"detail": repair(str(exc))}  # a message may quote what the client sent
+    return JSONResponse(status_code=code, content=content, headers=headers)
 
 
 async def handle_database_unavailable(request: Request, exc: Exception) -> JSONResponse:

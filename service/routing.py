@@ -22,7 +22,7 @@ import email.message
 import inspect
 import json
 import re
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -34,12 +34,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BeforeValidator
 from pydantic_core import PydanticCustomError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute
 
 from trainctl.service.deps import authorize, required_scope
 from trainctl.service.errors import error_responses
 from trainctl.store.names import MAX_NAME_LENGTH, NAME_PATTERN, NAME_RULE
+from trainctl.store.text import text_problem
 
 # The grammar of a JSON number (RFC 8259): what a query string or header integer may look like.
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
@@ -172,10 +175,17 @@ class ApiRoute(APIRoute):
         handler = super().get_route_handler()
         # Called once, by APIRoute.__init__, when the dependencies are all known.
         allowed = frozenset(_query_names(self.dependant))
+        headers = frozenset(_header_names(self.dependant))
         needed = required_scope(self.dependant)
         body_field = self.body_field
 
         async def admit(request: Request) -> Response:
+            if request.scope["path"].endswith("\n"):
+                # Starlette anchors route patterns with `$`, which Python's `re` also matches
+                # before a final newline: `/healthz%0a` was `/healthz`, and with the `path`
+                # convertor (`.*` stops at a newline) `.../files/metadata.json%0a` served
+                # `metadata.json`. No name of this API ends in one: such a path names nothing.
+                raise StarletteHTTPException(404)
             request = JsonNumbersRequest(request.scope, request.receive)
             if needed is not None:
                 await authorize(request, needed)
@@ -184,6 +194,7 @@ class ApiRoute(APIRoute):
                 for name in dict.fromkeys(request.query_params.keys())
                 if name not in allowed or len(request.query_params.getlist(name)) > 1
             ]
+            errors += _text_errors(request, headers)
             if errors:
                 raise RequestValidationError(errors)
             if body_field is not None:
@@ -200,6 +211,32 @@ def _query_names(dependant: Dependant) -> set[str]:
     return names
 
 
+def _header_names(dependant: Dependant) -> set[str]:
+    names = {p.alias.lower() for p in dependant.header_params}
+    for sub in dependant.dependencies:
+        names |= _header_names(sub)
+    return names
+
+
+def _text_errors(request: Request, headers: frozenset[str]) -> list[dict[str, Any]]:
+    """A 422 for each path, query or header parameter that is not text a database can hold:
+    a NUL (which a PostgreSQL text column refuses; no name, id or value of this API has one)
+    or what UTF-8 cannot encode (store.text). Every string parameter of every route, so a
+    new one cannot be forgotten."""
+    given = [
+        *(("path", name, value) for name, value in request.path_params.items()),
+        *(("query", name, value) for name, value in request.query_params.multi_items()),
+        *(("header", name, request.headers[name]) for name in headers if name in request.headers),
+    ]
+    errors = []
+    for where, name, value in given:
+        problem = "holds a NUL character" if "\x00" in value else text_problem(value)
+        if problem is not None:
+            msg = f"{problem}: no name, id or value of this API has one"
+            errors.append({"type": "string_unicode", "loc": (where, name), "msg": msg})
+    return errors
+
+
 def _query_error(request: Request, name: str, allowed: frozenset[str]) -> dict[str, Any]:
     values = request.query_params.getlist(name)
     if name in allowed:
@@ -209,6 +246,17 @@ def _query_error(request: Request, name: str, allowed: frozenset[str]) -> dict[s
     else:
         msg = "not a parameter of this endpoint; it takes no query parameters"
     return {"type": "extra_forbidden", "loc": ("query", name), "msg": msg, "input": values[-1]}
+
+
+def match_whole_paths(routes: Iterable[BaseRoute]) -> None:
+    """End the path pattern of each plain Starlette route (the dashboard, its files, the
+    docs) at the very end of the path, `\\Z` for Starlette's `$` (see `ApiRoute`), in place.
+    API routes, which FastAPI builds lazily, refuse such a path in their handler instead."""
+    for route in routes:
+        regex = getattr(route, "path_regex", None)
+        if isinstance(regex, re.Pattern) and regex.pattern.endswith("$"):
+            whole = re.compile(regex.pattern.removesuffix("$") + r"\Z", regex.flags)
+            route.path_regex = whole  # type: ignore[attr-defined]
 
 
 def operation_id(route: APIRoute) -> str:
@@ -233,6 +281,24 @@ def without_null_parameters(schema: dict[str, Any]) -> dict[str, Any]:
                         parameter["schema"].update(kept[0])
                     else:
                         parameter["schema"]["anyOf"] = kept
+    return schema
+
+
+TEXT_PARAMETER_PATTERN = r"^[^\x00]*$"
+"""What every string parameter without a pattern of its own holds: no NUL (`_text_errors`)."""
+
+
+def with_text_rule(schema: dict[str, Any]) -> dict[str, Any]:
+    """State `_text_errors`' rule in the schema, in place: every string path, query or header
+    parameter that has no pattern of its own gets one without NUL, so a client (and the
+    fuzzer) knows a value the server refuses before sending it. (What UTF-8 cannot encode
+    never arrives over HTTP: percent-decoding writes U+FFFD for it.)"""
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                spec = parameter["schema"]
+                if spec.get("type") == "string" and "pattern" not in spec and "enum" not in spec:
+                    spec["pattern"] = TEXT_PARAMETER_PATTERN
     return schema
 
 

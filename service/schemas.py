@@ -16,8 +16,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
 
 from trainctl.service.webhooks.targets import MAX_URL_LENGTH, URL_PATTERN, URL_RULE, check_url
 from trainctl.store.kinds import ServedKindName
-from trainctl.store.names import Name
+from trainctl.store.names import ExperimentName, Name
 from trainctl.store.placement import Spread
+from trainctl.store.text import TextChecked
 from trainctl.store.vocabulary import METRIC_KINDS_TEXT, EventType, RunState, Scope
 
 
@@ -185,10 +186,10 @@ class CheckpointsPublic(BaseModel):
     next_cursor: str | None = Field(None, description="Always null: checkpoints fit one page.")
 
 
-class PruneRequest(BaseModel):
+class PruneRequest(TextChecked):
     model_config = ConfigDict(extra="forbid")
 
-    experiment: Name
+    experiment: ExperimentName
     # Strict like the run specs: `true` is not a count and "no" is not a boolean.
     keep_last: StrictInt = Field(
         ge=0, le=1_000_000, description="step_* checkpoints to keep; the latest always stays."
@@ -245,7 +246,7 @@ class ReadinessPublic(BaseModel):
     workers_alive: int
 
 
-class TokenCreate(BaseModel):
+class TokenCreate(TextChecked):
     """An API token to create: its name and what it may do."""
 
     model_config = ConfigDict(extra="forbid")
@@ -278,7 +279,7 @@ class TokensPublic(BaseModel):
 TERMINAL_EVENTS: list[RunState] = ["cancelled", "failed", "succeeded"]
 
 
-class WebhookCreate(BaseModel):
+class WebhookCreate(TextChecked):
     """A URL to POST run state changes to, and which changes."""
 
     model_config = ConfigDict(extra="forbid")

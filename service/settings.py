@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trainctl.service.webhooks.targets import HostPolicy
 from trainctl.store.layout import HEARTBEAT_SECONDS, LEASE_SECONDS, DataLayout
+from trainctl.store.memory import LARGEST_GPU_MEMORY_BYTES
 from trainctl.store.specs import MLFLOW_SETTING, Tracker
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -106,6 +107,15 @@ class Settings(BaseSettings):
         description="The most GPUs any node of this cluster has: a run asking for more per "
         "node is a 422 at submit, since no worker could ever take it. Unset: any number is "
         "accepted, and a run no live worker can serve waits (its waiting_reason says why).",
+    )
+    max_gpu_memory_bytes: int = Field(
+        LARGEST_GPU_MEMORY_BYTES,
+        ge=1 << 30,
+        le=1 << 50,
+        description="The most memory one GPU of this cluster has. A CUDA run is refused at "
+        "submit when its estimate exceeds what the live GPU workers report, and, while none "
+        "is live (nor a GPU on this node), when it exceeds this: no worker that could join "
+        "would hold it. Default: the largest GPU sold (288 GiB, NVIDIA B300 and AMD MI355X).",
     )
     trackers: Annotated[list[Tracker], NoDecode] = Field(
         default_factory=list,

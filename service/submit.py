@@ -59,7 +59,10 @@ def submit_run(
     check_gpus_per_node(placement, settings.max_gpus_per_node)
     if record.memory is not None:
         need = record.memory(plan)
-        admit(need, memory_limit(runs, settings.lease_seconds, need.device))
+        limit = memory_limit(
+            runs, settings.lease_seconds, need.device, settings.max_gpu_memory_bytes
+        )
+        admit(need, limit)
     ref = plan.depends_on
     pin = ProtectionPolicy(runs, ckpts).pinned(ref.experiment, ref.tag) if ref else nullcontext()
     with pin:

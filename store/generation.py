@@ -6,19 +6,25 @@ prompt against the model's context with `check_context` at submit; `worker.gener
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator
+from pydantic import ConfigDict, Field, StrictFloat, StrictInt, field_validator
 
 from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.text import TextChecked
 
 # The longest context a model of this service can have (store.presets.BOUNDS's max_seq_len).
 MAX_NEW_TOKENS = 131_072
 MAX_TEMPERATURE = 100.0
+# float32's smallest normal number. The sampler divides the logits, shifted so that the
+# largest is 0, by the temperature in float32; a temperature below this is 0 or a subnormal
+# there, and every token but the most likely has probability 0 at it anyway (the gap to the
+# next token would have to be below 1e-38), so it decodes greedily.
+GREEDY_BELOW_TEMPERATURE = 1.1754943508222875e-38
 MAX_TOP_K = 1 << 20  # the largest vocabulary (store.presets.BOUNDS)
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 
 
-class GenerationSettings(BaseModel):
+class GenerationSettings(TextChecked):
     """How to continue a prompt: sampling, where to stop, and the seed.
 
     Same seed, same prompts, same hardware: same text. A completion ends at the model's
@@ -26,8 +32,8 @@ class GenerationSettings(BaseModel):
     `max_new_tokens`, whichever comes first.
     """
 
-    # As store.specs.Spec (unknown fields refused, a value once made), written out rather
-    # than inherited so that store.specs can import this module for its requests.
+    # As store.specs.Spec (unknown fields refused, a value once made, every string text),
+    # written out rather than inherited so that store.specs can import this module.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_new_tokens: StrictInt = Field(
@@ -43,7 +49,9 @@ class GenerationSettings(BaseModel):
         # Published as the schema's minimum; the validator below says it in words.
         json_schema_extra={"minimum": 0},
         description="Divides the logits before sampling: below 1 sharper, above 1 flatter; "
-        "0 is greedy (always the most likely token, no randomness).",
+        "0 is greedy (always the most likely token, no randomness), and so is any "
+        f"temperature below {GREEDY_BELOW_TEMPERATURE:.4g} (float32's smallest normal number, "
+        "where only the most likely token keeps any probability).",
     )
     top_k: StrictInt | None = Field(
         200,
@@ -92,7 +100,7 @@ class GenerationSettings(BaseModel):
     @property
     def greedy(self) -> bool:
         """Whether every step takes the most likely token: nothing random is left."""
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1
 
 
 def check_context(prompt_tokens: int, max_new_tokens: int, max_seq_len: int) -> None:

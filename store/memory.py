@@ -27,6 +27,10 @@ from trainctl.store.plans import BenchmarkPlan, SamplePlan, StepPlan, TrainPlan,
 from trainctl.store.presets import ModelConfig
 
 GIB = 1 << 30
+# The most memory one GPU on sale has (NVIDIA's B300, AMD's MI355X: 288 GB of HBM3e), rounded
+# up to GiB: the ceiling a CUDA run is held to while no GPU worker says what it has
+# (TRAINCTL_MAX_GPU_MEMORY_BYTES lowers it to a cluster's own).
+LARGEST_GPU_MEMORY_BYTES = 288 * GIB
 # The runtime before any tensor: torch's libraries and allocator pools on a CPU, the CUDA
 # context and cuBLAS/cuDNN workspaces on a GPU.
 RUNTIME_BYTES = {"cpu": GIB, "cuda": GIB}
@@ -118,22 +122,36 @@ def estimate_peak(
     )
 
 
+@dataclass(frozen=True)
+class MemoryLimit:
+    """The most memory a run may need, and whose it is, in words for a refusal."""
+
+    size: int
+    held_by: str = "the largest worker has"
+
+
 def refuse_unless_it_fits(
-    estimate: MemoryEstimate, processes: int, device: str, limit: int | None, what: str
+    estimate: MemoryEstimate,
+    processes: int,
+    device: str,
+    limit: int | MemoryLimit | None,
+    what: str,
 ) -> None:
     """InvalidRequest naming the estimate and the limit when `processes` copies of the run
     (ranks) do not fit the largest worker's memory. A GPU rank has a device each; CPU
     ranks share the node's memory. Without a known limit, nothing is refused."""
     if limit is None:
         return
+    if not isinstance(limit, MemoryLimit):
+        limit = MemoryLimit(limit)
     need = estimate.total * (processes if device == "cpu" else 1)
-    if need <= limit:
+    if need <= limit.size:
         return
     ranks = f" for each of {processes} processes" if processes > 1 and device == "cpu" else ""
     where = "GPU memory" if device == "cuda" else "memory"
     raise InvalidRequest(
         f"{what} needs about {gib(need)} of {where}{ranks} ({estimate.describe()}), more "
-        f"than the largest worker has: {gib(limit)}; use a smaller micro_batch_size or "
+        f"than {limit.held_by}: {gib(limit.size)}; use a smaller micro_batch_size or "
         "seq_len (grad_accum_steps keeps the batch), activation checkpointing, or a "
         "smaller model"
     )
@@ -199,7 +217,7 @@ def sample_need(plan: SamplePlan) -> MemoryNeed:
     return MemoryNeed(estimate, 1, plan.device, "this sample run")
 
 
-def admit(need: MemoryNeed, limit: int | None) -> None:
+def admit(need: MemoryNeed, limit: int | MemoryLimit | None) -> None:
     """Refuse a run that fits no worker's memory (see `refuse_unless_it_fits`)."""
     refuse_unless_it_fits(need.estimate, need.processes, need.device, limit, need.what)
 

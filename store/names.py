@@ -1,10 +1,17 @@
 """The one rule for names that become path components: experiments, tags, checkpoint files.
 
-A name is 1-128 letters, digits, '.', '_' or '-', starts with a letter or digit and has no
-'..': it can never climb out of the checkpoint store, nor hide among the store's own
-dot-folders (``.staging-*``, ``.trash-*``, ``.guard-*``). Requests, plans, the checkpoint
-store, its manifests and the API's path and query parameters all check names here, and the
-OpenAPI schema publishes the same pattern and length, so a client can check a name first.
+A name is 1-128 letters, digits, '.', '_' or '-', starts with a letter or digit, has no '..'
+and does not end in '.': it can never climb out of the checkpoint store, nor hide among the
+store's own dot-folders (``.staging-*``, ``.trash-*``, ``.guard-*``). Nor is it a name that
+Windows keeps for a device (``CON``, ``nul.txt``, ``COM1``: with any extension, in any case)
+or one it would store under another name (a final '.' is dropped there), so a store copied to
+or shared with Windows holds the same names. Requests, plans, the checkpoint store, its
+manifests and the API's path and query parameters all check names here, and the OpenAPI schema
+publishes the pattern and the length, so a client can check a name first; the device names are
+the one part of the rule a pattern without look-ahead cannot state (the description does).
+
+An experiment is also never `latest` or `best`: those words are references to checkpoints
+(`latest`, `best`, `<experiment>/<tag>`), so an experiment of either name would be ambiguous.
 """
 
 from __future__ import annotations
@@ -12,21 +19,30 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from trainctl.store.exceptions import InvalidName
 
 MAX_NAME_LENGTH = 128
-# Every '.' is followed by a letter, digit, '_' or '-', or ends the name: no '..', written
+# Every '.' is followed by a letter, digit, '_' or '-': no '..' and no final '.'. Written
 # without look-ahead so that JSON Schema validators (ECMA 262) and pydantic's regex engine,
 # which has none, read it as Python does. The length is MAX_NAME_LENGTH, checked apart.
-NAME_REGEX = r"[A-Za-z0-9](?:[A-Za-z0-9_-]|\.[A-Za-z0-9_-])*\.?"
+NAME_REGEX = r"[A-Za-z0-9](?:\.?[A-Za-z0-9_-])*"
 """A name, unanchored: for patterns that hold names (`<experiment>/<tag>`)."""
+# `$` in a pattern is the very end of the text for pydantic (Rust's regex) and JSON Schema
+# (ECMA 262); Python's `re` reads it as "the end, or before a final newline", so Python code
+# matches names with fullmatch, never with this pattern and `match`.
 NAME_PATTERN = f"^{NAME_REGEX}$"
-_NAME_RE = re.compile(NAME_PATTERN)
+_NAME_RE = re.compile(NAME_REGEX)
+# Windows' reserved device names: a file of this stem (`aux`, `aux.txt`, `Aux.tar.gz`) opens
+# the device instead. COM0 and LPT0 are reserved too since Windows 11.
+WINDOWS_DEVICE_NAMES = frozenset(
+    ["CON", "PRN", "AUX", "NUL"] + [f"{port}{n}" for port in ("COM", "LPT") for n in range(10)]
+)
 NAME_RULE = (
-    f"1-{MAX_NAME_LENGTH} letters, digits, '.', '_' or '-', starting with a letter or digit "
-    "and without '..'"
+    f"1-{MAX_NAME_LENGTH} letters, digits, '.', '_' or '-', starting with a letter or digit, "
+    "without '..', not ending in '.', and not a Windows device name (CON, PRN, AUX, NUL, "
+    "COM0-9, LPT0-9, with or without an extension, in any case)"
 )
 NAME_DESCRIPTION = f"A name of {NAME_RULE}."
 
@@ -35,8 +51,16 @@ BEST_TAG = "best"
 """The tag a train run saves whenever validation improves its best loss."""
 LATEST_REF = "latest"
 """A reference to an experiment's highest step checkpoint, never a tag of its own."""
+CHECKPOINT_REFERENCES = (LATEST_REF, BEST_TAG)
+"""The words that name a checkpoint by role: never an experiment's name."""
+EXPERIMENT_RULE = f"{NAME_RULE}; nor 'latest' or 'best', which name checkpoints"
 # Canonical step tags only: "step_007" would be a second name for step 7.
-_STEP_RE = re.compile(rf"^{STEP_PREFIX}(0|[1-9][0-9]*)$")
+_STEP_RE = re.compile(rf"{STEP_PREFIX}(0|[1-9][0-9]*)")
+
+
+def is_device_name(value: str) -> bool:
+    """Whether Windows reserves `value` for a device: its part before the first '.'."""
+    return value.split(".", 1)[0].upper() in WINDOWS_DEVICE_NAMES
 
 
 def is_valid_name(value: object) -> bool:
@@ -45,20 +69,58 @@ def is_valid_name(value: object) -> bool:
         isinstance(value, str)
         and len(value) <= MAX_NAME_LENGTH
         and _NAME_RE.fullmatch(value) is not None
+        and not is_device_name(value)
     )
 
 
+def is_valid_experiment(value: object) -> bool:
+    return is_valid_name(value) and value not in CHECKPOINT_REFERENCES
+
+
 def validate_name(kind: str, value: object) -> str:
-    """Return `value` if it is a valid name, else raise `InvalidName` saying what to use."""
+    """Return `value` if it is a valid name, else raise `InvalidName` saying what to use.
+    (Requests refuse `latest` and `best` as experiments, and the store writes none of that
+    name; a reader takes any name of the rule.)"""
     if not is_valid_name(value):
         raise InvalidName(f"invalid {kind} name {value!r}: use {NAME_RULE}")
     assert isinstance(value, str)
     return value
 
 
-# The pattern and the length are the whole rule: pydantic checks them, the schema shows them.
+def _not_a_device(value: str) -> str:
+    if is_device_name(value):
+        raise ValueError(
+            f"{value!r} is a Windows device name (CON, PRN, AUX, NUL, COM0-9, LPT0-9, with or "
+            "without an extension): choose another name"
+        )
+    return value
+
+
+def _not_a_reference(value: str) -> str:
+    if value in CHECKPOINT_REFERENCES:
+        raise ValueError(
+            f"{value!r} names a checkpoint ('latest', 'best'), so it cannot name an "
+            "experiment: choose another name"
+        )
+    return value
+
+
+# The pattern and the length are what pydantic checks first and the schema shows; the
+# validator adds the device names.
 Name = Annotated[
-    str, Field(pattern=NAME_PATTERN, max_length=MAX_NAME_LENGTH, description=NAME_DESCRIPTION)
+    str,
+    Field(pattern=NAME_PATTERN, max_length=MAX_NAME_LENGTH, description=NAME_DESCRIPTION),
+    AfterValidator(_not_a_device),
+]
+ExperimentName = Annotated[
+    str,
+    Field(
+        pattern=NAME_PATTERN,
+        max_length=MAX_NAME_LENGTH,
+        description=f"A name of {EXPERIMENT_RULE}.",
+    ),
+    AfterValidator(_not_a_device),
+    AfterValidator(_not_a_reference),
 ]
 
 

@@ -22,6 +22,15 @@ from trainctl.store.checkpoints.exports import check_exportable
 from trainctl.store.checkpoints.info import CheckpointInfo, TokenizerId, check_fits
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.codec import TextCodec, build_codec
+from trainctl.store.data.contents import (
+    TokenArrays,
+    check_enough_tokens,
+    check_inputs,
+    check_tokenizer,
+    dataset_arrays,
+    shard_lengths,
+    text_length,
+)
 from trainctl.store.data.datasets import (
     DATASET_FILE,
     TOKENIZER_FILE,
@@ -182,7 +191,7 @@ def resolve_train(
     model = _model_plan(request.model, profile)
     if request.data.source in ("stdlib", "text") and model.config.vocab_size < 256:
         raise InvalidRequest("byte-level text needs a vocab_size of at least 256")
-    data, dataset = _data_plan(request.data, data_roots, datasets_dir)
+    data, dataset, arrays = _data_plan(request.data, data_roots, datasets_dir)
     if dataset is not None:
         _check_vocabulary(
             request.data,
@@ -191,6 +200,9 @@ def resolve_train(
             f"the model's vocab_size of {model.config.vocab_size:,}; raise "
             f"model.overrides.vocab_size to at least {dataset.vocab_size:,}",
         )
+    geometry = _geometry(request.batch, profile, model.config)
+    if arrays is not None:
+        check_enough_tokens(arrays, data.val_fraction, geometry.seq_len, "data")
     if request.sample_every is not None:
         _check_samples(request, data, dataset, model.config)
     checkpoint_every = request.checkpoint_every or max(request.steps // 10, 1)
@@ -199,9 +211,7 @@ def resolve_train(
         | _trackers(request, default_trackers, mlflow_configured, data_roots),
         device=device,
         model=model,
-        batch=_split_across_ranks(
-            _geometry(request.batch, profile, model.config), request.batch, request
-        ),
+        batch=_split_across_ranks(geometry, request.batch, request),
         data=data,
         dataset=dataset,
         checkpoint_every=checkpoint_every,
@@ -257,7 +267,9 @@ def resolve_validate(
         raise InvalidRequest(
             f"seq_len {seq_len} is above the checkpoint model's max_seq_len {config.max_seq_len}"
         )
-    data, dataset = _data_plan(request.data, data_roots, datasets_dir)
+    data, dataset, arrays = _data_plan(request.data, data_roots, datasets_dir)
+    if arrays is not None:
+        check_enough_tokens(arrays, data.val_fraction, seq_len, "data", validation_only=True)
     source = f"checkpoint {info.experiment}/{info.tag}"
     if dataset is not None:
         _check_vocabulary(
@@ -288,6 +300,7 @@ def resolve_prepare(
             "name, or remove that folder first"
         )
     inputs = confine_paths(request.inputs, data_roots, "inputs", skip_hidden=True)
+    check_inputs(inputs, "inputs")
     return PreparePlan(
         **_options(request, PrepareOptions),
         name=request.name,
@@ -436,6 +449,7 @@ def _tokenizer_file(ref: str, roots: list[Path]) -> str:
         path = confine_path(str(path / TOKENIZER_FILE), roots, "tokenizer")
     if not path.is_file():
         raise InvalidRequest(f"tokenizer: {ref!r} is not a file")
+    check_tokenizer(path, "tokenizer")
     return str(path)
 
 
@@ -516,10 +530,13 @@ def _split_across_ranks(
 
 def _data_plan(
     data: DataSpec, roots: list[Path], datasets_dir: Path | None
-) -> tuple[DataSpec, DatasetPin | None]:
-    """The data with its paths expanded, or the dataset it names read and pinned."""
+) -> tuple[DataSpec, DatasetPin | None, TokenArrays | None]:
+    """The data with its paths expanded, or the dataset it names read and pinned; and the
+    tokens of its arrays, each file checked to be what the source reads (store.data.contents;
+    None: synthetic tokens and the standard library, which are never short)."""
     if data.source != "dataset":
-        return resolve_data(data, roots), None
+        resolved = resolve_data(data, roots)
+        return resolved, None, _file_arrays(resolved)
     assert data.dataset is not None  # DataSpec's rule
     field = f"data.dataset {data.dataset!r}"
     folder = dataset_folder(data.dataset, roots, datasets_dir, "data.dataset")
@@ -539,7 +556,22 @@ def _data_plan(
             f"{field}: its {tokenizer.name} is not the one its {DATASET_FILE} records (sha256 "
             "differs): the shards may not be its tokens; prepare it again"
         )
-    return data.model_copy(update={"dataset": str(folder)}), DatasetPin.of(found)
+    arrays = dataset_arrays(found, field)
+    return data.model_copy(update={"dataset": str(folder)}), DatasetPin.of(found), arrays
+
+
+def _file_arrays(data: DataSpec) -> TokenArrays | None:
+    """What `worker.train.build_token_arrays` makes of text or shard files: a shard an array,
+    the text files one array (and the val files another), at most `max_bytes` each."""
+    train, val = [Path(p) for p in data.paths], [Path(p) for p in data.val_paths]
+    if data.source == "shards":
+        return TokenArrays(shard_lengths(train, "data.paths"), shard_lengths(val, "data.val_paths"))
+    if data.source == "text":
+        texts = [text_length(train, data.max_bytes, "data.paths")]
+        return TokenArrays(
+            texts, [text_length(val, data.max_bytes, "data.val_paths")] if val else []
+        )
+    return None
 
 
 def _sha256(tokenizer: Path, field: str) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     StrictBool,
@@ -26,11 +25,14 @@ from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.generation import GenerationSettings
 from trainctl.store.names import (
     BEST_TAG,
+    EXPERIMENT_RULE,
     LATEST_REF,
     MAX_NAME_LENGTH,
     NAME_REGEX,
     NAME_RULE,
+    ExperimentName,
     Name,
+    is_valid_experiment,
     is_valid_name,
 )
 from trainctl.store.optimizers import (
@@ -41,6 +43,7 @@ from trainctl.store.optimizers import (
 )
 from trainctl.store.placement import Spread
 from trainctl.store.presets import BOUNDS, PRESETS, ModelConfig, get_preset
+from trainctl.store.text import TextChecked
 
 MAX_STEPS = 10_000_000
 TARGET_TOKENS = 8_310_000_000  # the seed's pre-training budget: 8.31 B tokens
@@ -94,7 +97,8 @@ FOLDER_PATTERN = r"^[^\x00-\x1f]+$"
 # integer is still a valid float ("muon_lr": 1). Not `strict=True` on the models: that would
 # also make the pydantic mypy plugin refuse dicts for nested models (`TrainRequest(data={...})`).
 # Frozen: a request or a plan is a value; resolving makes a new one.
-class Spec(BaseModel):
+# TextChecked: every string in it can be written as UTF-8 (store.text).
+class Spec(TextChecked):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -309,18 +313,22 @@ class CheckpointChoice(Spec):
         pattern=CHECKPOINT_REF_PATTERN,
         max_length=2 * MAX_NAME_LENGTH + 1,
         description="'latest', 'best', or '<experiment>/<tag>'; with 'latest' or "
-        f"'best', `experiment` narrows the search. Each name is {NAME_RULE}.",
+        f"'best', `experiment` narrows the search. The experiment is {EXPERIMENT_RULE}; "
+        f"the tag {NAME_RULE}.",
     )
-    experiment: Name | None = Field(None, description="Experiment for latest/best.")
+    experiment: ExperimentName | None = Field(
+        None, description=f"Experiment for latest/best: a name of {EXPERIMENT_RULE}."
+    )
 
     @field_validator("checkpoint")
     @classmethod
     def _checkpoint_ref(cls, v: str) -> str:
         parts = v.split("/")
-        named = len(parts) == 2 and all(is_valid_name(p) for p in parts)
+        named = len(parts) == 2 and is_valid_experiment(parts[0]) and is_valid_name(parts[1])
         if v not in (LATEST_REF, BEST_TAG) and not named:
             raise ValueError(
-                f"checkpoint must be 'latest', 'best' or '<experiment>/<tag>', each {NAME_RULE}"
+                "checkpoint must be 'latest', 'best' or '<experiment>/<tag>': the experiment "
+                f"{EXPERIMENT_RULE}, the tag {NAME_RULE}"
             )
         return v
 
@@ -340,7 +348,10 @@ class StepOptions(Spec):
 
 
 class TrainOptions(StepOptions):
-    experiment: Name = Field("default", description="Checkpoints go to checkpoints/<experiment>.")
+    experiment: ExperimentName = Field(
+        "default",
+        description=f"Checkpoints go to checkpoints/<experiment>: a name of {EXPERIMENT_RULE}.",
+    )
     steps: StrictInt = Field(
         ..., ge=1, le=MAX_STEPS, description="Optimizer steps to train in total."
     )

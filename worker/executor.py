@@ -19,6 +19,7 @@ from trainctl.store.checkpoints.factory import Stores
 from trainctl.store.checkpoints.info import check_fits
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.data.prepare import PrepareStopped
+from trainctl.store.db.rows import UNREADABLE
 from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.plans import (
     BenchmarkPlan,
@@ -82,6 +83,9 @@ def check_device(device: str) -> torch.device:
 
 def read_plan(ctx: RunContext, kind: type[P]) -> P:
     """The run's stored plan; one this worker cannot read fails the run, saying why."""
+    unreadable = ctx.run.spec.get(UNREADABLE) if len(ctx.run.spec) == 1 else None
+    if isinstance(unreadable, str):  # the store could not show the stored plan (rows.py)
+        raise RuntimeError(f"{unreadable}; submit the run again")
     try:
         return cast(P, kind.model_validate(ctx.run.spec))  # mypy: Self of a bound union
     except ValidationError as exc:

@@ -31,7 +31,11 @@ from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.codec import IncrementalDecoder, TextCodec, build_codec
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.exceptions import CheckpointCorrupt, CheckpointNotFound
-from trainctl.store.generation import GenerationSettings, check_context
+from trainctl.store.generation import (
+    GREEDY_BELOW_TEMPERATURE,
+    GenerationSettings,
+    check_context,
+)
 from trainctl.worker.checkpoint import load_checkpoint
 from trainctl.worker.model import GPT, KVCache, build_model
 
@@ -44,12 +48,20 @@ def sample_next(
 ) -> torch.Tensor:
     """Each row's next token from its logits: (B, vocab) -> (B,).
 
-    Temperature 0 takes the most likely token; otherwise the logits are divided by the
-    temperature, cut to the top k and to the nucleus of mass top_p, and sampled from.
+    Temperature 0 (or one below `GREEDY_BELOW_TEMPERATURE`) takes the most likely token;
+    otherwise the logits are divided by the temperature, cut to the top k and to the nucleus
+    of mass top_p, and sampled from.
     """
-    if settings.temperature == 0:
+    if settings.temperature < GREEDY_BELOW_TEMPERATURE:
         return logits.argmax(dim=-1)
-    logits = logits.float() / settings.temperature
+    # Each row's largest logit is shifted to 0 first, so that dividing cannot overflow: the
+    # quotients are <= 0, the largest exactly 0, and a far smaller one becomes -inf, which
+    # softmax reads as probability 0. Unshifted, z / T is inf for any |z| > 3.4e38 * T: with
+    # the default softcap of 15, every temperature below 4.4e-38, and with no softcap no
+    # bound at all; softmax of inf is NaN. (Softmax shifts by the max itself: the
+    # probabilities are the same.)
+    logits = logits.float()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / settings.temperature  # (B, vocab)
     if settings.top_k is not None and settings.top_k < logits.shape[-1]:
         kth = torch.topk(logits, settings.top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, -torch.inf)
@@ -64,8 +76,11 @@ def nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     probabilities reach `top_p` together. The most likely token always stays."""
     ordered, order = logits.sort(dim=-1, descending=True)
     probs = torch.softmax(ordered, dim=-1)
-    # A token goes when the tokens more likely than it already hold top_p.
+    # A token goes when the tokens more likely than it already hold top_p. The most likely
+    # one stays whatever top_p is: compared in float32, a top_p below 1.4e-45 is 0, and
+    # 0 >= 0 would drop every token (softmax over nothing is NaN).
     outside = probs.cumsum(dim=-1) - probs >= top_p
+    outside[..., 0] = False
     return logits.scatter(-1, order, ordered.masked_fill(outside, -torch.inf))
 
 

@@ -30,6 +30,7 @@ from trainctl.store.exceptions import (
 from trainctl.store.names import (
     BEST_TAG,
     LATEST_REF,
+    is_valid_experiment,
     parse_step,
     validate_name,
 )
@@ -105,7 +106,11 @@ class CheckpointStore:
     def stage(self, experiment: str, tag: str) -> CheckpointWriter:
         """A new checkpoint `tag`, invisible until its writer commits (replacing a checkpoint
         of that tag atomically)."""
-        validate_name("experiment", experiment)
+        if not is_valid_experiment(experiment):
+            validate_name("experiment", experiment)  # says why, for a name of no rule
+            raise InvalidName(
+                f"invalid experiment name {experiment!r}: 'latest' and 'best' name checkpoints"
+            )
         validate_name("tag", tag)
         if tag == LATEST_REF:
             raise InvalidName(

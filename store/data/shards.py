@@ -116,28 +116,33 @@ def read_shard(path: str | Path) -> np.ndarray:
     file that was opened and checked, whatever its name points to later."""
     path = Path(path)
     with open_data(path) as f:
-        return _map_shard(path, f)
+        size = os.fstat(f.fileno()).st_size
+        dtype, count = shard_header(f.read(SHARD_HEADER_BYTES), size, str(path))
+        return np.memmap(f, dtype=dtype, mode="r", offset=SHARD_HEADER_BYTES, shape=(count,))
 
 
-def _map_shard(path: Path, f: io.BufferedReader) -> np.ndarray:
-    size = os.fstat(f.fileno()).st_size
-    if size < SHARD_HEADER_BYTES:
-        raise DataError(f"{path}: {size} bytes is too short for a token shard header")
-    header = np.frombuffer(f.read(SHARD_HEADER_BYTES), dtype=np.int32)
-    magic, version, count = (int(v) for v in header[:3])
+def shard_header(
+    header: bytes, size: int, name: str
+) -> tuple[np.dtype[np.unsignedinteger[Any]], int]:
+    """(token dtype, token count) of a shard whose first bytes are `header` and whose file
+    has `size` bytes; DataError naming `name` when it is not a shard this reads. The one
+    check of a shard: the worker's before it reads one, submit's before it queues a run."""
+    if size < SHARD_HEADER_BYTES or len(header) < SHARD_HEADER_BYTES:
+        raise DataError(f"{name}: {size} bytes is too short for a token shard header")
+    magic, version, count = (int(v) for v in np.frombuffer(header, dtype=np.int32, count=3))
     if magic != SHARD_MAGIC:
-        raise DataError(f"{path}: bad magic {magic}, expected {SHARD_MAGIC} (not a .bin shard)")
+        raise DataError(f"{name}: bad magic {magic}, expected {SHARD_MAGIC} (not a .bin shard)")
     if version not in SHARD_DTYPES:
         raise DataError(
-            f"{path}: unsupported shard version {version}, expected one of {sorted(SHARD_DTYPES)}"
+            f"{name}: unsupported shard version {version}, expected one of {sorted(SHARD_DTYPES)}"
         )
     dtype = SHARD_DTYPES[version]
     expected = SHARD_HEADER_BYTES + dtype.itemsize * count
     if count < 0 or size != expected:
         raise DataError(
-            f"{path}: header says {count} tokens ({expected} bytes) but the file has {size} bytes"
+            f"{name}: header says {count} tokens ({expected} bytes) but the file has {size} bytes"
         )
-    return np.memmap(f, dtype=dtype, mode="r", offset=SHARD_HEADER_BYTES, shape=(count,))
+    return dtype, count
 
 
 # --- text as byte-level tokens -----------------------------------------------------------

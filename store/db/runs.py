@@ -39,6 +39,7 @@ from trainctl.store.db.queue import (
     placement_of_row,
     reserved_for,
 )
+from trainctl.store.db.rows import RowReader, is_clean, storable_json
 from trainctl.store.db.schema import (
     IDEMPOTENCY_SCOPE,
     UTCDateTime,
@@ -64,6 +65,7 @@ from trainctl.store.exceptions import (
 )
 from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.placement import ONE_NODE, Capacity, Placement
+from trainctl.store.text import column_text, unencodable
 from trainctl.store.vocabulary import ACTIVE_STATES, EVENT_TYPES, TERMINAL_STATES
 
 Checkpoint = tuple[str, str]
@@ -110,6 +112,9 @@ class Run:
     queued_at: datetime | None = None
     gang: GangPlace | None = None
     """Set on a claimed gang run (nnodes > 1): the claiming worker's place in it."""
+    unreadable: str | None = None
+    """What of the stored row could not be read as it was, and was replaced or repaired
+    (store/db/rows.py); None for every row this trainctl wrote."""
 
 
 @dataclass(frozen=True)
@@ -242,7 +247,7 @@ class RunStore:
         values = {
             "kind": kind,
             "experiment": experiment,
-            "spec": _as_json(spec),
+            "spec": _plan_json(spec),
             "max_attempts": max_attempts,
             "idempotency_key": idempotency_key,
             "depends_on": [[exp, tag] for exp, tag in depends_on],
@@ -396,7 +401,7 @@ class RunStore:
         query = select(runs.c.depends_on).where(runs.c.state.in_(ACTIVE_STATES))
         with read_transaction(self.engine) as conn:
             lists = conn.execute(query).scalars().all()
-        return {(exp, tag) for depends_on in lists for exp, tag in depends_on}
+        return {pair for depends_on in lists for pair in _checkpoint_pairs(depends_on)}
 
     # ---- the worker side: claim, report, finish ---------------------------------------------
 
@@ -535,7 +540,7 @@ class RunStore:
                 _require_owned(conn, run_id, worker_id, attempt)
             else:
                 _require_row(conn, run_id, lock=True)  # see _insert_event: ids in commit order
-            return _insert_event(conn, run_id, type, _as_json(data))
+            return _insert_event(conn, run_id, type, storable_json(_as_json(data)))
 
     def events(
         self, run_id: str, *, after_id: int = 0, limit: int = 1000, type: str | None = None
@@ -548,7 +553,7 @@ class RunStore:
         with read_transaction(self.engine) as conn:
             _require_row(conn, run_id)
             rows = conn.execute(query).all()
-        return [Event(r.id, r.run_id, r.type, r.data, r.created_at) for r in rows]
+        return [_event_from_row(r) for r in rows]
 
     def last_event_ids(self, run_ids: Iterable[str]) -> dict[str, int]:
         """The id of each run's newest event (a run without events is left out), in one
@@ -582,7 +587,8 @@ class RunStore:
         with write_transaction(self.engine) as conn:
             row = _fenced_update(
                 conn, run_id, worker_id, attempt,
-                state=state, result=None if result is None else _as_json(result), error=error,
+                state=state, result=None if result is None else storable_json(_as_json(result)),
+                error=None if error is None else column_text(error),
                 finished_at=_utcnow(), lease_expires_at=None,
             )  # fmt: skip
             leave_gang(conn, run_id)
@@ -706,6 +712,8 @@ class RunStore:
         already moved the run, which `LeaseLost` reports.
         """
         now = now or _utcnow()
+        if values.get("error") is not None:
+            values["error"] = column_text(values["error"])
         if finished:
             values["finished_at"] = now
         if state != "running":
@@ -748,7 +756,7 @@ class RunStore:
         """Record a worker process and what it has (store/placement.py); registering an id
         again replaces its record (a restart), idle."""
         now = _utcnow()
-        values = {"host": host, "pid": pid, "device": device, "info": _as_json(info)}
+        values = {"host": host, "pid": pid, "device": device, "info": storable_json(_as_json(info))}
         values |= {"started_at": now, "last_seen_at": now, "run_id": None}
         values |= {"node_name": node_name or host, "gpus": gpus, "cpus": cpus, "address": address}
         with write_transaction(self.engine) as conn:
@@ -770,23 +778,7 @@ class RunStore:
         with read_transaction(self.engine) as conn:
             rows = conn.execute(select(workers).order_by(workers.c.started_at)).all()
             current = {worker: run for worker, run in conn.execute(running)}
-        return [
-            Worker(
-                r.id,
-                r.host,
-                r.pid,
-                r.device,
-                r.info,
-                r.started_at,
-                r.last_seen_at,
-                current.get(r.id) or r.run_id,
-                r.node_name,
-                r.gpus,
-                r.cpus,
-                r.address,
-            )
-            for r in rows
-        ]
+        return [_worker_from_row(r, current.get(r.id) or r.run_id) for r in rows]
 
     def deregister_worker(self, worker_id: str) -> None:
         """Forget a worker (it exited). Its running runs are recovered by `fail_worker_runs`."""
@@ -814,17 +806,31 @@ def _as_json(value: dict[str, Any]) -> dict[str, Any]:
     return normalised
 
 
+def _plan_json(plan: dict[str, Any]) -> dict[str, Any]:
+    """A plan as stored: refused, not repaired, when it holds text UTF-8 cannot encode,
+    which no answer could show again (the request models refuse it first: store/text.py)."""
+    problem = unencodable(plan)
+    if problem is not None:
+        raise InvalidRequest(f"the run's plan: {problem}")
+    return _as_json(plan)
+
+
 def _run_from_row(row: Row[Any]) -> Run:
+    """The run of a row, every column read on its own terms (store/db/rows.py): a row that
+    holds what cannot be shown is listed with that part replaced, never an error."""
+    reader = RowReader(f"run {row.id}")
     return Run(
         id=row.id,
         kind=row.kind,
-        experiment=row.experiment,
+        experiment=reader.text("experiment", row.experiment) or "",
         state=row.state,
-        spec=row.spec,
+        # A plan is run as it was asked, or not at all: one that cannot be read is replaced
+        # (the worker then fails the run, saying so), never repaired.
+        spec=reader.json("spec", row.spec, repair=False),
         progress={"step": row.step, "total_steps": row.total_steps},
-        result=row.result,
-        error=row.error,
-        worker_id=row.worker_id,
+        result=None if row.result is None else reader.json("result", row.result),
+        error=reader.text("error", row.error),
+        worker_id=reader.text("worker_id", row.worker_id),
         attempt=row.attempt,
         created_at=row.created_at,
         started_at=row.started_at,
@@ -832,12 +838,57 @@ def _run_from_row(row: Row[Any]) -> Run:
         max_attempts=row.max_attempts,
         cancel_requested=bool(row.cancel_requested),
         lease_expires_at=row.lease_expires_at,
-        idempotency_key=row.idempotency_key,
-        depends_on=[(exp, tag) for exp, tag in row.depends_on],
-        submitted_by=row.submitted_by,
+        idempotency_key=reader.text("idempotency_key", row.idempotency_key),
+        depends_on=_dependencies(reader, row.depends_on),
+        submitted_by=reader.text("submitted_by", row.submitted_by),
         priority=row.priority,
         placement=placement_of_row(row),
         queued_at=row.queued_at,
+        unreadable=reader.note,
+    )
+
+
+def _checkpoint_pairs(value: Any) -> list[Checkpoint]:
+    """The (experiment, tag) pairs of a stored `depends_on`; an entry of another shape names
+    no checkpoint, so it protects none."""
+    if not isinstance(value, list):
+        return []
+    return [
+        (pair[0], pair[1])
+        for pair in value
+        if isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)
+    ]
+
+
+def _dependencies(reader: RowReader, value: Any) -> list[Checkpoint]:
+    pairs = _checkpoint_pairs(value)
+    if not isinstance(value, list) or len(pairs) != len(value):
+        reader.problems.append("depends_on: what names no (experiment, tag) was left out")
+    return pairs
+
+
+def _event_from_row(row: Row[Any]) -> Event:
+    data = row.data
+    if type(data) is not dict or not is_clean(data):  # the quick test first: pages are long
+        data = RowReader(f"event {row.id}").json("data", data)
+    return Event(row.id, row.run_id, row.type, data, row.created_at)
+
+
+def _worker_from_row(row: Row[Any], current_run_id: str | None) -> Worker:
+    reader = RowReader(f"worker {row.id}")
+    return Worker(
+        row.id,
+        reader.text("host", row.host) or "",
+        row.pid,
+        row.device,
+        reader.json("info", row.info),
+        row.started_at,
+        row.last_seen_at,
+        current_run_id,
+        reader.text("node_name", row.node_name) or "",
+        row.gpus,
+        row.cpus,
+        reader.text("address", row.address),
     )
 
 

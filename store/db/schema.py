@@ -41,6 +41,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeDecorator
 
+from trainctl.store.db.rows import read_json, sqlite_text
 from trainctl.store.vocabulary import ACTIVE_STATES
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -309,7 +310,12 @@ webhook_dispatcher = Table(
 
 
 def build_engine(url: str, **kwargs: Any) -> Engine:
-    """Create an engine for `url`; SQLite engines get WAL, a busy timeout and BEGIN control."""
+    """Create an engine for `url`; SQLite engines get WAL, a busy timeout and BEGIN control.
+
+    A stored JSON value that does not parse reads as `rows.Unreadable`, and SQLite text that
+    is not UTF-8 as lone surrogates, rather than failing the query that holds it: one bad row
+    never hides the others (store/db/rows.py)."""
+    kwargs.setdefault("json_deserializer", read_json)
     engine = create_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine)
@@ -327,6 +333,7 @@ def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
         dbapi_connection.isolation_level = None
+        dbapi_connection.text_factory = sqlite_text
         cursor = dbapi_connection.cursor()
         try:
             # Busy timeout first: switching to WAL needs a lock another process may hold.

@@ -34,6 +34,7 @@ from sqlalchemy import ColumnElement, Row, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
+from trainctl.store.db.rows import RowReader
 from trainctl.store.db.schema import api_tokens, read_transaction, write_transaction
 from trainctl.store.exceptions import Conflict, NotFound
 from trainctl.store.vocabulary import SCOPES, Scope
@@ -167,4 +168,8 @@ def _name_is(name: str) -> ColumnElement[bool]:
 
 
 def _token(row: Row[Any]) -> ApiToken:
-    return ApiToken(row.name, row.scope, row.created_by, row.created_at, row.last_used_at)
+    """Read on the columns' own terms, so one bad row never breaks a listing (rows.py)."""
+    reader = RowReader("a token")
+    name = reader.text("name", row.name) or ""
+    created_by = reader.text("created_by", row.created_by)
+    return ApiToken(name, row.scope, created_by, row.created_at, row.last_used_at)

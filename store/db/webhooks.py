@@ -24,6 +24,7 @@ from sqlalchemy import Row, case, delete, func, insert, literal, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
+from trainctl.store.db.rows import RowReader
 from trainctl.store.db.schema import (
     read_transaction,
     run_events,
@@ -34,7 +35,8 @@ from trainctl.store.db.schema import (
     write_transaction,
 )
 from trainctl.store.exceptions import NotFound
-from trainctl.store.vocabulary import RunState
+from trainctl.store.text import repair
+from trainctl.store.vocabulary import RUN_STATES, RunState
 
 SECRET_PREFIX = "whsec_"
 DeliveryState = Literal["pending", "succeeded", "failed"]
@@ -210,7 +212,7 @@ class WebhookStore:
         log: dict[str, list[Attempt]] = {}
         for a in attempts:
             log.setdefault(a.delivery_id, []).append(
-                Attempt(a.attempt, a.started_at, a.duration_ms, a.status_code, a.error)
+                Attempt(a.attempt, a.started_at, a.duration_ms, a.status_code, _error(a.error))
             )
         return [
             Delivery(
@@ -457,5 +459,13 @@ def _require(conn: Connection, webhook_id: int) -> Row[Any]:
 
 
 def _webhook(row: Row[Any]) -> Webhook:
-    return Webhook(row.id, row.url, list(row.events), row.secret, row.after_event_id,
-                   row.created_by, row.created_at)  # fmt: skip
+    """Read on the columns' own terms, so one bad row never breaks a listing (rows.py)."""
+    reader = RowReader(f"webhook {row.id}")
+    url, created_by = reader.text("url", row.url) or "", reader.text("created_by", row.created_by)
+    events = [e for e in reader.json("events", row.events, list) or [] if e in RUN_STATES]
+    return Webhook(row.id, url, events, row.secret, row.after_event_id, created_by,
+                   row.created_at)  # fmt: skip
+
+
+def _error(text: str | None) -> str | None:
+    return None if text is None else repair(text)

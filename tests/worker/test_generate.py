@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.plans import train_plan
 from tests.stores import posix_store
 from tests.worker.checkpoints import save_checkpoint
 from trainctl.store.checkpoints.manifests import METADATA_FILE, MODEL_FILE
@@ -14,7 +15,12 @@ from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.shards import stdlib_source_files
 from trainctl.store.data.tokenizer import EOT, train_tokenizer
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.generation import GenerationSettings
+from trainctl.store.generation import (
+    GREEDY_BELOW_TEMPERATURE,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    GenerationSettings,
+)
 from trainctl.store.presets import get_preset
 from trainctl.worker.exceptions import CheckpointCorrupt
 from trainctl.worker.generate import (
@@ -30,6 +36,7 @@ from trainctl.worker.generate import (
 from trainctl.worker.model import GPT, KVCache, build_model
 from trainctl.worker.optim import build_optimizers
 from trainctl.worker.schedule import build_scheduler
+from trainctl.worker.train import train
 
 GREEDY = GenerationSettings(temperature=0, top_k=None, max_new_tokens=32)
 SAMPLED = GenerationSettings(temperature=1.0, top_k=None, max_new_tokens=32, seed=7)
@@ -197,6 +204,92 @@ def test_the_nucleus_is_the_smallest_set_of_most_likely_tokens_reaching_top_p() 
     assert kept(0.7) == kept(0.79) == {1, 3}
     assert kept(0.81) == {1, 3, 2}
     assert kept(1.0) == {0, 1, 2, 3}
+
+
+# --- sampling at the edges of what the schema accepts ----------------------------------------
+
+# Temperatures the schema accepts (> 0, at most MAX_TEMPERATURE), down to the smallest double:
+# 1e-45 is float32's smallest subnormal, GREEDY_BELOW_TEMPERATURE its smallest normal, 4e-38
+# about where the default softcap's logits (|z| <= 15) overflow float32 when divided.
+EDGE_TEMPERATURES = [5e-324, 1e-45, 1e-40, GREEDY_BELOW_TEMPERATURE, 4e-38, 1e-30, 1e-3]
+# The softcap bounds the logits to (-cap, cap); 0 disables it, and then nothing bounds them.
+SOFTCAPS = [15.0, 1e4, 0.0]
+
+
+@pytest.mark.parametrize("softcap", SOFTCAPS)
+@pytest.mark.parametrize("temperature", EDGE_TEMPERATURES)
+def test_a_temperature_the_schema_accepts_however_small_samples_the_most_likely_token(
+    temperature: float, softcap: float
+) -> None:
+    model = model_with(logit_softcap=softcap)
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6]]
+    settings = GenerationSettings.model_validate_json(
+        f'{{"temperature": {temperature!r}, "top_k": null, "max_new_tokens": 16, "seed": 3}}'
+    )
+
+    sampled = generate_tokens(model, prompts, settings)
+
+    # At such a temperature only exact ties with the top logit keep any probability.
+    assert sampled == generate_tokens(
+        model, prompts, GREEDY.model_copy(update={"max_new_tokens": 16})
+    )
+
+
+@pytest.mark.parametrize("softcap", SOFTCAPS)
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"temperature": MAX_TEMPERATURE, "top_k": MAX_TOP_K, "top_p": 1.0},
+        {"temperature": MAX_TEMPERATURE, "top_k": None, "top_p": 5e-324},
+        {"temperature": 1e-45, "top_k": 1, "top_p": 5e-324},
+        {"temperature": 5e-324, "top_k": MAX_TOP_K, "top_p": 1.0},
+        {"temperature": 1.0, "top_k": 2, "top_p": 0.5},
+    ],
+    ids=["hottest-widest", "hottest-smallest-nucleus", "coldest-top1", "smallest-double", "mid"],
+)
+def test_every_corner_of_the_sampling_settings_decodes_valid_tokens(
+    settings: dict[str, Any], softcap: float
+) -> None:
+    model = model_with(logit_softcap=softcap)
+    chosen = GenerationSettings(max_new_tokens=16, seed=1, **settings)
+
+    out = generate_tokens(model, [[3, 1, 4, 1, 5], [9]], chosen)
+
+    assert [len(c) for c in out] == [16, 16]
+    assert all(0 <= t < model.config.vocab_size for c in out for t in c)
+
+
+def test_the_sampler_never_gives_nan_probabilities_for_huge_logits() -> None:
+    """The softcap off and a huge logit gap: z / T overflowed to inf, softmax gave NaN."""
+    logits = torch.tensor([[3e38, -3e38, 0.0], [1.0, 1.0, -1.0]])
+    for temperature in [1e-37, 1e-10, 1.0]:
+        settings = GenerationSettings(temperature=temperature, top_k=None)
+
+        drawn = sample_next(logits, settings, torch.Generator().manual_seed(0))
+
+        assert drawn[0].item() == 0
+        assert drawn[1].item() in (0, 1)
+
+
+def test_a_train_run_samples_at_the_smallest_temperature_the_schema_accepts(
+    tmp_path: Path,
+) -> None:
+    samples: list[dict[str, Any]] = []
+    plan = train_plan(
+        steps=2,
+        data={"source": "stdlib", "max_bytes": 200_000},
+        batch={"micro_batch_size": 2, "seq_len": 64},
+        val_batches=1,
+        sample_every=1,
+        sample_prompts=["def ", "class "],
+        sample_settings={"temperature": 1e-45, "top_p": 5e-324, "max_new_tokens": 8},
+    )
+
+    result = train(plan, posix_store(tmp_path), on_sample=samples.append)
+
+    assert result["step"] == 2
+    assert [s["step"] for s in samples] == [1, 1, 2, 2]
+    assert all(s["finish_reason"] in ("eot", "stop", "length") for s in samples)
 
 
 def test_generation_refuses_what_would_pass_max_seq_len_naming_the_limit() -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from tests.plans import benchmark_plan, enqueue, train_plan, validate_plan
 from tests.polling import poll
+from tests.rows import SURROGATE_SPEC, Poison
 from tests.stores import posix_store
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.plans import CheckpointRef
@@ -119,6 +120,24 @@ def test_a_failed_run_records_its_reason_and_the_worker_keeps_serving(
     unreadable = wait_state(runs, old)
     assert unreadable.state == "failed"
     assert "cannot read the run's stored plan" in (unreadable.error or "")
+    assert wait_state(runs, good).state == "succeeded"
+
+
+@pytest.mark.slow
+def test_a_run_whose_stored_plan_holds_what_cannot_be_shown_fails_saying_so(
+    runs: RunStore, start_worker: Callable[[], Any]
+) -> None:
+    """A plan with a lone surrogate (queued before requests refused one) is neither run as
+    repaired text nor left running: the worker fails it with the store's reason."""
+    bad = enqueue_train(runs, experiment="bad", steps=3)
+    Poison("spec", SURROGATE_SPEC).write(runs, "runs", "id", bad.id)
+    good = enqueue_train(runs, experiment="good", steps=3)
+    start_worker()
+
+    failed = wait_state(runs, bad)
+
+    assert failed.state == "failed"
+    assert "cannot be shown" in (failed.error or "") and "lone surrogate" in (failed.error or "")
     assert wait_state(runs, good).state == "succeeded"
 
 
