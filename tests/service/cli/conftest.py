@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.leftovers import RunsToStop
 from tests.service_process import Service, StartService
 
 
@@ -34,3 +35,13 @@ def start_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartSer
 def service(start_service: StartService) -> Service:
     """The real service with no workers: submitted runs stay queued."""
     return start_service()
+
+
+@pytest.fixture
+def stop_runs(service: Service) -> Iterator[RunsToStop]:
+    """stop_runs.track(run_id): a run this test starts and means to stop; cancelled after the
+    test if it is still active, so that a failure leaves the module's worker free
+    (tests/leftovers.py)."""
+    runs = RunsToStop(service.url, service.extra_env.get("TRAINCTL_API_TOKEN"))
+    yield runs
+    runs.stop()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.leftovers import RunsToStop
 from tests.service.cli.invoke import NO_CONFIG, trainctl
 from tests.service_process import REPO, Service, StartService
 
@@ -84,12 +85,15 @@ def test_prepare_train_watch_validate_and_download_through_the_cli(
 
 
 @pytest.mark.slow
-def test_cancel_and_watch_a_run_that_does_not_finish(service: Service) -> None:
+def test_cancel_and_watch_a_run_that_does_not_finish(
+    service: Service, stop_runs: RunsToStop
+) -> None:
     code, out, _ = trainctl(
         service, "submit", "benchmark", "--steps", "100000", "--warmup-steps", "0",
         "--set", 'model.overrides={"n_layers": 1}', "--json",
     )  # fmt: skip
     run = json.loads(out)
+    stop_runs.track(run["id"])
     assert code == 0 and run["spec"]["model"]["overrides"] == {"n_layers": 1}
 
     code, out, _ = trainctl(service, "runs", "cancel", run["id"])
@@ -229,11 +233,13 @@ def test_submit_json_watch_prints_only_json_and_exits_1_when_the_run_fails(
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_watching_with_130_and_the_run_goes_on(service: Service) -> None:
+def test_ctrl_c_stops_watching_with_130_and_the_run_goes_on(
+    service: Service, stop_runs: RunsToStop
+) -> None:
     _, out, _ = trainctl(
         service, "submit", "benchmark", "--steps", "100000", "--warmup-steps", "0", "--json"
     )
-    run_id = json.loads(out)["id"]
+    run_id = stop_runs.track(json.loads(out)["id"])
     env = {**os.environ, "TRAINCTL_URL": service.url, "XDG_CONFIG_HOME": str(NO_CONFIG)}
     with subprocess.Popen(
         [sys.executable, "-m", "trainctl.service.cli", "runs", "watch", run_id],

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.leftovers import RunsToStop
 from tests.polling import poll
 from tests.service.dashboard.pages import CHROMIUM, CHROMIUM_ARGS, TOKEN
 from tests.service.serving import serve
@@ -68,3 +69,13 @@ def open_page(browser: Any, base_url: str) -> Iterator[Any]:
     for page in pages:
         page.close()
     assert errors == []
+
+
+@pytest.fixture
+def stop_runs(base_url: str) -> Iterator[RunsToStop]:
+    """stop_runs.track(run_id): a run this test starts and means to stop; cancelled after the
+    test if it is still active, so that a failure leaves the module's one worker free
+    (tests/leftovers.py)."""
+    runs = RunsToStop(base_url, TOKEN)
+    yield runs
+    runs.stop()

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.leftovers import RunsToStop
 from tests.polling import poll
 from tests.service.dashboard.pages import (
     MEASURE,
@@ -51,20 +52,29 @@ def points(page: Any, chart: str) -> int:
     return int(page.get_attribute(f"#{chart}", "data-points") or 0)
 
 
+def points_now(page: Any, *charts: str) -> list[int]:
+    """The points of each chart, read in one script, so at one moment: the page redraws all
+    of a stream's charts in one frame, and two reads apart could straddle a redraw."""
+    script = "ids => ids.map(id => Number(document.getElementById(id).dataset.points || 0))"
+    return [int(n) for n in page.evaluate(script, list(charts))]
+
+
 # --- a live run --------------------------------------------------------------------------------
 
 
 def test_the_dashboard_charts_a_running_run_live_and_lists_its_checkpoints(
-    api: TrainctlClient, open_page: Any
+    api: TrainctlClient, open_page: Any, stop_runs: RunsToStop
 ) -> None:
     run = api.submit("train", {**LONG_RUN, "experiment": "web", "data": {"max_bytes": 300_000}})
+    stop_runs.track(run.id)
     page = open_page(f"#/runs/{run.id}")
 
     # Polled from here rather than with wait_for_function: that evaluates a string in the
     # page, which the dashboard's Content-Security-Policy rightly refuses.
     before = poll(lambda: (n := points(page, "chart-loss")) > 2 and n, what="loss points")
     poll(lambda: points(page, "chart-loss") > before, timeout=60, what="a new loss point")
-    assert points(page, "chart-tps") == points(page, "chart-lr") >= before  # one stream
+    tps, lr, loss = points_now(page, "chart-tps", "chart-lr", "chart-loss")
+    assert tps == lr == loss >= before  # one stream, all of its charts drawn together
     assert page.text_content("#run-summary .state") == "running"
     assert page.is_visible("#cancel-run") and not page.is_visible("#resume-run")
     page.screenshot(path=artifact("dashboard.png"), full_page=True)
@@ -195,10 +205,14 @@ def test_runs_picked_in_the_table_open_a_compare_view_whose_url_holds_the_select
 
 
 def test_the_compare_view_follows_a_live_run_over_its_event_stream(
-    api: TrainctlClient, finished: tuple[RunPublic, RunPublic], open_page: Any
+    api: TrainctlClient,
+    finished: tuple[RunPublic, RunPublic],
+    open_page: Any,
+    stop_runs: RunsToStop,
 ) -> None:
     done, _ = finished
     live = api.submit("train", {**LONG_RUN, "experiment": "live", "data": {"source": "synthetic"}})
+    stop_runs.track(live.id)
     poll(lambda: api.get_run(live.id).state == "running", what="the live run to start")
     page = open_page(f"#/compare?runs={done.id},{live.id}")
     row = f"#compare-legend li[data-run='{live.id}']"
@@ -221,12 +235,13 @@ def test_the_compare_view_follows_a_live_run_over_its_event_stream(
 
 
 def test_the_run_page_cancels_a_run_and_resumes_it_from_the_latest_checkpoint(
-    api: TrainctlClient, open_page: Any
+    api: TrainctlClient, open_page: Any, stop_runs: RunsToStop
 ) -> None:
     # AdamW alone: its plan holds Muon's settings too, at their defaults, which the resume
     # sends back (and a request may, for a kind that does not read them).
     spec = {**LONG_RUN, "experiment": "resume", "data": {"source": "synthetic"}}
     run = api.submit("train", {**spec, "optimizer": {"kind": "adamw"}})
+    stop_runs.track(run.id)
     page = open_page(f"#/runs/{run.id}")
     poll(lambda: api.list_checkpoints("resume"), what="a checkpoint to resume from")
 
@@ -239,7 +254,7 @@ def test_the_run_page_cancels_a_run_and_resumes_it_from_the_latest_checkpoint(
     page.click("#resume-run")
     poll(lambda: run.id not in page.url or page.is_visible("#error"), what="the resumed run")
     assert not page.is_visible("#error"), page.text_content("#error")
-    resumed = api.get_run(page.url.split("#/runs/")[1])
+    resumed = api.get_run(stop_runs.track(page.url.split("#/runs/")[1]))
     page.wait_for_selector("#run-summary .state")
     assert resumed.kind == "train" and resumed.experiment == "resume"
     assert resumed.spec["resume_from"] == {"experiment": "resume", "tag": latest.tag}
@@ -258,20 +273,18 @@ def test_the_run_page_cancels_a_run_and_resumes_it_from_the_latest_checkpoint(
 
 
 def test_the_run_page_says_why_a_queued_run_waits_and_shows_its_priority(
-    api: TrainctlClient, open_page: Any
+    api: TrainctlClient, open_page: Any, stop_runs: RunsToStop
 ) -> None:
     # Two GPUs on a service whose one worker is on the CPU: queued, not failed, and why.
     gpu_run = {**SMALL_RUN, "device": "cuda", "nproc_per_node": 2, "priority": 3}
     run = api.submit("train", {**gpu_run, "experiment": "waits", "data": {"source": "synthetic"}})
-    try:
-        page = open_page(f"#/runs/{run.id}")
-        page.wait_for_selector("#run-waiting")
-        assert "needs 2 GPUs per node" in (page.text_content("#run-waiting") or "")
-        assert page.text_content("#run-priority") == "priority3"
+    stop_runs.track(run.id)
+    page = open_page(f"#/runs/{run.id}")
+    page.wait_for_selector("#run-waiting")
+    assert "needs 2 GPUs per node" in (page.text_content("#run-waiting") or "")
+    assert page.text_content("#run-priority") == "priority3"
 
-        table = open_page("#/runs")
-        badge = f'tr[data-run="{run.id}"] .state.queued'
-        table.wait_for_selector(badge)
-        assert "needs 2 GPUs per node" in (table.get_attribute(badge, "title") or "")
-    finally:
-        api.cancel_run(run.id)
+    table = open_page("#/runs")
+    badge = f'tr[data-run="{run.id}"] .state.queued'
+    table.wait_for_selector(badge)
+    assert "needs 2 GPUs per node" in (table.get_attribute(badge, "title") or "")

@@ -17,16 +17,22 @@ from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
 from trainctl.store.db.runs import Run, RunStore
 
+ANSWER_SECONDS = 10.0
+"""How long a send waits for the test's receiver. The receiver answers at once, but it is a
+thread of the test's process on a machine that may be busy: a deadline it could miss would
+make a retry (the same delivery sent twice) that the test did not ask for. A test of a
+receiver that does not answer sets a short one of its own."""
+
 
 def fast_settings(data_dir: Path, **overrides: Any) -> Settings:
-    """Retries in a tenth of a second, attempts cut after one, a dispatcher that reads often."""
+    """Retries in a tenth of a second, a dispatcher that reads often, three attempts."""
     values: dict[str, Any] = {
         "data_dir": data_dir,
         "workers": 0,
         "webhook_poll_seconds": 0.05,
         "webhook_retry_seconds": 0.1,
         "webhook_retry_max_seconds": 0.2,
-        "webhook_timeout_seconds": 1.0,
+        "webhook_timeout_seconds": ANSWER_SECONDS,
         "webhook_max_attempts": 3,
     }
     return Settings(**(values | overrides))
