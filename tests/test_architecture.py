@@ -97,9 +97,10 @@ def test_code_cites_the_architecture_document_in_the_repository_only() -> None:
                 assert outside not in text, (path, outside)
 
 
-# The storage seam (docs/architecture.md, "Storage"): how files are locked, opened without
-# following links and reopened by descriptor is the POSIX backend's alone (and, for the files
-# outside the seam, data and trackers, `store/files.py`'s), and stores are built in one place.
+# The storage seam (docs/architecture.md, "Checkpoint store", "Storage"): how files are locked,
+# opened without following links and reopened by descriptor is the POSIX backend's alone (and,
+# for the files outside the seam, data and trackers, `store/files.py`'s), and stores are built
+# in one place.
 POSIX_MECHANICS = ("/proc/self/fd", "import fcntl", "fcntl.", "O_NOFOLLOW", "sync_file_range")
 POSIX_BACKEND = REPO / "store" / "checkpoints" / "posix.py"
 FILE_OPENING = REPO / "store" / "files.py"

@@ -1,9 +1,10 @@
 """Sample runs, and the samples a train run writes every `sample_every` steps (issue 15).
 
 Both continue prompts with `worker.generate` and report the text as `sample` events
-(docs/architecture.md, "Events"). A sample run streams its completions: the pieces of text
-are gathered and written as one event per completion every `STREAM_INTERVAL` seconds, so a
-client sees the text as it comes without an event per token. A train run's samples are
+(docs/architecture.md, "Model output: samples, sample runs, exports"). A sample run streams
+its completions: the pieces of text are gathered and written as one event per completion
+every `STREAM_INTERVAL` seconds, so a client sees the text as it comes without an event per
+token. A train run's samples are
 written whole, one event per prompt, with the step they were taken at.
 """
 

@@ -3,7 +3,8 @@
 
 An export folder is laid out as a checkpoint is (a manifest of sizes and sha256, written last;
 a metadata.json), in a store of its own under the data dir, so the checkpoint store's checks
-and the same file, Range and archive responses serve it (docs/architecture.md, "Exports").
+and the same file, Range and archive responses serve it (docs/architecture.md, "Model output:
+samples, sample runs, exports", "Exports").
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from trainctl.store.db.runs import Event, Run
 from trainctl.store.optimizers import current_metric_names
 
 METRIC_KINDS = ("train", "val")
-"""The kinds of metrics event a train run writes (docs/architecture.md, "Shapes")."""
+"""The kinds of metrics event a train run writes (docs/architecture.md, "Shapes clients rely
+on")."""
 NOT_METRICS = frozenset({"kind", "step", "total_steps"})
 """Fields of a metrics event that locate it rather than measure anything."""
 

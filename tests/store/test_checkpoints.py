@@ -1,8 +1,8 @@
 """The checkpoint store's policy, exercised with small fake checkpoints (no torch), on both
 storages: the folders the service uses (POSIX) and the one in memory. That both pass the
 same tests shows the storage protocol is all the store needs (docs/architecture.md,
-"Storage"). What only folders can do wrong (links, stray files, interrupted renames) is
-tested on POSIX below, and in tests/store/test_posix_storage.py."""
+"Checkpoint store", "Storage"). What only folders can do wrong (links, stray files,
+interrupted renames) is tested on POSIX below, and in tests/store/test_posix_storage.py."""
 
 from __future__ import annotations
 
