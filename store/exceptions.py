@@ -1,4 +1,5 @@
-"""Domain errors of the store. The service maps each to one HTTP status in one place.
+"""Domain errors of the store. The service maps each to one HTTP status in one place
+(docs/architecture.md, "Rooms").
 
 Messages are written for the user who will read them: say what is wrong and what to do.
 """

@@ -1,17 +1,11 @@
-"""The one rule for names that become path components: experiments, tags, checkpoint files.
+"""The one rule for names that become path components: experiments, tags, checkpoint files
+(docs/architecture.md, "Checkpoint store", "Names").
 
-A name is 1-128 letters, digits, '.', '_' or '-', starts with a letter or digit, has no '..'
-and does not end in '.': it can never climb out of the checkpoint store, nor hide among the
-store's own dot-folders (``.staging-*``, ``.trash-*``, ``.guard-*``). Nor is it a name that
-Windows keeps for a device (``CON``, ``nul.txt``, ``COM1``: with any extension, in any case)
-or one it would store under another name (a final '.' is dropped there), so a store copied to
-or shared with Windows holds the same names. Requests, plans, the checkpoint store, its
-manifests and the API's path and query parameters all check names here, and the OpenAPI schema
-publishes the pattern and the length, so a client can check a name first; the device names are
-the one part of the rule a pattern without look-ahead cannot state (the description does).
-
-An experiment is also never `latest` or `best`: those words are references to checkpoints
-(`latest`, `best`, `<experiment>/<tag>`), so an experiment of either name would be ambiguous.
+Requests, plans, the checkpoint store, its manifests and the API's path and query parameters
+all check names here. A final '.' is refused because Windows drops it, so a store copied to or
+shared with Windows holds the same names. `latest` and `best` are no experiments: they are
+references to checkpoints (`latest`, `best`, `<experiment>/<tag>`), so an experiment of
+either name would be ambiguous.
 """
 
 from __future__ import annotations

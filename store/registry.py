@@ -1,13 +1,14 @@
 """Registries: the one place where a second implementation of something plugs in (run kinds,
-optimizer kinds), by name, as torchtitan registers its model specs.
+optimizer kinds), by name, as torchtitan registers its model specs (docs/architecture.md,
+"Run kinds", "Optimizers").
 
-A registry maps names to records. Registering a name twice raises, so two plug-ins cannot
-silently replace each other (or a built-in). Plug-ins an operator installed declare their
-records under an entry-point group (`[project.entry-points."trainctl.run_kinds"]` in their
-`pyproject.toml`), loaded the first time the registry is read: nothing a request says is ever
-imported. `RegisteredName` is the pydantic type of a field naming a record: it accepts the
-registered names, and its JSON schema lists them as an enum, as a `Literal` would, but read
-when the schema is made (after the plug-ins are loaded), not when the model is defined.
+A `Registry` maps names to records and refuses a name registered twice, so two plug-ins
+cannot silently replace each other (or a built-in). It loads the records plug-ins declare
+under its entry-point group (`[project.entry-points."trainctl.run_kinds"]` in their
+`pyproject.toml`) the first time it is read. `RegisteredName` is
+the pydantic type of a field naming a record: its JSON schema lists the registered names as
+an enum, read when the schema is made (after the plug-ins are loaded), not when the model is
+defined.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""Text at the boundary: every string the service takes in can be written as UTF-8.
+"""Text at the boundary: every string the service takes in can be written as UTF-8
+(docs/architecture.md, "Requests and plans", "Text").
 
-JSON and the run database carry text as UTF-8, and so do a tokenizer's input and the answers
-of the API. A Python string can hold what UTF-8 cannot encode: a lone surrogate, which JSON
-writes as `"\\ud800"` and Python's `json` reads back without complaint. Taken into a request,
-it was stored (escaped) in the run's plan and then broke every answer that showed the run,
-for every user. So every request model refuses such a string, wherever it sits (a field, a
-list item, a dict key or value), by one validator on its base (`TextChecked`); parameters of
-a path, a query or a header also may not hold a NUL, which a PostgreSQL text column cannot
-store (`service.routing`). What is stored from elsewhere (a worker's error, a log line) is
-`repaired` instead, so that it can always be shown (docs/architecture.md, "Requests and
-plans").
+A lone surrogate (JSON's `"\\ud800"`, which Python's `json` reads back without complaint),
+taken into a request, was stored in the run's plan and then broke every answer that showed
+the run. Request models refuse it through their base (`TextChecked`); what is stored from
+elsewhere is `repaired`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """A checkpoint exported to Hugging Face transformers: what the folder holds and what it says,
-without torch (issue 15; the worker writes it in `worker.export`).
+without torch (issue 15; the worker writes it in `worker.export`; docs/architecture.md, "Model
+output: samples, sample runs, exports", "Exports").
 
 ```
 <export>/
@@ -13,17 +14,9 @@ without torch (issue 15; the worker writes it in `worker.export`).
   manifest.json            size and sha256 of every file, as a checkpoint's (manifests.py)
 ```
 
-With a metadata.json and a manifest written last, an export folder is a complete checkpoint
-to the store's readers: the service keeps exports in a `CheckpointStore` of their own
-(`<data dir>/exports/<experiment>/<tag>`) and lists and serves them as it does checkpoints.
-
-The architecture is the shipped one that computes trainctl's function: Qwen3 (QK-norm per
-head before RoPE, half-split RoPE, GQA, SwiGLU, RMSNorm, tied head) when the model has
-QK-norm, Llama (the same without QK-norm) when not. Both load without `trust_remote_code`.
-What neither computes (the logit softcap) and what is dropped (MTP heads) is stated in the
-export's result and its model card (`differences`); every other config field has a rule here
-(`FIELD_RULES`), so a field added to ModelConfig later fails export until someone says how
-it maps, rather than vanish from the exported model.
+The config is Qwen3's for a model with QK-norm (per head before RoPE, half-split RoPE, GQA,
+SwiGLU, RMSNorm, tied head), Llama's for the same without. Every `ModelConfig` field has a rule here
+(`FIELD_RULES`); what neither architecture computes is stated in `differences`.
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@ tokenizing processes share the parsing (`store.data.prepare`):
 
 - `read_batches` (the reading process) streams the files and yields raw records in batches of
   about `BATCH_BYTES`: undecoded lines, file bytes, Parquet values. Nothing holds more than a
-  batch and one document, whatever the compression ratio: decompressors are asked for a
-  bounded amount at a time (zstd one block, at most 128 KiB, at a time), a JSONL line is read
-  with a size limit, and a Parquet batch is sized from its row group's size.
+  batch and one document, whatever the compression ratio (docs/architecture.md, "Datasets",
+  "Memory of a prepare").
 - `parse_batch` (any process) turns a batch into texts and `Problem`s: a line that is not JSON
   or not an object, a missing, null or non-string field, text that is not UTF-8. Each names
   its file and line (row for Parquet), and the caller skips or refuses it (strict).
@@ -18,13 +17,8 @@ printable ASCII character: after it when a printable character precedes it too, 
 it. Pre-tokenizers split there (GPT-2's ByteLevel regex, ours, at both; Llama 3's at the
 first), so for them the pieces' tokens are the whole file's; only a file with no such break
 is cut anywhere else. Such a file is checked for UTF-8 first, in a pass of its own, so that
-a bad byte late in it skips the whole document.
-
-A document that must be held whole to be parsed (a JSONL line, a Parquet value) and is
-longer than `max_document_bytes` is *oversized*: it is skipped and counted (the rest of its
-line is read past, never held; a Parquet value is measured before it is copied, and a row
-group that holds it alone is not read at all), or stops the prepare with `strict`. A text file
-has no such limit: it is read in pieces.
+a bad byte late in it skips the whole document. A JSONL line or Parquet value longer than
+`max_document_bytes` is *oversized*: skipped and counted, or with `strict` an error.
 
 A file that cannot be read as its kind (a truncated .gz or .zst, a broken Parquet file) is a
 `DataError`, never a skipped document: what follows the damage is unknown. Files are opened

@@ -1,4 +1,5 @@
-"""Corpus files → a dataset folder (`trainctl data prepare`, and a prepare run on a worker).
+"""Corpus files → a dataset folder (`trainctl data prepare`, and a prepare run on a worker;
+docs/architecture.md, "Datasets").
 
 ```
 read (this process)  ──batches of raw records──▶  parse + tokenize (`workers` processes)
@@ -16,14 +17,11 @@ read (this process)  ──batches of raw records──▶  parse + tokenize (`w
   were sent; a document's tokens depend on its text alone. The shards, tokenizer.json and
   dataset.json (but its `created_at`) are therefore the same bytes whatever `workers` is.
 - **Memory** is bounded by batches: at most 2 × workers of about `BATCH_BYTES` of text in
-  flight, and shards are streamed to disk (`store.data.shards.ShardWriter`), so the peak does not
-  grow with the corpus or with `shard_tokens`. Whatever the compression ratio, the reading
-  holds a batch and one document (`store.data.corpus`); a JSONL line or Parquet value longer
-  than `max_document_bytes` is skipped and counted (`skipped.oversized` in dataset.json), or
-  with `strict` stops the prepare, naming its file and line.
+  flight, and shards are streamed to disk (`store.data.shards.ShardWriter`), so the peak does
+  not grow with the corpus or with `shard_tokens` ("Datasets", "Memory of a prepare").
 - **Failure.** The out folder must be new or empty. Anything that stops a prepare (bad input
   with `strict`, `should_stop`, an error, Ctrl-C) removes what it wrote; dataset.json is
-  written last, so a folder without it is never a dataset (docs/architecture.md, "Datasets").
+  written last, so a folder without it is never a dataset.
 """
 
 from __future__ import annotations

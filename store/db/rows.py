@@ -1,13 +1,10 @@
-"""Reading stored rows so that one bad row never breaks a listing.
+"""Reading stored rows so that one bad row never breaks a listing (docs/architecture.md,
+"Requests and plans", "A row never breaks a listing").
 
-A row may hold what the code that reads it cannot show: text with a lone surrogate (JSON
-escapes it, so both databases store it), bytes that are not UTF-8 (SQLite stores any), JSON
-that does not parse, or a value of the wrong shape, written by an older trainctl, by hand or
-by a bug. Read as it was, one such row made every listing that held it an error, for every
-user. Here each column is read on its own terms: text is repaired (what UTF-8 cannot encode
-becomes U+FFFD), and a JSON value that cannot be read is replaced by `{"unreadable": why}`,
-so the row is listed, read and cancelled like any other and says what was wrong with it
-(docs/architecture.md, "Runs").
+A row may hold what the code that reads it cannot show, written by an older trainctl, by hand
+or by a bug; read as it was, one such row made every listing that held it an error, for every
+user. Here each column is read on its own terms, and what cannot be read is repaired or
+replaced and said so.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""The durable run queue and event log.
+"""The durable run queue and event log: `RunStore`, each method one short transaction
+(docs/architecture.md, "Runs"; the claim of a gang: "Placement and gangs").
 
 The service enqueues runs and reads them; workers claim runs, report progress and events, and
-finish them. Every worker write is *fenced*: it names the run, the worker and the attempt, and
-only lands while the run is still running under that worker and attempt. A worker whose lease
-expired and whose run was reaped (requeued or failed) therefore gets `LeaseLost` instead of
-overwriting what happened after it.
+finish them, every write fenced by `(run, worker, attempt)` ("Runs", "Fencing").
 """
 
 from __future__ import annotations

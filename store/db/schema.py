@@ -1,10 +1,10 @@
-"""The run database: schema, engine setup and transaction helpers.
+"""The run database: schema, engine setup and transaction helpers (docs/architecture.md,
+"Runs").
 
 SQLite is the embedded default and PostgreSQL the multi-node one; everything here is written
-once for both. The SQLite-specific parts are confined to connection setup: WAL so readers never
-block the writer, a busy timeout so several processes (the service and its workers) wait for
-the write lock instead of failing, and `BEGIN IMMEDIATE` for write transactions so two writers
-serialise at BEGIN rather than both reading and then colliding when they upgrade their locks.
+once for both. The SQLite-specific parts are confined to connection setup (WAL, a busy
+timeout, `BEGIN IMMEDIATE`), so two writers serialise at BEGIN rather than both reading and
+then colliding when they upgrade their locks.
 """
 
 from __future__ import annotations
