@@ -1,10 +1,9 @@
 """`python -m trainctl.service`: serve the API (and supervise local workers) with uvicorn.
 
-`trainctl serve` is the same, and the command to use: `python -m` puts the working folder
-first on `sys.path`, ahead of the installed packages. This module takes it off again before
-it imports anything but `os` and `sys`, so a `fastapi/` or `uvicorn/` there is never
-imported; what Python imports before it runs (the standard library modules `trainctl`
-itself needs) it cannot protect.
+`trainctl serve` is the same, and the command to use. This module takes the working folder
+off `sys.path` before it imports anything but `os` and `sys` (docs/architecture.md, "Rooms");
+what Python imports before it runs (the standard library modules `trainctl` itself needs) it
+cannot protect.
 """
 
 from __future__ import annotations

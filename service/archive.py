@@ -1,4 +1,5 @@
-"""A checkpoint as a tar stream, produced chunk by chunk.
+"""A checkpoint as a tar stream, produced chunk by chunk (docs/architecture.md, "Checkpoint
+store").
 
 Weights can be many GB, so the tar is never built in memory or on disk. `tarfile`'s own
 writer (even in stream mode ``w|``) copies a whole member in one `addfile` call, which a

@@ -1,11 +1,11 @@
 """Dependencies the routes declare: settings, the two stores, the checkpoint protection
-policy, and who the caller is and what its token's scope allows (store/db/tokens.py).
+policy, and who the caller is and what its token's scope allows (docs/architecture.md,
+"Admission and access").
 
 The settings and the stores live on `app.state` (`create_app` and the lifespan put them
 there); tests replace any of these with `app.dependency_overrides`. Every dependency here is
 `async def`: FastAPI runs a plain `def` dependency in the thread pool, and those hand-offs
-were most of the cost of a cheap GET. None may block the event loop: the token lookup, the
-one that can query the database, goes to a worker thread unless the store's cache knows it.
+were most of the cost of a cheap GET; none may block the event loop.
 """
 
 from __future__ import annotations

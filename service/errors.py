@@ -1,4 +1,4 @@
-"""The one place where errors become HTTP responses.
+"""The one place where errors become HTTP responses (docs/architecture.md, "Rooms").
 
 Domain errors carry messages written for users (store.exceptions); here each class gets its
 status. Validation errors get a `detail` that names every bad field in one readable string,

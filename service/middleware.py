@@ -1,4 +1,6 @@
-"""Per-request plumbing: a request id on every response, an access log line, HTTP metrics.
+"""Per-request plumbing: a request id on every response, an access log line, HTTP metrics,
+the Host allow-list and the security headers (docs/architecture.md, "Admission and access",
+"Hosts and headers").
 
 A plain ASGI middleware rather than Starlette's BaseHTTPMiddleware, so that event streams
 pass through unbuffered and their duration is measured to the end of the stream.

@@ -1,5 +1,7 @@
 """Runs and workers as the API shows them: the one place a `RunPublic`'s `waiting_reason`
-is filled in, and a `WorkerPublic`'s GPU model and memory read from its `info`."""
+is filled in, and a `WorkerPublic`'s GPU model and memory read from its `info`
+(docs/architecture.md, "Placement and gangs", "Waiting, not failing").
+"""
 
 from __future__ import annotations
 

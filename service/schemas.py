@@ -1,4 +1,5 @@
-"""Response (and non-run request) models of the API: the only definition of its JSON.
+"""Response (and non-run request) models of the API: the only definition of its JSON
+(docs/architecture.md, "Shapes clients rely on").
 
 Run requests are the bodies of the submit routes and live in `store.specs`; everything here
 describes what the API sends back, so the OpenAPI schema documents it and FastAPI checks each

@@ -1,16 +1,8 @@
-"""A run's event log as a server-sent-event stream.
+"""A run's event log as a server-sent-event stream (docs/architecture.md, "Runs", "SSE").
 
-Frames are ``id: <event id>`` / ``event: <type>`` / ``data: <EventPublic JSON>``; a client
-that reconnects with ``Last-Event-ID`` gets exactly the events after that id. When the run is
-finished and everything was sent, a final ``event: end`` frame tells a client following to
-completion that it may stop.
-
-One `EventFeed` per process polls the store for every open stream: one query every
-`POLL_SECONDS` asks for the newest event id of each followed run, and wakes the streams whose
-run has news; only those read their events. A thousand idle streams cost one query a tick,
-not a thousand (which slowed `/healthz` to 1.6 s). The feed also asks again, every
-`TOKEN_CHECK_SECONDS`, who holds each token a stream was opened with, and ends the streams of
-a token revoked since: a stream is a request, and lasts no longer than its authority.
+One `EventFeed` per process polls the store for every open stream and wakes only the streams
+whose run has news: a thousand idle streams cost one query a tick, not a thousand (which
+slowed `/healthz` to 1.6 s). It also ends the streams of a token revoked since they opened.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Starts and watches the local worker processes, and reaps expired leases.
-
-The run a dead worker held is handed back through the run store at once: requeued while
-attempts remain, else failed with the exit code as the reason. Nothing stays `running` for a
-dead process.
+"""Starts and watches the local worker processes, and reaps expired leases
+(docs/architecture.md, "Runs", "Reaping").
 
 A worker that lived past `worker_healthy_seconds` is restarted at once. One that crashed
 sooner (a bad environment, a broken install) is restarted after a backoff that doubles with

@@ -1,4 +1,5 @@
-"""Checkpoints: list, find latest/best, read, download (file or tar), delete, prune."""
+"""Checkpoints: list, find latest/best, read, download (file or tar), delete, prune
+(docs/architecture.md, "Checkpoint store", "Protection")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Runs: submit, list, read, cancel, and follow their events, metrics and logs."""
+"""Runs: submit, list, read, cancel, and follow their events, metrics and logs
+(docs/architecture.md, "Runs")."""
 
 from __future__ import annotations
 

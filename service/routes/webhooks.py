@@ -1,8 +1,5 @@
-"""Webhooks: register, list, remove, and read the delivery log (admin only).
-
-Admin for reading too, like tokens: a webhook URL often is a credential itself (a chat
-service's incoming-webhook URL carries its token in the path).
-"""
+"""Webhooks: register, list, remove, and read the delivery log (admin only, reads too:
+docs/architecture.md, "Webhooks")."""
 
 from __future__ import annotations
 

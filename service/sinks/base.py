@@ -1,14 +1,9 @@
-"""What a metrics sink is, and what of the event log it mirrors.
+"""What a metrics sink is, and what of the event log it mirrors (docs/architecture.md,
+"Metrics sinks").
 
-A sink takes a train run's events in order, a batch at a time. It raises `SinkUnavailable`
-when it cannot take them now (a server down, a disk full): the mirror keeps them and tries
-again later. It raises `SinkRefused` when it never will (the tracker rejects what it was
-sent): the mirror stops feeding that run to it and says so in the run's log.
-
-Both sinks name metrics alike: `<kind>/<field>`, the kind's own prefix dropped (`train/loss`,
-`train/lr/muon`, `val/loss`, `val/bits_per_byte`), by the event's step. An old event log's
-`lr_muon` is mirrored as today's `lr/muon` (`store.optimizers.current_metric_names`), so one
-run's learning rate is one series whichever trainctl wrote it.
+A sink takes a train run's events in order, a batch at a time, and raises `SinkUnavailable`
+when it cannot take them now or `SinkRefused` when it never will. Both sinks name metrics
+alike (`scalars`: `<kind>/<field>`, an old event log's `lr_muon` as today's `lr/muon`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""The mlflow sink: each train run mirrored to an MLflow tracking server (TRAINCTL_MLFLOW_URI).
+"""The mlflow sink: each train run mirrored to an MLflow tracking server (TRAINCTL_MLFLOW_URI;
+docs/architecture.md, "Metrics sinks", "MLflow").
 
 It speaks the tracking server's REST API (`/api/2.0/mlflow/...`) with httpx, which the service
-has already, rather than importing the mlflow package: that would bring its own dependencies
-(databricks-sdk, opentelemetry, gitpython, ...) into the API process, and its client retries a
-dead server for minutes inside one call, where the mirror wants one short try and its own
-backoff.
-
-A trainctl run becomes an MLflow run in the experiment of the same name, named by the run id
-and tagged `trainctl.run_id` (which finds it again should the service die before it recorded
-the MLflow run's id). The plan, flattened (`optimizer.muon_lr`, `model.config.n_layers`, ...),
-becomes its params; every metrics event its metrics by step, timestamped with the event's
-time, so that sending a batch again adds nothing (MLflow keeps one row per key, step,
-timestamp and value). When the run ends, the final checkpoint's manifest is uploaded as the
-artifact `checkpoint/manifest.json` (a tag where the server does not serve artifacts) and the
-run's status set: FINISHED, FAILED or KILLED.
+has already, rather than importing the mlflow package (databricks-sdk, opentelemetry,
+gitpython, ... in the API process), whose client retries a dead server for minutes inside one
+call, where the mirror wants one short try and its own backoff.
 """
 
 from __future__ import annotations

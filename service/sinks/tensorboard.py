@@ -1,22 +1,11 @@
-"""The tensorboard sink: a train run's metrics and samples as TensorBoard event files.
+"""The tensorboard sink: a train run's metrics and samples as TensorBoard event files
+(docs/architecture.md, "Metrics sinks", "TensorBoard").
 
 Each run gets a folder, `<root>/<experiment>/<run id>/`, where root is the plan's
 `tensorboard_dir` or the data dir's tensorboard/; point `tensorboard --logdir` at the root
-and the runs appear by experiment. Metrics are scalars (`train/loss`, `val/loss`, ... by step,
-`service.sinks.base.scalars`), samples text summaries (`samples/<prompt index>`: the prompt
-and its completion), each at the wall time of its event.
-
-The files are written with TensorBoard's own protocol buffers and record framing
-(`tensorboard.compat.proto`, `RecordWriter`) into a plain file, without TensorFlow or torch:
-this runs in the API process. A service that starts again writes a new file into the same
-folder (TensorBoard reads them all, in name order); the cursor makes sure no event is in two.
-
-The experiment and run folders are named by users, in a root that others may write to (a
-data root), so no link is followed on the way to the file: the root's real path is opened a
-component at a time without following links, each folder below it is made and opened
-relative to its parent's descriptor, refusing a link, and the file is created there new
-(`store.files`). A link planted at `<root>/<experiment>`, or swapped in later, ends the
-mirroring of that run with a message instead of writing where it points.
+and the runs appear by experiment. The files are written with `tensorboard.compat.proto` and
+`RecordWriter` into a plain file, without TensorFlow or torch: this runs in the API process.
+No link is followed on the way to the file (`store.files`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""One attempt at a delivery: a signed POST with a hard deadline, to an allowed address only.
+"""One attempt at a delivery: a signed POST with a hard deadline, to an allowed address only
+(docs/architecture.md, "Webhooks", "Attempts", "Where deliveries may go").
 
-The attempt never raises, whatever the receiver, the network or the URL does: a status code
-or a one-line error goes to the delivery log instead. Redirects are not followed (a 3xx is a
-failed attempt): a redirect could lead anywhere, past the address check. Every attempt opens
-its own connection (no keep-alive), so each is checked where it connects, and the
-environment's proxy settings are ignored for the same reason.
+The attempt never raises: a status code or a one-line error goes to the delivery log. Each
+attempt opens its own connection, follows no redirect and ignores the environment's proxy
+settings, so it is checked where it connects and nothing leads past the address check.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
-"""How a delivery is signed, and how a receiver checks it (the scheme Stripe uses).
+"""How a delivery is signed, and how a receiver checks it (the scheme Stripe uses;
+docs/architecture.md, "Webhooks", "What is sent").
 
     X-Trainctl-Signature: t=1767225600,v1=5f2b...  (hex HMAC-SHA256)
 
-`v1` is HMAC-SHA256, keyed with the webhook's secret, of `<t>.<raw body>`: the timestamp is
-signed with the body, so a captured delivery cannot be replayed with a fresh `t`, and a
-receiver refuses one whose `t` is further than a few minutes from its clock. The delivery id
-is in the body (signed) and in `X-Trainctl-Delivery`: a receiver deduplicates on it, since a
-delivery may come more than once. A header may carry several `v1` values; one must match.
-
-Standard library only, so that a receiver can import `verify` from a client install, or copy
-it (docs/operations.md, "Notifications").
+`v1` is HMAC-SHA256, keyed with the webhook's secret, of `<t>.<raw body>`. A header may carry
+several `v1` values; one must match. Standard library only, so that a
+receiver can import `verify` from a client install, or copy it (docs/operations.md,
+"Notifications").
 """
 
 from __future__ import annotations
