@@ -46,6 +46,7 @@ def describe_mode(mode: int) -> str:
         (stat.S_ISBLK, "a block device"),
         (stat.S_ISDIR, "a folder"),
         (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISREG, "a regular file"),
     ]
     return next((what for test, what in kinds if test(mode)), "not a regular file")
 

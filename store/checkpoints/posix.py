@@ -413,10 +413,14 @@ class PosixStorage:
         except OSError as exc:  # ELOOP, ENOTDIR: a link or a file where the folder should be
             if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise
+            # An OSError still: a save that cannot be written fails as one (the worker's
+            # CheckpointWriteFailed), saying what stands there.
             what = describe_mode(os.lstat(exp_dir).st_mode)
-            raise CheckpointCorrupt(
-                f"{exp_dir} is {what}, not a folder; the store writes only into its own "
-                "folders, never through a link"
+            raise NotADirectoryError(
+                exc.errno,
+                f"{what}, not a folder, stands where the experiment's folder should be; the "
+                "store writes only into its own folders, never through a link",
+                str(exp_dir),
             ) from None
         finally:
             os.close(root)

@@ -741,7 +741,7 @@ def test_a_tag_or_experiment_folder_that_is_a_link_is_neither_listed_read_nor_pr
             posix.get(experiment, tag)
     with pytest.raises(CheckpointNotFound):
         posix.prune("linked", keep_last=0)
-    with pytest.raises(CheckpointCorrupt, match="symlink"):
+    with pytest.raises(NotADirectoryError, match="a symlink, not a folder"):  # a failed write
         posix.stage("linked", "step_3")
     assert [i.tag for i in elsewhere.list_checkpoints("outside")] == ["step_1", "step_2"]
 

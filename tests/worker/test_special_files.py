@@ -43,6 +43,7 @@ def root(tmp_path: Path) -> Path:
         (root / "text" / f"{i}.py").write_text(text)
     write_shard(root / "train.bin", list(range(200)))
     write_shard(root / "val.bin", list(range(100)))
+    (root / "val.txt").write_text(TEXTS[4])
     return root
 
 
@@ -50,7 +51,7 @@ def root(tmp_path: Path) -> Path:
     ("data", "swapped"),
     [
         ({"source": "text", "paths": ["text"]}, "text/2.py"),
-        ({"source": "text", "paths": ["text"], "val_paths": ["val.bin"]}, "val.bin"),
+        ({"source": "text", "paths": ["text"], "val_paths": ["val.txt"]}, "val.txt"),
         ({"source": "shards", "paths": ["train.bin"], "val_paths": ["val.bin"]}, "train.bin"),
     ],
 )

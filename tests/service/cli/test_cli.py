@@ -13,11 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.leftovers import RunsToStop
 from tests.service.cli.invoke import NO_CONFIG, trainctl
 from tests.service_process import REPO, Service, StartService
+from trainctl.store.data.shards import write_shard
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(3000))
 
@@ -219,16 +221,19 @@ def test_workers_lists_the_service_worker(service: Service) -> None:
 def test_submit_json_watch_prints_only_json_and_exits_1_when_the_run_fails(
     service: Service,
 ) -> None:
-    (service.data_dir / "garbage.bin").write_bytes(b"not a token shard " * 100)
+    # A shard submit accepts (its header is sound) that fails at the worker: its token ids
+    # are beyond every vocabulary, which only reading every token tells.
+    write_shard(service.data_dir / "beyond.bin", np.full(20_000, 1 << 21), dtype="uint32")
 
     code, out, err = trainctl(
-        service, "submit", "train", "-e", "garbage", "--steps", "5", "--data", "garbage.bin",
+        service, "submit", "train", "-e", "beyond", "--steps", "5", "--data", "beyond.bin",
         "--json", "--watch",
     )  # fmt: skip
 
     documents = [json.loads(line) for line in out.splitlines()]  # JSON lines, nothing else
-    assert [d["state"] for d in documents] == ["queued", "failed"]
-    assert documents[0]["id"] == documents[1]["id"] and "bad magic" in documents[1]["error"]
+    assert [d["state"] for d in documents] == ["queued", "failed"], err
+    assert documents[0]["id"] == documents[1]["id"]
+    assert f"data holds token id {1 << 21}" in documents[1]["error"]
     assert code == 1 and err.splitlines()[-1].startswith(f"error: run {documents[0]['id']} failed")
 
 
