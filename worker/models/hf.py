@@ -177,7 +177,7 @@ def build_hf_model(config: HfModelConfig, seed: int | None) -> HFCausalLM:
             if seed is not None:
                 torch.manual_seed(seed)
             inner = AutoModelForCausalLM.from_config(hf, dtype=torch.float32)
-    except (ValueError, TypeError, RuntimeError, AssertionError) as exc:
+    except (ValueError, TypeError, KeyError, RuntimeError, AssertionError) as exc:
         raise ModelBuildError(f"model.hf: transformers cannot build this model: {exc}") from exc
     inner.config.architectures = [type(inner).__name__]
     if config.use_checkpoint_per_layer and inner.supports_gradient_checkpointing:
