@@ -217,8 +217,12 @@ def sample_need(plan: SamplePlan) -> MemoryNeed:
         seq_len=longest,
         training=False,
     )
-    kv = plan.model.n_kv_heads * plan.model.head_dim
-    cache = 2 * plan.model.n_layers * len(plan.prompt_tokens) * longest * kv * 4
+    if isinstance(plan.model, HfModelConfig):
+        sizes = plan.model.sizes()
+        kv, layers = sizes["kv"], sizes["layers"]
+    else:
+        kv, layers = plan.model.n_kv_heads * plan.model.head_dim, plan.model.n_layers
+    cache = 2 * layers * len(plan.prompt_tokens) * longest * kv * 4
     estimate = dataclasses.replace(estimate, activations=estimate.activations + cache)
     return MemoryNeed(estimate, 1, plan.device, "this sample run")
 

@@ -355,7 +355,8 @@ def resolve_export(
     folder, which must not exist yet (an export is never overwritten)."""
     info = _chosen_checkpoint(checkpoints, request, "export")
     config = info.require_model_config()
-    check_exportable(config)
+    if not isinstance(config, HfModelConfig):  # a transformers model exports as it is
+        check_exportable(config)
     output = Path(os.path.realpath(exports_dir)) / info.experiment / info.tag
     if os.path.lexists(output):
         raise ExportExists(

@@ -52,6 +52,7 @@ from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.tokenizer import EOT_NAMES
 from trainctl.store.exceptions import CheckpointCorrupt, Conflict, InvalidRequest
+from trainctl.store.hf_config import AnyModelConfig
 from trainctl.store.presets import ModelConfig
 from trainctl.store.specs import EXPORT_DTYPES, ExportDtype
 from trainctl.worker.checkpoint import load_checkpoint
@@ -337,7 +338,7 @@ class TokenizerExport:
 
 
 def export_tokenizer(
-    checkpoint: Files, meta: dict[str, Any], config: ModelConfig
+    checkpoint: Files, meta: dict[str, Any], config: AnyModelConfig
 ) -> TokenizerExport:
     """The tokenizer files for the checkpoint's data: its BPE's tokenizer.json, a byte-level
     one, or none when the checkpoint does not know its tokens' meaning."""
@@ -370,7 +371,7 @@ def export_tokenizer(
 
 
 def bpe_tokenizer(
-    checkpoint: Files, recorded: dict[str, Any], config: ModelConfig
+    checkpoint: Files, recorded: dict[str, Any], config: AnyModelConfig
 ) -> TokenizerExport:
     from tokenizers import Tokenizer
 

@@ -23,6 +23,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "olmo2": {},
     "gemma3_text": {"head_dim": 16, "sliding_window": 32},
     "deepseek_v3": {
+        # Multi-head latent attention expands one latent into every head's keys and values.
+        "num_key_value_heads": 4,
         "n_routed_experts": 4,
         "num_experts_per_tok": 2,
         "moe_intermediate_size": 64,

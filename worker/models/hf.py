@@ -66,7 +66,7 @@ class HFCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.inner = inner
-        hf = inner.config  # type: ignore[union-attr]
+        hf = inner.config
         self.aux_coef = (
             float(getattr(hf, "router_aux_loss_coef", 0.0))
             if getattr(hf, "output_router_logits", False)
@@ -83,9 +83,7 @@ class HFCausalLM(nn.Module):
             state.pop(name, None)
         return state
 
-    def load_state_dict(  # type: ignore[override]
-        self, state_dict: Any, strict: bool = True, assign: bool = False
-    ) -> Any:
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         result = self.inner.load_state_dict(state_dict, strict=False, assign=assign)
         missing = [k for k in result.missing_keys if k not in self.tied_names]
         if strict and (missing or result.unexpected_keys):
@@ -101,13 +99,13 @@ class HFCausalLM(nn.Module):
 
     def files(self) -> dict[str, bytes]:
         """What a checkpoint saves beside the weights: the transformers config.json."""
-        return {CONFIG_FILE: config_json(self.inner.config)}  # type: ignore[union-attr]
+        return {CONFIG_FILE: config_json(self.inner.config)}
 
     # -- training ------------------------------------------------------------------------
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits of the next token at every position: (B, T) -> (B, T, vocab)."""
-        return self.inner(input_ids=idx, use_cache=False).logits  # type: ignore[no-any-return]
+        return self.inner(input_ids=idx, use_cache=False).logits
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.inner(input_ids=idx, use_cache=False)
@@ -135,7 +133,7 @@ class HFCausalLM(nn.Module):
     def next_logits(self, idx: torch.Tensor) -> torch.Tensor:
         """The last position's logits of idx, without a cache: (B, T) -> (B, vocab)."""
         out = self.inner(input_ids=idx, use_cache=False, logits_to_keep=1)
-        return out.logits[:, -1]  # type: ignore[no-any-return]
+        return out.logits[:, -1]
 
     def forward_cached(
         self, idx: torch.Tensor, cache: HfCache, *, last_only: bool = False
@@ -148,7 +146,7 @@ class HFCausalLM(nn.Module):
             logits_to_keep=1 if last_only else 0,
         )
         cache.past, cache.pos = out.past_key_values, cache.pos + idx.shape[1]
-        return out.logits  # type: ignore[no-any-return]
+        return out.logits
 
 
 def config_json(hf: Any) -> bytes:
