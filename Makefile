@@ -68,9 +68,11 @@ test-fast: install
 	$(VENV)/bin/pytest -q $(FAST_LANE)
 
 # Long fault-injection rounds (kill -9 during saves, prune racing saves), torch.compile of the
-# train step against eager, and bench/gpu.sh --dry-run end to end: beyond CI's budget.
+# train step against eager, bench/gpu.sh --dry-run end to end, and the training round of every
+# transformers architecture (make test trains llama, qwen3_moe and qwen3_next): beyond CI's budget.
 soak: install
 	TRAINCTL_SOAK_ROUNDS=300 $(VENV)/bin/pytest tests/reliability tests/bench/test_gpu_script.py -q
+	TRAINCTL_SOAK_MODELS=1 $(VENV)/bin/pytest tests/worker/test_hf_models.py -q
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.hf_config import AnyModelConfig, HfModelConfig
 from trainctl.store.optimizers import DEFAULT_OPTIMIZER_KIND, OPTIMIZER_KINDS
 from trainctl.store.plans import BenchmarkPlan, SamplePlan, StepPlan, TrainPlan, ValidatePlan
-from trainctl.store.presets import ModelConfig
 
 GIB = 1 << 30
 # The most memory one GPU on sale has (NVIDIA's B300, AMD's MI355X: 288 GB of HBM3e), rounded
@@ -72,7 +72,7 @@ def gib(size: int) -> str:
 
 
 def estimate_peak(
-    config: ModelConfig,
+    config: AnyModelConfig,
     *,
     device: str,
     micro_batch_size: int,
@@ -84,17 +84,23 @@ def estimate_peak(
     """The peak memory of one process, for one micro-batch in flight, training with the
     optimizer kind `optimizer`. `training` False: a validation, which keeps weights only and
     no activations for backward."""
-    params = config.param_counts()["total"]
+    if isinstance(config, HfModelConfig):
+        # A transformers model: its sizes as its config gives them (HfModelConfig.sizes).
+        sizes = config.sizes()
+        params, d, f, kv = sizes["params"], sizes["d_model"], sizes["ffn"], sizes["kv"]
+        layers = sizes["layers"]
+    else:
+        params = config.param_counts()["total"]
+        d, f, kv = config.d_model, config.ffn_hidden, config.n_kv_heads * config.head_dim
+        layers = config.n_layers + config.mtp_depth
     kind = OPTIMIZER_KINDS.get(optimizer)
     tokens = micro_batch_size * seq_len
     # Autocast keeps most saved activations in bf16 on CUDA; on a CPU everything is fp32.
     element = 2 if device == "cuda" else 4
-    d, f, kv = config.d_model, config.ffn_hidden, config.n_kv_heads * config.head_dim
     # Per token and layer, what backward needs: norm inputs and outputs, q, k, v, the
     # attention output (flash attention keeps no T x T matrix), and SwiGLU's four
     # ffn-wide tensors.
     per_layer = tokens * (10 * d + 2 * kv + 4 * f) * element
-    layers = config.n_layers + config.mtp_depth
     if not training:
         activations = per_layer  # no graph is kept: one layer's tensors at a time
     elif config.use_checkpoint_per_layer:
@@ -211,8 +217,12 @@ def sample_need(plan: SamplePlan) -> MemoryNeed:
         seq_len=longest,
         training=False,
     )
-    kv = plan.model.n_kv_heads * plan.model.head_dim
-    cache = 2 * plan.model.n_layers * len(plan.prompt_tokens) * longest * kv * 4
+    if isinstance(plan.model, HfModelConfig):
+        sizes = plan.model.sizes()
+        kv, layers = sizes["kv"], sizes["layers"]
+    else:
+        kv, layers = plan.model.n_kv_heads * plan.model.head_dim, plan.model.n_layers
+    cache = 2 * layers * len(plan.prompt_tokens) * longest * kv * 4
     estimate = dataclasses.replace(estimate, activations=estimate.activations + cache)
     return MemoryNeed(estimate, 1, plan.device, "this sample run")
 

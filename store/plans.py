@@ -7,14 +7,15 @@ A plan is frozen and has no optional field the worker must default; the run row 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
-from pydantic import Field, StrictInt
+from pydantic import Discriminator, Field, StrictInt, Tag
 
 from trainctl.store.checkpoints.info import (
     TokenizerId,
 )
 from trainctl.store.generation import GenerationSettings
+from trainctl.store.hf_config import HfModelConfig, is_hf
 from trainctl.store.names import Name
 from trainctl.store.presets import ModelConfig
 from trainctl.store.specs import (
@@ -37,13 +38,23 @@ BENCHMARK_EXPERIMENT = "benchmark"
 """Benchmarks write no checkpoints; their runs are filed under this experiment name."""
 
 
+# Tagged by the shape of the value: a transformers config names its model_type.
+ConfigOfModel = Annotated[
+    Annotated[ModelConfig, Tag("gpt")] | Annotated[HfModelConfig, Tag("hf")],
+    Discriminator(is_hf),
+]
+
+
 # --- the plans ------------------------------------------------------------------------------
 
 
 class ModelPlan(Spec):
-    preset: str = Field(description="The preset the model started from.")
+    preset: str | None = Field(description="The preset the model started from; null for hf.")
     overrides: dict[str, Any] = Field(description="The request's changes to the preset.")
-    config: ModelConfig = Field(description="The full model config that runs.")
+    hf: dict[str, Any] | None = Field(
+        None, description="The request's transformers architecture, as it was sent."
+    )
+    config: ConfigOfModel = Field(description="The full model config that runs.")
 
 
 class BatchPlan(Spec):
@@ -156,7 +167,7 @@ class ReadsCheckpoint(Spec):
     experiment, and protected from deletion while the run is queued or running."""
 
     checkpoint: CheckpointRef = Field(description="The checkpoint the run reads, pinned.")
-    model: ModelConfig = Field(description="Its model config, from its metadata.")
+    model: ConfigOfModel = Field(description="Its model config, from its metadata.")
 
     @property
     def filed_under(self) -> str:

@@ -163,11 +163,14 @@ class ModelConfig:
         """What the weights depend on: the config without its runtime switches."""
         return {k: v for k, v in self.to_dict().items() if k not in RUNTIME_FIELDS}
 
-    def differences(self, other: ModelConfig) -> dict[str, tuple[Any, Any]]:
+    def differences(self, other: Any) -> dict[str, tuple[Any, Any]]:
         """Architecture fields that differ: {field: (self's value, other's value)}.
 
-        Empty means the two load each other's weights; runtime switches do not count.
+        Empty means the two load each other's weights; runtime switches do not count. A
+        transformers model (store.hf_config) differs in everything, under `model`.
         """
+        if not isinstance(other, ModelConfig):
+            return {"model": ("trainctl gpt", getattr(other, "model_type", type(other).__name__))}
         ours, theirs = self.architecture(), other.architecture()
         return {k: (ours[k], theirs[k]) for k in ours if ours[k] != theirs[k]}
 

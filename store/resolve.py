@@ -55,6 +55,7 @@ from trainctl.store.exceptions import (
     TrainctlError,
 )
 from trainctl.store.generation import check_context
+from trainctl.store.hf_config import AnyModelConfig, HfModelConfig
 from trainctl.store.names import BEST_TAG, LATEST_REF
 from trainctl.store.plans import (
     BatchPlan,
@@ -71,7 +72,6 @@ from trainctl.store.plans import (
     ValidatePlan,
     data_tokenizer,
 )
-from trainctl.store.presets import ModelConfig
 from trainctl.store.specs import (
     BYTES_TOKENIZER,
     MLFLOW_SETTING,
@@ -355,7 +355,8 @@ def resolve_export(
     folder, which must not exist yet (an export is never overwritten)."""
     info = _chosen_checkpoint(checkpoints, request, "export")
     config = info.require_model_config()
-    check_exportable(config)
+    if not isinstance(config, HfModelConfig):  # a transformers model exports as it is
+        check_exportable(config)
     output = Path(os.path.realpath(exports_dir)) / info.experiment / info.tag
     if os.path.lexists(output):
         raise ExportExists(
@@ -372,7 +373,7 @@ def resolve_export(
 
 
 def _check_samples(
-    request: TrainRequest, data: DataSpec, dataset: DatasetPin | None, config: ModelConfig
+    request: TrainRequest, data: DataSpec, dataset: DatasetPin | None, config: AnyModelConfig
 ) -> None:
     """Samples need text in and out, and each prompt with its completion must fit the model."""
     codec = data_codec(data, dataset)
@@ -480,6 +481,12 @@ def _options(request: Spec, shared: type[Spec]) -> dict[str, Any]:
 
 
 def _model_plan(model: ModelSpec, profile: Profile, **runtime: Any) -> ModelPlan:
+    if model.hf is not None:
+        try:
+            hf = HfModelConfig.of_request(model.hf).replace(**runtime)
+        except ValueError as exc:
+            raise InvalidRequest(f"model.hf: {exc}") from exc
+        return ModelPlan(preset=None, overrides={}, hf=model.hf, config=hf)
     try:
         config = model.config(profile.preset).replace(**runtime)
     except TrainctlError:
@@ -491,7 +498,7 @@ def _model_plan(model: ModelSpec, profile: Profile, **runtime: Any) -> ModelPlan
     )
 
 
-def _geometry(batch: BatchSpec, profile: Profile, cfg: ModelConfig) -> BatchPlan:
+def _geometry(batch: BatchSpec, profile: Profile, cfg: AnyModelConfig) -> BatchPlan:
     seq_len = batch.seq_len or min(profile.seq_len, cfg.max_seq_len)
     if seq_len > cfg.max_seq_len:
         raise InvalidRequest(
@@ -604,7 +611,7 @@ def _check_same_tokenizer(info: CheckpointInfo, tokenizer: TokenizerId | None, w
 
 def _resume_point(
     request: TrainRequest,
-    config: ModelConfig,
+    config: AnyModelConfig,
     checkpoints: CheckpointStore | None,
     tokenizer: TokenizerId | None,
 ) -> CheckpointRef | None:

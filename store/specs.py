@@ -23,6 +23,7 @@ from pydantic import (
 
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.generation import GenerationSettings
+from trainctl.store.hf import check_hf_fields
 from trainctl.store.names import (
     BEST_TAG,
     EXPERIMENT_RULE,
@@ -145,12 +146,33 @@ class ModelSpec(Spec):
         description='ModelConfig fields to change from the preset, e.g. {"n_layers": 4}.',
     )
 
+    hf: dict[str, Any] | None = Field(
+        None,
+        description="A transformers causal-LM architecture built from scratch instead of a "
+        "preset: its model_type and the config fields to change from its defaults, e.g. "
+        '{"model_type": "qwen3", "hidden_size": 512, "num_hidden_layers": 8}. Values are JSON '
+        "scalars or lists; nothing is downloaded, imported or executed (docs/models.md).",
+    )
+
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, v: str | None) -> str | None:
         if v is not None:
             get_preset(v)  # raises UnknownPreset listing the valid names
         return v
+
+    @field_validator("hf")
+    @classmethod
+    def _shipped_architecture(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if v is None else check_hf_fields(v)
+
+    @model_validator(mode="after")
+    def _one_way_to_name_a_model(self) -> ModelSpec:
+        if self.hf is not None and (self.preset is not None or self.overrides):
+            raise ValueError(
+                "hf names the whole model: give either hf, or preset and overrides, not both"
+            )
+        return self
 
     def config(self, default_preset: str) -> ModelConfig:
         cfg = get_preset(self.preset or default_preset).replace(**self.overrides)

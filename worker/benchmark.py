@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from trainctl.store.hf_config import AnyModelConfig, HfModelConfig
 from trainctl.store.plans import BenchmarkPlan
 from trainctl.store.presets import ModelConfig
 from trainctl.store.resolve import resolve_benchmark
@@ -98,11 +99,33 @@ def run_benchmark(
                 break
     finally:
         loader.close()
-    return summarize(plan, parts.device, times)
+    return summarize(plan, parts.device, times, parts.model)
 
 
-def summarize(plan: BenchmarkPlan, device: torch.device, times: list[float]) -> dict[str, Any]:
+def model_flops(
+    cfg: AnyModelConfig, model: torch.nn.Module | None, seq_len: int
+) -> tuple[float, dict[str, int], str]:
+    """FLOPs per token, the parameter counts, and which formula gave them. A transformers
+    model's parameters are counted on the model itself (its embedding lookup is no matmul)."""
+    if not isinstance(cfg, HfModelConfig):
+        return flops_per_token(cfg, seq_len), cfg.param_counts(), "gpt: 6N + 12LdT"
+    assert model is not None, "a transformers model is counted on the model"
+    total = sum(p.numel() for p in model.parameters())
+    embedding = model.inner.get_input_embeddings().weight.numel()  # type: ignore[union-attr, operator]
+    matmul = total - embedding
+    sizes = cfg.sizes()
+    flops = 6 * matmul + 12 * sizes["layers"] * sizes["d_model"] * seq_len
+    return flops, {"total": total, "matmul": matmul}, "counted parameters: 6N + 12LdT"
+
+
+def summarize(
+    plan: BenchmarkPlan,
+    device: torch.device,
+    times: list[float],
+    model: torch.nn.Module | None = None,
+) -> dict[str, Any]:
     cfg = plan.model.config
+    flops, params, flops_source = model_flops(cfg, model, plan.batch.seq_len)
     elapsed = sum(times)
     total_tokens = plan.batch.tokens_per_step * len(times)
     tps = total_tokens / elapsed if elapsed > 0 else 0.0
@@ -110,7 +133,7 @@ def summarize(plan: BenchmarkPlan, device: torch.device, times: list[float]) -> 
     warnings = list(plan.warnings)
     if device.type == "cuda" and peak is None:
         warnings.append(f"unknown peak FLOP/s for {torch.cuda.get_device_name(device)}: no MFU")
-    mfu = tps * flops_per_token(cfg, plan.batch.seq_len) / peak if peak else None
+    mfu = tps * flops / peak if peak else None
     return {
         "total_tokens": total_tokens,
         "elapsed_sec": elapsed,
@@ -125,7 +148,8 @@ def summarize(plan: BenchmarkPlan, device: torch.device, times: list[float]) -> 
         "warnings": warnings,
         "config": {
             **plan.model_dump(mode="json"),
-            "params": cfg.param_counts(),
+            "params": params,
+            "flops_per_token": flops_source,
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
         },

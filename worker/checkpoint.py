@@ -43,6 +43,7 @@ from trainctl.store.checkpoints.manifests import (
 from trainctl.store.checkpoints.storage import Files
 from trainctl.store.checkpoints.store import CheckpointStore, Protection
 from trainctl.store.checkpoints.writer import CheckpointWriter
+from trainctl.store.hf_config import HfModelConfig, model_config_from_dict
 from trainctl.store.names import step_tag
 from trainctl.store.presets import ModelConfig
 from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch, CheckpointWriteFailed
@@ -275,9 +276,10 @@ def load_checkpoint(
     verify_manifest(checkpoint, deep=True)
     metadata = read_metadata(checkpoint)
     config, saved = getattr(model, "config", None), metadata.get("model_config")
-    if isinstance(config, ModelConfig) and isinstance(saved, dict):
-        check_fits(ModelConfig.from_dict(saved), config, f"checkpoint {where}")
-    params = dict(model.named_parameters())
+    if isinstance(config, ModelConfig | HfModelConfig) and isinstance(saved, dict):
+        check_fits(model_config_from_dict(saved), config, f"checkpoint {where}")
+    # The state dict's names: a transformers model's are its own (worker/models/hf.py).
+    params = model.state_dict()
     state = load_weights(checkpoint, device)
     for name, t in state.items():
         target = params.get(name)

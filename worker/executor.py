@@ -39,7 +39,7 @@ from trainctl.worker.context import RunContext
 from trainctl.worker.data import SyntheticSampler, TokenSampler
 from trainctl.worker.export import export_hf
 from trainctl.worker.launch import launch_train
-from trainctl.worker.model import build_model
+from trainctl.worker.models import build_model
 from trainctl.worker.prepare import prepare
 from trainctl.worker.sampling import run_sample
 from trainctl.worker.train import Trainer, build_token_arrays, val_metrics

@@ -52,11 +52,14 @@ from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.tokenizer import EOT_NAMES
 from trainctl.store.exceptions import CheckpointCorrupt, Conflict, InvalidRequest
+from trainctl.store.hf_config import AnyModelConfig
 from trainctl.store.presets import ModelConfig
 from trainctl.store.specs import EXPORT_DTYPES, ExportDtype
 from trainctl.worker.checkpoint import load_checkpoint
 from trainctl.worker.hashed_file import HashedFile
-from trainctl.worker.model import GPT, build_model
+from trainctl.worker.model import GPT
+from trainctl.worker.models import build_model
+from trainctl.worker.models.hf import HFCausalLM
 from trainctl.worker.safetensors_stream import write_safetensors
 
 # What torch.compile's wrapper (OptimizedModule) puts before every name in its state dict.
@@ -113,6 +116,8 @@ def export_hf(
     if exports.storage.exists(experiment, tag):
         raise Conflict(f"{where} exists; an export is never overwritten: delete it first")
     model, meta = load_trained(checkpoint)
+    if isinstance(model, HFCausalLM):
+        return export_transformers(checkpoint, exports, experiment, tag, model, meta, dtype, facts)
     check_exportable(model.config)
     tokenizer = export_tokenizer(checkpoint, meta, model.config)
     found = differences(model.config, dtype, str(meta.get("dtype")))
@@ -123,6 +128,64 @@ def export_hf(
         folder=where,
         format=HF_FORMAT,
         architecture=hf_architecture(model.config),
+        dtype=dtype,
+        tokenizer=tokenizer.kind,
+        differences=found,
+        notes=tokenizer.notes,
+        files=manifest["files"],
+    )
+
+
+def export_transformers(
+    checkpoint: Files,
+    exports: CheckpointStore,
+    experiment: str,
+    tag: str,
+    model: HFCausalLM,
+    meta: dict[str, Any],
+    dtype: ExportDtype,
+    facts: Mapping[str, str] | None,
+) -> ExportResult:
+    """A transformers model's export: its checkpoint's weights (already under transformers'
+    names) and config.json, plus the tokenizer files and a model card."""
+    with checkpoint.open(CONFIG_FILE) as f:
+        config = json.loads(f.read())
+    tokenizer = export_tokenizer(checkpoint, meta, model.config)
+    config["torch_dtype"] = config["dtype"] = dtype
+    if tokenizer.eos_id is not None:
+        config["eos_token_id"] = tokenizer.eos_id
+    architecture = str((config.get("architectures") or [model.config.model_type])[0])
+    saved = str(meta.get("dtype"))
+    found = (
+        [f"weights rounded from {saved} to bfloat16: outputs differ by that rounding."]
+        if dtype == "bfloat16" and saved != "bfloat16"
+        else []
+    )
+    card = model_card(
+        TrainingFacts.from_metadata(meta),
+        architecture,
+        dtype,
+        found,
+        tokenizer.notes,
+        dict(facts or {}),
+        min_transformers=str(config.get("transformers_version", "4.40")),
+    )
+    texts = {
+        CONFIG_FILE: _json(config),
+        GENERATION_CONFIG_FILE: _json(generation_config(tokenizer.eos_id)),
+        **tokenizer.files,
+        MODEL_CARD_FILE: card.encode(),
+        METADATA_FILE: _json(export_metadata(meta, architecture, dtype, found, tokenizer.notes)),
+    }
+    weights = {
+        k: t.detach().to(TORCH_DTYPES[dtype]).contiguous().clone()
+        for k, t in model.state_dict().items()
+    }
+    manifest = write_export(exports, experiment, tag, weights, texts)
+    return ExportResult(
+        folder=exports.describe(experiment, tag),
+        format=HF_FORMAT,
+        architecture=architecture,
         dtype=dtype,
         tokenizer=tokenizer.kind,
         differences=found,
@@ -201,7 +264,7 @@ class _CompiledNames(nn.Module):
         self.config = model.config  # load_checkpoint checks it against the saved config
 
 
-def load_trained(checkpoint: Files) -> tuple[GPT, dict[str, Any]]:
+def load_trained(checkpoint: Files) -> tuple[GPT | HFCausalLM, dict[str, Any]]:
     """The checkpoint's model in float32 on the CPU, and its metadata, integrity checked."""
     verify_manifest(checkpoint, deep=False)  # sizes only: load_checkpoint hashes every byte
     saved = read_metadata(checkpoint).get("model_config")
@@ -275,7 +338,7 @@ class TokenizerExport:
 
 
 def export_tokenizer(
-    checkpoint: Files, meta: dict[str, Any], config: ModelConfig
+    checkpoint: Files, meta: dict[str, Any], config: AnyModelConfig
 ) -> TokenizerExport:
     """The tokenizer files for the checkpoint's data: its BPE's tokenizer.json, a byte-level
     one, or none when the checkpoint does not know its tokens' meaning."""
@@ -308,7 +371,7 @@ def export_tokenizer(
 
 
 def bpe_tokenizer(
-    checkpoint: Files, recorded: dict[str, Any], config: ModelConfig
+    checkpoint: Files, recorded: dict[str, Any], config: AnyModelConfig
 ) -> TokenizerExport:
     from tokenizers import Tokenizer
 

@@ -21,7 +21,7 @@ import hashlib
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -37,7 +37,7 @@ from trainctl.store.generation import (
     check_context,
 )
 from trainctl.worker.checkpoint import load_checkpoint
-from trainctl.worker.model import GPT, KVCache, build_model
+from trainctl.worker.models import LanguageModel, build_model
 
 FinishReason = Literal["eot", "stop", "length"]
 # --- sampling ------------------------------------------------------------------------------
@@ -104,15 +104,17 @@ def _step_mode(device: torch.device) -> Iterator[None]:
         yield
 
 
-def _next_logits(model: GPT, tokens: torch.Tensor, pos: int, cache: KVCache | None) -> torch.Tensor:
+def _next_logits(model: LanguageModel, tokens: torch.Tensor, pos: int, cache: Any) -> torch.Tensor:
     """Logits of the token at `pos` given tokens[:, :pos]: (B, vocab). With a cache, only
     the positions it lacks are fed; without, the whole prefix is recomputed."""
     if cache is None:
-        return model.head(model.hidden(tokens[:, :pos])[:, -1])
+        return model.next_logits(tokens[:, :pos])
     return model.forward_cached(tokens[:, cache.pos : pos], cache, last_only=True)[:, -1]
 
 
-def _check_prompts(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+def _check_prompts(
+    model: LanguageModel, prompts: Sequence[Sequence[int]], max_new_tokens: int
+) -> None:
     if not prompts:
         raise ValueError("no prompts to continue")
     vocab = model.config.vocab_size
@@ -130,7 +132,7 @@ class _Batch:
 
     def __init__(
         self,
-        model: GPT,
+        model: LanguageModel,
         prompts: Sequence[Sequence[int]],
         settings: GenerationSettings,
         vocab_size: int | None,
@@ -151,12 +153,10 @@ class _Batch:
         self.cache = self._build_cache() if use_cache else None
         self.generator = torch.Generator(device=device).manual_seed(settings.seed)
 
-    def _build_cache(self) -> KVCache:
+    def _build_cache(self) -> Any:
         # Keys and values are kept in the dtype attention computes in: bf16 under autocast.
         dtype = autocast_dtype(self.device) or next(self.model.parameters()).dtype
-        return KVCache(
-            self.model.config, len(self.lengths), self.total, device=self.device, dtype=dtype
-        )
+        return self.model.new_cache(len(self.lengths), self.total, self.device, dtype)
 
     def step(self, pos: int) -> list[int | None]:
         """Choose the token at `pos`; None for the rows that still read their prompt there."""
@@ -171,7 +171,7 @@ class _Batch:
 
 
 def decode_steps(
-    model: GPT,
+    model: LanguageModel,
     prompts: Sequence[Sequence[int]],
     settings: GenerationSettings,
     *,
@@ -201,7 +201,7 @@ def decode_steps(
 
 
 def generate_tokens(
-    model: GPT,
+    model: LanguageModel,
     prompts: Sequence[Sequence[int]],
     settings: GenerationSettings,
     *,
@@ -335,7 +335,7 @@ def _rows(codec: TextCodec, prompts: Sequence[str], settings: GenerationSettings
 
 
 def _stream_rows(
-    model: GPT, codec: TextCodec, rows: list[_Row]
+    model: LanguageModel, codec: TextCodec, rows: list[_Row]
 ) -> Generator[TextPiece, None, None]:
     prompts, settings = [row.prompt_ids for row in rows], rows[0].settings
     steps = decode_steps(model, prompts, settings, vocab_size=codec.vocab_size)
@@ -352,7 +352,7 @@ def _stream_rows(
 
 
 def stream_text(
-    model: GPT, codec: TextCodec, prompts: Sequence[str], settings: GenerationSettings
+    model: LanguageModel, codec: TextCodec, prompts: Sequence[str], settings: GenerationSettings
 ) -> Generator[TextPiece, None, None]:
     """Continue each prompt, yielding new text as it decodes cleanly; each completion's last
     piece carries its finish reason. Joined per index, the pieces are the completions.
@@ -361,7 +361,7 @@ def stream_text(
 
 
 def generate_text(
-    model: GPT,
+    model: LanguageModel,
     codec: TextCodec,
     prompts: Sequence[str],
     settings: GenerationSettings,
@@ -384,7 +384,7 @@ def load_for_generation(
     checkpoint: CheckpointInfo | tuple[str, str],
     *,
     device: torch.device | str = "cpu",
-) -> tuple[GPT, TextCodec | None]:
+) -> tuple[LanguageModel, TextCodec | None]:
     """A checkpoint's model, in eval mode, and its text codec (None where the tokenizer of
     its tokens is unknown: it continues token ids only).
 

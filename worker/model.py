@@ -263,6 +263,16 @@ class GPT(nn.Module):
         """Logits of the next token at every position: (B, T) -> (B, T, vocab)."""
         return self.head(self.hidden(idx))
 
+    def new_cache(
+        self, batch_size: int, total: int, device: torch.device, dtype: torch.dtype
+    ) -> KVCache:
+        """A KV cache for `batch_size` rows of up to `total` positions (`forward_cached`)."""
+        return KVCache(self.config, batch_size, total, device=device, dtype=dtype)
+
+    def next_logits(self, idx: torch.Tensor) -> torch.Tensor:
+        """The last position's logits of idx, without a cache: (B, T) -> (B, vocab)."""
+        return self.head(self.hidden(idx)[:, -1])
+
     def forward_cached(
         self, idx: torch.Tensor, cache: KVCache, *, last_only: bool = False
     ) -> torch.Tensor:

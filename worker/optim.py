@@ -146,16 +146,41 @@ def trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 # --- muon_adamw -----------------------------------------------------------------------------
 
 
-def is_hidden_matrix(name: str, p: nn.Parameter) -> bool:
-    """A 2-D weight inside the blocks: Muon's. The embedding (and tied head) is a table."""
-    return p.dim() == 2 and "tok_emb" not in name
+# Module names of MoE routers and gates, as transformers names them (`mlp.gate` of Qwen3-MoE
+# and DeepSeek-V3, `router`, Qwen3-Next's `shared_expert_gate`): their 2-D weight maps the
+# hidden state to one score per expert, a classifier, not a hidden transformation.
+ROUTER_NAMES = frozenset({"gate", "router", "shared_expert_gate"})
+
+
+def adamw_only(model: nn.Module) -> set[int]:
+    """The parameters that are not hidden matrices, whatever their shape: embeddings (and
+    whatever is tied to them), output heads, and MoE routers (ids)."""
+    modules = [m for name, m in model.named_modules() if _is_table_or_router(name, m)]
+    heads = getattr(model, "output_heads", None)
+    modules += list(heads()) if heads is not None else []
+    return {id(p) for m in modules for p in m.parameters()}
+
+
+def _is_table_or_router(name: str, module: nn.Module) -> bool:
+    return isinstance(module, nn.Embedding) or name.rsplit(".", 1)[-1] in ROUTER_NAMES
+
+
+def muon_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Muon's parameters, for every model: the hidden 2-D weight matrices. Muon
+    orthogonalises each update of a matrix, which fits matrices that map activations to
+    activations inside the blocks; a lookup table (an embedding, a tied head), an output
+    head, a router, a vector (norms, gains, biases) or a kernel of another rank (a conv1d's)
+    goes to AdamW."""
+    others = adamw_only(model)
+    return [(n, p) for n, p in trainable(model) if p.dim() == 2 and id(p) not in others]
 
 
 def muon_adamw_groups(model: nn.Module) -> Groups:
+    muon = {id(p) for _, p in muon_params(model)}
     params = trainable(model)
     return {
-        "muon": [p for name, p in params if is_hidden_matrix(name, p)],
-        "adamw": [p for name, p in params if not is_hidden_matrix(name, p)],
+        "muon": [p for _, p in params if id(p) in muon],
+        "adamw": [p for _, p in params if id(p) not in muon],
     }
 
 

@@ -30,7 +30,7 @@ from trainctl.worker.generate import (
     generate_tokens,
     load_for_generation,
 )
-from trainctl.worker.model import GPT
+from trainctl.worker.models import LanguageModel
 
 STREAM_INTERVAL = 0.25  # seconds between a completion's streamed events
 
@@ -101,7 +101,10 @@ def completion_json(c: Completion) -> dict[str, Any]:
 
 
 def token_completions(
-    model: GPT, codec: TextCodec | None, prompts: list[list[int]], settings: GenerationSettings
+    model: LanguageModel,
+    codec: TextCodec | None,
+    prompts: list[list[int]],
+    settings: GenerationSettings,
 ) -> list[dict[str, Any]]:
     """Completions of prompts given as token ids: ids, and their text where the codec is
     known."""
@@ -132,7 +135,7 @@ class TrainingSamples:
     def due(self, step: int, final: bool) -> bool:
         return final or step % self.every == 0
 
-    def take(self, model: GPT, step: int) -> list[dict[str, Any]]:
+    def take(self, model: LanguageModel, step: int) -> list[dict[str, Any]]:
         """One `sample` event per prompt."""
         return [
             {

@@ -49,7 +49,8 @@ from trainctl.worker.data import (
 )
 from trainctl.worker.datasets import build_data_record, dataset_arrays, open_dataset
 from trainctl.worker.exceptions import NonFiniteLoss
-from trainctl.worker.model import GPT, build_model
+from trainctl.worker.model import GPT
+from trainctl.worker.models import build_model, model_files, take_step_metrics
 from trainctl.worker.optim import Optimizers, build_optimizers
 from trainctl.worker.parallel import DataParallel, SingleProcess
 from trainctl.worker.sampling import TrainingSamples
@@ -174,6 +175,8 @@ def train_step(parts: TrainParts, loader: AsyncDataLoader, step: int) -> dict[st
             (loss / local_accum).backward()
         total += main.detach()
     loss_value = parallel.mean(total / local_accum).item()
+    # The model's own metrics of the step (an MoE's aux loss), averaged across ranks too.
+    extra = {name: parallel.mean(v).item() for name, v in take_step_metrics(model).items()}
     max_norm = parts.grad_clip if parts.grad_clip > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
     if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
@@ -188,7 +191,7 @@ def train_step(parts: TrainParts, loader: AsyncDataLoader, step: int) -> dict[st
     parts.optimizers.step()
     parts.optimizers.zero_grad(set_to_none=True)
     parts.scheduler.step()
-    return {"loss": loss_value, "grad_norm": grad_norm, **lrs}
+    return {"loss": loss_value, "grad_norm": grad_norm, **extra, **lrs}
 
 
 def validate(parts: TrainParts) -> dict[str, float]:
@@ -305,7 +308,7 @@ class Trainer:
             run_id=self.run_id,
             dtype=dtype,
             extra=self.data_record.metadata,
-            files=self.data_record.files,
+            files={**self.data_record.files, **model_files(p.model)},
         )
 
         info: dict[str, Any] = {

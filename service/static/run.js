@@ -142,8 +142,9 @@ export function resumeRequest(spec) {
     const parts = data.dataset.split("/");
     if (parts.at(-2) === "datasets") data = { ...data, dataset: parts.at(-1) };
   }
-  return { ...rest, data, model: { preset: model.preset, overrides: model.overrides },
-    resume_from: "latest" };
+  // A transformers architecture is named by its hf fields alone (docs/models.md).
+  const named = model.hf ? { hf: model.hf } : { preset: model.preset, overrides: model.overrides };
+  return { ...rest, data, model: named, resume_from: "latest" };
 }
 
 function actions(run, refresh) {

@@ -271,8 +271,12 @@ def model_card(
     found: list[str],
     notes: list[str],
     extra: dict[str, str] | None = None,
+    min_transformers: str | None = None,
 ) -> str:
-    """README.md: the Hub's front matter, the training facts, what differs, how to load it."""
+    """README.md: the Hub's front matter, the training facts, what differs, how to load it.
+    `min_transformers`: the oldest release that loads it, where MIN_TRANSFORMERS does not
+    know the architecture (a transformers model's: the release that trained it)."""
+    min_version = min_transformers or MIN_TRANSFORMERS[architecture]
     rows = [*facts.rows(), *(extra or {}).items()]
     table = "\n".join(f"| {_escape(k)} | {_escape(v)} |" for k, v in rows)
     differs = "\n".join(f"- {d}" for d in found) or "- none: transformers computes the same."
@@ -288,7 +292,7 @@ tags:
 # {title}
 
 A language model trained with trainctl and exported by trainctl {trainctl_version()} as
-`{architecture}` ({dtype}); it loads with transformers >= {MIN_TRANSFORMERS[architecture]},
+`{architecture}` ({dtype}); it loads with transformers >= {min_version},
 without `trust_remote_code`.
 
 ## Training

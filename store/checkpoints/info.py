@@ -13,8 +13,8 @@ from typing import Any
 from trainctl.store.checkpoints.manifests import METADATA_FILE, read_metadata, verify_manifest
 from trainctl.store.checkpoints.storage import Files
 from trainctl.store.exceptions import CheckpointMismatch, InvalidRequest
+from trainctl.store.hf_config import AnyModelConfig, model_config_from_dict
 from trainctl.store.names import parse_step
-from trainctl.store.presets import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -51,14 +51,14 @@ class CheckpointInfo:
     files: list[dict[str, Any]]
     """The manifest's entries: ``{name, size, sha256}``."""
 
-    model_config: ModelConfig | None
+    model_config: AnyModelConfig | None
     """The model the checkpoint holds; None when metadata.json records none readable."""
 
     tokenizer: TokenizerId | None = None
     """The tokenizer of its training data; None when unknown (synthetic tokens, bare shards,
     a checkpoint from before datasets). A bpe one's tokenizer.json is in the manifest."""
 
-    def require_model_config(self) -> ModelConfig:
+    def require_model_config(self) -> AnyModelConfig:
         """The checkpoint's model config, or a clear error saying why it is unknown."""
         if self.model_config is None:
             raise InvalidRequest(
@@ -75,7 +75,7 @@ class PruneOutcome:
     dry_run: bool
 
 
-def check_fits(saved: ModelConfig, model: ModelConfig, source: str, advice: str = "") -> None:
+def check_fits(saved: AnyModelConfig, model: AnyModelConfig, source: str, advice: str = "") -> None:
     """Refuse to load a checkpoint into a model of another architecture (runtime fields such
     as torch.compile may differ); the message lists every difference."""
     diff = saved.differences(model)
@@ -108,10 +108,10 @@ def read_info(files: Files, experiment: str, tag: str) -> CheckpointInfo:
     )
 
 
-def _model_config(meta: dict[str, Any]) -> ModelConfig | None:
+def _model_config(meta: dict[str, Any]) -> AnyModelConfig | None:
     saved = meta.get("model_config")
     try:
-        return ModelConfig.from_dict(saved) if isinstance(saved, dict) else None
+        return model_config_from_dict(saved) if isinstance(saved, dict) else None
     except (TypeError, ValueError):
         return None  # an unreadable config: the checkpoint lists, but nothing can load it
 
