@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from bench.hf_peer import build_adamw, build_llama, llama_loss
+from trainctl.store.presets import ModelConfig
 from trainctl.worker.benchmark import (
     arg_parser,
     flops_per_token,
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     plan = resolve_args(args)
     cfg = plan.model.config
+    if not isinstance(cfg, ModelConfig):  # the peer is the built-in GPT's Llama twin
+        raise SystemExit("the peer mirrors a built-in preset; a transformers model has no twin")
     B, T, accum = plan.batch.micro_batch_size, plan.batch.seq_len, plan.batch.grad_accum_steps
     device = torch.device(plan.device)
     model: Any = build_llama(cfg, T, device=plan.device)
