@@ -76,7 +76,14 @@ class HfModelConfig(Spec):
         attention = 2 * d * heads * head_dim + 2 * d * kv
         untied = 1 if known.get("tie_word_embeddings") else 2
         params = untied * self.vocab_size * d + layers * (attention + mlp + 4 * d)
-        return {"params": params, "d_model": d, "ffn": ffn, "kv": kv, "layers": layers}
+        return {
+            "params": params,
+            "d_model": d,
+            "ffn": ffn,
+            "kv": kv,
+            "layers": layers,
+            "cache_layers": layers,
+        }
 
     @classmethod
     def of_request(cls, hf: dict[str, Any]) -> HfModelConfig:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.hf_config import AnyModelConfig, HfModelConfig
+from trainctl.store.hf_config import AnyModelConfig
 from trainctl.store.optimizers import DEFAULT_OPTIMIZER_KIND, OPTIMIZER_KINDS
 from trainctl.store.plans import BenchmarkPlan, SamplePlan, StepPlan, TrainPlan, ValidatePlan
 
@@ -84,15 +84,9 @@ def estimate_peak(
     """The peak memory of one process, for one micro-batch in flight, training with the
     optimizer kind `optimizer`. `training` False: a validation, which keeps weights only and
     no activations for backward."""
-    if isinstance(config, HfModelConfig):
-        # A transformers model: its sizes as its config gives them (HfModelConfig.sizes).
-        sizes = config.sizes()
-        params, d, f, kv = sizes["params"], sizes["d_model"], sizes["ffn"], sizes["kv"]
-        layers = sizes["layers"]
-    else:
-        params = config.param_counts()["total"]
-        d, f, kv = config.d_model, config.ffn_hidden, config.n_kv_heads * config.head_dim
-        layers = config.n_layers + config.mtp_depth
+    sizes = config.sizes()  # the built-in GPT's or a transformers model's, alike
+    params, d, f, kv = sizes["params"], sizes["d_model"], sizes["ffn"], sizes["kv"]
+    layers = sizes["layers"]
     kind = OPTIMIZER_KINDS.get(optimizer)
     tokens = micro_batch_size * seq_len
     # Autocast keeps most saved activations in bf16 on CUDA; on a CPU everything is fp32.
@@ -217,11 +211,8 @@ def sample_need(plan: SamplePlan) -> MemoryNeed:
         seq_len=longest,
         training=False,
     )
-    if isinstance(plan.model, HfModelConfig):
-        sizes = plan.model.sizes()
-        kv, layers = sizes["kv"], sizes["layers"]
-    else:
-        kv, layers = plan.model.n_kv_heads * plan.model.head_dim, plan.model.n_layers
+    sizes = plan.model.sizes()
+    kv, layers = sizes["kv"], sizes["cache_layers"]
     cache = 2 * layers * len(plan.prompt_tokens) * longest * kv * 4
     estimate = dataclasses.replace(estimate, activations=estimate.activations + cache)
     return MemoryNeed(estimate, 1, plan.device, "this sample run")

@@ -174,6 +174,19 @@ class ModelConfig:
         ours, theirs = self.architecture(), other.architecture()
         return {k: (ours[k], theirs[k]) for k in ours if ours[k] != theirs[k]}
 
+    def sizes(self) -> dict[str, int]:
+        """What the memory estimate reads (store.memory), as HfModelConfig.sizes gives it for a
+        transformers model: parameters, widths, the layers that keep activations (MTP's too)
+        and the layers a sampler caches keys and values for."""
+        return {
+            "params": self.param_counts()["total"],
+            "d_model": self.d_model,
+            "ffn": self.ffn_hidden,
+            "kv": self.n_kv_heads * self.head_dim,
+            "layers": self.n_layers + self.mtp_depth,
+            "cache_layers": self.n_layers,
+        }
+
     def param_counts(self) -> dict[str, int]:
         """Parameter counts by kind, computed from the shapes (no torch needed).
 
