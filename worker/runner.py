@@ -337,8 +337,16 @@ def public_error(exc: BaseException, config: WorkerConfig) -> str:
     # Longest first: the checkpoint folder lies inside the data folder.
     for label, folder in sorted(folders.items(), key=lambda item: -len(str(item[1]))):
         if len(str(folder)) > 1:
-            text = text.replace(str(folder.resolve()), label).replace(str(folder), label)
+            for spelled in dict.fromkeys([str(folder.resolve()), str(folder)]):
+                text = _whole_path(spelled).sub(label, text)
     return text
+
+
+def _whole_path(folder: str) -> re.Pattern[str]:
+    """`folder` where it is a whole path, or the start of one: not inside a longer name
+    (HOME=/root must not rewrite /roots/data as ~s/data, nor /srv/root as /srv~)."""
+    name = r"[\w.~-]"
+    return re.compile(rf"(?<!{name})(?<!/){re.escape(folder)}(?!{name})")
 
 
 def main(argv: list[str] | None = None) -> int:

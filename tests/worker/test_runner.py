@@ -272,6 +272,23 @@ def test_a_run_error_names_the_nodes_folders_rather_than_spelling_them_out(
     assert str(tmp_path) not in (failed.error or "")
 
 
+def test_a_run_error_names_a_folder_only_where_it_is_a_whole_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With HOME=/root, a data root under a folder named `roots` was shown as `~s/...`."""
+    monkeypatch.setenv("HOME", "/root")
+    config = WorkerConfig("sqlite://", Path("/srv/node/data"), "w1")
+    message = RuntimeError(
+        "no /roots/corpus.txt, /srv/root/x, /root.d/y or /srv/node/database; "
+        "but /root/z, '/srv/node/data/q' and /srv/node/data"
+    )
+
+    assert public_error(message, config) == (
+        "no /roots/corpus.txt, /srv/root/x, /root.d/y or /srv/node/database; "
+        "but ~/z, '<data>/q' and <data>"
+    )
+
+
 def test_a_run_error_carries_no_terminal_escape_codes() -> None:
     config = WorkerConfig("sqlite://", Path("/srv/node/data"), "w1")
     coloured = RuntimeError("\x1b[1;31mCUDA error\x1b[0m: out of memory\x07 in /srv/node/data/x")
