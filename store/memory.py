@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.hf_config import AnyModelConfig, HfModelConfig
+from trainctl.store.hf_config import AnyModelConfig
 from trainctl.store.optimizers import DEFAULT_OPTIMIZER_KIND, OPTIMIZER_KINDS
 from trainctl.store.plans import BenchmarkPlan, SamplePlan, StepPlan, TrainPlan, ValidatePlan
+from trainctl.store.presets import ModelConfig
 
 GIB = 1 << 30
 # The most memory one GPU on sale has (NVIDIA's B300, AMD's MI355X: 288 GB of HBM3e), rounded
@@ -84,8 +85,8 @@ def estimate_peak(
     """The peak memory of one process, for one micro-batch in flight, training with the
     optimizer kind `optimizer`. `training` False: a validation, which keeps weights only and
     no activations for backward."""
-    if isinstance(config, HfModelConfig):
-        # A transformers model: its sizes as its config gives them (HfModelConfig.sizes).
+    if not isinstance(config, ModelConfig):
+        # A transformers or plug-in model: its sizes as its config gives them (`sizes`).
         sizes = config.sizes()
         params, d, f, kv = sizes["params"], sizes["d_model"], sizes["ffn"], sizes["kv"]
         layers = sizes["layers"]
@@ -217,7 +218,7 @@ def sample_need(plan: SamplePlan) -> MemoryNeed:
         seq_len=longest,
         training=False,
     )
-    if isinstance(plan.model, HfModelConfig):
+    if not isinstance(plan.model, ModelConfig):
         sizes = plan.model.sizes()
         kv, layers = sizes["kv"], sizes["layers"]
     else:
