@@ -25,6 +25,7 @@ from trainctl.service.routes import (
     dashboard,
     exports,
     metrics,
+    models,
     runs,
     system,
     tokens,
@@ -141,6 +142,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(runs.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(checkpoints.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(exports.router, dependencies=[AUTH], responses=unauthorized)
+    app.include_router(models.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(system.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(system.public_router)
     app.include_router(metrics.router, dependencies=[AUTH], responses=unauthorized)

@@ -1,5 +1,6 @@
-"""Runs and workers as the API shows them: the one place a `RunPublic`'s `waiting_reason`
-is filled in, and a `WorkerPublic`'s GPU model and memory read from its `info`
+"""Runs, workers and models as the API shows them: the one place a `RunPublic`'s
+`waiting_reason` is filled in, a `WorkerPublic`'s GPU model and memory read from its `info`,
+and the models a request may name gathered (`ModelsPublic`)
 (docs/architecture.md, "Placement and gangs", "Waiting, not failing").
 """
 
@@ -8,9 +9,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trainctl.service.devices import is_live, live_workers
-from trainctl.service.schemas import RunPublic, WorkerPublic
+from trainctl.service.schemas import (
+    ModelsPublic,
+    PluginModelPublic,
+    PresetPublic,
+    RunPublic,
+    WorkerPublic,
+)
 from trainctl.store.db.runs import Run, RunStore, Worker
+from trainctl.store.hf_catalog import causal_lm_types
 from trainctl.store.placement import why_waiting
+from trainctl.store.presets import PRESETS
 
 
 def waiting_reason(run: Run, live: Sequence[Worker]) -> str | None:
@@ -47,4 +56,31 @@ def public_worker(worker: Worker, lease_seconds: float) -> WorkerPublic:
         gpu_model=str(model) if model is not None else None,
         gpu_memory_bytes=memory if isinstance(memory, int) else None,
         alive=is_live(worker, lease_seconds),
+    )
+
+
+def public_models(live: Sequence[Worker]) -> ModelsPublic:
+    """The models a request may name: the presets, the plug-ins of the `live` workers (each
+    with the workers that have it) and the transformers model types submit accepts."""
+    presets = []
+    for name in PRESETS.names():
+        config = PRESETS.get(name)
+        presets.append(
+            PresetPublic(
+                name=name,
+                description=PRESETS.doc(name),
+                params=config.param_counts()["total"],
+                vocab_size=config.vocab_size,
+                max_seq_len=config.max_seq_len,
+            )
+        )
+    having: dict[str, list[str]] = {}
+    for worker in live:
+        for plugin in worker.model_plugins:
+            having.setdefault(plugin, []).append(worker.id)
+    types = causal_lm_types()
+    return ModelsPublic(
+        presets=presets,
+        plugins=[PluginModelPublic(name=n, workers=w) for n, w in sorted(having.items())],
+        hf_model_types=sorted(types) if types is not None else None,
     )

@@ -226,6 +226,9 @@ class WorkerPublic(Public):
         description="Where the other members of a multi-node run reach it (the rendezvous "
         "host, when it leads one); null when it has not said."
     )
+    model_plugins: list[str] = Field(
+        description="The plug-in models installed where it runs (docs/models.md)."
+    )
     info: dict[str, Any]
     started_at: datetime
     last_seen_at: datetime
@@ -235,6 +238,35 @@ class WorkerPublic(Public):
 
 class WorkersPublic(BaseModel):
     items: list[WorkerPublic]
+
+
+class PresetPublic(Public):
+    name: str = Field(description='A built-in preset: `model: {"preset": <name>}`.')
+    description: str
+    params: int = Field(description="Its parameters, counted from its shapes.")
+    vocab_size: int
+    max_seq_len: int
+
+
+class PluginModelPublic(Public):
+    name: str = Field(
+        description='A plug-in model: `model: {"plugin": {"name": <name>, "config": {...}}}`.'
+    )
+    workers: list[str] = Field(description="The live workers that have it installed.")
+
+
+class ModelsPublic(BaseModel):
+    """The models a request may name (docs/models.md)."""
+
+    presets: list[PresetPublic]
+    plugins: list[PluginModelPublic] = Field(
+        description="The plug-in models installed on the live workers."
+    )
+    hf_model_types: list[str] | None = Field(
+        description='The transformers model types `model: {"hf": {"model_type": ...}}` '
+        "accepts (the causal LMs of the installed transformers); null where the service "
+        "cannot read them, and then the worker checks the model type."
+    )
 
 
 class HealthPublic(BaseModel):

@@ -26,7 +26,7 @@ from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import QueueLimits, Run, RunStore
 from trainctl.store.db.tokens import Principal
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.kinds import RUN_KINDS
+from trainctl.store.kinds import RUN_KINDS, placement_of
 from trainctl.store.memory import admit
 from trainctl.store.placement import Placement
 from trainctl.store.resolve import SubmitContext
@@ -55,7 +55,7 @@ def submit_run(
     if idempotency_key and (existing := runs.replay(idempotency_key, kind, digest, name)):
         return existing  # an idempotent retry gets its run, even if resolving now would differ
     plan = record.resolve.load()(request, submit_context(settings, runs, ckpts))
-    placement = record.placement(plan)
+    placement = placement_of(plan)
     check_gpus_per_node(placement, settings.max_gpus_per_node)
     if record.memory is not None:
         need = record.memory(plan)

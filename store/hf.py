@@ -62,7 +62,7 @@ def _check_value(key: str, value: Any, depth: int = 0) -> None:
         for item in value:
             _check_value(key, item, depth + 1)
         return
-    if isinstance(value, dict) and depth == 0 and key in DICT_FIELDS:
+    if isinstance(value, dict) and depth == 0 and key.rsplit(".", 1)[-1] in DICT_FIELDS:
         for k, item in value.items():
             if isinstance(item, dict):
                 raise ValueError(f"{key}.{k}: a scalar or a list, not an object")
@@ -76,6 +76,15 @@ def _check_value(key: str, value: Any, depth: int = 0) -> None:
             else ""
         )
     )
+
+
+def check_values(fields: dict[str, Any], where: str = "") -> None:
+    """Every value JSON scalars or lists of them (two levels); an object only under
+    `DICT_FIELDS`. ValueError naming the field (after `where`, e.g. 'config.')."""
+    for key, value in fields.items():
+        if not isinstance(key, str):
+            raise ValueError(f"{where}{key!r}: field names are strings")
+        _check_value(f"{where}{key}", value)
 
 
 def check_hf_fields(hf: dict[str, Any]) -> dict[str, Any]:
@@ -98,8 +107,7 @@ def check_hf_fields(hf: dict[str, Any]) -> dict[str, Any]:
             f"{', '.join(refused)}: not accepted in a request (trainctl never loads remote "
             "code or files, and chooses dtype and kernels itself)"
         )
-    for key, value in fields.items():
-        _check_value(key, value)
+    check_values(fields)
     signature = config_signature(model_type)
     if signature is not None:
         unknown = sorted(k for k in fields if k not in signature.defaults and k not in BASE_FIELDS)

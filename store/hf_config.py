@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field, StrictBool, StrictInt
 
 from trainctl.store.hf import MODEL_TYPE, check_geometry, known_fields
+from trainctl.store.plugin_model import PLUGIN, PluginModelConfig
 from trainctl.store.presets import ModelConfig
 from trainctl.store.specs import Spec
 
@@ -92,19 +93,26 @@ class HfModelConfig(Spec):
         return cls(model_type=hf[MODEL_TYPE], fields=fields, vocab_size=vocab, max_seq_len=context)
 
 
-AnyModelConfig = ModelConfig | HfModelConfig
-"""A model a plan or a checkpoint names: the built-in GPT's config or a transformers one."""
+AnyModelConfig = ModelConfig | HfModelConfig | PluginModelConfig
+"""A model a plan or a checkpoint names: the built-in GPT's config, a transformers one or a
+plug-in's."""
 
 
 def model_config_from_dict(data: dict[str, Any]) -> AnyModelConfig:
-    """A checkpoint's `model_config` (or a plan's): a transformers one names its model_type."""
-    if MODEL_TYPE in data:
+    """A checkpoint's `model_config` (or a plan's), by its tag (`model_tag`)."""
+    tag = model_tag(data)
+    if tag == "hf":
         return HfModelConfig.from_dict(data)
+    if tag == "plugin":
+        return PluginModelConfig.from_dict(data)
     return ModelConfig.from_dict(data)
 
 
-def is_hf(data: Any) -> str:
-    """The union's tag of a config or its dict: 'hf' or 'gpt' (plans.ModelPlan)."""
+def model_tag(data: Any) -> str:
+    """The union's tag of a config or its dict (plans.ModelPlan): 'hf' (a transformers
+    config names its model_type), 'plugin' (a plug-in's names its plugin) or 'gpt'."""
     if isinstance(data, HfModelConfig) or (isinstance(data, dict) and MODEL_TYPE in data):
         return "hf"
+    if isinstance(data, PluginModelConfig) or (isinstance(data, dict) and PLUGIN in data):
+        return "plugin"
     return "gpt"

@@ -14,6 +14,7 @@ point group, with its executor under `trainctl.executors`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
@@ -30,6 +31,7 @@ from trainctl.store.plans import (
     TrainPlan,
     ValidatePlan,
 )
+from trainctl.store.plugin_model import PluginModelConfig
 from trainctl.store.registry import RegisteredName, Registry
 from trainctl.store.specs import (
     BenchmarkRequest,
@@ -100,7 +102,7 @@ ServedKindName = Annotated[str, RegisteredName(RUN_KINDS, check=False)]
 not know the server's plug-ins)."""
 
 
-def kind_of_plan(plan: Spec) -> RunKind:
+def kind_of_plan(plan: Plan) -> RunKind:
     """The kind whose plan `plan` is."""
     for kind in RUN_KINDS:
         if type(plan) is kind.plan:
@@ -108,8 +110,15 @@ def kind_of_plan(plan: Spec) -> RunKind:
     raise TypeError(f"no run kind has plans of type {type(plan).__name__}")
 
 
-def placement_of(plan: Spec) -> Placement:
-    return kind_of_plan(plan).placement(plan)
+def placement_of(plan: Plan) -> Placement:
+    """The kind's placement, and the plug-in model the plan's model is, if it is one: only
+    workers that have it installed can build it."""
+    placement = kind_of_plan(plan).placement(plan)
+    model = getattr(plan, "model", None)
+    config = getattr(model, "config", model)  # a ModelPlan's, or the config itself
+    if isinstance(config, PluginModelConfig):
+        placement = dataclasses.replace(placement, model_plugin=config.plugin)
+    return placement
 
 
 # --- placements -----------------------------------------------------------------------------

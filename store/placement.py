@@ -6,7 +6,8 @@ has when it registers (`Capacity`); it claims only runs it can serve, so a run n
 lack of GPUs: it waits, and `why_waiting` says in words what it waits for. A run with
 `nnodes > 1` is a gang: N workers claim it together (docs/architecture.md, "Placement and
 gangs"); `spread` says whether they must share a node name, must each be on another node, or
-may be anywhere.
+may be anywhere. A run of a plug-in model (store/plugin_model.py) needs workers that have
+that plug-in installed, as they report when they register.
 
 This module is pure (no database, no torch): the run store asks it, and so does the service
 when it explains a queued run.
@@ -30,6 +31,8 @@ class Placement:
     gpus_per_node: int = 0
     procs_per_node: int = 1
     spread: Spread = "any"
+    model_plugin: str | None = None
+    """The plug-in model each worker must have; None: a built-in or transformers model."""
 
     @property
     def is_gang(self) -> bool:
@@ -43,7 +46,8 @@ class Placement:
         else:
             each = f"{self.procs_per_node} CPU process{'es' if self.procs_per_node > 1 else ''}"
         where = {"any": "", "same_node": ", on one node", "distinct_nodes": ", each on its own"}
-        return f"{nodes} of {each}{where[self.spread]}"
+        plugin = f", with the plug-in model {self.model_plugin!r}" if self.model_plugin else ""
+        return f"{nodes} of {each}{where[self.spread]}{plugin}"
 
 
 ONE_NODE = Placement()
@@ -58,8 +62,12 @@ class Capacity:
     node_name: str
     gpus: int
     cpus: int
+    model_plugins: frozenset[str] = frozenset()
+    """The plug-in models installed where the worker runs."""
 
     def serves(self, need: Placement) -> bool:
+        if need.model_plugin is not None and need.model_plugin not in self.model_plugins:
+            return False
         if need.gpus_per_node:
             return self.gpus >= need.gpus_per_node
         return self.cpus >= need.procs_per_node
@@ -104,6 +112,14 @@ def why_waiting(need: Placement, live: Sequence[Capacity]) -> str | None:
     prefix = f"waiting: needs {need.describe()}"
     if not live:
         return f"{prefix}; no worker is live"
+    if need.model_plugin is not None:
+        having = [w for w in live if need.model_plugin in w.model_plugins]
+        if not having:
+            return (
+                f"waiting: needs the plug-in model {need.model_plugin!r}; no live worker has "
+                "it installed (GET /models lists the plug-ins of the live workers)"
+            )
+        live = having
     if need.gpus_per_node:
         largest = max(w.gpus for w in live)
         if largest < need.gpus_per_node:

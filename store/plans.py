@@ -15,8 +15,9 @@ from trainctl.store.checkpoints.info import (
     TokenizerId,
 )
 from trainctl.store.generation import GenerationSettings
-from trainctl.store.hf_config import HfModelConfig, is_hf
+from trainctl.store.hf_config import HfModelConfig, model_tag
 from trainctl.store.names import Name
+from trainctl.store.plugin_model import PluginModelConfig
 from trainctl.store.presets import ModelConfig
 from trainctl.store.specs import (
     BenchmarkOptions,
@@ -38,10 +39,13 @@ BENCHMARK_EXPERIMENT = "benchmark"
 """Benchmarks write no checkpoints; their runs are filed under this experiment name."""
 
 
-# Tagged by the shape of the value: a transformers config names its model_type.
+# Tagged by the shape of the value: a transformers config names its model_type, a
+# plug-in's its plugin.
 ConfigOfModel = Annotated[
-    Annotated[ModelConfig, Tag("gpt")] | Annotated[HfModelConfig, Tag("hf")],
-    Discriminator(is_hf),
+    Annotated[ModelConfig, Tag("gpt")]
+    | Annotated[HfModelConfig, Tag("hf")]
+    | Annotated[PluginModelConfig, Tag("plugin")],
+    Discriminator(model_tag),
 ]
 
 
@@ -49,10 +53,15 @@ ConfigOfModel = Annotated[
 
 
 class ModelPlan(Spec):
-    preset: str | None = Field(description="The preset the model started from; null for hf.")
+    preset: str | None = Field(
+        description="The preset the model started from; null for hf and plugin."
+    )
     overrides: dict[str, Any] = Field(description="The request's changes to the preset.")
     hf: dict[str, Any] | None = Field(
         None, description="The request's transformers architecture, as it was sent."
+    )
+    plugin: dict[str, Any] | None = Field(
+        None, description="The request's plug-in model (name and config), as it was sent."
     )
     config: ConfigOfModel = Field(description="The full model config that runs.")
 

@@ -72,6 +72,7 @@ from trainctl.store.plans import (
     ValidatePlan,
     data_tokenizer,
 )
+from trainctl.store.plugin_model import PluginModelConfig
 from trainctl.store.specs import (
     BYTES_TOKENIZER,
     MLFLOW_SETTING,
@@ -355,6 +356,11 @@ def resolve_export(
     folder, which must not exist yet (an export is never overwritten)."""
     info = _chosen_checkpoint(checkpoints, request, "export")
     config = info.require_model_config()
+    if isinstance(config, PluginModelConfig):
+        raise InvalidRequest(
+            f"checkpoint {info.experiment}/{info.tag} holds the plug-in model "
+            f"{config.plugin!r}, which has no transformers form to export to"
+        )
     if not isinstance(config, HfModelConfig):  # a transformers model exports as it is
         check_exportable(config)
     output = Path(os.path.realpath(exports_dir)) / info.experiment / info.tag
@@ -487,6 +493,12 @@ def _model_plan(model: ModelSpec, profile: Profile, **runtime: Any) -> ModelPlan
         except ValueError as exc:
             raise InvalidRequest(f"model.hf: {exc}") from exc
         return ModelPlan(preset=None, overrides={}, hf=model.hf, config=hf)
+    if model.plugin is not None:
+        try:
+            plugin = PluginModelConfig.of_request(model.plugin).replace(**runtime)
+        except ValueError as exc:
+            raise InvalidRequest(f"model.plugin: {exc}") from exc
+        return ModelPlan(preset=None, overrides={}, plugin=model.plugin, config=plugin)
     try:
         config = model.config(profile.preset).replace(**runtime)
     except TrainctlError:

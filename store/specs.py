@@ -154,6 +154,14 @@ class ModelSpec(Spec):
         "scalars or lists; nothing is downloaded, imported or executed (docs/models.md).",
     )
 
+    plugin: dict[str, Any] | None = Field(
+        None,
+        description="A plug-in model an operator installed on the workers (docs/models.md): "
+        '{"name": <registered name>, "config": {...}}; the config is handed to its builder '
+        "and must give vocab_size and max_seq_len. Only registered names are built; the run "
+        "waits until a live worker has the plug-in (GET /models lists them).",
+    )
+
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, v: str | None) -> str | None:
@@ -166,11 +174,29 @@ class ModelSpec(Spec):
     def _shipped_architecture(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         return None if v is None else check_hf_fields(v)
 
+    @field_validator("plugin")
+    @classmethod
+    def _plugin_by_name(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        # Imported here: store.plugin_model's config is a Spec of this module.
+        from trainctl.store.plugin_model import check_plugin_request
+
+        return None if v is None else check_plugin_request(v)
+
     @model_validator(mode="after")
     def _one_way_to_name_a_model(self) -> ModelSpec:
-        if self.hf is not None and (self.preset is not None or self.overrides):
+        named = [
+            way
+            for way, given in (
+                ("preset (with overrides)", self.preset is not None or bool(self.overrides)),
+                ("hf", self.hf is not None),
+                ("plugin", self.plugin is not None),
+            )
+            if given
+        ]
+        if len(named) > 1:
             raise ValueError(
-                "hf names the whole model: give either hf, or preset and overrides, not both"
+                f"{' and '.join(named)}: each names the whole model; give one of preset "
+                "(with overrides), hf or plugin"
             )
         return self
 

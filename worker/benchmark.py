@@ -21,6 +21,7 @@ import torch
 
 from trainctl.store.hf_config import AnyModelConfig, HfModelConfig
 from trainctl.store.plans import BenchmarkPlan
+from trainctl.store.plugin_model import PluginModelConfig
 from trainctl.store.presets import ModelConfig
 from trainctl.store.resolve import resolve_benchmark
 from trainctl.store.specs import BatchSpec, BenchmarkRequest, ModelSpec
@@ -107,6 +108,13 @@ def model_flops(
 ) -> tuple[float, dict[str, int], str]:
     """FLOPs per token, the parameter counts, and which formula gave them. A transformers
     model's parameters are counted on the model itself (its embedding lookup is no matmul)."""
+    if isinstance(cfg, PluginModelConfig):
+        assert model is not None, "a plug-in model is counted on the model"
+        total = sum(p.numel() for p in model.parameters())
+        declared = model.flops_per_token(seq_len)  # type: ignore[operator]
+        if declared is not None:
+            return declared, {"total": total}, f"plug-in {cfg.plugin}: its own flops_per_token"
+        return 6 * total, {"total": total}, "counted parameters: 6N (plug-in declares none)"
     if not isinstance(cfg, HfModelConfig):
         return flops_per_token(cfg, seq_len), cfg.param_counts(), "gpt: 6N + 12LdT"
     assert model is not None, "a transformers model is counted on the model"

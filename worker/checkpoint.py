@@ -45,6 +45,7 @@ from trainctl.store.checkpoints.store import CheckpointStore, Protection
 from trainctl.store.checkpoints.writer import CheckpointWriter
 from trainctl.store.hf_config import HfModelConfig, model_config_from_dict
 from trainctl.store.names import step_tag
+from trainctl.store.plugin_model import PluginModelConfig
 from trainctl.store.presets import ModelConfig
 from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch, CheckpointWriteFailed
 from trainctl.worker.hashed_file import HashedFile
@@ -276,7 +277,9 @@ def load_checkpoint(
     verify_manifest(checkpoint, deep=True)
     metadata = read_metadata(checkpoint)
     config, saved = getattr(model, "config", None), metadata.get("model_config")
-    if isinstance(config, ModelConfig | HfModelConfig) and isinstance(saved, dict):
+    if isinstance(config, ModelConfig | HfModelConfig | PluginModelConfig) and isinstance(
+        saved, dict
+    ):
         check_fits(model_config_from_dict(saved), config, f"checkpoint {where}")
     # The state dict's names: a transformers model's are its own (worker/models/hf.py).
     params = model.state_dict()

@@ -170,7 +170,12 @@ def muon_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     orthogonalises each update of a matrix, which fits matrices that map activations to
     activations inside the blocks; a lookup table (an embedding, a tied head), an output
     head, a router, a vector (norms, gains, biases) or a kernel of another rank (a conv1d's)
-    goes to AdamW."""
+    goes to AdamW. A plug-in model that declares its own rule gets that instead
+    (worker/models/plugin.py)."""
+    own = getattr(model, "muon_param_names", None)
+    names = own() if own is not None else None
+    if names is not None:
+        return [(n, p) for n, p in trainable(model) if n in names]
     others = adamw_only(model)
     return [(n, p) for n, p in trainable(model) if p.dim() == 2 and id(p) not in others]
 

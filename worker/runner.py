@@ -33,6 +33,7 @@ from trainctl.worker.context import Heartbeat, RunContext
 from trainctl.worker.executor import Outcome, WorkerEnv, execute
 from trainctl.worker.launch import PeerLost
 from trainctl.worker.logs import configure_logging, running
+from trainctl.worker.models.plugin import MODEL_PLUGINS
 from trainctl.worker.rendezvous import listener
 
 log = logging.getLogger("trainctl.worker")
@@ -186,6 +187,7 @@ class Worker:
             gpus=torch.cuda.device_count() if device == "cuda" else 0,
             cpus=cpu_count(),
             address=self.config.address,
+            model_plugins=MODEL_PLUGINS.names(),
         )
 
     def rendezvous(self) -> str:

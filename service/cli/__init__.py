@@ -8,7 +8,7 @@
     trainctl checkpoints list | latest | show EXP TAG | prune EXP | download | delete | export
     trainctl sample EXP TAG "def " --max-new-tokens 64      # the text as it is generated
     trainctl exports list | show EXP TAG | download EXP TAG -o DIR | delete EXP TAG
-    trainctl workers
+    trainctl workers | models
     trainctl webhooks add URL --events succeeded,failed | list | remove ID | deliveries ID
 
 It talks to TRAINCTL_URL with TRAINCTL_API_TOKEN, or a profile of
@@ -27,6 +27,7 @@ from trainctl.service.cli import (
     checkpoints,
     data,
     exports,
+    models,
     runs,
     sample,
     server,
@@ -98,6 +99,7 @@ app.add_typer(checkpoints.app, name="checkpoints")
 app.add_typer(exports.app, name="exports")
 sample.register(app)
 workers.register(app)
+models.register(app)
 app.add_typer(data.app, name="data")
 app.add_typer(tokens.app, name="tokens")
 app.add_typer(webhooks.app, name="webhooks")

@@ -29,6 +29,7 @@ from trainctl.service.schemas import (
     HealthPublic,
     LogPublic,
     MetricPublic,
+    ModelsPublic,
     PruneResult,
     ReadinessPublic,
     RunPublic,
@@ -241,6 +242,10 @@ class AsyncTrainctlClient:
 
     async def workers(self) -> list[WorkerPublic]:
         return await self._call(calls.workers())
+
+    async def models(self) -> ModelsPublic:
+        """The models a request may name: presets, live workers' plug-ins, transformers types."""
+        return await self._call(calls.models())
 
     async def health(self) -> HealthPublic:
         return await self._call(calls.health())

@@ -33,6 +33,7 @@ from trainctl.service.schemas import (
     LogsPublic,
     MetricPublic,
     MetricsPublic,
+    ModelsPublic,
     PruneResult,
     ReadinessPublic,
     RunPublic,
@@ -242,6 +243,10 @@ def workers() -> Call[list[WorkerPublic]]:
     return Call(
         Request("GET", "/workers"), lambda body: WorkersPublic.model_validate_json(body).items
     )
+
+
+def models() -> Call[ModelsPublic]:
+    return Call(Request("GET", "/models"), ModelsPublic.model_validate_json)
 
 
 def health() -> Call[HealthPublic]:

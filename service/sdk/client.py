@@ -43,6 +43,7 @@ from trainctl.service.schemas import (
     HealthPublic,
     LogPublic,
     MetricPublic,
+    ModelsPublic,
     PruneResult,
     ReadinessPublic,
     RunPublic,
@@ -275,6 +276,10 @@ class TrainctlClient:
 
     def workers(self) -> list[WorkerPublic]:
         return self._call(calls.workers())
+
+    def models(self) -> ModelsPublic:
+        """The models a request may name: presets, live workers' plug-ins, transformers types."""
+        return self._call(calls.models())
 
     def health(self) -> HealthPublic:
         return self._call(calls.health())

@@ -37,12 +37,21 @@ GANG_RESERVE_SECONDS = 60.0
 """How long a gang waits before the workers that could join it stop taking smaller runs."""
 
 
+def plugins_of(value: Any) -> frozenset[str]:
+    """A worker row's `model_plugins`: a list of names; anything else reads as none."""
+    if not isinstance(value, list):
+        return frozenset()
+    return frozenset(name for name in value if isinstance(name, str))
+
+
 def capacity_of(row: Row[Any]) -> Capacity:
-    return Capacity(row.id, row.node_name, row.gpus, row.cpus)
+    return Capacity(row.id, row.node_name, row.gpus, row.cpus, plugins_of(row.model_plugins))
 
 
 def placement_of_row(row: Row[Any]) -> Placement:
-    return Placement(row.nnodes, row.gpus_per_node, row.procs_per_node, row.spread)
+    return Placement(
+        row.nnodes, row.gpus_per_node, row.procs_per_node, row.spread, row.model_plugin
+    )
 
 
 def servable_by(cap: Capacity | None) -> ColumnElement[bool]:
@@ -52,7 +61,8 @@ def servable_by(cap: Capacity | None) -> ColumnElement[bool]:
         return runs.c.nnodes == 1
     gpu_run = and_(runs.c.gpus_per_node > 0, runs.c.gpus_per_node <= cap.gpus)
     cpu_run = and_(runs.c.gpus_per_node == 0, runs.c.procs_per_node <= cap.cpus)
-    return or_(gpu_run, cpu_run)
+    plugin = or_(runs.c.model_plugin.is_(None), runs.c.model_plugin.in_(sorted(cap.model_plugins)))
+    return and_(or_(gpu_run, cpu_run), plugin)
 
 
 def candidates(conn: Connection, cap: Capacity | None) -> Sequence[str]:

@@ -35,6 +35,7 @@ from trainctl.store.db.queue import (
     my_place,
     place_gang,
     placement_of_row,
+    plugins_of,
     reserved_for,
 )
 from trainctl.store.db.rows import RowReader, is_clean, storable_json
@@ -142,10 +143,14 @@ class Worker:
     gpus: int = 0
     cpus: int = 1
     address: str | None = None
+    model_plugins: tuple[str, ...] = ()
+    """The plug-in models installed where it runs (store/plugin_model.py)."""
 
     @property
     def capacity(self) -> Capacity:
-        return Capacity(self.id, self.node_name, self.gpus, self.cpus)
+        return Capacity(
+            self.id, self.node_name, self.gpus, self.cpus, frozenset(self.model_plugins)
+        )
 
 
 QUEUE_RETRY_SECONDS = 30
@@ -256,6 +261,7 @@ class RunStore:
             "gpus_per_node": placement.gpus_per_node,
             "procs_per_node": placement.procs_per_node,
             "spread": placement.spread,
+            "model_plugin": placement.model_plugin,
         }
         try:
             return self._enqueue_once(values, queue_limits)
@@ -750,13 +756,16 @@ class RunStore:
         gpus: int = 0,
         cpus: int = 1,
         address: str | None = None,
+        model_plugins: Iterable[str] = (),
     ) -> None:
-        """Record a worker process and what it has (store/placement.py); registering an id
-        again replaces its record (a restart), idle."""
+        """Record a worker process and what it has (store/placement.py), with the plug-in
+        models installed where it runs; registering an id again replaces its record (a
+        restart), idle."""
         now = _utcnow()
         values = {"host": host, "pid": pid, "device": device, "info": storable_json(_as_json(info))}
         values |= {"started_at": now, "last_seen_at": now, "run_id": None}
         values |= {"node_name": node_name or host, "gpus": gpus, "cpus": cpus, "address": address}
+        values["model_plugins"] = sorted(model_plugins)
         with write_transaction(self.engine) as conn:
             # Update-then-insert instead of a dialect-specific upsert: the write transaction
             # makes it atomic on SQLite; on PostgreSQL a racing insert fails loudly.
@@ -887,6 +896,7 @@ def _worker_from_row(row: Row[Any], current_run_id: str | None) -> Worker:
         row.gpus,
         row.cpus,
         reader.text("address", row.address),
+        tuple(sorted(plugins_of(row.model_plugins))),
     )
 
 

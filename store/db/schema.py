@@ -121,6 +121,8 @@ runs = Table(
     Column("gpus_per_node", Integer, nullable=False, default=0, server_default="0"),
     Column("procs_per_node", Integer, nullable=False, default=1, server_default="1"),
     Column("spread", String(16), nullable=False, default="any", server_default="any"),
+    # The plug-in model a worker must have installed to take the run; None: any worker.
+    Column("model_plugin", String(100), nullable=True),
     # When the run last became queued: a gang waiting longer than the reservation time
     # keeps the workers that could join it from taking smaller runs.
     Column("queued_at", UTCDateTime, nullable=True),
@@ -181,6 +183,8 @@ workers = Table(
     Column("node_name", String(255), nullable=False, default="", server_default=""),
     Column("gpus", Integer, nullable=False, default=0, server_default="0"),
     Column("cpus", Integer, nullable=False, default=1, server_default="1"),
+    # The plug-in models installed where it runs (a list of names; None: none).
+    Column("model_plugins", JSON, nullable=True),
     # Where a gang it leads meets (the torchrun rendezvous host).
     Column("address", String(255), nullable=True),
     # The run this worker process is busy with, set when it claims one or a gang's leader

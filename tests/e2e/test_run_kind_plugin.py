@@ -5,66 +5,37 @@ its worker processes, with no other module edited.
 
 The service's workers start isolated (store/processes.py: `python -I`, no PYTHONPATH), so the
 plug-in must be installed where an interpreter finds it by itself: the site-packages of the
-environment the service runs in. The test makes such an environment: a virtualenv holding
-the plug-in, that sees this environment's packages (torch, FastAPI, ...) through a `.pth`
-line instead of installing them again."""
+environment the service runs in (tests/e2e/plugin_env.py makes one)."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import site
 import subprocess
 import sys
-import sysconfig
-import venv
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.e2e.plugin_env import install_plugin, pyproject
 from tests.polling import poll
 from tests.service_process import Service
 
-PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
-PYPROJECT = """\
-[build-system]
-requires = ["setuptools"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "trainctl-echo"
-version = "1.0"
-
-[project.entry-points."trainctl.run_kinds"]
-echo = "trainctl_echo.kind:ECHO"
-
-[project.entry-points."trainctl.executors"]
-echo = "trainctl_echo.executor:execute_echo"
-
-[tool.setuptools]
-packages = ["trainctl_echo"]
-"""
+ECHO = pyproject(
+    "trainctl-echo",
+    "trainctl_echo",
+    {
+        "trainctl.run_kinds": {"echo": "trainctl_echo.kind:ECHO"},
+        "trainctl.executors": {"echo": "trainctl_echo.executor:execute_echo"},
+    },
+)
 
 
 @pytest.fixture(scope="module")
 def plugin_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The python of an environment where trainctl-echo is installed (by pip, offline)."""
-    env = tmp_path_factory.mktemp("plugin-env")
-    venv.create(env, symlinks=True)
-    site_packages = Path(sysconfig.get_path("purelib", vars={"base": str(env)}))
-    (site_packages / "_shared.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    source = tmp_path_factory.mktemp("plugin-src")
-    shutil.copytree(PLUGINS / "trainctl_echo", source / "trainctl_echo")
-    (source / "pyproject.toml").write_text(PYPROJECT)
-    python = env / "bin" / "python"
-    install = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--no-index", "--no-cache-dir", str(source)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert install.returncode == 0, install.stdout + install.stderr
-    return python
+    env, source = tmp_path_factory.mktemp("plugin-env"), tmp_path_factory.mktemp("plugin-src")
+    return install_plugin(env, source, "trainctl_echo", ECHO)
 
 
 @pytest.fixture

@@ -74,7 +74,7 @@ def test_values_are_json_scalars_and_lists(value: Any) -> None:
 
 
 def test_hf_and_a_preset_are_one_or_the_other() -> None:
-    with pytest.raises(ValidationError, match="either hf, or preset"):
+    with pytest.raises(ValidationError, match=r"preset \(with overrides\) and hf: each names"):
         ModelSpec(hf={"model_type": "llama"}, preset="tiny")
 
 

@@ -175,9 +175,9 @@ def test_a_plan_leaves_the_worker_nothing_to_default(plan: type[BaseModel]) -> N
     # plan states (and one without a TensorBoard folder of its own, which writes to the data
     # dir's); a prepare's tokenizing processes default to the cores of the worker that runs
     # it; a checkpoint without a known tokenizer samples from token ids, not text.
-    # model.preset and model.hf record what the request named (one of the two); the worker
-    # reads model.config alone.
-    named_model = ["model.preset", "model.hf"]
+    # model.preset, model.hf and model.plugin record what the request named (one of the
+    # three); the worker reads model.config alone.
+    named_model = ["model.preset", "model.hf", "model.plugin"]
     expected = {
         TrainPlan: [
             *named_model,

@@ -1,10 +1,12 @@
-"""The models a worker builds, by name: the built-in GPT and transformers architectures
-(docs/models.md).
+"""The models a worker builds, by name: the built-in GPT, transformers architectures and the
+plug-in models installed on the node (docs/models.md).
 
 A `ModelBuilder` turns a plan's model config into a module that trains through the same
 loop: `loss(tokens, targets)` -> (training loss, next-token loss) and `forward(tokens)` ->
 logits. Builders are a `Registry` (registering a name twice raises); which one a config
-takes is `builder_name(config)`.
+takes is `builder_name(config)`. Plug-ins are a registry of their own (`MODEL_PLUGINS`,
+the `trainctl.models` entry-point group, worker/models/plugin.py), so a plug-in can never
+take a built-in's name.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import torch
 from torch import nn
 
 from trainctl.store.hf_config import AnyModelConfig, HfModelConfig, model_config_from_dict
+from trainctl.store.plugin_model import PluginModelConfig
 from trainctl.store.registry import Registry
 from trainctl.worker import model as gpt
 from trainctl.worker.models.hf import HFCausalLM, build_hf_model
+from trainctl.worker.models.plugin import PluginModel, build_plugin_model
 
-LanguageModel = gpt.GPT | HFCausalLM
+LanguageModel = gpt.GPT | HFCausalLM | PluginModel
 """What the loop, validation and generation are given."""
 
 
@@ -31,11 +35,13 @@ class ModelBuilder:
     """The module of a config, initialised with the seed (None: the global RNG)."""
 
 
-MODEL_BUILDERS: Registry[ModelBuilder] = Registry("model builder", group="trainctl.models")
+MODEL_BUILDERS: Registry[ModelBuilder] = Registry("model builder")
 
 
 def builder_name(config: AnyModelConfig) -> str:
-    return "hf" if isinstance(config, HfModelConfig) else "gpt"
+    if isinstance(config, HfModelConfig):
+        return "hf"
+    return "plugin" if isinstance(config, PluginModelConfig) else "gpt"
 
 
 def build_model(
@@ -71,3 +77,4 @@ def model_files(model: nn.Module) -> dict[str, bytes]:
 
 MODEL_BUILDERS.register("gpt", ModelBuilder(lambda cfg, seed: gpt.build_model(cfg, seed=seed)))
 MODEL_BUILDERS.register("hf", ModelBuilder(build_hf_model))
+MODEL_BUILDERS.register("plugin", ModelBuilder(build_plugin_model))
