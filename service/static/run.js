@@ -142,8 +142,11 @@ export function resumeRequest(spec) {
     const parts = data.dataset.split("/");
     if (parts.at(-2) === "datasets") data = { ...data, dataset: parts.at(-1) };
   }
-  // A transformers architecture is named by its hf fields alone (docs/models.md).
-  const named = model.hf ? { hf: model.hf } : { preset: model.preset, overrides: model.overrides };
+  // A transformers architecture is named by its hf fields alone, a plug-in model by its name
+  // and config (docs/models.md); the plan keeps each as the request gave it.
+  const named = model.hf ? { hf: model.hf }
+    : model.plugin ? { plugin: model.plugin }
+    : { preset: model.preset, overrides: model.overrides };
   return { ...rest, data, model: named, resume_from: "latest" };
 }
 
