@@ -19,8 +19,7 @@
 #                   python -m trainctl.worker, 50 steps (bf16, compile reduce-overhead, async
 #                   checkpoints), then a second run resuming from latest for 10 more
 #   fsdp_1b         slot: the 1b preset under FSDP on the one GPU, once FSDP has landed
-#   llama_base      slot: a llama config of base's shape through trainctl, once transformers
-#                   models have landed
+#   llama_base      a transformers llama config of base's shape through trainctl's benchmark
 # then the summary (python -m bench.gpu_summary): every figure and the ratios against the goals.
 # A new step is a function `step_NAME` (it writes $STEPS_DIR/NAME.json; `skip REASON` skips
 # it) and one `run_step NAME SECONDS` line below.
@@ -89,6 +88,12 @@ check_wheels() {
     return "$bad"
 }
 
+llama_of() {  # llama_of D LAYERS HEADS KV_HEADS FFN VOCAB CONTEXT: a transformers llama config
+    printf '{"model_type":"llama","hidden_size":%s,"num_hidden_layers":%s,' "$1" "$2"
+    printf '"num_attention_heads":%s,"num_key_value_heads":%s,"intermediate_size":%s,' "$3" "$4" "$5"
+    printf '"vocab_size":%s,"max_position_embeddings":%s}' "$6" "$7"
+}
+
 MODE=gpu
 case "${1:-}" in
     --fetch-wheels) fetch_wheels; exit ;;
@@ -125,6 +130,8 @@ if [[ $MODE == dry-run ]]; then
     export PYTHONPATH=$WORK/image:$REPO
     # The sizes of a few seconds a step on two cores.
     BENCH_ARGS="--device cpu --preset tiny --micro-batch-size 2 --grad-accum-steps 2 --seq-len 64 --no-compile"
+    LLAMA_ARGS="--device cpu --micro-batch-size 2 --grad-accum-steps 2 --seq-len 64 --no-compile"
+    LLAMA=$(llama_of 64 2 4 2 128 512 128)  # tiny's shape
     BENCH_STEPS=3 BENCH_WARMUP=1
     TRAIN_ARGS="--device cpu --preset tiny --steps 6 --resume-steps 3 --seq-len 128 --no-compile"
     CHECKPOINT_ARGS=--quick
@@ -145,10 +152,12 @@ else
         exit 2
     fi
     BENCH_ARGS=""  # the CUDA benchmark profile: base, 4 x 8, seq 4096, compile, bf16
+    LLAMA_ARGS=""  # the same profile's batch and compile
+    LLAMA=$(llama_of 1024 24 16 4 3840 64000 4096)  # base's shape (store/presets.py)
     TRAIN_ARGS="--device cuda --preset base --steps 50 --resume-steps 10 --seq-len 4096"
     CHECKPOINT_ARGS=""
 fi
-export PY BENCH_ARGS BENCH_STEPS BENCH_WARMUP TRAIN_ARGS CHECKPOINT_ARGS
+export PY BENCH_ARGS LLAMA_ARGS LLAMA BENCH_STEPS BENCH_WARMUP TRAIN_ARGS CHECKPOINT_ARGS
 
 # --- the steps: each runs in its own bash under `timeout`, its output in $STEPS_DIR/NAME.log --
 
@@ -234,8 +243,11 @@ step_fsdp_1b() {
 }
 
 step_llama_base() {
-    # When transformers models land: a llama config of base's shape through trainctl.
-    skip "transformers models have not landed in trainctl"
+    # A transformers llama of base's shape (docs/models.md) through the same benchmark.
+    # shellcheck disable=SC2086  # LLAMA_ARGS is a list of flags
+    "$PY" -m trainctl.worker.benchmark --steps "$BENCH_STEPS" --warmup-steps "$BENCH_WARMUP" \
+        $LLAMA_ARGS --hf "$LLAMA" --json >"$STEPS_DIR/llama_base.json" || return
+    cat "$STEPS_DIR/llama_base.json"
 }
 
 status_of() {  # the status a step ended with (empty before it ran)

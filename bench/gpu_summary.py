@@ -6,6 +6,7 @@ STEPS_DIR holds what bench/gpu.sh's steps left: `NAME.status` (one JSON object: 
 failed, timeout, skipped (on purpose) or not_run (no time left), exit code, seconds, why)
 and `NAME.json`, the step's own output: `env` (versions), `pytest_gpu` (`pytest_gpu.xml`,
 JUnit), `bench_trainctl` (the worker benchmark's JSON), `bench_peer` (bench/gpu_peer.py's),
+`llama_base` (the worker benchmark's, of a transformers llama of base's shape),
 `checkpoint_io` (`python -m bench --json`'s list of figures) and `train_resume`
 (bench/gpu_train.py's). Prints a table of the figures and the ratios against the issue's
 goals; writes them as one JSON object. A step that did not run or wrote nothing shows as
@@ -175,6 +176,7 @@ def summarize(steps_dir: Path, mode: str | None = None) -> dict[str, Any]:
     order = sorted(statuses, key=lambda n: statuses[n].get("order", 0))
     trainctl = speed(last_json_line(steps_dir / "bench_trainctl.json"))
     peer = speed(last_json_line(steps_dir / "bench_peer.json"))
+    llama = speed(last_json_line(steps_dir / "llama_base.json"))
     checkpoint = checkpoint_figures(read_json(steps_dir / "checkpoint_io.json"))
     tc, pr, ck = trainctl or {}, peer or {}, checkpoint or {}
     tokens_ratio = ratio(tc.get("tokens_per_sec"), pr.get("tokens_per_sec"))
@@ -193,6 +195,9 @@ def summarize(steps_dir: Path, mode: str | None = None) -> dict[str, Any]:
         "train_resume": train_figures(read_json(steps_dir / "train_resume.json")),
         "trainctl": trainctl,
         "peer": peer,
+        "llama": llama,
+        # What the built-in GPT is worth against a transformers llama of its shape.
+        "builtin_over_llama": ratio(tc.get("tokens_per_sec"), (llama or {}).get("tokens_per_sec")),
         "checkpoint": checkpoint,
         "goals": [asdict(g) | {"met": g.met} for g in goals],
         "ok": all(s.get("status") in ("ok", "skipped") for s in statuses.values()),
@@ -250,7 +255,7 @@ def render(s: dict[str, Any]) -> str:
     out.append(
         f"{'':<10} {'tokens/s':>12} {'MFU':>7} {'p50 ms':>9} {'p95 ms':>9} {'peak GiB':>9}  compile"
     )
-    for label in ("trainctl", "peer"):
+    for label in ("trainctl", "peer", "llama"):
         r = s.get(label) or {}
         out.append(
             f"{label:<10} {fmt(r.get('tokens_per_sec'), ',.0f'):>12} "
@@ -258,6 +263,8 @@ def render(s: dict[str, Any]) -> str:
             f"{fmt(r.get('step_time_p95_ms')):>9} {fmt(r.get('peak_memory_gib'), '.1f'):>9}"
             f"  {r.get('compile') or '-'}"
         )
+    if s.get("builtin_over_llama") is not None:
+        out.append(f"built-in GPT / transformers llama tokens/s: {s['builtin_over_llama']:.3f}x")
     ck = s.get("checkpoint") or {}
     if ck:
         out.append("")

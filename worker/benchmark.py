@@ -169,7 +169,15 @@ def arg_parser(prog: str = "python -m trainctl.worker.benchmark") -> argparse.Ar
     p = argparse.ArgumentParser(prog=prog, description=__doc__)
     p.add_argument("--steps", type=int, default=100, help="measured steps")
     p.add_argument("--warmup-steps", type=int, default=10)
-    p.add_argument("--preset", default=None, help="model preset (default: device profile's)")
+    model = p.add_mutually_exclusive_group()
+    model.add_argument("--preset", default=None, help="model preset (default: device profile's)")
+    model.add_argument(
+        "--hf",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help='a transformers architecture instead, as a request names it: {"model_type": ...}',
+    )
     p.add_argument("--micro-batch-size", type=int, default=None)
     p.add_argument("--grad-accum-steps", type=int, default=None)
     p.add_argument("--seq-len", type=int, default=None)
@@ -197,7 +205,7 @@ def resolve_args(args: argparse.Namespace) -> BenchmarkPlan:
         BenchmarkRequest(
             steps=args.steps,
             warmup_steps=args.warmup_steps,
-            model=ModelSpec(preset=args.preset),
+            model=ModelSpec(hf=args.hf) if args.hf is not None else ModelSpec(preset=args.preset),
             batch=BatchSpec(
                 micro_batch_size=args.micro_batch_size,
                 grad_accum_steps=args.grad_accum_steps,

@@ -12,7 +12,7 @@ from tests.plans import benchmark_plan
 from trainctl.store.presets import get_preset
 from trainctl.store.resolve import BENCHMARK_PROFILES, resolve_benchmark
 from trainctl.store.specs import BenchmarkRequest, OptimizerSpec, ScheduleSpec
-from trainctl.worker.benchmark import flops_per_token, run_benchmark
+from trainctl.worker.benchmark import flops_per_token, parse_args, resolve_args, run_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 RESULT_FIELDS = {
@@ -165,3 +165,14 @@ def test_cli_rejects_an_unknown_preset_in_one_line() -> None:
     )
     assert proc.returncode == 2
     assert "unknown model preset 'huge'" in proc.stderr
+
+
+def test_the_cli_benchmarks_a_transformers_architecture_named_by_its_config() -> None:
+    """--hf names a model as a request's model.hf does (bench/gpu.sh's llama_base)."""
+    llama = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2}
+    plan = resolve_args(parse_args(["--device", "cpu", "--hf", json.dumps(llama)]))
+
+    assert plan.model.hf == llama and plan.model.preset is None
+    assert plan.model.config.model_type == "llama"
+    with pytest.raises(SystemExit):
+        parse_args(["--preset", "tiny", "--hf", json.dumps(llama)])  # one model or the other
