@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from tests.plans import train_plan
+from tests.stores import posix_store
 from trainctl.worker.train import train
 
 SOAK = int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "0")) > 0
@@ -71,7 +72,7 @@ def losses(root: Path, stop_after: int | None = None, **req: Any) -> dict[int, f
             seen[m["step"]] = m["loss"]
 
     stop = (lambda: len(seen) >= stop_after) if stop_after else None
-    train(train_plan(root, **req), root, on_metrics=on_metrics, should_stop=stop)
+    train(train_plan(root, **req), posix_store(root), on_metrics=on_metrics, should_stop=stop)
     return seen
 
 
