@@ -25,9 +25,21 @@ class Stores:
 
 
 def open_stores(layout: DataLayout) -> Stores:
-    """The checkpoint and export stores of a data dir, on its filesystem."""
-    return Stores(
-        layout,
-        CheckpointStore(PosixStorage(layout.checkpoints)),
-        CheckpointStore(PosixStorage(layout.exports)),
-    )
+    """The checkpoint and export stores of a data dir: on its filesystem, or in the bucket
+    of its `storage_url` (``s3://bucket/prefix``) when it has one."""
+    if layout.storage_url is None:
+        return Stores(
+            layout,
+            CheckpointStore(PosixStorage(layout.checkpoints)),
+            CheckpointStore(PosixStorage(layout.exports)),
+        )
+    from trainctl.store.checkpoints.s3 import S3Storage, build_client, parse_url
+
+    bucket, prefix = parse_url(layout.storage_url)
+    client = build_client()  # one connection pool for both stores
+
+    def in_bucket(name: str) -> CheckpointStore:
+        where = f"{prefix}/{name}".lstrip("/")
+        return CheckpointStore(S3Storage(bucket, where, cache_dir=layout.cache, client=client))
+
+    return Stores(layout, in_bucket("checkpoints"), in_bucket("exports"))

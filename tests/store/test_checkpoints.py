@@ -17,7 +17,16 @@ from typing import Any
 import pytest
 
 import trainctl.store.checkpoints.store as checkpoints_module
-from tests.stores import folder, manifest_of, posix_store, read_files, rewrite, write_entry
+from tests.s3server import S3Server
+from tests.stores import (
+    folder,
+    manifest_of,
+    posix_store,
+    read_files,
+    rewrite,
+    s3_store,
+    write_entry,
+)
 from trainctl.store.checkpoints.manifests import (
     MANIFEST_FILE,
     METADATA_FILE,
@@ -28,6 +37,7 @@ from trainctl.store.checkpoints.manifests import (
 from trainctl.store.checkpoints.memory import MemoryStorage
 from trainctl.store.checkpoints.posix import STAGING_PREFIX, TRASH_PREFIX, PosixStorage
 from trainctl.store.checkpoints.protection import ProtectionPolicy
+from trainctl.store.checkpoints.s3 import S3Storage
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import (
@@ -51,10 +61,13 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=["posix", "memory"])
+@pytest.fixture(params=["posix", "memory", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> CheckpointStore:
     if request.param == "posix":
         return posix_store(tmp_path / "checkpoints")
+    if request.param == "s3":
+        server: S3Server = request.getfixturevalue("s3_server")
+        return s3_store(server, server.new_bucket(), tmp_path / "cache", clock=Clock())
     return CheckpointStore(MemoryStorage(clock=Clock()))
 
 
@@ -89,7 +102,7 @@ def committed_at(store: CheckpointStore, experiment: str, tag: str, when: float)
     if isinstance(store.storage, PosixStorage):
         os.utime(folder(store, experiment, tag) / MANIFEST_FILE, (when, when))
         return
-    assert isinstance(store.storage, MemoryStorage)
+    assert isinstance(store.storage, MemoryStorage | S3Storage)
     clock, store.storage.clock = store.storage.clock, lambda: when
     try:
         write_entry(store, experiment, tag, read_files(store, experiment, tag))
@@ -583,7 +596,10 @@ def test_latest_of_an_experiment_reads_only_the_newest_entries(
 
     monkeypatch.setattr(checkpoints_module, "read_info", counting)
     assert store.latest("exp").tag == "step_29"
-    assert read == ["step_30", "step_29"]  # not all 30: this is the most polled read
+    # not all 30: this is the most polled read (on S3 an entry without its manifest, the
+    # commit marker, is not even listed)
+    crashed = ["step_30"] if "step_30" in store.storage.tags("exp") else []
+    assert read == [*crashed, "step_29"]
 
 
 def test_a_hidden_bad_checkpoint_is_reported_once_in_the_log(
@@ -606,11 +622,11 @@ def test_a_reader_offers_a_local_path_only_where_the_file_is_local(
 ) -> None:
     save(store, "exp", step=1, weights=b"mapped")
     with store.entry("exp", "step_1").open(MODEL_FILE) as reader:
-        if isinstance(store.storage, PosixStorage):
+        if isinstance(store.storage, MemoryStorage):
+            assert reader.local_path is None
+        else:  # a POSIX file, or an S3 object's copy in the local cache
             assert reader.local_path is not None
             assert Path(reader.local_path).read_bytes() == b"mapped"
-        else:
-            assert reader.local_path is None
         assert reader.read() == b"mapped"
     with pytest.raises(FileNotFoundError):
         store.entry("exp", "step_1").open("absent.bin")
