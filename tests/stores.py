@@ -21,11 +21,13 @@ def posix_store(root: Path) -> CheckpointStore:
     return CheckpointStore(PosixStorage(root))
 
 
-def s3_store(server: S3Server, bucket: str, cache: Path, **options: Any) -> CheckpointStore:
+def s3_store(
+    server: S3Server, bucket: str, cache: Path, prefix: str = "ckpt", **options: Any
+) -> CheckpointStore:
     """A store in `bucket` of a test's S3 server; a save killed in another process is swept
     at once (`stale_after` 0), not an hour later."""
     options.setdefault("stale_after", 0.0)
-    storage = S3Storage(bucket, "ckpt", cache_dir=cache, client=server.client(), **options)
+    storage = S3Storage(bucket, prefix, cache_dir=cache, client=server.client(), **options)
     return CheckpointStore(storage)
 
 
