@@ -372,7 +372,7 @@ def train_rank(
     stop = AgreedStop(rank_stop(ctx, workdir / STOP_FILE), device or torch.device("cpu"))
     cache = job.get("cache_dir")
     layout = DataLayout(Path(job["data_dir"]), job.get("storage_url"), cache and Path(cache))
-    store = open_stores(layout).checkpoints
+    store = open_stores(layout, runs).checkpoints
     policy = ProtectionPolicy(runs, store)
     trainer = RankTrainer(
         plan,

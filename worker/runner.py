@@ -183,7 +183,7 @@ class Worker:
     def __init__(self, config: WorkerConfig, runs: RunStore | None = None) -> None:
         self.config = config
         self.runs = runs or RunStore(config.database_url)
-        self.env = WorkerEnv(open_stores(config.layout), config.address)
+        self.env = WorkerEnv(open_stores(config.layout, self.runs), config.address)
         self.shutdown = threading.Event()
 
     def register(self) -> None:

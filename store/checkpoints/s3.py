@@ -26,8 +26,9 @@ manifest (size and sha256) is kept; one that does not is served once, so that th
 own checks report the damage as on any storage, and dropped. Past `max_cache_bytes`, the
 least recently used files are evicted.
 
-The guard is, for now, a lock of this process (docs/architecture.md says what that leaves
-unsafe across processes, and the run database lease that replaces it).
+The guard is a lease per experiment in the run database (`store.db.guards`), taken under a
+lock of this process; a storage opened without the database (a tool, a test) has the lock
+alone, which docs/architecture.md says what it leaves unsafe across processes.
 
 Credentials come from the AWS environment or profile (boto3's chain), the server from
 `AWS_ENDPOINT_URL`; errors name the bucket and what to check, never a credential.
@@ -50,12 +51,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE
 from trainctl.store.checkpoints.storage import Complete
 from trainctl.store.exceptions import StorageUnavailable
 from trainctl.store.names import validate_name
+
+if TYPE_CHECKING:
+    from trainctl.store.db.guards import GuardLeases
 
 logger = logging.getLogger(__name__)
 
@@ -269,6 +273,7 @@ class S3Storage:
         max_cache_bytes: int = 50 * 1024**3,
         part_bytes: int = PART_BYTES,
         max_concurrency: int = 8,
+        leases: GuardLeases | None = None,
     ) -> None:
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.client = client if client is not None else build_client()
@@ -281,6 +286,8 @@ class S3Storage:
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="trainctl-s3")
         self._lock = threading.RLock()  # this process's commits and deletes, and `reading`
         self._guards: dict[str, threading.RLock] = {}
+        self._held: dict[str, tuple[int, Callable[[], None] | None]] = {}  # guard depth, release
+        self.leases = leases
         self._live: set[tuple[str, str]] = set()  # (experiment, generation) being staged here
         self._pins = threading.local()
 
@@ -590,12 +597,27 @@ class S3Storage:
 
     @contextmanager
     def guard(self, experiment: str) -> Iterator[None]:
-        """The interim guard: a re-entrant lock of this process (see the module docstring)."""
+        """A lock of this process, then (the outermost take of it) the experiment's lease in
+        the run database, renewed while held; without `leases`, the lock alone (see the
+        module docstring for what that leaves unsafe across processes)."""
         validate_name("experiment", experiment)
         with self._lock:
             lock = self._guards.setdefault(experiment, threading.RLock())
-        with lock:
-            yield
+        with lock:  # only this thread touches the experiment's entry of `_held` now
+            depth, release = self._held.get(experiment, (0, None))
+            if depth == 0 and self.leases is not None:
+                key = self.describe(experiment)  # the checkpoints' and exports' differ
+                self.leases.take(key)
+                release = self.leases.keep(key)
+            self._held[experiment] = (depth + 1, release)
+            try:
+                yield
+            finally:
+                depth, release = self._held.pop(experiment)
+                if depth > 1:
+                    self._held[experiment] = (depth - 1, release)
+                elif release is not None:
+                    release()
 
 
 def _is_name(kind: str, name: str) -> bool:

@@ -1,8 +1,9 @@
-"""The checkpoint store's policy, exercised with small fake checkpoints (no torch), on both
-storages: the folders the service uses (POSIX) and the one in memory. That both pass the
-same tests shows the storage protocol is all the store needs (docs/architecture.md,
-"Checkpoint store", "Storage"). What only folders can do wrong (links, stray files,
-interrupted renames) is tested on POSIX below, and in tests/store/test_posix_storage.py."""
+"""The checkpoint store's policy, exercised with small fake checkpoints (no torch), on three
+storages: the folders (POSIX), the one in memory, and a bucket of a real S3 server (its
+guard a lease in a run database). That all pass the same tests shows the storage protocol
+is all the store needs (docs/architecture.md, "Checkpoint store", "Storage"). What only
+folders can do wrong (links, stray files, interrupted renames) is tested on POSIX below, and
+in tests/store/test_posix_storage.py; what only a bucket can, in test_s3_storage.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from trainctl.store.checkpoints.posix import STAGING_PREFIX, TRASH_PREFIX, Posix
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.checkpoints.s3 import S3Storage
 from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.guards import GuardLeases
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import (
     CheckpointCorrupt,
@@ -61,13 +63,26 @@ class Clock:
         return self.now
 
 
+@pytest.fixture(scope="module")
+def guard_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunStore]:
+    """The run database that holds the S3 stores' guards (one for the module: each test's
+    bucket names its own leases)."""
+    runs = RunStore(f"sqlite:///{tmp_path_factory.mktemp('guards') / 'runs.db'}")
+    runs.create_all()
+    yield runs
+    runs.close()
+
+
 @pytest.fixture(params=["posix", "memory", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> CheckpointStore:
     if request.param == "posix":
         return posix_store(tmp_path / "checkpoints")
     if request.param == "s3":
         server: S3Server = request.getfixturevalue("s3_server")
-        return s3_store(server, server.new_bucket(), tmp_path / "cache", clock=Clock())
+        leases = GuardLeases(request.getfixturevalue("guard_db").engine)
+        return s3_store(
+            server, server.new_bucket(), tmp_path / "cache", clock=Clock(), leases=leases
+        )
     return CheckpointStore(MemoryStorage(clock=Clock()))
 
 

@@ -27,6 +27,8 @@ from trainctl.store.checkpoints.manifests import (
 from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.s3 import S3Storage, parse_url
 from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.guards import GuardLeases
+from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import StorageUnavailable
 from trainctl.store.layout import DataLayout
 from trainctl.store.names import BEST_TAG, step_tag
@@ -281,6 +283,61 @@ def test_a_storage_url_that_names_no_bucket_is_refused(url: str) -> None:
 def test_a_storage_url_splits_into_bucket_and_prefix() -> None:
     assert parse_url("s3://b") == ("b", "")
     assert parse_url("s3://b/team/runs/") == ("b", "team/runs")
+
+
+def test_the_guard_is_a_lease_that_excludes_another_process_sharing_the_database(
+    s3_server: S3Server, bucket: str, tmp_path: Path, database_url: str
+) -> None:
+    runs = RunStore(database_url)
+    runs.create_all()
+    here, there = (
+        s3_store(s3_server, bucket, tmp_path / name, leases=GuardLeases(runs.engine))
+        for name in ("here", "there")
+    )  # two processes: each its own holder
+    with here.guard("exp"):
+        with here.guard("exp"):  # re-entrant
+            assert not takes_guard(there, "exp")
+        assert not takes_guard(there, "exp")
+        assert takes_guard(there, "other")  # one lease per experiment
+    assert takes_guard(there, "exp", timeout=10)
+    all_taken()
+    runs.close()
+
+
+def test_the_lease_of_a_killed_holder_runs_out(
+    s3_server: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    runs = RunStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    runs.create_all()
+    killed = GuardLeases(runs.engine, lease_seconds=0.5)
+    store = s3_store(s3_server, bucket, tmp_path / "cache", leases=GuardLeases(runs.engine))
+    killed.take(store.describe("exp"))  # and never released: its process died
+    assert not takes_guard(store, "exp", timeout=0.2)
+    assert takes_guard(store, "exp", timeout=10)
+    all_taken()
+    runs.close()
+
+
+TAKERS: list[threading.Thread] = []
+
+
+def takes_guard(store: CheckpointStore, experiment: str, timeout: float = 0.3) -> bool:
+    """Whether another thread takes the guard within `timeout` (then lets it go; the test
+    waits for every such thread before it closes the database: `all_taken`)."""
+    done = threading.Event()
+
+    def take() -> None:
+        with store.guard(experiment):
+            done.set()
+
+    TAKERS.append(threading.Thread(target=take, daemon=True))
+    TAKERS[-1].start()
+    return done.wait(timeout)
+
+
+def all_taken() -> None:
+    while TAKERS:
+        TAKERS.pop().join(timeout=30)
 
 
 def test_the_manifest_object_is_what_the_store_wrote(store: CheckpointStore) -> None:
