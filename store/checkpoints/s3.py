@@ -18,7 +18,7 @@ generation the manifest named before. Listings see only tags whose manifest exis
 removes the manifest first, so a half-deleted entry is never listed. A generation that no
 manifest names is what a killed save left: the next commit in the experiment sweeps those
 older than `stale_after` (a save of another process may still be uploading a younger one),
-and `cleanup`, run before any writer, sweeps them all, with unfinished multipart uploads.
+and `cleanup` sweeps them with unfinished multipart uploads (this process's at once).
 
 Reading downloads a file into a local cache (`cache_dir`), keyed by generation, so a cached
 file never goes stale: a generation's files never change. Only a download that matches its
@@ -526,7 +526,7 @@ class S3Storage:
                 self.forget(stage)
             if old is not None and old[0] and old[0] != stage.generation:
                 self.remove_generation(experiment, tag, old[0])
-        self.sweep(experiment, self.stale_after)
+        self.sweep(experiment)
 
     def forget(self, stage: S3Stage) -> None:
         with self._lock:
@@ -551,11 +551,10 @@ class S3Storage:
 
     # --- what interrupted writers left ---
 
-    def sweep(
-        self, experiment: str, older_than: float, *, spare_live: bool = True
-    ) -> list[tuple[str, str]]:
-        """Remove the generations of `experiment` that no manifest names, last written more
-        than `older_than` seconds ago and (with `spare_live`) not being staged here."""
+    def sweep(self, experiment: str, *, mine: bool = False) -> list[tuple[str, str]]:
+        """Remove the generations of `experiment` that no manifest names and that are
+        another process's, last written more than `stale_after` ago (it may still be
+        uploading a younger one), or, with `mine`, this process's stages too."""
         top = self.key(experiment) + "/"
         generations: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for obj in self._keys(top):
@@ -566,9 +565,10 @@ class S3Storage:
         for (tag, generation), objects in sorted(generations.items()):
             newest = max(o["LastModified"].timestamp() for o in objects)
             with self._lock:
-                if spare_live and (experiment, generation) in self._live:
-                    continue
-                if now - newest < older_than:
+                if (experiment, generation) in self._live:
+                    if not mine:
+                        continue
+                elif now - newest < self.stale_after:
                     continue
                 head = self._head(experiment, tag)
                 if head is not None and head[0] == generation:
@@ -578,14 +578,22 @@ class S3Storage:
         return swept
 
     def cleanup(self, experiment: str | None, complete: Complete) -> list[tuple[str, str]]:
-        """Every generation no manifest names, and unfinished multipart uploads. Nothing is
-        ever put back here: a commit is one PUT, so no entry is left aside for `complete`."""
+        """The generations no manifest names and the unfinished multipart uploads: this
+        process's, and other processes' older than `stale_after` (on a bucket that nodes
+        share, "before writers run" holds for this process only). Nothing is ever put back
+        here: a commit is one PUT, so no entry is left aside for `complete`."""
         names = [experiment] if experiment is not None else self.experiments()
-        done = [swept for name in names for swept in self.sweep(name, 0, spare_live=False)]
+        done = [swept for name in names for swept in self.sweep(name, mine=True)]
+        now = time.time()
         for name in names:
             top = self.key(name) + "/"
             page = self.call("list_multipart_uploads", top, Bucket=self.bucket, Prefix=top)
             for upload in page.get("Uploads", []):
+                parts = upload["Key"][len(top) :].split("/")
+                generation = parts[1][1:] if len(parts) == 3 else ""
+                young = now - upload["Initiated"].timestamp() < self.stale_after
+                if young and (name, generation) not in self._live:
+                    continue
                 with contextlib.suppress(FileNotFoundError):
                     self.call(
                         "abort_multipart_upload", upload["Key"], Bucket=self.bucket,

@@ -100,8 +100,8 @@ def test_a_young_save_of_another_process_is_spared_by_the_sweep(
     staged = other.stage("exp", "step_2")  # still uploading, in another process
     staged.write(MODEL_FILE, b"in flight")
     save(store, "exp", 1)
+    assert store.cleanup("exp") == []  # another node's writer may run while this one starts
     assert any(k.startswith("ckpt/exp/step_2/.") for k in keys(s3_server, bucket))
-    assert len(store.cleanup("exp")) == 1  # at start, before writers, everything goes
 
 
 def test_a_large_file_goes_up_in_parallel_parts_and_reads_back_whole(
