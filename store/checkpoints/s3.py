@@ -20,11 +20,9 @@ manifest names is what a killed save left: the next commit in the experiment swe
 older than `stale_after` (a save of another process may still be uploading a younger one),
 and `cleanup` sweeps them with unfinished multipart uploads (this process's at once).
 
-Reading downloads a file into a local cache (`cache_dir`), keyed by generation, so a cached
-file never goes stale: a generation's files never change. Only a download that matches its
-manifest (size and sha256) is kept; one that does not is served once, so that the store's
-own checks report the damage as on any storage, and dropped. Past `max_cache_bytes`, the
-least recently used files are evicted.
+Reading downloads a file into a local cache (`cache_dir`, `s3_cache.DownloadCache`), keyed
+by generation, checked against the manifest, the least recently used evicted past
+`max_cache_bytes`.
 
 The guard is a lease per experiment in the run database (`store.db.guards`), taken under a
 lock of this process; a storage opened without the database (a tool, a test) has the lock
@@ -39,21 +37,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import logging
-import os
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE
+from trainctl.store.checkpoints.s3_cache import CachedReader, DownloadCache, listed
+from trainctl.store.checkpoints.s3_upload import S3Stage
 from trainctl.store.checkpoints.storage import Complete
 from trainctl.store.exceptions import StorageUnavailable
 from trainctl.store.names import validate_name
@@ -102,20 +98,6 @@ def build_client() -> Any:
     return boto3.session.Session().client("s3", config=config)
 
 
-class CachedReader(io.BufferedReader):
-    """A downloaded file, open from the cache: `local_path` names it while it is open (a
-    cached file is only ever replaced by the same bytes, and eviction spares open readers
-    the way POSIX does: the open file stays readable)."""
-
-    def __init__(self, path: Path, *, unlink: bool = False) -> None:
-        super().__init__(io.FileIO(path, "rb"))
-        self.size = os.fstat(self.fileno()).st_size
-        self.local_path: str | None = str(path)
-        if unlink:  # a download that failed its manifest: served once, never cached
-            path.unlink()
-            self.local_path = None
-
-
 class ManifestReader(io.BytesIO):
     def __init__(self, data: bytes) -> None:
         super().__init__(data)
@@ -130,132 +112,6 @@ class _Committed:
     data: bytes
     generation: str
     committed_at: float
-
-
-class S3Sink:
-    """A file uploaded as it is written: one PUT when it stays under a part, else a multipart
-    upload whose parts go up in parallel on the storage's pool, a few in memory at most."""
-
-    def __init__(self, storage: S3Storage, key: str) -> None:
-        self.storage, self.key = storage, key
-        self.buffer = bytearray()
-        self.closed = False
-        self.upload_id: str | None = None
-        self.parts: list[Future[str]] = []
-        self.in_flight = threading.BoundedSemaphore(2 * storage.max_concurrency)
-
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        if self.closed:
-            raise ValueError("write to a closed file")
-        view = memoryview(data).cast("B")
-        self.buffer += view  # a copy: the caller may reuse its buffer
-        while len(self.buffer) >= self.storage.part_bytes:
-            self._send(bytes(self.buffer[: self.storage.part_bytes]))
-            del self.buffer[: self.storage.part_bytes]
-        return view.nbytes
-
-    def _send(self, chunk: bytes) -> None:
-        s = self.storage
-        if self.upload_id is None:
-            made = s.call("create_multipart_upload", self.key, Bucket=s.bucket, Key=self.key)
-            self.upload_id = made["UploadId"]
-        failed = next((f for f in self.parts if f.done() and f.exception()), None)
-        if failed is not None:
-            failed.result()  # a part that failed fails the write, not only the close
-        self.in_flight.acquire()
-        self.parts.append(s.pool.submit(self._upload_part, len(self.parts) + 1, chunk))
-
-    def _upload_part(self, number: int, chunk: bytes) -> str:
-        try:
-            done = self.storage.call(
-                "upload_part", self.key, Bucket=self.storage.bucket, Key=self.key,
-                PartNumber=number, UploadId=self.upload_id, Body=chunk,
-            )  # fmt: skip
-            return str(done["ETag"])
-        finally:
-            self.in_flight.release()
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        s = self.storage
-        if self.upload_id is None:
-            s.call("put_object", self.key, Bucket=s.bucket, Key=self.key, Body=bytes(self.buffer))
-        else:
-            if self.buffer:
-                self._send(bytes(self.buffer))
-            parts = [{"ETag": f.result(), "PartNumber": n} for n, f in enumerate(self.parts, 1)]
-            s.call(
-                "complete_multipart_upload", self.key, Bucket=s.bucket, Key=self.key,
-                UploadId=self.upload_id, MultipartUpload={"Parts": parts},
-            )  # fmt: skip
-        self.buffer = bytearray()
-        self.closed = True
-
-    def abort(self) -> None:
-        """Give up an unfinished multipart upload (its parts would be billed, unseen)."""
-        for part in self.parts:
-            part.exception()  # wait: a part still going up would outlive the abort
-        if self.upload_id is not None and not self.closed:
-            with contextlib.suppress(StorageUnavailable, FileNotFoundError):
-                self.storage.call(
-                    "abort_multipart_upload", self.key, Bucket=self.storage.bucket,
-                    Key=self.key, UploadId=self.upload_id,
-                )  # fmt: skip
-        self.closed = True
-
-
-class ManifestSink:
-    """The manifest is held back: its upload is the commit."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        view = memoryview(data).cast("B")
-        self.data += view
-        return view.nbytes
-
-    def close(self) -> None:
-        self.closed = True
-
-
-@dataclass
-class S3Stage:
-    storage: S3Storage
-    experiment: str
-    tag: str
-    generation: str = field(default_factory=lambda: uuid.uuid4().hex)
-    sinks: dict[str, S3Sink | ManifestSink] = field(default_factory=dict)
-
-    def create(self, name: str) -> S3Sink | ManifestSink:
-        validate_name("file", name)
-        if name in self.sinks:
-            raise FileExistsError(self.storage.describe(self.experiment, self.tag, name))
-        if name == MANIFEST_FILE:
-            sink: S3Sink | ManifestSink = ManifestSink()
-        else:
-            sink = S3Sink(self.storage, self.storage.file_key(self, name))
-        self.sinks[name] = sink
-        return sink
-
-    def commit(self, *, replace: bool = True) -> None:
-        assert all(s.closed for s in self.sinks.values()), "commit before every file was closed"
-        manifest = self.sinks.get(MANIFEST_FILE)
-        assert manifest is None or isinstance(manifest, ManifestSink)
-        try:
-            self.storage.commit(self, None if manifest is None else bytes(manifest.data), replace)
-        except BaseException:
-            self.abort()
-            raise
-
-    def abort(self) -> None:
-        for sink in self.sinks.values():
-            if isinstance(sink, S3Sink):
-                sink.abort()
-        self.storage.remove_generation(self.experiment, self.tag, self.generation)
-        self.storage.forget(self)
 
 
 class S3Storage:
@@ -279,10 +135,11 @@ class S3Storage:
         self.client = client if client is not None else build_client()
         self.clock = clock
         self.stale_after = stale_after
-        self.max_cache_bytes = max_cache_bytes
         self.part_bytes, self.max_concurrency = part_bytes, max_concurrency
         place = f"{self.client.meta.endpoint_url}|{bucket}|{self.prefix}".encode()
-        self.cache = Path(cache_dir) / hashlib.sha256(place).hexdigest()[:16]
+        self.cache = DownloadCache(
+            Path(cache_dir) / hashlib.sha256(place).hexdigest()[:16], max_cache_bytes
+        )
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="trainctl-s3")
         self._lock = threading.RLock()  # this process's commits and deletes, and `reading`
         self._guards: dict[str, threading.RLock] = {}
@@ -428,52 +285,24 @@ class S3Storage:
             return ManifestReader(committed.data)
         if not committed.generation:
             raise FileNotFoundError(f"{self.describe(experiment, tag)}: a manifest of no save")
-        cached = self.cache / experiment / tag / committed.generation / name
-        if cached.is_file():
-            with contextlib.suppress(FileNotFoundError):  # evicted meanwhile: download again
-                reader = CachedReader(cached)
-                os.utime(cached)  # recently used
-                return reader
+        cached = self.cache.path(experiment, tag, committed.generation, name)
+        reader = self.cache.open(cached)
+        if reader is not None:
+            return reader
         key = self.key(experiment, tag, "." + committed.generation, name)
-        return self._download(key, cached, _listed(committed.data, name))
+        return self.cache.fill(
+            cached, lambda out: self._download(key, out), listed(committed.data, name)
+        )
 
-    def _download(self, key: str, cached: Path, expected: tuple[int, str] | None) -> CachedReader:
-        """`key` into the cache at `cached`, kept only when it matches the manifest."""
+    def _download(self, key: str, out: BinaryIO) -> None:
+        """Object `key` into `out`, in parallel ranges when it is large."""
         from boto3.s3.transfer import TransferConfig
 
-        cached.parent.mkdir(parents=True, exist_ok=True)
         config = TransferConfig(
             multipart_threshold=self.part_bytes, multipart_chunksize=self.part_bytes,
             max_concurrency=self.max_concurrency,
         )  # fmt: skip
-        fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=".download-")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                self.call(
-                    "download_fileobj", key, Bucket=self.bucket, Key=key, Fileobj=out,
-                    Config=config,
-                )  # fmt: skip
-            size, digest = _hash_file(Path(tmp))
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        if expected != (size, digest):
-            return CachedReader(Path(tmp), unlink=True)
-        os.replace(tmp, cached)
-        self._evict(keep=cached)
-        return CachedReader(cached)
-
-    def _evict(self, keep: Path) -> None:
-        """Least recently used files out until the cache fits `max_cache_bytes`."""
-        files = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.cache.rglob("*")
-                 if p.is_file() and not p.name.startswith(".download-")]  # fmt: skip
-        total = sum(size for _, size, _ in files)
-        for _, size, path in sorted(files):
-            if total <= self.max_cache_bytes:
-                break
-            if path != keep:
-                path.unlink(missing_ok=True)
-                total -= size
+        self.call("download_fileobj", key, Bucket=self.bucket, Key=key, Fileobj=out, Config=config)
 
     @contextmanager
     def reading(self, experiment: str) -> Iterator[None]:
@@ -644,22 +473,3 @@ def _stamp(head: dict[str, Any]) -> tuple[str, float]:
     except (KeyError, ValueError):
         committed_at = head["LastModified"].timestamp()
     return meta.get(GENERATION_META, ""), committed_at
-
-
-def _listed(manifest: bytes, name: str) -> tuple[int, str] | None:
-    """(size, sha256) the manifest lists for `name`; None when it cannot say."""
-    try:
-        files = json.loads(manifest.decode("utf-8"))["files"]
-        entry = next(f for f in files if f["name"] == name)
-        return int(entry["size"]), str(entry["sha256"])
-    except (ValueError, KeyError, TypeError, StopIteration, RecursionError, AttributeError):
-        return None
-
-
-def _hash_file(path: Path) -> tuple[int, str]:
-    digest, size = hashlib.sha256(), 0
-    with path.open("rb") as f:
-        while chunk := f.read(1024 * 1024):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()

@@ -221,7 +221,7 @@ def test_the_cache_evicts_the_least_recently_used_files(
     storage = storage_of(store)
     for step in (1, 2, 3):
         save(store, "exp", step, weights=bytes([step]) * 1000)
-    storage.max_cache_bytes = 2500
+    storage.cache.max_bytes = 2500
     for step in (1, 2, 3):
         with store.entry("exp", step_tag(step)).open(MODEL_FILE) as reader:
             assert reader.read() == bytes([step]) * 1000
