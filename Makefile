@@ -72,6 +72,7 @@ test-fast: install
 # transformers architecture (make test trains llama, qwen3_moe and qwen3_next): beyond CI's budget.
 soak: install
 	TRAINCTL_SOAK_ROUNDS=300 $(VENV)/bin/pytest tests/reliability tests/bench/test_gpu_script.py -q
+	TRAINCTL_SOAK_ROUNDS=300 $(VENV)/bin/pytest tests/store/test_s3_storage.py -k readers -q
 	TRAINCTL_SOAK_MODELS=1 $(VENV)/bin/pytest tests/worker/test_hf_models.py -q
 
 clean:

@@ -12,6 +12,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trainctl.service.webhooks.targets import HostPolicy
+from trainctl.store.checkpoints.s3 import parse_url
 from trainctl.store.layout import HEARTBEAT_SECONDS, LEASE_SECONDS, DataLayout
 from trainctl.store.memory import LARGEST_GPU_MEMORY_BYTES
 from trainctl.store.specs import MLFLOW_SETTING, Tracker
@@ -38,6 +39,14 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("data"), description="SQLite file, checkpoints and logs.")
     database_url: str | None = Field(
         None, description="SQLAlchemy URL of the run queue; default SQLite in data_dir."
+    )
+    storage_url: str | None = Field(
+        None,
+        description="s3://bucket/prefix: checkpoints and exports in that bucket (credentials "
+        "and AWS_ENDPOINT_URL from the AWS environment); default the data_dir's folders.",
+    )
+    cache_dir: Path | None = Field(
+        None, description="Local copies of files read from the bucket; default data_dir/cache."
     )
     workers: int | None = Field(
         None, ge=0, le=64, description="Local worker processes; default one per GPU, one on CPU."
@@ -195,6 +204,13 @@ class Settings(BaseSettings):
         0.5, gt=0, le=60, description="How often the webhook dispatcher reads the event log."
     )
 
+    @field_validator("storage_url")
+    @classmethod
+    def _check_storage_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_url(v)  # a ValueError that names the URL and the form it must have
+        return v
+
     @field_validator("allowed_hosts", mode="before")
     @classmethod
     def _split_hosts(cls, v: object) -> object:
@@ -268,7 +284,7 @@ class Settings(BaseSettings):
 
     @property
     def layout(self) -> DataLayout:
-        return DataLayout(self.data_dir)
+        return DataLayout(self.data_dir, self.storage_url, self.cache_dir)
 
     @property
     def db_url(self) -> str:

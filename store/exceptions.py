@@ -82,6 +82,12 @@ class CheckpointCorrupt(TrainctlError):
     """A checkpoint on disk fails its manifest or does not match what loads it."""
 
 
+class StorageUnavailable(TrainctlError):
+    """The storage behind a store cannot be reached or refuses us (an object store's bucket,
+    credentials, endpoint): the service's set-up, not a checkpoint's state. The message names
+    the bucket and what to check, never a credential."""
+
+
 class LeaseLost(TrainctlError):
     """A worker wrote to a run it no longer owns (its lease expired and was reaped)."""
 

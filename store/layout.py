@@ -10,6 +10,7 @@ the folders must agree on them, so each is written once, here.
   exports/         what export runs write: <experiment>/<tag>/
   tensorboard/     the tensorboard tracker's files: <experiment>/<run id>/
   logs/            the local workers' logs
+  cache/           files read from a bucket, when TRAINCTL_STORAGE_URL is set
 ```
 """
 
@@ -31,6 +32,17 @@ class DataLayout:
     """Where everything of one data dir lives."""
 
     root: Path
+    storage_url: str | None = None
+    """TRAINCTL_STORAGE_URL: ``s3://bucket/prefix`` keeps the checkpoints and exports in that
+    bucket (under ``<prefix>/checkpoints`` and ``<prefix>/exports``); None keeps them in the
+    data dir (`checkpoints`, `exports`)."""
+    cache_dir: Path | None = None
+    """TRAINCTL_CACHE_DIR: where files read from a bucket are kept locally; None:
+    ``<data dir>/cache``."""
+
+    @property
+    def cache(self) -> Path:
+        return self.cache_dir if self.cache_dir is not None else self.root / "cache"
 
     @property
     def database_file(self) -> Path:

@@ -14,6 +14,7 @@ import torch
 
 from tests.databases import BACKENDS, fresh_database
 from tests.pg import PostgresServer, PostgresUnavailable
+from tests.s3server import S3Server, running_s3_server
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -40,3 +41,11 @@ def postgres() -> Iterator[PostgresServer]:
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     with fresh_database(request, request.param, tmp_path) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3 server (SeaweedFS on loopback, credentials enforced) for the whole session,
+    started on first use; each test makes its own bucket (`S3Server.new_bucket`)."""
+    with running_s3_server(tmp_path_factory.mktemp("s3")) as server:
+        yield server

@@ -1,20 +1,34 @@
-"""Checkpoint stores for tests: on a folder (POSIX) or in memory, and ways to reach under the
-store's policy (the folders of a POSIX store, entries written as a storage holds them)."""
+"""Checkpoint stores for tests: on a folder (POSIX), in memory or in a bucket, and ways to
+reach under the store's policy (the folders of a POSIX store, entries written as a storage
+holds them)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
+from tests.s3server import S3Server
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE, build_manifest, manifest_bytes
 from trainctl.store.checkpoints.posix import PosixStorage
+from trainctl.store.checkpoints.s3 import S3Storage
 from trainctl.store.checkpoints.storage import Entry
 from trainctl.store.checkpoints.store import CheckpointStore
 
 
 def posix_store(root: Path) -> CheckpointStore:
     return CheckpointStore(PosixStorage(root))
+
+
+def s3_store(
+    server: S3Server, bucket: str, cache: Path, prefix: str = "ckpt", **options: Any
+) -> CheckpointStore:
+    """A store in `bucket` of a test's S3 server; a save killed in another process is swept
+    at once (`stale_after` 0), not an hour later."""
+    options.setdefault("stale_after", 0.0)
+    storage = S3Storage(bucket, prefix, cache_dir=cache, client=server.client(), **options)
+    return CheckpointStore(storage)
 
 
 def folder(store: CheckpointStore, experiment: str, tag: str | None = None) -> Path:

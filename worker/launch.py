@@ -100,6 +100,8 @@ def launch_train(
             "plan": plan.model_dump(mode="json"),
             # Each rank opens the data dir's stores as the worker did (store.checkpoints.factory).
             "data_dir": str(layout.root),
+            "storage_url": layout.storage_url,
+            "cache_dir": None if layout.cache_dir is None else str(layout.cache_dir),
             "torchrun": torchrun_args(plan, ctx, local_addr, job_file),
             # host:port; hosted: the launcher serves the store there (one node, a gang's leader)
             "rendezvous": {"endpoint": rendezvous, "hosted": hosted},
@@ -368,7 +370,9 @@ def train_rank(
     if rank != 0:
         on_metrics = lambda m: None  # noqa: E731
     stop = AgreedStop(rank_stop(ctx, workdir / STOP_FILE), device or torch.device("cpu"))
-    store = open_stores(DataLayout(Path(job["data_dir"]))).checkpoints
+    cache = job.get("cache_dir")
+    layout = DataLayout(Path(job["data_dir"]), job.get("storage_url"), cache and Path(cache))
+    store = open_stores(layout, runs).checkpoints
     policy = ProtectionPolicy(runs, store)
     trainer = RankTrainer(
         plan,

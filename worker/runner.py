@@ -55,6 +55,13 @@ class WorkerConfig:
     rendezvous_port: int = 0
     """The port a gang this worker leads meets on; 0: a free one, chosen at the claim."""
     gang_reserve_seconds: float = GANG_RESERVE_SECONDS
+    storage_url: str | None = None
+    """TRAINCTL_STORAGE_URL, as the service has it (`DataLayout.storage_url`)."""
+    cache_dir: Path | None = None
+
+    @property
+    def layout(self) -> DataLayout:
+        return DataLayout(self.data_dir, self.storage_url, self.cache_dir)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -112,6 +119,8 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
         default=env("TRAINCTL_WORKER_NICE", "0"),
         help="raise this process's niceness by N (0-19) before any thread starts",
     )
+    p.add_argument("--storage-url", default=env("TRAINCTL_STORAGE_URL"))
+    p.add_argument("--cache-dir", default=env("TRAINCTL_CACHE_DIR"))
     args = p.parse_args(argv)
     if not 0 <= args.nice <= 19:
         p.error(f"--nice must be between 0 and 19, got {args.nice}")
@@ -134,6 +143,8 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
         args.address or socket.getfqdn(),
         args.rendezvous_port,
         args.gang_reserve_seconds,
+        args.storage_url,
+        Path(args.cache_dir) if args.cache_dir else None,
     )
 
 
@@ -172,7 +183,7 @@ class Worker:
     def __init__(self, config: WorkerConfig, runs: RunStore | None = None) -> None:
         self.config = config
         self.runs = runs or RunStore(config.database_url)
-        self.env = WorkerEnv(open_stores(DataLayout(config.data_dir)), config.address)
+        self.env = WorkerEnv(open_stores(config.layout, self.runs), config.address)
         self.shutdown = threading.Event()
 
     def register(self) -> None:

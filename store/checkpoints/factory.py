@@ -7,10 +7,14 @@ so which storage backs them is decided once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.layout import DataLayout
+
+if TYPE_CHECKING:
+    from trainctl.store.db.runs import RunStore
 
 
 @dataclass(frozen=True)
@@ -24,10 +28,27 @@ class Stores:
     """Exports live in a store of their own, laid out as checkpoints are ("Exports")."""
 
 
-def open_stores(layout: DataLayout) -> Stores:
-    """The checkpoint and export stores of a data dir, on its filesystem."""
-    return Stores(
-        layout,
-        CheckpointStore(PosixStorage(layout.checkpoints)),
-        CheckpointStore(PosixStorage(layout.exports)),
-    )
+def open_stores(layout: DataLayout, runs: RunStore | None = None) -> Stores:
+    """The checkpoint and export stores of a data dir: on its filesystem, or in the bucket
+    of its `storage_url` (``s3://bucket/prefix``) when it has one, whose guard is then a
+    lease in `runs`' database (without `runs`, a lock of this process only)."""
+    if layout.storage_url is None:
+        return Stores(
+            layout,
+            CheckpointStore(PosixStorage(layout.checkpoints)),
+            CheckpointStore(PosixStorage(layout.exports)),
+        )
+    from trainctl.store.checkpoints.s3 import S3Storage, build_client, parse_url
+    from trainctl.store.db.guards import GuardLeases
+
+    bucket, prefix = parse_url(layout.storage_url)
+    client = build_client()  # one connection pool for both stores
+    leases = GuardLeases(runs.engine) if runs is not None else None
+
+    def in_bucket(name: str) -> CheckpointStore:
+        where = f"{prefix}/{name}".lstrip("/")
+        return CheckpointStore(
+            S3Storage(bucket, where, cache_dir=layout.cache, client=client, leases=leases)
+        )
+
+    return Stores(layout, in_bucket("checkpoints"), in_bucket("exports"))

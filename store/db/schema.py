@@ -312,6 +312,16 @@ webhook_dispatcher = Table(
     Column("lease_expires_at", UTCDateTime, nullable=True),
 )
 
+# The guard of an experiment in an object store (store/checkpoints/s3.py), which has no lock:
+# a lease per experiment, held while a delete, prune, retention or dependent submit runs.
+checkpoint_guards = Table(
+    "checkpoint_guards",
+    metadata,
+    Column("experiment", String(500), primary_key=True),
+    Column("holder", String(100), nullable=False),
+    Column("lease_expires_at", UTCDateTime, nullable=False),
+)
+
 
 def build_engine(url: str, **kwargs: Any) -> Engine:
     """Create an engine for `url`; SQLite engines get WAL, a busy timeout and BEGIN control.

@@ -17,9 +17,12 @@ import pytest
 from tests.plans import benchmark_plan, enqueue, train_plan, validate_plan
 from tests.polling import poll
 from tests.rows import SURROGATE_SPEC, Poison
-from tests.stores import posix_store
+from tests.s3server import S3Server
+from tests.stores import posix_store, s3_store
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.plans import CheckpointRef
+from trainctl.store.resolve import resolve_validate
+from trainctl.store.specs import ValidateRequest
 from trainctl.store.vocabulary import TERMINAL_STATES
 from trainctl.worker.runner import WorkerConfig, parse_config, public_error
 
@@ -36,10 +39,10 @@ def runs(tmp_path: Path) -> Iterator[RunStore]:
 
 
 @pytest.fixture
-def start_worker(tmp_path: Path) -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
+def start_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start() -> subprocess.Popen[bytes]:
+    def start(env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -55,6 +58,7 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[[], subprocess.Popen[bytes
             cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
         )
         procs.append(proc)
         return proc
@@ -310,6 +314,34 @@ def test_a_train_run_sweeps_what_a_killed_save_left_in_its_experiment(
     assert wait_state(runs, run).state == "succeeded"
     assert not leftover.exists()
     assert any(".staging-step_4" in e.data.get("message", "") for e in runs.events(run.id))
+
+
+@pytest.mark.slow
+def test_a_worker_trains_and_validates_with_its_checkpoints_in_a_bucket(
+    runs: RunStore, tmp_path: Path, start_worker: Callable[..., Any], s3_server: S3Server
+) -> None:
+    bucket = s3_server.new_bucket()
+    start_worker(
+        {
+            "TRAINCTL_STORAGE_URL": f"s3://{bucket}/fleet",
+            "AWS_ENDPOINT_URL": s3_server.endpoint,
+            "AWS_ACCESS_KEY_ID": s3_server.access_key,
+            "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    )
+    run = enqueue_train(runs, experiment="remote", steps=4, checkpoint_every=2)
+    assert wait_state(runs, run).state == "succeeded", runs.get(run.id).error
+
+    store = s3_store(s3_server, bucket, tmp_path / "reader-cache", "fleet/checkpoints")
+    assert {i.tag for i in store.list_checkpoints("remote")} == {"step_2", "step_4", "best"}
+    assert not (tmp_path / "checkpoints" / "remote").exists()  # nothing on the local disk
+    request = ValidateRequest(checkpoint="remote/step_4", num_batches=2)
+    plan = resolve_validate(request, cuda_available=False, data_roots=[], checkpoints=store)
+    validated = wait_state(runs, enqueue(runs, plan))
+    assert validated.state == "succeeded", validated.error
+    assert validated.result and validated.result["checkpoint"]["tag"] == "step_4"
+    assert list((tmp_path / "cache").rglob("model.safetensors"))  # read through the cache
 
 
 def test_empty_environment_variables_leave_the_worker_defaults(

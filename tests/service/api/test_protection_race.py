@@ -1,22 +1,28 @@
 """A run that starts to depend on a checkpoint while retention deletes old ones.
 
 Submitting (check the checkpoint, queue the run) and deleting (read what queued runs need,
-delete the rest) take turns under the experiment's guard. Each test stops one side inside
-its turn and starts the other: the other waits, then sees the first side's outcome.
+delete the rest) take turns under the experiment's guard: a flock on POSIX, a lease in the
+run database for a bucket, where the two sides are two storages as two processes open them.
+Each test stops one side inside its turn and starts the other: the other waits, then sees
+the first side's outcome.
 """
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.s3server import S3Server
 from tests.service.fakes import save_checkpoint
+from tests.stores import s3_store
 from trainctl.service.settings import Settings
 from trainctl.service.submit import submit_run
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.guards import GuardLeases
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import CheckpointNotFound
 from trainctl.store.specs import ValidateRequest
@@ -48,17 +54,34 @@ def in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
     return thread, out
 
 
-@pytest.fixture
-def two_steps(ckpts: CheckpointStore) -> CheckpointStore:
-    save_checkpoint(ckpts, "exp", step=10)
-    save_checkpoint(ckpts, "exp", step=20)
-    return ckpts
+@pytest.fixture(params=["posix", "s3"])
+def sides(
+    request: pytest.FixtureRequest, ckpts: CheckpointStore, runs: RunStore, tmp_path: Path
+) -> tuple[CheckpointStore, CheckpointStore]:
+    """The service's store (it submits) and a worker's (its retention deletes), with two
+    steps saved: on POSIX the one store of the shared folders; in a bucket, two storages as
+    two processes open them, whose guard is a lease in the run database they share."""
+    pair = (ckpts, ckpts)
+    if request.param == "s3":
+        server: S3Server = request.getfixturevalue("s3_server")
+        bucket = server.new_bucket()
+        service, worker = (
+            s3_store(server, bucket, tmp_path / name, leases=GuardLeases(runs.engine))
+            for name in ("service-cache", "worker-cache")
+        )
+        pair = (service, worker)
+    save_checkpoint(pair[0], "exp", step=10)
+    save_checkpoint(pair[0], "exp", step=20)
+    return pair
 
 
 def test_retention_waits_for_a_run_being_queued_and_spares_its_checkpoint(
-    settings: Settings, runs: RunStore, two_steps: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    runs: RunStore,
+    sides: tuple[CheckpointStore, CheckpointStore],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    ckpts = two_steps
+    ckpts, worker = sides
     enqueue = Paused(runs.enqueue)
     monkeypatch.setattr(runs, "enqueue", enqueue)
     request = ValidateRequest(checkpoint="exp/step_10", num_batches=1)
@@ -68,7 +91,7 @@ def test_retention_waits_for_a_run_being_queued_and_spares_its_checkpoint(
     assert enqueue.inside.wait(30)  # checked step_10, about to queue the run
 
     # What a worker's retention does after a save: keep 1 step, spare what runs need.
-    retention, retained = in_thread(lambda: ProtectionPolicy(runs, ckpts).retain("exp", 1))
+    retention, retained = in_thread(lambda: ProtectionPolicy(runs, worker).retain("exp", 1))
     retention.join(0.5)
     assert retention.is_alive(), "retention did not wait for the run being queued"
     enqueue.release.set()
@@ -82,12 +105,15 @@ def test_retention_waits_for_a_run_being_queued_and_spares_its_checkpoint(
 
 
 def test_a_run_queued_while_retention_runs_finds_its_checkpoint_gone_not_half_there(
-    settings: Settings, runs: RunStore, two_steps: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    runs: RunStore,
+    sides: tuple[CheckpointStore, CheckpointStore],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    ckpts = two_steps
+    ckpts, worker = sides
     protected = Paused(runs.protected_checkpoints)
     monkeypatch.setattr(runs, "protected_checkpoints", protected)
-    retention, retained = in_thread(lambda: ProtectionPolicy(runs, ckpts).retain("exp", 1))
+    retention, retained = in_thread(lambda: ProtectionPolicy(runs, worker).retain("exp", 1))
     assert protected.inside.wait(30)  # retention holds the guard, about to read the runs
 
     request = ValidateRequest(checkpoint="exp/step_10", num_batches=1)
@@ -105,7 +131,8 @@ def test_a_run_queued_while_retention_runs_finds_its_checkpoint_gone_not_half_th
     assert protected.fn() == set()  # no run was queued for a deleted checkpoint
 
 
-def test_guards_of_one_thread_nest(two_steps: CheckpointStore) -> None:
+def test_guards_of_one_thread_nest(sides: tuple[CheckpointStore, CheckpointStore]) -> None:
+    two_steps = sides[0]
     # ProtectionPolicy.pinned holds the guard while a run is queued; a delete in the same
     # thread (a test, a script) takes it again.
     with two_steps.guard("exp"), two_steps.guard("exp"):

