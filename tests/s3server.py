@@ -91,6 +91,11 @@ def running_s3_server(root: Path) -> Iterator[S3Server]:
         binary, "mini", f"-dir={root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
         "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
         "-s3.port.iceberg=0", "-s3.port.lance=0", *flags,
+        # Every bucket is a collection with at least one volume of its own, and the volume
+        # count is capped at free disk / volume size (about 64 here): the tests' bucket per
+        # test ran out of volumes after 64 buckets ("no free volumes left", InternalError on
+        # put). Volumes are sparse files, so a high cap and small volumes cost nothing.
+        "-volume.max=4096", "-master.volumeSizeLimitMB=64",
     ]  # fmt: skip
     log = (root / "weed.log").open("wb")
     proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
