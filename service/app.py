@@ -46,6 +46,7 @@ from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.db.runs import RunStore
 from trainctl.store.db.tokens import TokenStore
 from trainctl.store.db.webhooks import WebhookStore
+from trainctl.store.exceptions import StorageUnavailable
 
 log = logging.getLogger("trainctl.service")
 
@@ -87,9 +88,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Before any worker starts: a staging folder now is a save (or an export) that died
         # with its worker.
         for folders in (ckpts, exports):
-            for experiment, name in folders.cleanup():
-                where = folders.describe(experiment, name)
-                log.warning("cleaned up %s (left by an interrupted save or delete)", where)
+            try:
+                for experiment, name in folders.cleanup():
+                    where = folders.describe(experiment, name)
+                    log.warning("cleaned up %s (left by an interrupted save or delete)", where)
+            except StorageUnavailable as exc:
+                # A bucket that is down or refuses us now: the service still starts, its
+                # checkpoint routes answer 503 naming the bucket, and the next start sweeps.
+                log.error("checkpoint storage unavailable at start, nothing swept: %s", exc)
         app.state.runs, app.state.checkpoints, app.state.exports = store, ckpts, exports
         app.state.store_slots = Slots(
             settings.store_concurrency, settings.store_wait_seconds, "store requests"

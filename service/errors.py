@@ -32,6 +32,7 @@ from trainctl.store.exceptions import (
     InvalidRequest,
     NotFound,
     QueueFull,
+    StorageUnavailable,
     TrainctlError,
 )
 from trainctl.store.text import repair, repaired
@@ -47,7 +48,13 @@ STATUS_BY_ERROR: tuple[tuple[type[TrainctlError], int], ...] = (
     (QueueFull, 429),
     # The checkpoint exists but is damaged or does not fit: the store's state, not the request.
     (CheckpointCorrupt, 409),
+    # The bucket cannot be reached or refuses our credentials: the service's set-up or an
+    # outage, never the request's fault, and it may pass.
+    (StorageUnavailable, 503),
 )
+
+# Seconds a client waits before retrying what a 503 of an outage refused.
+OUTAGE_RETRY_SECONDS = 5
 
 
 class Overloaded(Exception):
@@ -73,8 +80,8 @@ ERROR_DESCRIPTIONS = {
     422: "The request is invalid; `detail` names every bad field.",
     429: "Too many runs are queued, or event streams open, for this token or in all; retry "
     "after `Retry-After` seconds.",
-    503: "The run database cannot be queried, or the service is busy (store requests, event "
-    "streams); retry after `Retry-After` seconds.",
+    503: "The run database or the checkpoint storage cannot be reached, or the service is "
+    "busy (store requests, event streams); retry after `Retry-After` seconds.",
 }
 
 
@@ -141,9 +148,15 @@ async def handle_pydantic_validation(request: Request, exc: Exception) -> JSONRe
 async def handle_domain_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, TrainctlError)
     code = status_for(exc)
-    if code >= 500:
+    if code == 500:
         log.error("unmapped domain error on %s %s", request.method, request.url.path, exc_info=exc)
-    headers = {"Retry-After": str(QUEUE_RETRY_SECONDS)} if isinstance(exc, QueueFull) else None
+    elif code == 503:
+        log.error("%s on %s %s: %s", type(exc).__name__, request.method, request.url.path, exc)
+    headers = None
+    if isinstance(exc, QueueFull):
+        headers = {"Retry-After": str(QUEUE_RETRY_SECONDS)}
+    elif code == 503:
+        headers = {"Retry-After": str(OUTAGE_RETRY_SECONDS)}
     content = {"detail": repair(str(exc))}  # a message may quote what the client sent
     return JSONResponse(status_code=code, content=content, headers=headers)
 
@@ -153,7 +166,7 @@ async def handle_database_unavailable(request: Request, exc: Exception) -> JSONR
     return JSONResponse(
         status_code=503,
         content={"detail": "the run database cannot be queried; try again shortly"},
-        headers={"Retry-After": "5"},
+        headers={"Retry-After": str(OUTAGE_RETRY_SECONDS)},
     )
 
 
