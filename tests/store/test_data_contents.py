@@ -207,7 +207,7 @@ def prepare(root: Path, inputs: list[str], tokenizer: str = "bytes") -> Any:
     ("name", "content", "kind"),
     [
         ("docs.jsonl.gz", b'{"text": "plain, not gzip"}\n', "gzip"),
-        ("docs.jsonl.zst", gzip.compress(b'{"text": "gzip, not zstd"}\n'), "zstd"),
+        ("docs.jsonl.zst", gzip.compress(b'{"text": "gzip, not zstd"}\n', mtime=0), "zstd"),
         ("docs.parquet", b'{"text": "json, not parquet"}\n', "Parquet"),
         ("empty.parquet", b"", "Parquet"),
     ],
