@@ -60,6 +60,8 @@ def test_an_evaluate_run_is_queued_with_its_checkpoint_and_tokenizer_pinned(
     assert [r["id"] for r in listed] == [run["id"]]
     # Queued, it protects the checkpoint it reads, as every kind that reads one does.
     assert scored.delete("/checkpoints/lm/step_10").status_code == 409
+    cancelled = scored.post(f"/runs/{run['id']}/cancel").json()
+    assert cancelled["state"] == "cancelled"
 
 
 @pytest.mark.parametrize(
@@ -69,7 +71,10 @@ def test_an_evaluate_run_is_queued_with_its_checkpoint_and_tokenizer_pinned(
         ({"tasks": ["piqa", "piqa"]}, "tasks: 'piqa' named more than once"),
         ({"tasks": []}, "body.tasks: List should have at least 1 item"),
         ({"limit": 0}, "body.limit: Input should be greater than or equal to 1"),
-        ({"limit": MAX_LIMIT + 1}, f"body.limit: Input should be less than or equal to {MAX_LIMIT}"),
+        (
+            {"limit": MAX_LIMIT + 1},
+            f"body.limit: Input should be less than or equal to {MAX_LIMIT}",
+        ),
         ({"limit": "8"}, "body.limit: Input should be a valid integer"),
         ({"num_fewshot": -1}, "body.num_fewshot: Input should be greater than or equal to 0"),
         ({"num_fewshot": MAX_FEWSHOT + 1}, "body.num_fewshot: Input should be less than or equal"),
