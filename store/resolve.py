@@ -261,7 +261,7 @@ def resolve_validate(
     """Pins 'latest', 'best' or 'exp/tag' to one checkpoint now, and takes its model; the
     data must be encoded with the tokenizer the checkpoint was trained with."""
     device = pick_device(request.device, cuda_available)
-    info = _chosen_checkpoint(checkpoints, request, "validate")
+    info = chosen_checkpoint(checkpoints, request, "validate")
     config = info.require_model_config()
     seq_len = request.seq_len or min(TRAIN_PROFILES[device].seq_len, config.max_seq_len)
     if seq_len > config.max_seq_len:
@@ -317,7 +317,7 @@ def resolve_sample(
     """Pins the checkpoint and encodes the prompts with its tokenizer now, so that a prompt
     or a length that cannot work is a 422, not a failed run."""
     device = pick_device(request.device, cuda_available)
-    info = _chosen_checkpoint(checkpoints, request, "sample from")
+    info = chosen_checkpoint(checkpoints, request, "sample from")
     config = info.require_model_config()
     codec = checkpoint_codec(checkpoints, info)
     source = f"checkpoint {info.experiment}/{info.tag}"
@@ -341,7 +341,7 @@ def resolve_sample(
     return SamplePlan(
         checkpoint=CheckpointRef(experiment=info.experiment, tag=info.tag),
         model=config,
-        tokenizer=_tokenizer_pin(info, codec),
+        tokenizer=tokenizer_pin(info, codec),
         prompts=request.prompts,
         prompt_tokens=tokens,
         generation=request.generation,
@@ -354,7 +354,7 @@ def resolve_export(
 ) -> ExportPlan:
     """Pins the checkpoint, refuses a model that the format cannot express, and names the new
     folder, which must not exist yet (an export is never overwritten)."""
-    info = _chosen_checkpoint(checkpoints, request, "export")
+    info = chosen_checkpoint(checkpoints, request, "export")
     config = info.require_model_config()
     if isinstance(config, PluginModelConfig):
         raise InvalidRequest(
@@ -442,7 +442,7 @@ def check_token_ids(tokens: list[list[int]], vocab_size: int, field: str, source
             )
 
 
-def _tokenizer_pin(info: CheckpointInfo, codec: TextCodec | None) -> TokenizerPin | None:
+def tokenizer_pin(info: CheckpointInfo, codec: TextCodec | None) -> TokenizerPin | None:
     if info.tokenizer is None or codec is None:
         return None
     return TokenizerPin(kind=info.tokenizer.kind, sha256=info.tokenizer.sha256, eot_id=codec.eot_id)
@@ -647,7 +647,7 @@ def _resume_point(
     return CheckpointRef(experiment=info.experiment, tag=info.tag)
 
 
-def _chosen_checkpoint(
+def chosen_checkpoint(
     checkpoints: CheckpointStore, choice: CheckpointChoice, purpose: str
 ) -> CheckpointInfo:
     """'latest', 'best' (optionally within `experiment`) or 'exp/tag' → one checkpoint now."""

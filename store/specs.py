@@ -353,8 +353,8 @@ Prompt = Annotated[
 
 
 class CheckpointChoice(Spec):
-    """The checkpoint a validate, sample or export run reads, named as the client knows it;
-    the plan pins it (store.plans.CheckpointRef)."""
+    """The checkpoint a validate, sample, export or evaluate run reads, named as the client
+    knows it; the plan pins it (store.plans.CheckpointRef)."""
 
     checkpoint: str = Field(
         LATEST_REF,

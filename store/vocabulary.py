@@ -19,7 +19,7 @@ EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
 SCOPES: tuple[Scope, ...] = get_args(Scope)
 # The `kind` of a metrics event: what the worker's loops write, and what GET /runs/{id}/metrics
 # and `trainctl runs metrics` filter by.
-METRIC_KINDS = ("train", "val", "warmup", "measure", "prepare")
+METRIC_KINDS = ("train", "val", "warmup", "measure", "prepare", "eval")
 METRIC_KINDS_TEXT = ", ".join(METRIC_KINDS) + "."
 TERMINAL_STATES: frozenset[RunState] = frozenset({"succeeded", "failed", "cancelled"})
 ACTIVE_STATES: frozenset[RunState] = frozenset({"queued", "running"})

@@ -20,6 +20,7 @@ from trainctl.store.checkpoints.info import check_fits
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.data.prepare import PrepareStopped
 from trainctl.store.db.rows import UNREADABLE
+from trainctl.store.evals import EvaluatePlan
 from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.plans import (
     BenchmarkPlan,
@@ -37,6 +38,7 @@ from trainctl.worker.benchmark import run_benchmark
 from trainctl.worker.checkpoint import load_checkpoint
 from trainctl.worker.context import RunContext
 from trainctl.worker.data import SyntheticSampler, TokenSampler
+from trainctl.worker.evals.run import run_evaluate
 from trainctl.worker.export import export_hf
 from trainctl.worker.launch import launch_train
 from trainctl.worker.models import build_model
@@ -238,6 +240,13 @@ def execute_export(ctx: RunContext, env: WorkerEnv) -> Outcome:
     )
 
 
+def execute_evaluate(ctx: RunContext, env: WorkerEnv) -> Outcome:
+    plan = read_plan(ctx, EvaluatePlan)
+    store = env.stores.checkpoints
+    result, complete = run_evaluate(plan, ctx, store, check_device(plan.device))
+    return Outcome("succeeded", result) if complete else stopped_outcome(ctx, result)
+
+
 def execute_prepare(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, PreparePlan)
     ctx.log(f"preparing dataset {plan.name} from {len(plan.inputs)} input files")
@@ -259,6 +268,7 @@ for _name, _executor in {
     "prepare": execute_prepare,
     "sample": execute_sample,
     "export": execute_export,
+    "evaluate": execute_evaluate,
 }.items():
     EXECUTORS.register(_name, _executor)
 

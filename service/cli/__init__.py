@@ -7,6 +7,7 @@
     trainctl runs list | show ID | logs ID -f | metrics ID | cancel ID | watch ID
     trainctl checkpoints list | latest | show EXP TAG | prune EXP | download | delete | export
     trainctl sample EXP TAG "def " --max-new-tokens 64      # the text as it is generated
+    trainctl evaluate EXP TAG --tasks arc_easy,hellaswag --limit 100  # scores; evals tasks
     trainctl exports list | show EXP TAG | download EXP TAG -o DIR | delete EXP TAG
     trainctl workers | models
     trainctl webhooks add URL --events succeeded,failed | list | remove ID | deliveries ID
@@ -26,6 +27,7 @@ import typer
 from trainctl.service.cli import (
     checkpoints,
     data,
+    evals,
     exports,
     models,
     runs,
@@ -98,6 +100,7 @@ app.add_typer(runs.app, name="runs")
 app.add_typer(checkpoints.app, name="checkpoints")
 app.add_typer(exports.app, name="exports")
 sample.register(app)
+evals.register(app)
 workers.register(app)
 models.register(app)
 app.add_typer(data.app, name="data")

@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from trainctl.service.schemas import (
     CheckpointPublic,
     DeliveryPublic,
+    EvalTaskPublic,
     EventPublic,
     HealthPublic,
     LogPublic,
@@ -145,6 +146,10 @@ class AsyncTrainctlClient:
     async def submit_export(self, **spec: Any) -> RunPublic:
         return await self._call(calls.submit("export", spec, idempotency_key=None))
 
+    async def submit_evaluate(self, **spec: Any) -> RunPublic:
+        """Score a checkpoint on downstream tasks (`eval_tasks`); the result has the scores."""
+        return await self._call(calls.submit("evaluate", spec, idempotency_key=None))
+
     async def get_run(self, run_id: str) -> RunPublic:
         return await self._call(calls.get_run(run_id))
 
@@ -246,6 +251,10 @@ class AsyncTrainctlClient:
     async def models(self) -> ModelsPublic:
         """The models a request may name: presets, live workers' plug-ins, transformers types."""
         return await self._call(calls.models())
+
+    async def eval_tasks(self) -> list[EvalTaskPublic]:
+        """The tasks an evaluate run may name, with their sizes and metrics."""
+        return await self._call(calls.eval_tasks())
 
     async def health(self) -> HealthPublic:
         return await self._call(calls.health())

@@ -27,6 +27,8 @@ from trainctl.service.schemas import (
     CheckpointsPublic,
     DeliveriesPublic,
     DeliveryPublic,
+    EvalTaskPublic,
+    EvalTasksPublic,
     EventPublic,
     HealthPublic,
     LogPublic,
@@ -247,6 +249,12 @@ def workers() -> Call[list[WorkerPublic]]:
 
 def models() -> Call[ModelsPublic]:
     return Call(Request("GET", "/models"), ModelsPublic.model_validate_json)
+
+
+def eval_tasks() -> Call[list[EvalTaskPublic]]:
+    return Call(
+        Request("GET", "/evals/tasks"), lambda body: EvalTasksPublic.model_validate_json(body).items
+    )
 
 
 def health() -> Call[HealthPublic]:

@@ -39,6 +39,7 @@ from pydantic import BaseModel
 from trainctl.service.schemas import (
     CheckpointPublic,
     DeliveryPublic,
+    EvalTaskPublic,
     EventPublic,
     HealthPublic,
     LogPublic,
@@ -158,6 +159,10 @@ class TrainctlClient:
 
     def submit_export(self, **spec: Any) -> RunPublic:
         return self._call(calls.submit("export", spec, idempotency_key=None))
+
+    def submit_evaluate(self, **spec: Any) -> RunPublic:
+        """Score a checkpoint on downstream tasks (`eval_tasks`); the result has the scores."""
+        return self._call(calls.submit("evaluate", spec, idempotency_key=None))
 
     def get_run(self, run_id: str) -> RunPublic:
         return self._call(calls.get_run(run_id))
@@ -280,6 +285,10 @@ class TrainctlClient:
     def models(self) -> ModelsPublic:
         """The models a request may name: presets, live workers' plug-ins, transformers types."""
         return self._call(calls.models())
+
+    def eval_tasks(self) -> list[EvalTaskPublic]:
+        """The tasks an evaluate run may name, with their sizes and metrics."""
+        return self._call(calls.eval_tasks())
 
     def health(self) -> HealthPublic:
         return self._call(calls.health())

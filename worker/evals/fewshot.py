@@ -15,11 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from random import Random
 
-from trainctl.store.evals import EvalTask
+from trainctl.store.evals import FEWSHOT_SEED, EvalTask
 from trainctl.worker.evals.tasks import FEWSHOT_DELIMITER, TARGET_DELIMITER, Item
 
-DEFAULT_SEED = 1234
-"""The harness's default fewshot_random_seed."""
+DEFAULT_SEED = FEWSHOT_SEED
 
 
 def example_indices(

@@ -339,8 +339,8 @@ def test_run_pages_follow_the_cursor_to_the_end(client: TestClient) -> None:
     [
         (
             {"kind": "nap"},
-            "query.kind: Input should be 'train', 'validate', 'benchmark', 'prepare', 'sample' "
-            "or 'export'",
+            "query.kind: Input should be 'train', 'validate', 'benchmark', 'prepare', 'sample', "
+            "'export' or 'evaluate'",
         ),
         ({"state": "done"}, "query.state"),
         ({"limit": 0}, "query.limit: Input should be greater than or equal to 1"),

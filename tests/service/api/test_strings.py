@@ -44,6 +44,7 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "/runs/prepare": {"name": "corpus", "inputs": ["corpus.txt"]},
     "/runs/sample": {"checkpoint": "seeded/step_10", "prompt_tokens": [[1, 2]]},
     "/runs/export": {"checkpoint": "seeded/step_10"},
+    "/runs/evaluate": {"checkpoint": "seeded/step_10", "tasks": ["arc_easy"]},
     "/checkpoints/prune": {"experiment": "seeded", "keep_last": 1, "dry_run": True},
     "/tokens": {"name": "reader", "scope": "read"},
     "/webhooks": {"url": "http://hooks.example/run"},
@@ -94,7 +95,9 @@ def served(
         )
         app = create_app(settings)
         with serve(app) as url:
-            save_checkpoint(app.state.checkpoints, "seeded", step=10)
+            # Byte-level, as a checkpoint trained on text is: an evaluate run can encode tasks.
+            bytes_tokenizer = {"tokenizer": {"kind": "bytes", "sha256": None}}
+            save_checkpoint(app.state.checkpoints, "seeded", step=10, metadata=bytes_tokenizer)
             with httpx.Client(base_url=url, headers={"Host": "localhost"}) as client:
                 seeded = client.post("/runs/benchmark", json={"steps": 1, "device": "cpu"})
             assert seeded.status_code == 202, seeded.text

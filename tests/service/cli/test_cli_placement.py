@@ -20,6 +20,7 @@ SUBMIT_COMMANDS = [
     ("submit", "prepare"),
     ("sample",),
     ("checkpoints", "export"),
+    ("evaluate",),
 ]
 
 

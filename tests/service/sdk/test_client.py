@@ -374,3 +374,23 @@ def test_both_clients_submit_a_prepare_run(tmp_path: Path) -> None:
         twin = anyio.run(submit_async, url)
 
     assert (run.kind, run.experiment, twin) == ("prepare", "one", "two")
+
+
+def test_both_clients_list_eval_tasks_and_submit_an_evaluation(
+    api: TrainctlClient, server_app: FastAPI, ckpts: CheckpointStore
+) -> None:
+    save_checkpoint(ckpts, "lm", step=10, metadata={"tokenizer": {"kind": "bytes"}})
+
+    async def scenario(client: AsyncTrainctlClient) -> tuple[int, str]:
+        tasks = await client.eval_tasks()
+        run = await client.submit_evaluate(checkpoint="lm/step_10", tasks=["piqa"], limit=2)
+        return len(tasks), run.kind
+
+    tasks = api.eval_tasks()
+    run = api.submit_evaluate(checkpoint="lm/step_10", tasks=["arc_easy"], num_fewshot=3)
+
+    assert tasks[1].name == "arc_easy" and tasks[1].size == 570
+    assert (run.kind, run.spec["tasks"], run.spec["num_fewshot"]) == ("evaluate", ["arc_easy"], 3)
+    assert run_async(server_app, scenario) == (len(tasks), "evaluate")
+    with pytest.raises(ApiError, match="unknown eval task 'nope'"):
+        api.submit_evaluate(checkpoint="lm/step_10", tasks=["nope"])
