@@ -25,6 +25,7 @@ from trainctl.store.placement import Placement
 from trainctl.store.plans import (
     BenchmarkPlan,
     ExportPlan,
+    ForkPoint,
     Plan,
     PreparePlan,
     SamplePlan,
@@ -91,6 +92,9 @@ class RunKind:
     """Whether its progress counts steps to a total (a progress bar can show it)."""
     executor: str
     """The worker's executor for it, by name (worker.executor.EXECUTORS)."""
+    parent: Callable[[Any], ForkPoint | None] | None = None
+    """Plan -> where the run was forked from, its lineage; None: runs of this kind are
+    never forks."""
 
 
 RUN_KINDS: Registry[RunKind] = Registry("run kind", group="trainctl.run_kinds")
@@ -134,6 +138,10 @@ def train_placement(plan: TrainPlan) -> Placement:
     )
 
 
+def train_parent(plan: TrainPlan) -> ForkPoint | None:
+    return plan.fork_from
+
+
 def one_device(plan: BenchmarkPlan | ValidatePlan | SamplePlan) -> Placement:
     """One GPU, or one CPU process, on one node."""
     return Placement(gpus_per_node=1 if plan.device == "cuda" else 0)
@@ -159,6 +167,7 @@ for _kind in (
         memory=memory.train_need,
         has_steps=True,
         executor="train",
+        parent=train_parent,
     ),
     RunKind(
         name="validate",
