@@ -3,6 +3,9 @@ continues its weights, optimizers, data position and RNG, with a schedule of its
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,13 +13,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.plans import train_plan
+from tests.plans import enqueue, train_plan
+from tests.polling import poll
 from tests.stores import folder, posix_store
 from tests.worker.train_script import run_script
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
+from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.plans import CheckpointRef
+from trainctl.store.vocabulary import TERMINAL_STATES
 from trainctl.worker.train import Trainer
 
+REPO = Path(__file__).resolve().parents[2]
 TINY: dict[str, Any] = {
     "model": {"preset": "tiny"},
     "data": {"source": "synthetic"},
@@ -71,31 +78,68 @@ def lrs_by_step(metrics: list[dict[str, Any]]) -> dict[int, tuple[float, float]]
     return {m["step"] - 1: (m["lr/muon"], m["lr/adamw"]) for m in metrics if m["kind"] == "train"}
 
 
+def run_worker(data_dir: Path, runs: RunStore, run: Run) -> Run:
+    """A worker process serves the queue until `run` is finished."""
+    args = [sys.executable, "-m", "trainctl.worker", "--data-dir", str(data_dir)]
+    proc = subprocess.Popen(
+        [*args, "--heartbeat-seconds", "0.5", "--poll-seconds", "0.1"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
+    )
+    try:
+        done = poll(
+            lambda: (r := runs.get(run.id)).state in TERMINAL_STATES and r,
+            what="the fork to finish",
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    assert isinstance(done, Run)
+    return done
+
+
 @pytest.mark.slow
 def test_a_forks_cooldown_follows_the_analytic_lr_at_every_step_and_across_a_requeue(
     tmp_path: Path,
 ) -> None:
-    store = posix_store(tmp_path)
+    store = posix_store(tmp_path / "checkpoints")
     constant = {"warmup_frac": 0.0, "stable_frac": 1.0}
-    Trainer(
-        train_plan(experiment="stable", steps=4, checkpoint_every=4, schedule=constant, **TINY),
-        store,
-    ).run()
+    stable = train_plan(experiment="stable", steps=4, checkpoint_every=4, schedule=constant, **TINY)
+    Trainer(stable, store).run()
     plan = train_plan(
-        tmp_path, experiment="cool", fork_from="stable/step_4", steps=12, schedule=COOLDOWN, **TINY
+        tmp_path / "checkpoints",
+        experiment="cool",
+        fork_from="stable/step_4",
+        steps=12,
+        checkpoint_every=4,
+        schedule=COOLDOWN,
+        **TINY,
     )
-    metrics: list[dict[str, Any]] = []
-    first = Trainer(plan, store, run_id="fork-run", on_metrics=metrics.append, should_stop=lambda: (
-        len([m for m in metrics if m["kind"] == "train"]) >= 4
-    ))  # fmt: skip
-    assert first.run()["step"] == 8
-    # A requeued attempt resumes from the fork's own checkpoint, as the executor does.
-    own = store.latest_of_run("cool", "fork-run")
-    assert own is not None and own.step == 8
-    again = plan.model_copy(update={"resume_from": CheckpointRef(experiment="cool", tag=own.tag)})
-    Trainer(again, store, run_id="fork-run", on_metrics=metrics.append).run()
+    with RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}") as runs:
+        runs.create_all()
+        run = enqueue(runs, plan)
+        assert ("stable", "step_4") in runs.protected_checkpoints()
+
+        done = run_worker(tmp_path, runs, run)
+
+        assert done.state == "succeeded", done.error
+        logs = [e.data["message"] for e in runs.events(run.id, type="log")]
+        assert "forking from checkpoint stable/step_4 (step 4)" in logs
+        metrics = [e.data for e in runs.events(run.id, type="metrics")]
+        assert ("stable", "step_4") not in runs.protected_checkpoints()
 
     got = lrs_by_step(metrics)
     assert sorted(got) == sorted(FACTORS)
     for step, factor in FACTORS.items():
         assert got[step] == pytest.approx((0.02 * factor, 3e-4 * factor), rel=1e-12, abs=0)
+
+    # A requeued attempt resumes from the fork's own checkpoint (the executor's resume_from),
+    # with the fork's schedule, not the parent's. (Its losses are the worker's only with the
+    # same thread count: the worker's bit-exact resume is test_train.py's.)
+    own = CheckpointRef(experiment="cool", tag="step_8")
+    assert store.get("cool", "step_8").run_id == run.id
+    again: list[dict[str, Any]] = []
+    Trainer(plan.model_copy(update={"resume_from": own}), store, on_metrics=again.append).run()
+    assert lrs_by_step(again) == {s: got[s] for s in (8, 9, 10, 11)}
