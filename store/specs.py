@@ -306,8 +306,9 @@ class ScheduleSpec(Spec):
         None,
         ge=1,
         le=MAX_STEPS,
-        description="Steps the decay lasts, from decay_start (it reaches min_lr_ratio at "
-        "decay_start + decay_steps and holds there); default: to the run's last step.",
+        description="Steps the decay lasts: from decay_start (it reaches min_lr_ratio at "
+        "decay_start + decay_steps and holds there), or without decay_start the run's last "
+        "decay_steps steps; default: from decay_start to the run's last step.",
     )
 
     @model_validator(mode="after")
@@ -317,8 +318,6 @@ class ScheduleSpec(Spec):
                 f"warmup_frac + stable_frac must be <= 1, got "
                 f"{self.warmup_frac} + {self.stable_frac}"
             )
-        if self.decay_steps is not None and self.decay_start is None:
-            raise ValueError("decay_steps needs decay_start: the step the decay starts at")
         return self
 
     def phases(self, total_steps: int) -> SchedulePhases:
@@ -326,8 +325,14 @@ class ScheduleSpec(Spec):
         given, else the fractions. Raises InvalidRequest naming the field that does not fit."""
         fractions = SchedulePhases.of_fractions(total_steps, self.warmup_frac, self.stable_frac)
         warmup = fractions.warmup if self.warmup_steps is None else self.warmup_steps
-        start = fractions.decay_start if self.decay_start is None else self.decay_start
-        end = total_steps if self.decay_steps is None else start + self.decay_steps
+        start, length = self.decay_start, self.decay_steps
+        if start is None:
+            start = fractions.decay_start if length is None else total_steps - length
+        end = total_steps if length is None else start + length
+        if start < 0:
+            raise InvalidRequest(
+                f"schedule.decay_steps {length} is beyond the run's steps ({total_steps})"
+            )
         for name, value in (("warmup_steps", warmup), ("decay_start", start)):
             if value > total_steps:
                 raise InvalidRequest(

@@ -105,6 +105,7 @@ def test_absolute_steps_replace_the_fractions_in_one_place() -> None:
     assert phases == SchedulePhases(warmup=2, decay_start=50, decay_end=70)
     assert ScheduleSpec(warmup_frac=0.1, stable_frac=0.5).phases(100) == SchedulePhases(10, 60, 100)
     assert ScheduleSpec(decay_start=80).phases(100) == SchedulePhases(1, 80, 100)
+    assert ScheduleSpec(decay_steps=20).phases(100) == SchedulePhases(1, 80, 100)  # the last 20
     table = {0: 0.5, 1: 1.0, 49: 1.0, 50: 1.0, 55: 0.1 + 0.9 * (1 - math.sqrt(0.25)), 70: 0.1}
     for step, expected in table.items():
         got = wsd_factor(step, 100, decay="sqrt", min_lr_ratio=0.1, phases=phases)
@@ -117,6 +118,7 @@ def test_absolute_steps_replace_the_fractions_in_one_place() -> None:
         ({"decay_start": 101}, "schedule.decay_start 101 is beyond"),
         ({"warmup_steps": 101}, "schedule.warmup_steps 101 is beyond"),
         ({"decay_start": 90, "decay_steps": 11}, "schedule.decay_steps: decay_start 90"),
+        ({"decay_steps": 101}, "schedule.decay_steps 101 is beyond"),
         ({"warmup_steps": 20, "decay_start": 10}, "schedule.decay_start 10 is before"),
     ],
 )

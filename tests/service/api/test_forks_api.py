@@ -111,7 +111,7 @@ def test_what_a_fork_cannot_change_is_a_422_naming_it(
         (FORK | {"fork_from": "parent"}, "body.fork_from"),
         (FORK | {"fork_from": "a/b/c"}, "body.fork_from"),
         (FORK | {"resume_from": "latest"}, "fork_from and resume_from"),
-        (CPU_TRAIN | {"schedule": {"decay_steps": 5}}, "decay_steps needs decay_start"),
+        (CPU_TRAIN | {"schedule": {"decay_steps": 101}}, "decay_steps 101 is beyond"),
     ],
 )
 def test_a_malformed_fork_request_is_a_422(client: TestClient, body: Any, field: str) -> None:
