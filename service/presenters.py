@@ -10,6 +10,9 @@ from collections.abc import Sequence
 
 from trainctl.service.devices import is_live, live_workers
 from trainctl.service.schemas import (
+    LineageNodePublic,
+    LineagePublic,
+    LineageRunPublic,
     ModelsPublic,
     PluginModelPublic,
     PresetPublic,
@@ -18,6 +21,7 @@ from trainctl.service.schemas import (
 )
 from trainctl.store.db.runs import Run, RunStore, Worker
 from trainctl.store.hf_catalog import causal_lm_types
+from trainctl.store.lineage import Lineage, LineageNode
 from trainctl.store.placement import why_waiting
 from trainctl.store.presets import PRESETS
 
@@ -43,6 +47,20 @@ def public_runs(runs: RunStore, lease_seconds: float, items: Sequence[Run]) -> l
 
 def public_run(runs: RunStore, lease_seconds: float, run: Run) -> RunPublic:
     return public_runs(runs, lease_seconds, [run])[0]
+
+
+def public_lineage(lineage: Lineage) -> LineagePublic:
+    """A run's lineage tree as GET /runs/{id}/lineage shows it."""
+
+    def node(n: LineageNode) -> LineageNodePublic:
+        brief = LineageRunPublic.model_validate(n.run).model_dump()
+        return LineageNodePublic(**brief, forks=[node(f) for f in n.forks])
+
+    return LineagePublic(
+        ancestors=[LineageRunPublic.model_validate(r) for r in lineage.ancestors],
+        run=LineageRunPublic.model_validate(lineage.run),
+        forks=[node(f) for f in lineage.forks],
+    )
 
 
 def public_worker(worker: Worker, lease_seconds: float) -> WorkerPublic:

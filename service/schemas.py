@@ -69,6 +69,17 @@ class PlacementPublic(Public):
     )
 
 
+class ParentPublic(Public):
+    """Where a fork started (docs/architecture.md, "Forks")."""
+
+    run_id: str | None = Field(
+        description="The run that saved the checkpoint; null where its metadata names none."
+    )
+    experiment: str = Field(description="The parent checkpoint's experiment.")
+    tag: str = Field(description="The parent checkpoint's tag.")
+    step: int = Field(description="Its step: the fork's first step continues from it.")
+
+
 class RunPublic(Public):
     id: str
     kind: ServedKindName
@@ -100,12 +111,47 @@ class RunPublic(Public):
         "'waiting: needs 8 GPUs per node; largest worker has 4'); null otherwise, and for a "
         "queued run that waits only for a worker to be free."
     )
+    parent: ParentPublic | None = Field(
+        None, description="A fork's parent: run, checkpoint and step; null for no fork."
+    )
 
 
 class RunsPublic(BaseModel):
     items: list[RunPublic]
     next_cursor: str | None = Field(
         description="Pass as ?cursor= for the next page; null at the end."
+    )
+
+
+class LineageRunPublic(Public):
+    """A run of a lineage tree, in brief (GET /runs/{id} has the rest)."""
+
+    id: str
+    kind: ServedKindName
+    experiment: str
+    state: RunState
+    progress: ProgressPublic
+    created_at: datetime
+    parent: ParentPublic | None = Field(description="Where the run was forked from.")
+
+
+class LineageNodePublic(LineageRunPublic):
+    forks: list[LineageNodePublic] = Field(
+        description="The runs forked from this run's checkpoints, oldest first."
+    )
+
+
+class LineagePublic(BaseModel):
+    """A run's place among forks: its ancestors and its descendants."""
+
+    ancestors: list[LineageRunPublic] = Field(
+        description="From the root down to the run's parent; a parent run that is gone ends "
+        "the list."
+    )
+    run: LineageRunPublic
+    forks: list[LineageNodePublic] = Field(
+        description="The runs forked from the run's checkpoints, each with its own forks, "
+        "oldest first."
     )
 
 

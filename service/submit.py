@@ -78,6 +78,7 @@ def submit_run(
             request_digest=digest if idempotency_key else None,
             submitted_by=name,
             queue_limits=QueueLimits(settings.max_queued_runs, settings.max_queued_runs_per_token),
+            parent=record.parent(plan) if record.parent else None,
         )
 
 

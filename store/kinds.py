@@ -26,6 +26,7 @@ from trainctl.store.placement import Placement
 from trainctl.store.plans import (
     BenchmarkPlan,
     ExportPlan,
+    ForkPoint,
     Plan,
     PreparePlan,
     SamplePlan,
@@ -92,6 +93,9 @@ class RunKind:
     """Whether its progress counts steps to a total (a progress bar can show it)."""
     executor: str
     """The worker's executor for it, by name (worker.executor.EXECUTORS)."""
+    parent: Callable[[Any], ForkPoint | None] | None = None
+    """Plan -> where the run was forked from, its lineage; None: runs of this kind are
+    never forks."""
 
 
 RUN_KINDS: Registry[RunKind] = Registry("run kind", group="trainctl.run_kinds")
@@ -135,6 +139,10 @@ def train_placement(plan: TrainPlan) -> Placement:
     )
 
 
+def train_parent(plan: TrainPlan) -> ForkPoint | None:
+    return plan.fork_from
+
+
 def one_device(plan: BenchmarkPlan | ValidatePlan | SamplePlan | EvaluatePlan) -> Placement:
     """One GPU, or one CPU process, on one node."""
     return Placement(gpus_per_node=1 if plan.device == "cuda" else 0)
@@ -160,6 +168,7 @@ for _kind in (
         memory=memory.train_need,
         has_steps=True,
         executor="train",
+        parent=train_parent,
     ),
     RunKind(
         name="validate",

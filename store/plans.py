@@ -86,6 +86,17 @@ class CheckpointRef(Spec):
         return f"{self.experiment}/{self.tag}"
 
 
+class ForkPoint(Spec):
+    """Where a fork starts (docs/architecture.md, "Forks"): its parent's checkpoint, pinned at
+    submit, the step it holds, and the run that saved it (its lineage)."""
+
+    checkpoint: CheckpointRef = Field(description="The parent checkpoint, pinned.")
+    step: StrictInt = Field(ge=0, description="The step the checkpoint holds: the fork's first.")
+    run_id: str | None = Field(
+        description="The run that saved it; null where its metadata names none."
+    )
+
+
 class TokenizerPin(Spec):
     kind: Literal["bytes", "bpe"] = Field(
         description="bytes: a token is a byte; bpe: the dataset's tokenizer.json."
@@ -149,6 +160,12 @@ class TrainPlan(TrainOptions, StepPlan):
     checkpoint_every: StrictInt = Field(ge=1, description="Save step_<N> every this many steps.")
     val_every: StrictInt = Field(ge=1, description="Validate every this many steps.")
     resume_from: CheckpointRef | None = Field(description="The checkpoint the run continues.")
+    # Plans from before forks existed start from scratch or resume.
+    fork_from: ForkPoint | None = Field(
+        None,
+        description="A fork's starting point: the run starts from this checkpoint of another "
+        "experiment with the plan's own schedule, data, steps and batch.",
+    )
 
     @property
     def filed_under(self) -> str:
@@ -156,7 +173,7 @@ class TrainPlan(TrainOptions, StepPlan):
 
     @property
     def depends_on(self) -> CheckpointRef | None:
-        return self.resume_from
+        return self.fork_from.checkpoint if self.fork_from else self.resume_from
 
 
 class BenchmarkPlan(BenchmarkOptions, StepPlan):

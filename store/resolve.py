@@ -56,7 +56,7 @@ from trainctl.store.exceptions import (
 )
 from trainctl.store.generation import check_context
 from trainctl.store.hf_config import AnyModelConfig, HfModelConfig
-from trainctl.store.names import BEST_TAG, LATEST_REF
+from trainctl.store.names import BEST_TAG, LATEST_REF, MAX_NAME_LENGTH
 from trainctl.store.plans import (
     BatchPlan,
     BenchmarkPlan,
@@ -64,6 +64,7 @@ from trainctl.store.plans import (
     DatasetPin,
     Device,
     ExportPlan,
+    ForkPoint,
     ModelPlan,
     PreparePlan,
     SamplePlan,
@@ -207,6 +208,8 @@ def resolve_train(
     if request.sample_every is not None:
         _check_samples(request, data, dataset, model.config)
     checkpoint_every = request.checkpoint_every or max(request.steps // 10, 1)
+    tokenizer = data_tokenizer(data, dataset)
+    fork = _fork_point(request, model.config, checkpoints, tokenizer)
     return TrainPlan(
         **_options(request, TrainOptions)
         | _trackers(request, default_trackers, mlflow_configured, data_roots),
@@ -217,14 +220,14 @@ def resolve_train(
         dataset=dataset,
         checkpoint_every=checkpoint_every,
         val_every=request.val_every or checkpoint_every,
-        resume_from=_resume_point(
-            request, model.config, checkpoints, data_tokenizer(data, dataset)
-        ),
+        resume_from=_resume_point(request, model.config, checkpoints, tokenizer),
+        fork_from=fork,
     )
 
 
 def resolve_benchmark(request: BenchmarkRequest, *, cuda_available: bool) -> BenchmarkPlan:
     device = pick_device(request.device, cuda_available)
+    request.schedule.phases(request.warmup_steps + request.steps)  # fits the steps it times
     profile = BENCHMARK_PROFILES[device]
     use_compile = profile.use_compile if request.use_compile is None else request.use_compile
     ckpt = (
@@ -645,6 +648,67 @@ def _resume_point(
     check_fits(info.require_model_config(), config, source, advice)
     _check_same_tokenizer(info, tokenizer, "training data")
     return CheckpointRef(experiment=info.experiment, tag=info.tag)
+
+
+def _fork_point(
+    request: TrainRequest,
+    config: AnyModelConfig,
+    checkpoints: CheckpointStore | None,
+    tokenizer: TokenizerId | None,
+) -> ForkPoint | None:
+    """The checkpoint `fork_from` names, pinned, and checked to be one the fork can continue
+    (docs/architecture.md, "Forks"): the model, the tokenizer and the optimizer kind are the
+    parent's, and the fork's schedule fits after its step. A fork's own `schedule` is checked
+    by `ScheduleSpec.phases` for every train run."""
+    phases = request.schedule.phases(request.steps)
+    if request.fork_from is None:
+        return None
+    if checkpoints is None:
+        raise InvalidRequest("fork_from: no checkpoint store to fork from")
+    experiment, ref = request.fork_from.split("/")
+    if experiment == request.experiment:
+        raise InvalidRequest(
+            f"experiment: a fork of {request.fork_from!r} goes into an experiment of its own, "
+            f"not its parent's {experiment!r} (their step checkpoints would collide); name "
+            "another experiment, e.g. "
+            f"{(experiment + '.fork')[:MAX_NAME_LENGTH]!r}"
+        )
+    try:
+        info = checkpoints.resolve(experiment, ref)
+    except CheckpointNotFound:
+        raise InvalidRequest(
+            f"fork_from: experiment {experiment!r} has no checkpoint {ref!r} to fork from; "
+            "name one of its checkpoints (GET /checkpoints?experiment=...)"
+        ) from None
+    source = f"fork_from: checkpoint {info.experiment}/{info.tag}"
+    if info.step is None:
+        raise InvalidRequest(f"{source} records no step, so there is no point to fork at")
+    check_fits(
+        info.require_model_config(), config, source, "; a fork keeps its parent's model: "
+        "request the same model preset and overrides",
+    )  # fmt: skip
+    _check_same_tokenizer(info, tokenizer, "fork's training data")
+    if info.optimizer_kind is not None and info.optimizer_kind != request.optimizer.kind:
+        raise InvalidRequest(
+            f"optimizer.kind: {source} holds the state of optimizer kind "
+            f"{info.optimizer_kind!r}, not {request.optimizer.kind!r}; a fork keeps its "
+            "parent's optimizers"
+        )
+    if request.steps <= info.step:
+        raise InvalidRequest(
+            f"steps: {source} is at step {info.step}; a fork trains on to a later step, so "
+            f"steps must be above {info.step}"
+        )
+    if "schedule" in request.model_fields_set and phases.decay_start < info.step:
+        raise InvalidRequest(
+            f"schedule.decay_start: the fork's decay would start at step {phases.decay_start}, "
+            f"before the fork's first step {info.step}; start it at {info.step} or later"
+        )
+    return ForkPoint(
+        checkpoint=CheckpointRef(experiment=info.experiment, tag=info.tag),
+        step=info.step,
+        run_id=info.run_id,
+    )
 
 
 def chosen_checkpoint(

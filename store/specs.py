@@ -44,6 +44,7 @@ from trainctl.store.optimizers import (
 )
 from trainctl.store.placement import Spread
 from trainctl.store.presets import BOUNDS, PRESETS, ModelConfig, get_preset
+from trainctl.store.schedule import SchedulePhases
 from trainctl.store.text import TextChecked
 
 MAX_STEPS = 10_000_000
@@ -65,6 +66,8 @@ ExportDtype = Literal["float32", "bfloat16"]
 EXPORT_DTYPES: tuple[ExportDtype, ...] = get_args(ExportDtype)
 # What a validation reads; the pattern cannot bound each name's length, so a validator does.
 CHECKPOINT_REF_PATTERN = f"^(?:{LATEST_REF}|{BEST_TAG}|{NAME_REGEX}/{NAME_REGEX})$"
+# A fork's starting point: another experiment's tag, or its latest step.
+FORK_REF_PATTERN = f"^{NAME_REGEX}/{NAME_REGEX}$"
 # Filled in by the server when it resolves a request; older clients echoed them back.
 # `dataset`: a plan pins the dataset that data.dataset names (store.plans.DatasetPin).
 SERVER_FILLED = ("model_config_resolved", "warnings", "dataset")
@@ -286,6 +289,27 @@ class ScheduleSpec(Spec):
     min_lr_ratio: StrictFloat = Field(
         0.1, ge=0, le=1, description="lr factor at and after the end."
     )
+    warmup_steps: StrictInt | None = Field(
+        None,
+        ge=0,
+        le=MAX_STEPS,
+        description="Warmup in absolute steps, instead of warmup_frac.",
+    )
+    decay_start: StrictInt | None = Field(
+        None,
+        ge=0,
+        le=MAX_STEPS,
+        description="The global step the decay starts at, instead of the end of "
+        "warmup_frac + stable_frac; a fork's must be at or after its fork step.",
+    )
+    decay_steps: StrictInt | None = Field(
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="Steps the decay lasts: from decay_start (it reaches min_lr_ratio at "
+        "decay_start + decay_steps and holds there), or without decay_start the run's last "
+        "decay_steps steps; default: from decay_start to the run's last step.",
+    )
 
     @model_validator(mode="after")
     def _fractions_fit(self) -> ScheduleSpec:
@@ -295,6 +319,35 @@ class ScheduleSpec(Spec):
                 f"{self.warmup_frac} + {self.stable_frac}"
             )
         return self
+
+    def phases(self, total_steps: int) -> SchedulePhases:
+        """The schedule over a run of `total_steps`, in steps: the absolute fields where
+        given, else the fractions. Raises InvalidRequest naming the field that does not fit."""
+        fractions = SchedulePhases.of_fractions(total_steps, self.warmup_frac, self.stable_frac)
+        warmup = fractions.warmup if self.warmup_steps is None else self.warmup_steps
+        start, length = self.decay_start, self.decay_steps
+        if start is None:
+            start = fractions.decay_start if length is None else total_steps - length
+        end = total_steps if length is None else start + length
+        if start < 0:
+            raise InvalidRequest(
+                f"schedule.decay_steps {length} is beyond the run's steps ({total_steps})"
+            )
+        for name, value in (("warmup_steps", warmup), ("decay_start", start)):
+            if value > total_steps:
+                raise InvalidRequest(
+                    f"schedule.{name} {value} is beyond the run's steps ({total_steps})"
+                )
+        if end > total_steps:
+            raise InvalidRequest(
+                f"schedule.decay_steps: decay_start {start} + decay_steps {end - start} = "
+                f"{end} is beyond the run's steps ({total_steps})"
+            )
+        if warmup > start:
+            raise InvalidRequest(
+                f"schedule.decay_start {start} is before the end of warmup ({warmup} steps)"
+            )
+        return SchedulePhases(warmup, start, end)
 
 
 class DataSpec(Spec):
@@ -591,7 +644,39 @@ class TrainRequest(TrainOptions, Request):
     resume_from: Name | None = Field(
         None, description="'latest' or a tag of this experiment to continue from."
     )
+    fork_from: str | None = Field(
+        None,
+        pattern=FORK_REF_PATTERN,
+        max_length=2 * MAX_NAME_LENGTH + 1,
+        description="Start a new run from another experiment's checkpoint, "
+        "'<experiment>/<tag>' ('step_N', 'best', or 'latest' for its newest step): its "
+        "weights, both optimizers' state, its data position and RNG, continued from its "
+        "step with this request's own schedule, data, steps and batch. `experiment` must be "
+        "another one (the fork's own); the model, the tokenizer and the optimizer kind must "
+        'be the checkpoint\'s (docs/architecture.md, "Forks").',
+    )
     device: DeviceChoice = Field("auto", description="Where to run.")
+
+    @field_validator("fork_from")
+    @classmethod
+    def _fork_ref(cls, v: str | None) -> str | None:
+        parts = (v or "").split("/")
+        named = len(parts) == 2 and is_valid_experiment(parts[0]) and is_valid_name(parts[1])
+        if v is not None and not named:
+            raise ValueError(
+                f"fork_from must be '<experiment>/<tag>': the experiment {EXPERIMENT_RULE}, "
+                f"the tag {NAME_RULE} (or 'latest')"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _fork_or_resume(self) -> TrainRequest:
+        if self.fork_from is not None and self.resume_from is not None:
+            raise ValueError(
+                "fork_from and resume_from: give one; a fork starts a new experiment from "
+                "another's checkpoint, a resume continues this experiment"
+            )
+        return self
 
 
 class BenchmarkRequest(BenchmarkOptions, Request):

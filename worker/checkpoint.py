@@ -159,6 +159,7 @@ def capture_checkpoint(
         "token_count": token_count,
         "best_loss": best_loss,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "optimizer_kind": optimizers.kind,
         "model_config": config.to_dict() if config is not None else None,
         "data_position": data_position,
         "rng": capture_rng_state(),

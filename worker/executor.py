@@ -118,6 +118,8 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
         ctx.log(f"attempt {ctx.attempt}: resuming from {previous.tag} of this run")
     elif plan.resume_from is not None:
         ctx.log(f"resuming from checkpoint {plan.resume_from}")
+    elif plan.fork_from is not None:
+        ctx.log(f"forking from checkpoint {plan.fork_from.checkpoint} (step {plan.fork_from.step})")
 
     if gang is not None:
         ctx.log(

@@ -1,4 +1,4 @@
-"""Warmup-stable-decay (WSD) learning-rate schedule.
+"""Warmup-stable-decay (WSD) learning-rate schedule (docs/architecture.md, "Forks").
 
 `wsd_factor` is a pure function of the step; `WSDScheduler` applies it to each named
 optimizer's *own* base lr (the seed copied the first optimizer's lr to the others, which
@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
+
+from trainctl.store.schedule import SchedulePhases
 
 Decay = Literal["linear", "cosine", "sqrt"]
 DECAYS = ("linear", "cosine", "sqrt")
@@ -35,9 +37,8 @@ def check_schedule(warmup_frac: float, stable_frac: float, decay: str, min_lr_ra
 
 def phase_lengths(total_steps: int, warmup_frac: float, stable_frac: float) -> tuple[int, int]:
     """(warmup_steps, stable_steps); decay gets the rest."""
-    warmup = round(warmup_frac * total_steps)
-    stable = min(round(stable_frac * total_steps), total_steps - warmup)
-    return warmup, stable
+    phases = SchedulePhases.of_fractions(total_steps, warmup_frac, stable_frac)
+    return phases.warmup, phases.decay_start - phases.warmup
 
 
 def wsd_factor(
@@ -47,25 +48,29 @@ def wsd_factor(
     stable_frac: float = 0.84,
     decay: Decay | str = "linear",
     min_lr_ratio: float = 0.1,
+    phases: SchedulePhases | None = None,
 ) -> float:
     """The lr multiplier at `step` (0-based: the factor used by the step-th optimizer step).
 
-    Warmup rises linearly to 1 and reaches it at the last warmup step, so step 0 already
-    trains; decay goes from 1 to `min_lr_ratio`, reaching it at `total_steps`, and holds there.
+    `phases` (absolute steps) replace the fractions of `total_steps` where given. Warmup
+    rises linearly to 1 and reaches it at the last warmup step, so step 0 already trains;
+    decay goes from 1 to `min_lr_ratio`, reaching it at `phases.decay_end`, and holds there.
+    With t = step - decay_start and D = decay_end - decay_start, the factor in the decay is
+    min + (1 - min) * shape(t / D): linear 1 - x, cosine (1 + cos(pi x)) / 2, sqrt 1 - sqrt(x).
     """
     check_schedule(warmup_frac, stable_frac, decay, min_lr_ratio)
     if total_steps <= 0:
         raise ValueError(f"total_steps must be positive, got {total_steps}")
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
-    warmup, stable = phase_lengths(total_steps, warmup_frac, stable_frac)
-    if step < warmup:
-        return (step + 1) / warmup
-    if step < warmup + stable:
+    p = phases or SchedulePhases.of_fractions(total_steps, warmup_frac, stable_frac)
+    if step < p.warmup:
+        return (step + 1) / p.warmup
+    if step < p.decay_start:
         return 1.0
-    if step >= total_steps:
+    if step >= p.decay_end:
         return min_lr_ratio
-    progress = (step - warmup - stable) / (total_steps - warmup - stable)  # in [0, 1)
+    progress = (step - p.decay_start) / (p.decay_end - p.decay_start)  # in [0, 1)
     if decay == "linear":
         shape = 1.0 - progress
     elif decay == "cosine":
@@ -92,6 +97,7 @@ class WSDScheduler(LRScheduler):
         decay: Decay | str = "linear",
         min_lr_ratio: float = 0.1,
         last_epoch: int = -1,
+        phases: SchedulePhases | None = None,
     ) -> None:
         check_schedule(warmup_frac, stable_frac, decay, min_lr_ratio)
         if total_steps <= 0:
@@ -104,6 +110,7 @@ class WSDScheduler(LRScheduler):
         self.total_steps = total_steps
         self.warmup_frac, self.stable_frac = warmup_frac, stable_frac
         self.decay, self.min_lr_ratio = decay, min_lr_ratio
+        self.phases = phases or SchedulePhases.of_fractions(total_steps, warmup_frac, stable_frac)
         for opt in opts[1:]:
             for group in opt.param_groups:
                 group.setdefault("initial_lr", group["lr"])
@@ -117,6 +124,7 @@ class WSDScheduler(LRScheduler):
             self.stable_frac,
             self.decay,
             self.min_lr_ratio,
+            self.phases,
         )
 
     def get_lr(self) -> list[float]:  # type: ignore[override]
@@ -145,6 +153,7 @@ class WSDScheduler(LRScheduler):
             "stable_frac": self.stable_frac,
             "decay": self.decay,
             "min_lr_ratio": self.min_lr_ratio,
+            "phases": self.phases.to_dict(),
             "initial_lrs": [[g["initial_lr"] for g in o.param_groups] for o in self.optimizers],
         }
 
@@ -155,6 +164,13 @@ class WSDScheduler(LRScheduler):
         self.stable_frac = float(state_dict["stable_frac"])
         self.decay = str(state_dict["decay"])
         self.min_lr_ratio = float(state_dict["min_lr_ratio"])
+        # Checkpoints from before absolute steps hold the fractions alone.
+        phases = state_dict.get("phases")
+        self.phases = (
+            SchedulePhases(**{k: int(phases[k]) for k in ("warmup", "decay_start", "decay_end")})
+            if isinstance(phases, dict)
+            else SchedulePhases.of_fractions(self.total_steps, self.warmup_frac, self.stable_frac)
+        )
         for opt, lrs in zip(self.optimizers, state_dict["initial_lrs"], strict=True):
             for group, lr in zip(opt.param_groups, lrs, strict=True):
                 group["initial_lr"] = lr
@@ -173,5 +189,9 @@ def build_scheduler(
     stable_frac: float = 0.84,
     decay: str = "linear",
     min_lr_ratio: float = 0.1,
+    phases: SchedulePhases | None = None,
 ) -> WSDScheduler:
-    return WSDScheduler(optimizers, total_steps, warmup_frac, stable_frac, decay, min_lr_ratio)
+    """`phases` (a `ScheduleSpec.phases`) replace the fractions where given."""
+    return WSDScheduler(
+        optimizers, total_steps, warmup_frac, stable_frac, decay, min_lr_ratio, phases=phases
+    )

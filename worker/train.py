@@ -133,7 +133,13 @@ def build_training(
     optimizers = build_optimizers(model, plan.optimizer)
     s = plan.schedule
     scheduler = build_scheduler(
-        optimizers, total_steps, s.warmup_frac, s.stable_frac, s.decay, s.min_lr_ratio
+        optimizers,
+        total_steps,
+        s.warmup_frac,
+        s.stable_frac,
+        s.decay,
+        s.min_lr_ratio,
+        phases=s.phases(total_steps),
     )
     autocast = torch.bfloat16 if device.type == "cuda" else None
     return TrainParts(
@@ -213,13 +219,19 @@ def val_metrics(val: dict[str, float], bytes_per_token: float | None) -> dict[st
 
 
 def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> TrainState:
-    if plan.resume_from is None:
+    """Continue from the plan's resume point, or a fork's parent checkpoint: weights, both
+    optimizers, RNG and data position alike. A resume continues the saved schedule; a fork
+    takes its own from the fork step on (docs/architecture.md, "Forks"). A fork's requeued
+    attempt resumes from its own checkpoint (`resume_from`), so the fork path is its first."""
+    fork = plan.fork_from if plan.resume_from is None else None
+    ref = fork.checkpoint if fork is not None else plan.resume_from
+    if ref is None:
         return TrainState()
-    ref = plan.resume_from
     try:
         info = store.get(ref.experiment, ref.tag)
     except CheckpointNotFound as exc:
         raise CheckpointNotFound(f"cannot resume from {ref}: {exc}") from exc
+    own_schedule = parts.scheduler.state_dict() if fork is not None else None
     meta = load_checkpoint(
         parts.model,
         parts.optimizers,
@@ -227,6 +239,8 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> 
         store.entry(info.experiment, info.tag),
         device=parts.device,
     )
+    if own_schedule is not None:  # the fork's curve, at the parent's step
+        parts.scheduler.load_state_dict({**own_schedule, "last_epoch": int(meta["step"])})
     restore_rng_state(meta["rng"])
     return TrainState(
         step=int(meta["step"]),

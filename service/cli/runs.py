@@ -1,4 +1,4 @@
-"""`trainctl runs list|show|logs|metrics|cancel|watch`."""
+"""`trainctl runs list|show|tree|logs|metrics|cancel|watch`."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.tree import Tree
 
 from trainctl.service.cli.common import client, console, err_console, print_json
 from trainctl.service.cli.watch import Samples, state_text, watch_to_end
-from trainctl.service.schemas import RunPublic
+from trainctl.service.schemas import LineageNodePublic, LineageRunPublic, RunPublic
 from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.vocabulary import METRIC_KINDS_TEXT
 
@@ -23,7 +24,7 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 ROW_IDS = ("event_id", "created_at")
 
 
-def progress_text(run: RunPublic) -> str:
+def progress_text(run: RunPublic | LineageRunPublic) -> str:
     p = run.progress
     return f"{p.step}/{p.total_steps}" if p.total_steps else str(p.step)
 
@@ -65,6 +66,43 @@ def show_run(ctx: typer.Context, run_id: RunId) -> None:
     print_json(run)
     if run.waiting_reason:  # for the human: stdout stays JSON alone
         err_console.print(f"run {run.id} is {state_text(run)}", markup=False)
+
+
+@app.command("tree")
+def show_tree(
+    ctx: typer.Context,
+    experiment: Annotated[
+        str, typer.Argument(help="An experiment whose newest train run is in the tree.")
+    ],
+    as_json: AsJson = False,
+) -> None:
+    """Show the tree of forks an experiment's newest train run is in, from its root: each run
+    with the checkpoint it was forked from (docs/architecture.md, "Forks")."""
+    with client(ctx) as api:
+        newest = next(iter(api.iter_runs(kind="train", experiment=experiment, limit=1)), None)
+        if newest is None:
+            err_console.print(f"experiment {experiment!r} has no train run", markup=False)
+            raise typer.Exit(1)
+        around = api.lineage(newest.id)
+        root = around.ancestors[0].id if around.ancestors else newest.id
+        tree = api.lineage(root) if root != newest.id else around
+    if as_json:
+        print_json(tree)
+        return
+    top = Tree(tree_label(tree.run, experiment))
+    add_forks(top, tree.forks, experiment)
+    console.print(top)
+
+
+def tree_label(run: LineageRunPublic, experiment: str) -> str:
+    forked = f"  from {run.parent.experiment}/{run.parent.tag}" if run.parent else ""
+    mark = "  <" if run.experiment == experiment else ""
+    return f"{run.experiment}  {run.id}  {run.state}  {progress_text(run)}{forked}{mark}"
+
+
+def add_forks(node: Tree, forks: list[LineageNodePublic], experiment: str) -> None:
+    for fork in forks:
+        add_forks(node.add(tree_label(fork, experiment)), fork.forks, experiment)
 
 
 def log_line(created_at: datetime, level: str, message: str) -> str:

@@ -20,9 +20,10 @@ from trainctl.service.deps import (
     Submitter,
 )
 from trainctl.service.errors import error_responses
-from trainctl.service.presenters import public_run, public_runs
+from trainctl.service.presenters import public_lineage, public_run, public_runs
 from trainctl.service.routing import JSON_NUMBER_TEXT, ApiRoute
 from trainctl.service.schemas import (
+    LineagePublic,
     LogsPublic,
     MetricsPublic,
     RunPublic,
@@ -32,6 +33,7 @@ from trainctl.service.settings import Settings
 from trainctl.service.submit import submit_run
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.kinds import RUN_KINDS, RunKindName
+from trainctl.store.lineage import read_lineage
 from trainctl.store.specs import Request
 from trainctl.store.vocabulary import METRIC_KINDS_TEXT, RunState
 
@@ -158,6 +160,12 @@ def list_runs(
 def read_run(run_id: str, runs: RunsDep, settings: SettingsDep) -> RunPublic:
     """Read one run; a queued one says why it waits, if no live worker could take it."""
     return public_run(runs, settings.lease_seconds, runs.get(run_id))
+
+
+@router.get("/{run_id}/lineage", response_model=LineagePublic, responses=RUN_NOT_FOUND)
+def read_run_lineage(run_id: str, runs: RunsDep) -> LineagePublic:
+    """Read a run's lineage: the forks it descends from and the forks of its checkpoints."""
+    return public_lineage(read_lineage(runs, run_id))
 
 
 @router.post("/{run_id}/cancel", response_model=RunPublic, responses=error_responses(403, 404, 409))

@@ -28,6 +28,7 @@ from trainctl.service.schemas import (
     EvalTaskPublic,
     EventPublic,
     HealthPublic,
+    LineagePublic,
     LogPublic,
     MetricPublic,
     ModelsPublic,
@@ -175,6 +176,10 @@ class AsyncTrainctlClient:
 
     async def metrics(self, run_id: str, kind: str | None = None) -> list[MetricPublic]:
         return await self._call(calls.metrics(run_id, kind))
+
+    async def lineage(self, run_id: str) -> LineagePublic:
+        """The run's ancestors (root first) and the tree of the forks of its checkpoints."""
+        return await self._call(calls.lineage(run_id))
 
     async def logs(self, run_id: str) -> list[LogPublic]:
         return await self._call(calls.logs(run_id))

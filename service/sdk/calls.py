@@ -31,6 +31,7 @@ from trainctl.service.schemas import (
     EvalTasksPublic,
     EventPublic,
     HealthPublic,
+    LineagePublic,
     LogPublic,
     LogsPublic,
     MetricPublic,
@@ -168,6 +169,11 @@ def follow(
 def metrics(run_id: str, kind: str | None) -> Call[list[MetricPublic]]:
     request = Request("GET", f"/runs/{run_id}/metrics", params=only(kind=kind))
     return Call(request, lambda body: MetricsPublic.model_validate_json(body).items)
+
+
+def lineage(run_id: str) -> Call[LineagePublic]:
+    request = Request("GET", f"/runs/{run_id}/lineage")
+    return Call(request, LineagePublic.model_validate_json)
 
 
 def logs(run_id: str) -> Call[list[LogPublic]]:

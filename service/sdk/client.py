@@ -42,6 +42,7 @@ from trainctl.service.schemas import (
     EvalTaskPublic,
     EventPublic,
     HealthPublic,
+    LineagePublic,
     LogPublic,
     MetricPublic,
     ModelsPublic,
@@ -200,6 +201,10 @@ class TrainctlClient:
     def metrics(self, run_id: str, kind: str | None = None) -> list[MetricPublic]:
         """The run's metrics history; each row has the worker's numbers as extra fields."""
         return self._call(calls.metrics(run_id, kind))
+
+    def lineage(self, run_id: str) -> LineagePublic:
+        """The run's ancestors (root first) and the tree of the forks of its checkpoints."""
+        return self._call(calls.lineage(run_id))
 
     def logs(self, run_id: str) -> list[LogPublic]:
         return self._call(calls.logs(run_id))

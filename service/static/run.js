@@ -135,8 +135,9 @@ function validationTable(rows) {
 // The plan's resolved parts are the server's to fill in again: the model config (a request
 // names the preset and its overrides) and the pinned dataset. A dataset the run named by its
 // name is pinned as its folder, <data dir>/datasets/<name>; a request names it by name again.
+// A fork resumes as any run, from its own experiment's latest: its fork_from was its start.
 export function resumeRequest(spec) {
-  const { model, dataset, resume_from: _, ...rest } = spec;
+  const { model, dataset, resume_from: _, fork_from: __, ...rest } = spec;
   let data = spec.data;
   if (data.source === "dataset" && dataset) {
     const parts = data.dataset.split("/");

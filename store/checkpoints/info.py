@@ -58,6 +58,10 @@ class CheckpointInfo:
     """The tokenizer of its training data; None when unknown (synthetic tokens, bare shards,
     a checkpoint from before datasets). A bpe one's tokenizer.json is in the manifest."""
 
+    optimizer_kind: str | None = None
+    """The optimizer kind whose state it holds; None for a checkpoint from before it was
+    recorded."""
+
     def require_model_config(self) -> AnyModelConfig:
         """The checkpoint's model config, or a clear error saying why it is unknown."""
         if self.model_config is None:
@@ -105,6 +109,7 @@ def read_info(files: Files, experiment: str, tag: str) -> CheckpointInfo:
         files=manifest["files"],
         model_config=_model_config(meta),
         tokenizer=_tokenizer(meta),
+        optimizer_kind=_typed(meta, "optimizer_kind", str),
     )
 
 

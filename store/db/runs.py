@@ -64,6 +64,7 @@ from trainctl.store.exceptions import (
 )
 from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.placement import ONE_NODE, Capacity, Placement
+from trainctl.store.plans import ForkPoint
 from trainctl.store.text import column_text, unencodable
 from trainctl.store.vocabulary import ACTIVE_STATES, EVENT_TYPES, TERMINAL_STATES
 
@@ -79,6 +80,17 @@ class GangPlace:
     nnodes: int
     rendezvous: str
     """host:port of the torchrun c10d rendezvous, on the leader (node rank 0)."""
+
+
+@dataclass(frozen=True)
+class RunParent:
+    """Where a fork started (docs/architecture.md, "Forks"): the run that saved the checkpoint
+    (None where its metadata names none), the checkpoint and its step."""
+
+    run_id: str | None
+    experiment: str
+    tag: str
+    step: int
 
 
 @dataclass(frozen=True)
@@ -114,6 +126,8 @@ class Run:
     unreadable: str | None = None
     """What of the stored row could not be read as it was, and was replaced or repaired
     (store/db/rows.py); None for every row this trainctl wrote."""
+    parent: RunParent | None = None
+    """A fork's parent; None for a run that is no fork."""
 
 
 @dataclass(frozen=True)
@@ -228,8 +242,10 @@ class RunStore:
         queue_limits: QueueLimits | None = None,
         priority: int = 0,
         placement: Placement = ONE_NODE,
+        parent: ForkPoint | None = None,
     ) -> Run:
         """Add a queued run, or return the run an earlier request with the same key created.
+        `parent`: where a fork starts, its lineage (`lineage`).
 
         Raises `Conflict` when the idempotency key was used for a different request,
         `ExperimentBusy` when a train run is enqueued while the experiment has an active one,
@@ -262,6 +278,10 @@ class RunStore:
             "procs_per_node": placement.procs_per_node,
             "spread": placement.spread,
             "model_plugin": placement.model_plugin,
+            "parent_run_id": parent.run_id if parent else None,
+            "parent_experiment": parent.checkpoint.experiment if parent else None,
+            "parent_tag": parent.checkpoint.tag if parent else None,
+            "parent_step": parent.step if parent else None,
         }
         try:
             return self._enqueue_once(values, queue_limits)
@@ -362,6 +382,19 @@ class RunStore:
             _encode_cursor(page[-1].created_at, page[-1].seq) if len(rows) > limit else None
         )
         return [_run_from_row(row) for row in page], next_cursor
+
+    def forks_of(self, run_ids: Iterable[str]) -> list[Run]:
+        """The runs forked from checkpoints that any of `run_ids` saved, oldest first."""
+        ids = sorted(set(run_ids))
+        if not ids:
+            return []
+        query = (
+            select(runs)
+            .where(runs.c.parent_run_id.in_(ids))
+            .order_by(runs.c.created_at, runs.c.seq)
+        )
+        with read_transaction(self.engine) as conn:
+            return [_run_from_row(row) for row in conn.execute(query).all()]
 
     def request_cancel(self, run_id: str, only_of: str | None = None) -> Run:
         """Cancel a queued run now; ask the worker of a running run to stop at a step boundary.
@@ -851,7 +884,19 @@ def _run_from_row(row: Row[Any]) -> Run:
         priority=row.priority,
         placement=placement_of_row(row),
         queued_at=row.queued_at,
-        unreadable=reader.note,
+        parent=_parent(reader, row),
+        unreadable=reader.note,  # last: every column above is read
+    )
+
+
+def _parent(reader: RowReader, row: Row[Any]) -> RunParent | None:
+    if row.parent_experiment is None or row.parent_tag is None or row.parent_step is None:
+        return None
+    return RunParent(
+        run_id=reader.text("parent_run_id", row.parent_run_id),
+        experiment=reader.text("parent_experiment", row.parent_experiment) or "",
+        tag=reader.text("parent_tag", row.parent_tag) or "",
+        step=row.parent_step,
     )
 
 

@@ -126,7 +126,14 @@ runs = Table(
     # When the run last became queued: a gang waiting longer than the reservation time
     # keeps the workers that could join it from taking smaller runs.
     Column("queued_at", UTCDateTime, nullable=True),
+    # A fork's parent (docs/architecture.md, "Forks"): the run that saved the checkpoint it
+    # started from (None where the checkpoint names none), the checkpoint and its step.
+    Column("parent_run_id", String(32), nullable=True),
+    Column("parent_experiment", String(200), nullable=True),
+    Column("parent_tag", String(200), nullable=True),
+    Column("parent_step", Integer, nullable=True),
     Index("ix_runs_state_created", "state", "created_at", "seq"),
+    Index("ix_runs_parent", "parent_run_id"),
     Index("ix_runs_created", "created_at", "seq"),
     Index("ix_runs_experiment", "experiment"),
     Index("ix_runs_worker", "worker_id"),

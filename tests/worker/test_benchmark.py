@@ -79,7 +79,15 @@ CHANGED: dict[str, dict[str, Any]] = {
         "adamw_weight_decay": 0.9,
         "grad_clip": 1e-3,
     },
-    "schedule": {"warmup_frac": 0.5, "stable_frac": 0.5, "decay": "cosine", "min_lr_ratio": 0.5},
+    "schedule": {
+        "warmup_frac": 0.5,
+        "stable_frac": 0.5,
+        "decay": "cosine",
+        "min_lr_ratio": 0.5,
+        "warmup_steps": 1,
+        "decay_start": 3,
+        "decay_steps": 2,
+    },
 }
 # Over 8 steps: 2 warming up, 2 stable, 4 decaying, so every schedule field matters.
 BASE_SCHEDULE = {"warmup_frac": 0.25, "stable_frac": 0.25}

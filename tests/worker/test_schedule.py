@@ -5,6 +5,9 @@ import math
 import pytest
 import torch
 
+from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.schedule import SchedulePhases
+from trainctl.store.specs import ScheduleSpec
 from trainctl.worker.schedule import WSDScheduler, wsd_factor
 
 # total 100: warmup 10 steps, stable 50, decay 40 (steps 60..99), min 0.1.
@@ -90,4 +93,49 @@ def test_scheduler_state_round_trips() -> None:
     assert sched2.lrs() == sched.lrs()
     run(sched, (a, b), 3)
     run(sched2, (a2, b2), 3)
+    assert sched2.lrs() == sched.lrs()
+
+
+# --- absolute steps (docs/architecture.md, "Forks") ------------------------------------------
+
+
+def test_absolute_steps_replace_the_fractions_in_one_place() -> None:
+    spec = ScheduleSpec(warmup_steps=2, decay_start=50, decay_steps=20, decay="sqrt")
+    phases = spec.phases(100)
+    assert phases == SchedulePhases(warmup=2, decay_start=50, decay_end=70)
+    assert ScheduleSpec(warmup_frac=0.1, stable_frac=0.5).phases(100) == SchedulePhases(10, 60, 100)
+    assert ScheduleSpec(decay_start=80).phases(100) == SchedulePhases(1, 80, 100)
+    assert ScheduleSpec(decay_steps=20).phases(100) == SchedulePhases(1, 80, 100)  # the last 20
+    table = {0: 0.5, 1: 1.0, 49: 1.0, 50: 1.0, 55: 0.1 + 0.9 * (1 - math.sqrt(0.25)), 70: 0.1}
+    for step, expected in table.items():
+        got = wsd_factor(step, 100, decay="sqrt", min_lr_ratio=0.1, phases=phases)
+        assert got == pytest.approx(expected), step
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"decay_start": 101}, "schedule.decay_start 101 is beyond"),
+        ({"warmup_steps": 101}, "schedule.warmup_steps 101 is beyond"),
+        ({"decay_start": 90, "decay_steps": 11}, "schedule.decay_steps: decay_start 90"),
+        ({"decay_steps": 101}, "schedule.decay_steps 101 is beyond"),
+        ({"warmup_steps": 20, "decay_start": 10}, "schedule.decay_start 10 is before"),
+    ],
+)
+def test_a_schedule_that_does_not_fit_the_steps_names_its_field(
+    fields: dict[str, int], message: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        ScheduleSpec(**fields).phases(100)
+
+
+def test_a_schedule_state_from_before_absolute_steps_still_loads() -> None:
+    a, b = two_optimizers()
+    sched = WSDScheduler({"a": a, "b": b}, total_steps=100, warmup_frac=0.1, stable_frac=0.5)
+    run(sched, (a, b), 70)
+    old = {k: v for k, v in sched.state_dict().items() if k != "phases"}
+    a2, b2 = two_optimizers()
+    sched2 = WSDScheduler({"a": a2, "b": b2}, total_steps=100)
+    sched2.load_state_dict(old)
+    assert sched2.phases == SchedulePhases(10, 60, 100)
     assert sched2.lrs() == sched.lrs()

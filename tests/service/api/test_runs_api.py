@@ -50,7 +50,7 @@ def test_a_run_has_exactly_the_design_fields_with_iso_times(client: TestClient) 
     assert set(run) == {
         "id", "kind", "experiment", "state", "spec", "progress", "result", "error",
         "worker_id", "attempt", "created_at", "started_at", "finished_at", "submitted_by",
-        "priority", "max_attempts", "placement", "waiting_reason",
+        "priority", "max_attempts", "placement", "waiting_reason", "parent",
     }  # fmt: skip
     assert datetime.fromisoformat(run["created_at"]).utcoffset() == timedelta(0)
     assert run["started_at"] is None
