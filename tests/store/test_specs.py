@@ -166,6 +166,14 @@ DATASET_ABSENCES = ["dataset", "dataset.tokenizer.sha256", "dataset.tokenizer.eo
 # Sampling without a top-k limit states it with a null.
 SAMPLE_ABSENCES = ["sample_every", "sample_settings.top_k"]
 
+# A schedule in fractions states its step counts' absence with nulls: ScheduleSpec.phases,
+# one function that submit and the worker both call, turns the fractions into steps.
+SCHEDULE_ABSENCES = ["schedule.warmup_steps", "schedule.decay_start", "schedule.decay_steps"]
+
+# A run that is no fork states it, and a fork point in a checkpoint no run wrote (an upload)
+# has no parent run.
+FORK_ABSENCES = ["fork_from", "fork_from.run_id"]
+
 
 @pytest.mark.parametrize(
     "plan", [TrainPlan, BenchmarkPlan, ValidatePlan, PreparePlan, SamplePlan, ExportPlan]
@@ -185,9 +193,11 @@ def test_a_plan_leaves_the_worker_nothing_to_default(plan: type[BaseModel]) -> N
             *DATASET_ABSENCES,
             "resume_from",
             *SAMPLE_ABSENCES,
+            *SCHEDULE_ABSENCES,
+            *FORK_ABSENCES,
             "tensorboard_dir",
         ],
-        BenchmarkPlan: named_model,
+        BenchmarkPlan: [*named_model, *SCHEDULE_ABSENCES],
         ValidatePlan: ["data.dataset", *DATASET_ABSENCES],
         PreparePlan: ["workers"],
         SamplePlan: [

@@ -89,6 +89,7 @@ VALID = {
     r"^[^*?\[\x00-\x1f]+$": "./corpus",
     r"^[^\x00-\x1f]+$": "tensorboard",
     r"^[A-Za-z0-9_-]+$": "WzEsMl0",
+    r"^[A-Za-z0-9](?:\.?[A-Za-z0-9_-])*/[A-Za-z0-9](?:\.?[A-Za-z0-9_-])*$": "e/step_4",
 }
 
 
