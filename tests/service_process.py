@@ -8,9 +8,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -103,3 +105,22 @@ class Service:
 
 StartService = Callable[..., Service]
 """What a factory fixture of started services hands a test (tests/service/cli/conftest.py)."""
+
+
+def submit(service: Service, kind: str, **body: Any) -> dict[str, Any]:
+    """POST /runs/<kind> with `body`; the run as queued (202)."""
+    r = httpx.post(f"{service.url}/runs/{kind}", json=body, timeout=60)
+    assert r.status_code == 202, r.text
+    run: dict[str, Any] = r.json()
+    return run
+
+
+def finished(service: Service, run_id: str, timeout: float = 900) -> dict[str, Any]:
+    """The run once it has ended; past `timeout` the test fails with the service's log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run: dict[str, Any] = httpx.get(f"{service.url}/runs/{run_id}", timeout=60).json()
+        if run["state"] in ("succeeded", "failed", "cancelled"):
+            return run
+        time.sleep(0.3)
+    raise AssertionError(f"run {run_id} did not finish in {timeout} s:\n{service.log_tail()}")

@@ -7,7 +7,6 @@ the train run that wrote the checkpoint; `trainctl evaluate` prints them."""
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +14,7 @@ import httpx
 import pytest
 
 from tests.service.cli.invoke import trainctl
-from tests.service_process import Service
+from tests.service_process import Service, finished, submit
 from trainctl.store.evals import METRICS
 
 STEPS = 2
@@ -45,23 +44,6 @@ def trained(service: Service) -> dict[str, Any]:
     done = finished(service, run["id"])
     assert done["state"] == "succeeded", done["error"]
     return done
-
-
-def submit(service: Service, kind: str, **body: Any) -> dict[str, Any]:
-    r = httpx.post(f"{service.url}/runs/{kind}", json=body, timeout=60)
-    assert r.status_code == 202, r.text
-    run: dict[str, Any] = r.json()
-    return run
-
-
-def finished(service: Service, run_id: str, timeout: float = 300) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        run: dict[str, Any] = httpx.get(f"{service.url}/runs/{run_id}", timeout=60).json()
-        if run["state"] in ("succeeded", "failed", "cancelled"):
-            return run
-        time.sleep(0.3)
-    raise AssertionError(f"run {run_id} did not finish in {timeout} s:\n{service.log_tail()}")
 
 
 def eval_rows(service: Service, run_id: str) -> list[dict[str, Any]]:

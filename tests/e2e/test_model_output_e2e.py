@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import httpx
 import pytest
 import torch
 
-from tests.service_process import Service
+from tests.service_process import Service, finished, submit
 from tests.stores import posix_store
 from trainctl.store.generation import GenerationSettings
 from trainctl.worker.generate import generate_tokens, load_for_generation
@@ -44,23 +43,6 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service,
         yield service, done
     finally:
         service.stop()
-
-
-def submit(service: Service, kind: str, **body: Any) -> dict[str, Any]:
-    r = httpx.post(f"{service.url}/runs/{kind}", json=body, timeout=60)
-    assert r.status_code == 202, r.text
-    run: dict[str, Any] = r.json()
-    return run
-
-
-def finished(service: Service, run_id: str, timeout: float = 900) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        run: dict[str, Any] = httpx.get(f"{service.url}/runs/{run_id}", timeout=60).json()
-        if run["state"] in ("succeeded", "failed", "cancelled"):
-            return run
-        time.sleep(0.5)
-    raise AssertionError(f"run {run_id} did not finish in {timeout} s:\n{service.log_tail()}")
 
 
 def events(service: Service, run_id: str, type: str) -> list[dict[str, Any]]:
