@@ -107,3 +107,17 @@ def tensors(obj: Any) -> list[torch.Tensor]:
     if isinstance(obj, list | tuple):
         return [t for v in obj for t in tensors(v)]
     return []
+
+
+def trained_model(tokens: list[int], steps: int = 8, **overrides: Any) -> GPT:
+    """A `tiny` model after a few optimizer steps on `tokens`: its weights, norms included,
+    are no longer at their initial values, so a mapping mistake cannot hide."""
+    model = build_model("tiny", seed=0, **overrides)
+    optimizers = build_optimizers(model)
+    data = torch.tensor(tokens[: 4 * 65]).view(4, 65)
+    for _ in range(steps):
+        loss, _ = model.loss(data[:, :-1], data[:, 1:])
+        torch.autograd.backward(loss)
+        optimizers.step()
+        optimizers.zero_grad()
+    return model.eval()

@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 
 from tests.stores import entry_at, posix_store
-from tests.worker.checkpoints import save_checkpoint
+from tests.worker.checkpoints import save_checkpoint, trained_model
 from trainctl.store.checkpoints.exports import FIELD_RULES, ExportResult
 from trainctl.store.checkpoints.manifests import (
     MANIFEST_FILE,
@@ -34,7 +34,7 @@ from trainctl.store.presets import ModelConfig
 from trainctl.worker import export
 from trainctl.worker.export import export_hf, hf_name
 from trainctl.worker.generate import generate_tokens
-from trainctl.worker.model import GPT, build_model
+from trainctl.worker.model import GPT
 from trainctl.worker.optim import build_optimizers
 from trainctl.worker.schedule import build_scheduler
 
@@ -53,20 +53,6 @@ def stdlib_text(max_bytes: int = 60_000) -> str:
         if total >= max_bytes:
             break
     return "".join(parts)
-
-
-def trained_model(tokens: list[int], steps: int = 8, **overrides: Any) -> GPT:
-    """A `tiny` model after a few optimizer steps on `tokens`: its weights, norms included,
-    are no longer at their initial values, so a mapping mistake cannot hide."""
-    model = build_model("tiny", seed=0, **overrides)
-    optimizers = build_optimizers(model)
-    data = torch.tensor(tokens[: 4 * 65]).view(4, 65)
-    for _ in range(steps):
-        loss, _ = model.loss(data[:, :-1], data[:, 1:])
-        torch.autograd.backward(loss)
-        optimizers.step()
-        optimizers.zero_grad()
-    return model.eval()
 
 
 def save(model: torch.nn.Module, root: Path, **kw: Any) -> Path:

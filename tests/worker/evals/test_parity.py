@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from tests.stores import entry_at, posix_store
-from tests.worker.checkpoints import save_checkpoint
+from tests.worker.checkpoints import save_checkpoint, trained_model
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.shards import stdlib_source_files
 from trainctl.store.data.tokenizer import EOT, train_tokenizer
@@ -26,7 +25,6 @@ from trainctl.worker.evals.scorer import score_items, task_metrics
 from trainctl.worker.evals.tasks import data_root, read_items
 from trainctl.worker.export import export_hf
 from trainctl.worker.generate import load_for_generation
-from trainctl.worker.model import GPT, build_model
 from trainctl.worker.optim import build_optimizers
 from trainctl.worker.schedule import build_scheduler
 
@@ -46,20 +44,6 @@ def stdlib_text(max_bytes: int = 60_000) -> str:
         if sum(map(len, parts)) >= max_bytes:
             break
     return "".join(parts)
-
-
-def trained_model(tokens: list[int], steps: int = 8) -> GPT:
-    """A `tiny` model after a few steps, without QK-norm or softcap: its export computes the
-    same function in transformers (Llama), so both sides score the same model."""
-    model = build_model("tiny", seed=0, qk_norm=False, logit_softcap=0.0)
-    optimizers = build_optimizers(model)
-    data = torch.tensor(tokens[: 4 * 65]).view(4, 65)
-    for _ in range(steps):
-        loss, _ = model.loss(data[:, :-1], data[:, 1:])
-        torch.autograd.backward(loss)
-        optimizers.step()
-        optimizers.zero_grad()
-    return model.eval()
 
 
 def harness_yaml(name: str, tmp: Path) -> None:
@@ -93,7 +77,9 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    model = trained_model(tokenizer.encode(stdlib_text()).ids)
+    # Without QK-norm or softcap its export computes the same function in transformers (Llama),
+    # so both sides score the same model.
+    model = trained_model(tokenizer.encode(stdlib_text()).ids, qk_norm=False, logit_softcap=0.0)
     data = tokenizer_file.read_bytes()
     recorded = {
         "kind": "bpe",
