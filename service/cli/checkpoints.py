@@ -33,7 +33,7 @@ from trainctl.service.cli.common import (
 )
 from trainctl.service.cli.errors import BadInput
 from trainctl.service.cli.submit import MaxAttempts, Priority, opt, queue_flags
-from trainctl.service.cli.watch import follow, require_success
+from trainctl.service.cli.watch import queued_or_finished
 from trainctl.service.schemas import CheckpointPublic
 from trainctl.service.sdk.client import Progress as OnProgress
 from trainctl.service.sdk.client import TrainctlClient
@@ -271,14 +271,10 @@ def export_checkpoint(
     }
     with client(ctx) as api:
         run = api.submit_export(**{k: v for k, v in spec.items() if v is not None})
-        if not watch:
-            print_json(run) if as_json else console.print(f"submitted export run {run.id}")
-            err_console.print(f"follow it: trainctl runs watch {run.id}")
+        done = queued_or_finished(api, run, watch=watch, as_json=as_json)
+        if done is None:
             return
-        err_console.print(f"submitted export run {run.id}")
-        run = follow(api, run.id)
-        require_success(run)
-        result = run.result or {}
+        result = done.result or {}
         print_json(result) if as_json else print_export(result)
         e, t = result["export"]["experiment"], result["export"]["tag"]
         if download_to is not None:

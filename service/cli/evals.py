@@ -17,7 +17,7 @@ from rich.table import Table
 from trainctl.service.cli.common import checkpoint_choice, client, console, err_console, print_json
 from trainctl.service.cli.errors import BadInput
 from trainctl.service.cli.submit import Device, MaxAttempts, Priority, opt, queue_flags
-from trainctl.service.cli.watch import follow, require_success
+from trainctl.service.cli.watch import queued_or_finished
 from trainctl.service.schemas import EvalTaskPublic
 from trainctl.store.evals import METRICS, EvaluateRequest
 
@@ -100,22 +100,17 @@ def evaluate(
     spec = {**checkpoint_choice(experiment, tag), "tasks": names}
     spec |= {k: v for k, v in given.items() if v is not None}
     with client(ctx) as api:
-        run = api.submit_evaluate(**spec)
-        if not watch:
-            print_json(run) if as_json else console.print(f"submitted evaluate run {run.id}")
-            err_console.print(f"follow it: trainctl runs watch {run.id}")
-            return
-        err_console.print(f"submitted evaluate run {run.id}")
-        run = follow(api, run.id)
-    require_success(run)
-    result = run.result or {}
+        done = queued_or_finished(api, api.submit_evaluate(**spec), watch=watch, as_json=as_json)
+    if done is None:
+        return
+    result = done.result or {}
     if as_json:
         print_json(result)
         return
     console.print(scores_table(result))
     c = result.get("checkpoint", {})
     err_console.print(
-        f"run {run.id}: checkpoint {c.get('experiment')}/{c.get('tag')} (step {c.get('step')}), "
+        f"run {done.id}: checkpoint {c.get('experiment')}/{c.get('tag')} (step {c.get('step')}), "
         f"{result.get('num_fewshot')}-shot, seed {result.get('seed')}",
         markup=False,
     )

@@ -185,6 +185,22 @@ def report(run: RunPublic, *, as_json: bool = False) -> RunPublic:
     return run
 
 
+def queued_or_finished(
+    api: TrainctlClient, run: RunPublic, *, watch: bool, as_json: bool
+) -> RunPublic | None:
+    """What a submitting command prints of the run it queued. Without `watch`: the run and how
+    to follow it, and None. With it: follows the run to its end, exits 1 unless it
+    succeeded, and gives the finished run for the command to print its result."""
+    if not watch:
+        print_json(run) if as_json else console.print(f"submitted {run.kind} run {run.id}")
+        err_console.print(f"follow it: trainctl runs watch {run.id}")
+        return None
+    err_console.print(f"submitted {run.kind} run {run.id}")
+    finished = follow(api, run.id)
+    require_success(finished)
+    return finished
+
+
 def require_success(run: RunPublic) -> None:
     """Exit 1 with why, unless the run succeeded."""
     if run.state == "succeeded":
