@@ -16,12 +16,14 @@ from tests.service.sdk.clients import CPU_TRAIN, run_async
 from tests.service.serving import serve
 from tests.stores import folder
 from trainctl.service.app import create_app
+from trainctl.service.schemas import ModelsPublic
 from trainctl.service.sdk.async_client import AsyncTrainctlClient
 from trainctl.service.sdk.client import ApiError, DownloadError, TrainctlClient
 from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.manifests import MODEL_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
+from trainctl.store.presets import PRESETS
 
 
 def test_submit_get_and_list_round_trip(api: TrainctlClient) -> None:
@@ -394,3 +396,17 @@ def test_both_clients_list_eval_tasks_and_submit_an_evaluation(
     assert run_async(server_app, scenario) == (len(tasks), "evaluate")
     with pytest.raises(ApiError, match="unknown eval task 'nope'"):
         api.submit_evaluate(checkpoint="lm/step_10", tasks=["nope"])
+
+
+def test_both_clients_list_the_presets_and_the_transformers_types(
+    server_app: FastAPI, api: TrainctlClient
+) -> None:
+    async def scenario(client: AsyncTrainctlClient) -> ModelsPublic:
+        return await client.models()
+
+    listed, async_listed = api.models(), run_async(server_app, scenario)
+
+    assert async_listed == listed
+    assert {p.name for p in listed.presets} == set(PRESETS.names())
+    assert listed.hf_model_types is not None and "llama" in listed.hf_model_types
+    assert listed.plugins == []  # no live worker, so no plug-in
