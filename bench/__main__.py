@@ -26,6 +26,7 @@ MODULES = [
     "bits_per_byte",
     "generate",
     "claims",
+    "hf_train",
 ]
 
 

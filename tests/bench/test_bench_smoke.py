@@ -11,6 +11,7 @@ from bench import (
     checkpoint_io,
     claims,
     generate,
+    hf_train,
     model_step,
     time_to_quality,
     tokenize,
@@ -39,6 +40,14 @@ def test_bench_measurements_run_at_toy_sizes_and_report_figures(
     assert len(names) == len(set(names))
     assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
     assert any(f.target is not None for f in figures)
+
+
+def test_the_transformers_train_loop_measurement_runs_at_toy_sizes() -> None:
+    pytest.importorskip("transformers", reason="the llama side needs the worker extra")
+    figures = hf_train.run(quick=True)
+
+    assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
+    assert "hf train: trainctl loop / plain loop" in [f.name for f in figures]
 
 
 def test_dataset_measurements_run_at_toy_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
