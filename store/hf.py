@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainctl.store.hf_catalog import MISSING, causal_lm_types, config_fields, config_signature
+from trainctl.store.hf_rules import check_shapes
 from trainctl.store.presets import BOUNDS
 
 MODEL_TYPE = "model_type"
@@ -166,6 +167,7 @@ def check_geometry(hf: dict[str, Any]) -> tuple[int, int]:
             f"hidden_size {hidden} is not divisible by num_attention_heads {heads}, and no "
             "head_dim is given"
         )
+    check_shapes(hf[MODEL_TYPE], config)
     vocab, context = sizes["vocab_size"], sizes["max_position_embeddings"]
     if vocab is None or context is None:
         raise ValueError(
