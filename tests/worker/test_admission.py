@@ -11,6 +11,7 @@ from trainctl.store.db.runs import RunStore
 from trainctl.store.memory import GIB, train_need
 from trainctl.worker.admission import admit_at_claim
 from trainctl.worker.models import build_model
+from trainctl.worker.models.plugin import MODEL_PLUGINS
 from trainctl.worker.runner import Worker, WorkerConfig
 
 
@@ -45,3 +46,20 @@ def test_a_run_too_big_for_the_worker_fails_at_claim_naming_both_numbers_without
     assert f"more than the {GIB:,} bytes (1.0 GiB) this worker has" in run.error
     assert worker.claim() is None  # failed, not requeued: it cannot cycle between workers
     runs.close()
+
+
+def test_a_plug_in_model_is_counted_on_the_meta_device_too() -> None:
+    from tests.plugins.trainctl_tinylm import MODEL
+
+    MODEL_PLUGINS.register("tiny_mlp_admission", MODEL)
+    try:
+        config = {"vocab_size": 256, "max_seq_len": 64, "d_model": 32}
+        plan = train_plan(
+            steps=1,
+            model={"plugin": {"name": "tiny_mlp_admission", "config": config}},
+            batch={"seq_len": 64},
+        )
+        real = sum(p.numel() for p in build_model(plan.model.config).parameters())
+        assert admit_at_claim(plan, memory_bytes=None) == real
+    finally:
+        MODEL_PLUGINS.unregister("tiny_mlp_admission")
