@@ -96,9 +96,17 @@ def public_models(live: Sequence[Worker]) -> ModelsPublic:
     for worker in live:
         for plugin in worker.model_plugins:
             having.setdefault(plugin, []).append(worker.id)
-    types = causal_lm_types()
+    # What the live workers build, as they reported it; before any has, what the service's
+    # own transformers ships (read from its source), labelled as such.
+    reported = {t for worker in live for t in worker.hf_model_types}
+    catalog = causal_lm_types()
+    if reported:
+        types, source = sorted(reported), "workers"
+    else:
+        types, source = (sorted(catalog), "service") if catalog is not None else (None, None)
     return ModelsPublic(
         presets=presets,
         plugins=[PluginModelPublic(name=n, workers=w) for n, w in sorted(having.items())],
-        hf_model_types=sorted(types) if types is not None else None,
+        hf_model_types=types,
+        hf_model_types_from=source,
     )

@@ -179,6 +179,16 @@ def _device_info() -> tuple[str, dict[str, object]]:
     return "cpu", info
 
 
+def hf_model_types() -> list[str]:
+    """The causal-LM model types the transformers installed here builds (GET /models lists
+    those of the live workers); none where transformers is missing."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        return []
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
 def cpu_count() -> int:
     """The cores this process may run on (a container's or cgroup's share, not the host's)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -224,6 +234,7 @@ class Worker:
             cpus=cpu_count(),
             address=self.config.address,
             model_plugins=MODEL_PLUGINS.names(),
+            hf_model_types=hf_model_types(),
         )
 
     def rendezvous(self) -> str:

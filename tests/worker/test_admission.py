@@ -63,3 +63,14 @@ def test_a_plug_in_model_is_counted_on_the_meta_device_too() -> None:
         assert admit_at_claim(plan, memory_bytes=None) == real
     finally:
         MODEL_PLUGINS.unregister("tiny_mlp_admission")
+
+
+def test_a_worker_reports_the_transformers_model_types_it_builds(tmp_path: Path) -> None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    runs = RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}")
+    runs.create_all()
+    Worker(WorkerConfig(runs.engine.url.render_as_string(), tmp_path, "w1"), runs).register()
+    reported = runs.list_workers()[0].hf_model_types
+    assert set(reported) == set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) and "qwen3_next" in reported
+    runs.close()
