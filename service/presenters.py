@@ -7,6 +7,7 @@ and the models a request may name gathered (`ModelsPublic`)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from trainctl.service.devices import is_live, live_workers
 from trainctl.service.schemas import (
@@ -100,10 +101,12 @@ def public_models(live: Sequence[Worker]) -> ModelsPublic:
     # own transformers ships (read from its source), labelled as such.
     reported = {t for worker in live for t in worker.hf_model_types}
     catalog = causal_lm_types()
+    types: list[str] | None = None
+    source: Literal["workers", "service"] | None = None
     if reported:
         types, source = sorted(reported), "workers"
-    else:
-        types, source = (sorted(catalog), "service") if catalog is not None else (None, None)
+    elif catalog is not None:
+        types, source = sorted(catalog), "service"
     return ModelsPublic(
         presets=presets,
         plugins=[PluginModelPublic(name=n, workers=w) for n, w in sorted(having.items())],
