@@ -18,6 +18,7 @@ import torch
 
 from tests.service_process import Service, finished, submit
 from tests.stores import posix_store
+from tests.worker.hf_archs import hf
 from trainctl.store.generation import GenerationSettings
 from trainctl.worker.generate import generate_tokens, load_for_generation
 
@@ -115,13 +116,7 @@ def test_the_export_loads_in_transformers_and_computes_the_same_function(
     assert done["state"] == "succeeded", done["error"]
     assert done["result"]["architecture"] == "Qwen3ForCausalLM"
     assert any("softcap" in d for d in done["result"]["differences"])
-    listed = httpx.get(f"{service.url}/exports/code/step_300", timeout=60).json()
-    folder = tmp_path / "hf"
-    folder.mkdir()
-    for f in listed["files"]:
-        body = httpx.get(f"{service.url}/exports/code/step_300/files/{f['name']}", timeout=60)
-        assert hashlib.sha256(body.content).hexdigest() == f["sha256"]
-        (folder / f["name"]).write_bytes(body.content)
+    folder = download_export(service, "code/step_300", tmp_path / "hf")
     # The sample and export runs before wrote nothing into a training checkpoint.
     assert tree(service.data_dir / "checkpoints" / "code") == AS_TRAINED
 
@@ -146,6 +141,57 @@ def test_the_export_loads_in_transformers_and_computes_the_same_function(
 
     again = httpx.post(f"{service.url}/runs/export", json={"checkpoint": "code/step_300"})
     assert again.status_code == 409 and "already exported" in again.json()["detail"]
+
+
+def download_export(service: Service, name: str, folder: Path) -> Path:
+    """The export `name` (experiment/tag) over HTTP into `folder`, each file checked against
+    the sha256 the listing gives, as a client downloads it."""
+    folder.mkdir()
+    for f in httpx.get(f"{service.url}/exports/{name}", timeout=60).json()["files"]:
+        body = httpx.get(f"{service.url}/exports/{name}/files/{f['name']}", timeout=60)
+        assert hashlib.sha256(body.content).hexdigest() == f["sha256"]
+        (folder / f["name"]).write_bytes(body.content)
+    return folder
+
+
+@pytest.mark.slow
+def test_a_transformers_llama_trains_exports_and_samples_through_the_service(
+    trained: tuple[Service, dict[str, Any]], tmp_path: Path
+) -> None:
+    """Issue 24 through the real service: the in-process rounds (tests/worker/test_hf_models.py)
+    at the fewest steps that give a checkpoint, on the module's service so no start is paid."""
+    transformers = pytest.importorskip("transformers")
+    service, _ = trained
+    run = submit(
+        service, "train", experiment="llama", steps=4, model={"hf": hf("llama")},
+        batch={"micro_batch_size": 2, "seq_len": 32}, data={"max_bytes": 100_000},
+        checkpoint_every=4, val_batches=1,
+    )  # fmt: skip
+    done = finished(service, run["id"])
+    assert done["state"] == "succeeded", done["error"]
+
+    export = finished(service, submit(service, "export", checkpoint="llama/step_4")["id"])
+    assert export["state"] == "succeeded", export["error"]
+    assert export["result"]["architecture"] == "LlamaForCausalLM"
+    folder = download_export(service, "llama/step_4", tmp_path / "hf")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    store = posix_store(service.data_dir / "checkpoints")
+    ours, codec = load_for_generation(store, ("llama", "step_4"))
+    assert codec is not None
+    ids = torch.tensor([codec.encode("def main():\n    return 1\n")])
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(input_ids=ids).logits, ours(ids), rtol=0, atol=1e-5)
+
+    sample = submit(
+        service, "sample", checkpoint="llama/step_4", prompts=["def "],
+        generation={"max_new_tokens": 8, "temperature": 0.0},
+    )  # fmt: skip
+    sampled = finished(service, sample["id"])
+    assert sampled["state"] == "succeeded", sampled["error"]
+    (completion,) = sampled["result"]["completions"]
+    prompt = torch.tensor([codec.encode("def ")])
+    greedy = theirs.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert completion["token_ids"] == greedy[0, prompt.shape[1] :].tolist()
 
 
 def test_what_cannot_work_is_refused_at_submit_naming_the_limit(
