@@ -7,6 +7,7 @@ and the models a request may name gathered (`ModelsPublic`)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from trainctl.service.devices import is_live, live_workers
 from trainctl.service.schemas import (
@@ -96,9 +97,19 @@ def public_models(live: Sequence[Worker]) -> ModelsPublic:
     for worker in live:
         for plugin in worker.model_plugins:
             having.setdefault(plugin, []).append(worker.id)
-    types = causal_lm_types()
+    # What the live workers build, as they reported it; before any has, what the service's
+    # own transformers ships (read from its source), labelled as such.
+    reported = {t for worker in live for t in worker.hf_model_types}
+    catalog = causal_lm_types()
+    types: list[str] | None = None
+    source: Literal["workers", "service"] | None = None
+    if reported:
+        types, source = sorted(reported), "workers"
+    elif catalog is not None:
+        types, source = sorted(catalog), "service"
     return ModelsPublic(
         presets=presets,
         plugins=[PluginModelPublic(name=n, workers=w) for n, w in sorted(having.items())],
-        hf_model_types=sorted(types) if types is not None else None,
+        hf_model_types=types,
+        hf_model_types_from=source,
     )

@@ -310,8 +310,14 @@ class ModelsPublic(BaseModel):
     )
     hf_model_types: list[str] | None = Field(
         description='The transformers model types `model: {"hf": {"model_type": ...}}` '
-        "accepts (the causal LMs of the installed transformers); null where the service "
-        "cannot read them, and then the worker checks the model type."
+        "accepts: those the live workers reported when they registered (the causal LMs of "
+        "the transformers installed where they run), or, while none has, those of the "
+        "service's own transformers; null where neither is known, and then the worker "
+        "checks the model type."
+    )
+    hf_model_types_from: Literal["workers", "service"] | None = Field(
+        description="Where `hf_model_types` comes from: the live workers' reports, or the "
+        "service's own catalog (no live worker reported any)."
     )
 
 

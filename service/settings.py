@@ -63,6 +63,14 @@ class Settings(BaseSettings):
         le=19,
         description="Niceness added to local workers: training yields the CPU to the API.",
     )
+    worker_memory_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="The most memory a local worker's runs may use, below its GPU's or the "
+        "host's (local workers read it from the environment; a worker elsewhere takes "
+        "--memory-bytes). Workers report it as their memory, and a transformers or "
+        "plug-in model is admitted against it at claim with its real parameter count.",
+    )
     worker_healthy_seconds: float = Field(
         60.0,
         gt=0,

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainctl.store.hf_catalog import MISSING, causal_lm_types, config_signature
+from trainctl.store.hf_catalog import MISSING, causal_lm_types, config_fields, config_signature
+from trainctl.store.hf_rules import check_shapes
 from trainctl.store.presets import BOUNDS
 
 MODEL_TYPE = "model_type"
@@ -108,13 +109,16 @@ def check_hf_fields(hf: dict[str, Any]) -> dict[str, Any]:
             "code or files, and chooses dtype and kernels itself)"
         )
     check_values(fields)
-    signature = config_signature(model_type)
-    if signature is not None:
-        unknown = sorted(k for k in fields if k not in signature.defaults and k not in BASE_FIELDS)
+    # What the config class takes and what the architecture's modeling code reads (a field
+    # taken through **kwargs, such as Qwen3-MoE's head_dim, is one the model uses).
+    signature, taken = config_signature(model_type), config_fields(model_type)
+    if signature is not None and taken is not None:
+        unknown = sorted(k for k in fields if k not in taken and k not in BASE_FIELDS)
         if unknown:
-            accepted = (set(signature.defaults) | BASE_FIELDS) - REFUSED_FIELDS - {"kwargs"}
+            accepted = (taken | BASE_FIELDS) - REFUSED_FIELDS - {"kwargs"}
             raise ValueError(
-                f"{signature.class_name} has no field {', '.join(unknown)}; its fields are "
+                f"{signature.class_name} has no field {', '.join(unknown)} (neither its "
+                f"__init__ nor the model's code reads it); its fields are "
                 f"{', '.join(sorted(accepted))}"
             )
     return hf
@@ -163,6 +167,7 @@ def check_geometry(hf: dict[str, Any]) -> tuple[int, int]:
             f"hidden_size {hidden} is not divisible by num_attention_heads {heads}, and no "
             "head_dim is given"
         )
+    check_shapes(hf[MODEL_TYPE], config)
     vocab, context = sizes["vocab_size"], sizes["max_position_embeddings"]
     if vocab is None or context is None:
         raise ValueError(

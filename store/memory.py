@@ -80,12 +80,15 @@ def estimate_peak(
     async_checkpoint: bool = False,
     training: bool = True,
     optimizer: str = DEFAULT_OPTIMIZER_KIND,
+    params: int | None = None,
 ) -> MemoryEstimate:
     """The peak memory of one process, for one micro-batch in flight, training with the
     optimizer kind `optimizer`. `training` False: a validation, which keeps weights only and
-    no activations for backward."""
+    no activations for backward. `params`: the real parameter count, where a worker built
+    the model (on the meta device) and counted it, instead of the config's approximate one."""
     sizes = config.sizes()  # the built-in GPT's or a transformers model's, alike
-    params, d, f, kv = sizes["params"], sizes["d_model"], sizes["ffn"], sizes["kv"]
+    d, f, kv = sizes["d_model"], sizes["ffn"], sizes["kv"]
+    params = sizes["params"] if params is None else params
     layers = sizes["layers"]
     kind = OPTIMIZER_KINDS.get(optimizer)
     tokens = micro_batch_size * seq_len
@@ -144,7 +147,7 @@ def refuse_unless_it_fits(
         return
     if not isinstance(limit, MemoryLimit):
         limit = MemoryLimit(limit)
-    need = estimate.total * (processes if device == "cpu" else 1)
+    need = node_bytes(estimate, processes, device)
     if need <= limit.size:
         return
     ranks = f" for each of {processes} processes" if processes > 1 and device == "cpu" else ""
@@ -155,6 +158,12 @@ def refuse_unless_it_fits(
         "seq_len (grad_accum_steps keeps the batch), activation checkpointing, or a "
         "smaller model"
     )
+
+
+def node_bytes(estimate: MemoryEstimate, processes: int, device: str) -> int:
+    """What `processes` copies of the run need of one worker: CPU ranks share the node's
+    memory, each GPU rank has a device of its own."""
+    return estimate.total * (processes if device == "cpu" else 1)
 
 
 @dataclass(frozen=True)
@@ -168,15 +177,18 @@ class MemoryNeed:
     """The run in words, for the refusal: 'this train run'."""
 
 
-def train_need(plan: TrainPlan) -> MemoryNeed:
-    return _step_need(plan, "this train run", plan.async_checkpoint, plan.nproc_per_node)
+def train_need(plan: TrainPlan, params: int | None = None) -> MemoryNeed:
+    what = "this train run"
+    return _step_need(plan, what, plan.async_checkpoint, plan.nproc_per_node, params)
 
 
-def benchmark_need(plan: BenchmarkPlan) -> MemoryNeed:
-    return _step_need(plan, "this benchmark", False, 1)
+def benchmark_need(plan: BenchmarkPlan, params: int | None = None) -> MemoryNeed:
+    return _step_need(plan, "this benchmark", False, 1, params)
 
 
-def _step_need(plan: StepPlan, what: str, async_checkpoint: bool, processes: int) -> MemoryNeed:
+def _step_need(
+    plan: StepPlan, what: str, async_checkpoint: bool, processes: int, params: int | None
+) -> MemoryNeed:
     b = plan.batch
     estimate = estimate_peak(
         plan.model.config,
@@ -185,6 +197,7 @@ def _step_need(plan: StepPlan, what: str, async_checkpoint: bool, processes: int
         seq_len=b.seq_len,
         async_checkpoint=async_checkpoint,
         optimizer=plan.optimizer.kind,
+        params=params,
     )
     return MemoryNeed(estimate, processes, plan.device, what)
 

@@ -7,6 +7,10 @@ class CheckpointWriteFailed(TrainctlError):
     """A save could not be written (store full, read-only, gone); nothing of it is visible."""
 
 
+class DoesNotFit(TrainctlError):
+    """The model, counted when built at claim, needs more memory than this worker has."""
+
+
 class NonFiniteLoss(TrainctlError):
     """Training diverged; the step's update was not applied and nothing was saved."""
 
@@ -15,5 +19,6 @@ __all__ = [
     "CheckpointCorrupt",
     "CheckpointMismatch",
     "CheckpointWriteFailed",
+    "DoesNotFit",
     "NonFiniteLoss",
 ]

@@ -34,6 +34,7 @@ from trainctl.store.plans import (
 )
 from trainctl.store.registry import Registry
 from trainctl.store.specs import Spec
+from trainctl.worker.admission import admit_at_claim
 from trainctl.worker.benchmark import run_benchmark
 from trainctl.worker.checkpoint import load_checkpoint
 from trainctl.worker.context import RunContext
@@ -58,6 +59,9 @@ class WorkerEnv:
     """The checkpoint and export stores this worker reads and writes."""
     address: str | None = None
     """Where gang members on other nodes reach this worker (torchrun's rendezvous)."""
+    memory_bytes: int | None = None
+    """The memory a run may use here (a GPU's, or the host's, or the worker's budget): a
+    transformers or plug-in model is admitted against it at claim (worker.admission)."""
 
 
 @dataclass
@@ -83,6 +87,11 @@ def check_device(device: str) -> torch.device:
     return torch.device("cuda" if device == "cuda" else "cpu")
 
 
+def maybe_log_params(ctx: RunContext, params: int | None) -> None:
+    if params is not None:
+        ctx.log(f"the model has {params:,} parameters (counted at claim); it fits this worker")
+
+
 def read_plan(ctx: RunContext, kind: type[P]) -> P:
     """The run's stored plan; one this worker cannot read fails the run, saying why."""
     unreadable = ctx.run.spec.get(UNREADABLE) if len(ctx.run.spec) == 1 else None
@@ -101,6 +110,7 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, TrainPlan)
     store, address = env.stores.checkpoints, env.address
     check_device(plan.device)
+    maybe_log_params(ctx, admit_at_claim(plan, env.memory_bytes))
     gang = ctx.run.gang
     # Only this run writes to its experiment (one active train run each), so what is left
     # half-written there (a save killed mid-write, a commit cut between its renames) is
@@ -159,6 +169,7 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
 def execute_benchmark(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, BenchmarkPlan)
     check_device(plan.device)
+    maybe_log_params(ctx, admit_at_claim(plan, env.memory_bytes))
     result = run_benchmark(plan, on_step=ctx.metrics, should_stop=ctx.should_stop)
     if result["total_tokens"] < plan.steps * plan.batch.tokens_per_step:
         return stopped_outcome(ctx, result)

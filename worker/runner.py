@@ -58,6 +58,9 @@ class WorkerConfig:
     storage_url: str | None = None
     """TRAINCTL_STORAGE_URL, as the service has it (`DataLayout.storage_url`)."""
     cache_dir: Path | None = None
+    memory_bytes: int | None = None
+    """TRAINCTL_WORKER_MEMORY_BYTES: the most memory this worker's runs may use, below what
+    the device has; None: the device's own."""
 
     @property
     def layout(self) -> DataLayout:
@@ -119,6 +122,12 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
         default=env("TRAINCTL_WORKER_NICE", "0"),
         help="raise this process's niceness by N (0-19) before any thread starts",
     )
+    p.add_argument(
+        "--memory-bytes",
+        type=int,
+        default=env("TRAINCTL_WORKER_MEMORY_BYTES"),
+        help="the most memory this worker's runs may use (default: the GPU's, or the host's)",
+    )
     p.add_argument("--storage-url", default=env("TRAINCTL_STORAGE_URL"))
     p.add_argument("--cache-dir", default=env("TRAINCTL_CACHE_DIR"))
     args = p.parse_args(argv)
@@ -145,12 +154,21 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
         args.gang_reserve_seconds,
         args.storage_url,
         Path(args.cache_dir) if args.cache_dir else None,
+        args.memory_bytes,
     )
 
 
-def device_info() -> tuple[str, dict[str, object]]:
+def device_info(memory_bytes: int | None = None) -> tuple[str, dict[str, object]]:
     """The device runs get here, and its memory: what submit checks a run's estimate
-    against (store.memory). On a GPU node, the smallest GPU's, since a rank gets one."""
+    against (store.memory). On a GPU node, the smallest GPU's, since a rank gets one;
+    `memory_bytes`, the worker's budget, where it is lower."""
+    device, info = _device_info()
+    if memory_bytes is not None:
+        info["memory_bytes"] = min(int(str(info["memory_bytes"])), memory_bytes)
+    return device, info
+
+
+def _device_info() -> tuple[str, dict[str, object]]:
     info: dict[str, object] = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     if torch.cuda.is_available():
         gpus = range(torch.cuda.device_count())
@@ -159,6 +177,16 @@ def device_info() -> tuple[str, dict[str, object]]:
         return "cuda", info
     info["memory_bytes"] = host_memory_bytes()
     return "cpu", info
+
+
+def hf_model_types() -> list[str]:
+    """The causal-LM model types the transformers installed here builds (GET /models lists
+    those of the live workers); none where transformers is missing."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        return []
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
 def cpu_count() -> int:
@@ -183,11 +211,18 @@ class Worker:
     def __init__(self, config: WorkerConfig, runs: RunStore | None = None) -> None:
         self.config = config
         self.runs = runs or RunStore(config.database_url)
-        self.env = WorkerEnv(open_stores(config.layout, self.runs), config.address)
+        device, info = device_info(config.memory_bytes)
+        self.device, self.info = device, info
+        memory = info["memory_bytes"]
+        self.env = WorkerEnv(
+            open_stores(config.layout, self.runs),
+            config.address,
+            memory if isinstance(memory, int) else None,
+        )
         self.shutdown = threading.Event()
 
     def register(self) -> None:
-        device, info = device_info()
+        device, info = self.device, self.info
         self.runs.register_worker(
             self.config.worker_id,
             host=socket.gethostname(),
@@ -199,6 +234,7 @@ class Worker:
             cpus=cpu_count(),
             address=self.config.address,
             model_plugins=MODEL_PLUGINS.names(),
+            hf_model_types=hf_model_types(),
         )
 
     def rendezvous(self) -> str:

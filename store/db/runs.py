@@ -159,6 +159,8 @@ class Worker:
     address: str | None = None
     model_plugins: tuple[str, ...] = ()
     """The plug-in models installed where it runs (store/plugin_model.py)."""
+    hf_model_types: tuple[str, ...] = ()
+    """The transformers model types it builds (those of the transformers installed there)."""
 
     @property
     def capacity(self) -> Capacity:
@@ -790,15 +792,17 @@ class RunStore:
         cpus: int = 1,
         address: str | None = None,
         model_plugins: Iterable[str] = (),
+        hf_model_types: Iterable[str] = (),
     ) -> None:
         """Record a worker process and what it has (store/placement.py), with the plug-in
-        models installed where it runs; registering an id again replaces its record (a
-        restart), idle."""
+        models installed where it runs and the transformers model types it builds;
+        registering an id again replaces its record (a restart), idle."""
         now = _utcnow()
         values = {"host": host, "pid": pid, "device": device, "info": storable_json(_as_json(info))}
         values |= {"started_at": now, "last_seen_at": now, "run_id": None}
         values |= {"node_name": node_name or host, "gpus": gpus, "cpus": cpus, "address": address}
         values["model_plugins"] = sorted(model_plugins)
+        values["hf_model_types"] = sorted(hf_model_types)
         with write_transaction(self.engine) as conn:
             # Update-then-insert instead of a dialect-specific upsert: the write transaction
             # makes it atomic on SQLite; on PostgreSQL a racing insert fails loudly.
@@ -942,6 +946,7 @@ def _worker_from_row(row: Row[Any], current_run_id: str | None) -> Worker:
         row.cpus,
         reader.text("address", row.address),
         tuple(sorted(plugins_of(row.model_plugins))),
+        tuple(sorted(plugins_of(row.hf_model_types))),  # a list of names, read alike
     )
 
 

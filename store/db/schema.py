@@ -192,6 +192,8 @@ workers = Table(
     Column("cpus", Integer, nullable=False, default=1, server_default="1"),
     # The plug-in models installed where it runs (a list of names; None: none).
     Column("model_plugins", JSON, nullable=True),
+    # The transformers model types it accepts (a list; None: it reported none).
+    Column("hf_model_types", JSON, nullable=True),
     # Where a gang it leads meets (the torchrun rendezvous host).
     Column("address", String(255), nullable=True),
     # The run this worker process is busy with, set when it claims one or a gang's leader

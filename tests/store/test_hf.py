@@ -110,3 +110,20 @@ def test_defaults_read_from_transformers_fill_the_sizes_submit_checks() -> None:
     request = TrainRequest(steps=1, model={"hf": {"model_type": "llama"}})
     config = resolve_train(request, cuda_available=False, data_roots=[]).model.config
     assert (config.vocab_size, config.max_seq_len) == (32000, 2048)
+
+
+def test_a_field_the_modeling_code_reads_is_accepted_though_init_does_not_take_it() -> None:
+    # Qwen3MoeConfig.__init__ has no head_dim; its attention reads getattr(config, "head_dim").
+    hf = {**TINY_QWEN3, "model_type": "qwen3_moe", "head_dim": 32}
+    ModelSpec(hf=hf)
+    signature = config_signature("qwen3_moe")
+    assert signature is not None and "head_dim" not in signature.defaults
+
+
+def test_a_field_the_config_computes_or_the_base_class_defines_is_still_refused() -> None:
+    # DeepSeek-V3 computes qk_head_dim from its two parts; use_return_dict is a property.
+    assert "DeepseekV3Config has no field qk_head_dim" in refusal(
+        {"model_type": "deepseek_v3", "qk_head_dim": 24}
+    )
+    message = refusal({"model_type": "qwen3_moe", "use_return_dict": True, "n_layers": 2})
+    assert "has no field n_layers, use_return_dict" in message and "head_dim" in message

@@ -100,6 +100,15 @@ def test_what_only_transformers_knows_fails_when_the_model_is_built(
         build_model(plan.model.config)
 
 
+def test_a_head_dim_the_config_class_does_not_list_sets_the_attention_width() -> None:
+    # Qwen3-MoE takes head_dim through **kwargs: accepted at submit because its modeling
+    # code reads it, and the built model's projections have the asked width.
+    model = tiny("qwen3_moe", head_dim=32)
+    attention = model.inner.model.layers[0].self_attn
+    assert attention.head_dim == 32
+    assert attention.q_proj.out_features == 4 * 32 and attention.k_proj.out_features == 2 * 32
+
+
 def request_of(model_type: str, experiment: str) -> dict[str, Any]:
     return dict(
         experiment=experiment,

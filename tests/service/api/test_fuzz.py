@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -57,7 +58,9 @@ from trainctl.store.vocabulary import RunState
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
-MAX_EXAMPLES = 50
+# make test's budget (20 minutes on 2 cores) holds 25 per endpoint and mode; `make soak`
+# (TRAINCTL_SOAK_ROUNDS) generates four times as many.
+MAX_EXAMPLES = 100 if int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "0")) > 0 else 25
 """Generated requests per endpoint and mode, on top of schemathesis's boundary-value cases."""
 
 TOKEN = "fuzz-token"

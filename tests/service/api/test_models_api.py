@@ -1,0 +1,52 @@
+"""Models over HTTP: what `model.hf` may hold at submit, and GET /models (docs/models.md)."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from tests.service.api.submits import CPU_TRAIN, submit
+from trainctl.store.db.runs import RunStore
+
+TINY_MOE = {
+    "model_type": "qwen3_moe",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+}
+
+
+def test_a_field_the_modeling_code_reads_is_accepted_and_planned(client: TestClient) -> None:
+    response = submit(client, "train", {**CPU_TRAIN, "model": {"hf": {**TINY_MOE, "head_dim": 32}}})
+    assert response.status_code == 202, response.text
+    assert response.json()["spec"]["model"]["config"]["fields"]["head_dim"] == 32
+
+
+def test_an_unknown_field_is_a_422_listing_the_accepted_ones(client: TestClient) -> None:
+    response = submit(client, "train", {**CPU_TRAIN, "model": {"hf": {**TINY_MOE, "n_embd": 64}}})
+    assert response.status_code == 422
+    detail = response.text
+    assert "Qwen3MoeConfig has no field n_embd" in detail and "head_dim" in detail
+
+
+def test_models_lists_the_service_catalog_labelled_as_such_while_no_worker_reported(
+    client: TestClient,
+) -> None:
+    models = client.get("/models").json()
+    assert models["hf_model_types_from"] == "service"
+    assert {"llama", "qwen3_moe", "deepseek_v3"} <= set(models["hf_model_types"])
+
+
+def test_models_lists_the_transformers_types_the_live_workers_reported(
+    client: TestClient, runs: RunStore
+) -> None:
+    runs.register_worker(
+        "w1", host="n1", pid=1, device="cpu", info={}, hf_model_types=["llama", "qwen3"]
+    )
+    runs.register_worker("w2", host="n2", pid=2, device="cpu", info={}, hf_model_types=["olmo2"])
+    models = client.get("/models").json()
+    assert models["hf_model_types_from"] == "workers"
+    assert models["hf_model_types"] == ["llama", "olmo2", "qwen3"]
