@@ -58,7 +58,7 @@ def submit_run(
     placement = placement_of(plan)
     check_gpus_per_node(placement, settings.max_gpus_per_node)
     if record.memory is not None:
-        need = record.memory(plan)
+        need = record.memory(plan, None)
         limit = memory_limit(
             runs, settings.lease_seconds, need.device, settings.max_gpu_memory_bytes
         )

@@ -201,7 +201,7 @@ class EvaluatePlan(EvaluateOptions, ReadsCheckpoint):
     device: Device
 
 
-def evaluate_need(plan: EvaluatePlan) -> memory.MemoryNeed:
+def evaluate_need(plan: EvaluatePlan, params: int | None = None) -> memory.MemoryNeed:
     # A batch's rows are at most the model's context long (the scorer left-truncates them).
     estimate = memory.estimate_peak(
         plan.model,
@@ -209,5 +209,6 @@ def evaluate_need(plan: EvaluatePlan) -> memory.MemoryNeed:
         micro_batch_size=plan.batch_size,
         seq_len=plan.model.max_seq_len,
         training=False,
+        params=params,
     )
     return memory.MemoryNeed(estimate, 1, plan.device, "this evaluation")

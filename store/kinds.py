@@ -87,8 +87,10 @@ class RunKind:
     """Request and submit context -> plan; raises InvalidRequest (422) or Conflict (409)."""
     placement: Callable[[Any], Placement]
     """Plan -> the workers it needs."""
-    memory: Callable[[Any], memory.MemoryNeed] | None
-    """Plan -> its peak memory per process; None where nothing can be too large."""
+    memory: Callable[[Any, int | None], memory.MemoryNeed] | None
+    """(Plan, real parameter count or None) -> its peak memory per process; None where
+    nothing can be too large. Submit estimates the count from the config; a worker that
+    built the model on the meta device passes the real one (worker/admission.py)."""
     has_steps: bool
     """Whether its progress counts steps to a total (a progress bar can show it)."""
     executor: str

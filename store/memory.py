@@ -202,18 +202,19 @@ def _step_need(
     return MemoryNeed(estimate, processes, plan.device, what)
 
 
-def validate_need(plan: ValidatePlan) -> MemoryNeed:
+def validate_need(plan: ValidatePlan, params: int | None = None) -> MemoryNeed:
     estimate = estimate_peak(
         plan.model,
         device=plan.device,
         micro_batch_size=plan.batch_size,
         seq_len=plan.seq_len,
         training=False,
+        params=params,
     )
     return MemoryNeed(estimate, 1, plan.device, "this validation")
 
 
-def sample_need(plan: SamplePlan) -> MemoryNeed:
+def sample_need(plan: SamplePlan, params: int | None = None) -> MemoryNeed:
     # Every prompt decodes at once, over at most the whole context: a validation's forward
     # of that batch, and the keys and values of every layer kept for it.
     longest = max(len(p) for p in plan.prompt_tokens) + plan.generation.max_new_tokens
@@ -223,6 +224,7 @@ def sample_need(plan: SamplePlan) -> MemoryNeed:
         micro_batch_size=len(plan.prompt_tokens),
         seq_len=longest,
         training=False,
+        params=params,
     )
     sizes = plan.model.sizes()
     kv, layers = sizes["kv"], sizes["cache_layers"]

@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from trainctl.store.hf_config import HfModelConfig
-from trainctl.store.memory import benchmark_need, gib, node_bytes, train_need
+from trainctl.store.kinds import kind_of_plan
+from trainctl.store.memory import gib, node_bytes
 from trainctl.store.plans import BenchmarkPlan, TrainPlan
 from trainctl.store.plugin_model import PluginModelConfig
 from trainctl.worker.exceptions import DoesNotFit
@@ -41,7 +42,10 @@ def admit_at_claim(plan: TrainPlan | BenchmarkPlan, memory_bytes: int | None) ->
     if not isinstance(config, HfModelConfig | PluginModelConfig):
         return None
     params = count_params(config)
-    need = train_need(plan, params) if isinstance(plan, TrainPlan) else benchmark_need(plan, params)
+    measure = kind_of_plan(plan).memory
+    if measure is None:  # bounded by construction
+        return params
+    need = measure(plan, params)
     total = node_bytes(need.estimate, need.processes, need.device)
     if memory_bytes is not None and total > memory_bytes:
         raise DoesNotFit(
