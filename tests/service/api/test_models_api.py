@@ -5,18 +5,10 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from tests.service.api.submits import CPU_TRAIN, submit
+from tests.worker.hf_archs import BASE
 from trainctl.store.db.runs import RunStore
 
-TINY_MOE = {
-    "model_type": "qwen3_moe",
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128,
-}
+TINY_MOE = {"model_type": "qwen3_moe", **BASE}
 
 
 def test_a_field_the_modeling_code_reads_is_accepted_and_planned(client: TestClient) -> None:
