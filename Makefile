@@ -56,8 +56,12 @@ typecheck: install
 browser:
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }
 
+# Two processes by default: one leaves a core idle while tests wait on services, workers and
+# leases. `--dist loadfile` keeps a file's tests in one process, so a module's service or
+# trained run (a module-scoped fixture) is built once, not once per process.
+PYTEST_WORKERS ?= 2
 pytest: install browser
-	$(VENV)/bin/pytest --durations=25
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 test: lint typecheck pytest
 

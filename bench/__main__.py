@@ -22,6 +22,7 @@ MODULES = [
     "checkpoint_io",
     "data_loader",
     "api_load",
+    "event_streams",
     "tokenize",
     "bits_per_byte",
     "generate",

@@ -24,8 +24,7 @@ def plant(path: Path, kind: str, target: Path | None = None) -> None:
     if kind == "fifo":
         os.mkfifo(path)
     elif kind == "socket":
-        with socket.socket(socket.AF_UNIX) as s:
-            s.bind(str(path))  # the socket file stays after the socket is closed
+        bind_socket(path)
     elif kind == "hardlink":
         assert target is not None
         os.link(target, path)
@@ -34,6 +33,19 @@ def plant(path: Path, kind: str, target: Path | None = None) -> None:
         os.symlink(target, path)
     else:
         raise ValueError(kind)
+
+
+def bind_socket(path: Path) -> None:
+    """A socket file at `path`, whatever the length of its folder's name: an AF_UNIX address
+    holds at most 108 bytes, which a pytest temp folder under an xdist worker outgrows. The
+    socket is bound through the folder's descriptor (`/proc/self/fd/N/name`), which is short.
+    The file stays after the socket is closed."""
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(f"/proc/self/fd/{folder}/{path.name}")
+    finally:
+        os.close(folder)
 
 
 def self_loops(folder: Path, *names: str) -> None:

@@ -10,6 +10,7 @@ from bench import (
     bits_per_byte,
     checkpoint_io,
     claims,
+    event_streams,
     generate,
     hf_train,
     model_step,
@@ -87,3 +88,11 @@ def test_the_claims_measurement_runs_on_postgresql_at_toy_sizes(
     assert len(names) == len(set(names))
     assert "claims: gang / 1-node, median" in names
     assert "claims: throughput 48 / 16 queued" in names
+
+
+def test_the_event_streams_measurement_runs_at_toy_sizes() -> None:
+    """Every stream it opens must be answered 200, or it raises: the service holds them."""
+    figures = event_streams.run(quick=True)
+
+    assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
+    assert "event streams: 20 open / none" in [f.name for f in figures]
