@@ -7,6 +7,10 @@ What the loop adds is what is measured: metrics, validation bookkeeping, the ste
 accounting. Neither side validates or saves inside the timed steps (val_every and
 checkpoint_every past the end). Each side's figure is the median step's tokens/s after the
 first WARMUP steps; rounds alternate the sides.
+
+The third side is issue 24's third measurement: a benchmark run of the same model and batch
+geometry (`worker.benchmark.run_benchmark`, synthetic tokens) runs the same step code as a
+train run, so its tokens/s should equal trainctl's train loop's within noise.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ import torch
 from bench.common import Figure, alternate, median, paired_ratio
 from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.resolve import resolve_train
-from trainctl.store.specs import TrainRequest
+from trainctl.store.resolve import resolve_benchmark, resolve_train
+from trainctl.store.specs import BenchmarkRequest, TrainRequest
+from trainctl.worker.benchmark import run_benchmark
 from trainctl.worker.train import build_data, build_training, data_loader, train
 
 # A llama of width 256, 4 layers, byte-level: a step of about a second on two cores.
@@ -32,17 +37,24 @@ WARMUP = 2
 """Steps left out of each side's median: the first ones wait for the loader and allocate."""
 
 
-def request(size: dict[str, Any]) -> TrainRequest:
+def hf_config(size: dict[str, Any]) -> dict[str, Any]:
     w = size["width"]
-    hf = {
+    return {
         "model_type": "llama", "vocab_size": 256, "hidden_size": w,
         "intermediate_size": 3 * w, "num_hidden_layers": size["layers"],
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
     }  # fmt: skip
+
+
+def batch(size: dict[str, Any]) -> dict[str, int]:
+    return {"micro_batch_size": size["batch"], "seq_len": size["seq"], "grad_accum_steps": 1}
+
+
+def request(size: dict[str, Any]) -> TrainRequest:
     steps = size["steps"]
     return TrainRequest(
-        experiment="hf-train", steps=steps, model={"hf": hf}, device="cpu",
-        batch={"micro_batch_size": size["batch"], "seq_len": size["seq"], "grad_accum_steps": 1},
+        experiment="hf-train", steps=steps, model={"hf": hf_config(size)}, device="cpu",
+        batch=batch(size),
         data={"max_bytes": 1_000_000}, checkpoint_every=steps, val_every=steps,
         val_batches=1, log_every=1,
     )  # fmt: skip
@@ -59,6 +71,20 @@ def trainctl_side(size: dict[str, Any]) -> float:
 
     with tempfile.TemporaryDirectory() as root:
         train(plan, CheckpointStore(PosixStorage(Path(root))), on_metrics=on_metrics)
+    return median(seen)
+
+
+def benchmark_side(size: dict[str, Any]) -> float:
+    """tokens/s of a benchmark run of the same model: the median of its measured steps."""
+    req = BenchmarkRequest(
+        model={"hf": hf_config(size)}, batch=batch(size), device="cpu",
+        warmup_steps=WARMUP, steps=size["steps"] - WARMUP,
+    )  # fmt: skip
+    plan = resolve_benchmark(req, cuda_available=False)
+    seen: list[float] = []
+    run_benchmark(
+        plan, on_step=lambda m: seen.append(m["tokens_per_sec"]) if m["kind"] == "measure" else None
+    )
     return median(seen)
 
 
@@ -90,7 +116,11 @@ def plain_side(size: dict[str, Any]) -> float:
 def run(quick: bool = False) -> list[Figure]:
     size = QUICK if quick else FULL
     tps = alternate(
-        {"trainctl": lambda: trainctl_side(size), "plain": lambda: plain_side(size)},
+        {
+            "trainctl": lambda: trainctl_side(size),
+            "plain": lambda: plain_side(size),
+            "benchmark": lambda: benchmark_side(size),
+        },
         size["rounds"],
     )
     note = (
@@ -105,5 +135,12 @@ def run(quick: bool = False) -> list[Figure]:
             paired_ratio(tps["trainctl"], tps["plain"]),
             "x",
             target=0.97,
+        ),
+        Figure("hf train: benchmark run tokens/s", median(tps["benchmark"]), "tok/s"),
+        Figure(
+            "hf train: benchmark run / trainctl loop",
+            paired_ratio(tps["benchmark"], tps["trainctl"]),
+            "x",
+            note="the same step code: 1 within noise",
         ),
     ]

@@ -13,6 +13,7 @@ from bench import (
     event_streams,
     generate,
     hf_train,
+    hf_vs_gpt,
     model_step,
     time_to_quality,
     tokenize,
@@ -48,7 +49,18 @@ def test_the_transformers_train_loop_measurement_runs_at_toy_sizes() -> None:
     figures = hf_train.run(quick=True)
 
     assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
-    assert "hf train: trainctl loop / plain loop" in [f.name for f in figures]
+    names = [f.name for f in figures]
+    assert "hf train: trainctl loop / plain loop" in names
+    assert "hf train: benchmark run / trainctl loop" in names
+
+
+def test_the_builtin_against_transformers_measurement_runs_at_toy_sizes() -> None:
+    """Both sides must reach the loss it times them to, or `time_to` raises."""
+    pytest.importorskip("transformers", reason="the llama side needs the worker extra")
+    figures = hf_vs_gpt.run(quick=True)
+
+    assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
+    assert "hf vs gpt: llama / gpt time to the same val loss" in [f.name for f in figures]
 
 
 def test_dataset_measurements_run_at_toy_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
