@@ -60,7 +60,14 @@ class Service:
             stderr=subprocess.STDOUT,
         )
         log.close()
-        poll(self._ready, timeout=60, what="the service to be ready")
+        try:
+            poll(self._ready, timeout=60, what="the service to be ready")
+        except AssertionError as exc:
+            # A service that never got ready is not left running (or unreaped: its Popen
+            # would warn in whichever later test collects it, and fail that one instead).
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"{exc}; its log ends: {self.log_tail()}") from None
         return self
 
     def _ready(self) -> bool:
