@@ -118,6 +118,16 @@ class CheckpointStore:
             )
         return CheckpointWriter(self.storage.stage(experiment, tag))
 
+    def join(self, experiment: str, tag: str, key: str) -> CheckpointWriter:
+        """The stage `key` (a writer's `key`) another process is writing, to add files to:
+        the ranks of a sharded save write their shards into the owner's one checkpoint.
+        This writer cannot commit; hand its `listing` to the owner's `adopt`."""
+        return CheckpointWriter(
+            self.storage.join(
+                validate_name("experiment", experiment), validate_name("tag", tag), key
+            )
+        )
+
     def cleanup(self, experiment: str | None = None) -> list[tuple[str, str]]:
         """Remove leftover stages and finish interrupted commits and deletes.
 
