@@ -20,12 +20,13 @@ import json
 import os
 import pickle
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import IO, Any, cast
 
 import torch
+from torch.futures import Future
 from safetensors import safe_open
 from safetensors.torch import load as load_safetensors
 from torch.distributed.checkpoint import metadata as dcp_metadata
@@ -42,7 +43,7 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
-from torch.distributed.checkpoint.utils import narrow_tensor_by_index
+from torch.distributed._shard._utils import narrow_tensor_by_index
 
 from trainctl.store.checkpoints.consolidate import (
     CHUNKS_KEY,
