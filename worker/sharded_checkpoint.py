@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +84,16 @@ def rank_and_world(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
     if not (dist.is_available() and dist.is_initialized()):
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
+
+
+@contextmanager
+def one_process_quiet(world: int) -> Iterator[None]:
+    """DCP warns on every save and load without a process group "assuming the intent is to
+    load in a single process": in one process that is the intent."""
+    with warnings.catch_warnings():
+        if world == 1:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def first_rank(group: dist.ProcessGroup | None) -> int:
@@ -234,13 +246,14 @@ def write_sharded(
     writer = open_stage(store, state.experiment, state.tag, group)
     try:
         storage = StoreWriter(writer, rank)
-        dcp.save(
-            state.state,
-            storage_writer=storage,
-            planner=None,
-            process_group=group,
-            no_dist=world == 1,
-        )
+        with one_process_quiet(world):
+            dcp.save(
+                state.state,
+                storage_writer=storage,
+                planner=None,
+                process_group=group,
+                no_dist=world == 1,
+            )
         return finish_save(
             state,
             store,
@@ -300,9 +313,13 @@ class AsyncShardedCheckpointer:
         storage = self._storage  # the same stager: its CPU buffers are reused
         storage.writer, storage.hashes = writer, {}
         try:
-            future = dcp.async_save(
-                state.state, storage_writer=storage, process_group=self.group, no_dist=world == 1
-            )
+            with one_process_quiet(world):
+                future = dcp.async_save(
+                    state.state,
+                    storage_writer=storage,
+                    process_group=self.group,
+                    no_dist=world == 1,
+                )
         except BaseException:
             writer.abort()
             raise
@@ -373,13 +390,14 @@ def load_sharded(
             f"trains with {optimizers.kind!r}; resume with the kind it was saved with"
         )
     state = training_state(model, optimizers)
-    dcp.load(
-        state,
-        storage_reader=StoreReader(checkpoint),
-        planner=SafeLoadPlanner(),
-        process_group=group,
-        no_dist=world == 1,
-    )
+    with one_process_quiet(world):
+        dcp.load(
+            state,
+            storage_reader=StoreReader(checkpoint),
+            planner=SafeLoadPlanner(),
+            process_group=group,
+            no_dist=world == 1,
+        )
     set_model_state_dict(model, state[MODEL_KEY])
     for name, optimizer in (optimizers or {}).items():
         set_optimizer_state_dict(model, optimizer, state[OPTIMIZERS_KEY][name])

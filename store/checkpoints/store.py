@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 
+from trainctl.store.checkpoints.consolidate import ConsolidatedModel, consolidate
 from trainctl.store.checkpoints.info import CheckpointInfo, PruneOutcome, read_info
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE, verify_manifest
 from trainctl.store.checkpoints.storage import Entry, Files, Reader, Storage
@@ -320,6 +321,13 @@ class CheckpointStore:
                 f"file {name!r} of checkpoint {tag!r} in experiment {experiment!r} "
                 "is not a regular file inside the store"
             ) from None
+
+    def consolidated(self, experiment: str, tag: str) -> ConsolidatedModel | None:
+        """The one model file of a sharded checkpoint, stitched from its shards as it is
+        read (`consolidate`); None for a checkpoint that holds it whole (its own
+        model.safetensors, served by `open_file`)."""
+        info = self.get(experiment, tag)
+        return consolidate(self.entry(experiment, tag)) if info.sharded else None
 
     # --- deleting ---
 

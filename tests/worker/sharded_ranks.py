@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -22,7 +23,6 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
-from torch import nn
 
 from tests.stores import posix_store
 from trainctl.store.specs import OptimizerSpec
@@ -88,17 +88,31 @@ def _save_fingerprint(model: nn.Module, optimizers: Optimizers, path: Path) -> N
 
 
 def save_program(rank: int, world: int, port: int, root: str, out: str) -> None:
-    """Two steps, a sharded save (step_2), the state then, and the state one step later."""
+    """Two steps, a sharded save (step_2), the state then and one step later; then a save of
+    step_3 in which rank 1 dies (SIGKILL) once its shards are written, before the ranks
+    agree. Rank 0 writes what that save raised."""
     _start(rank, world, port)
     model, optimizers = build(sharded=True)
+    store = posix_store(Path(root))
     for step in range(2):
         train_step(model, optimizers, step)
-    state = capture_sharded(model, optimizers, None, 2, 200, None, EXPERIMENT)
-    write_sharded(state, posix_store(Path(root)))
+    write_sharded(capture_sharded(model, optimizers, None, 2, 200, None, EXPERIMENT), store)
     _save_fingerprint(model, optimizers, Path(out) / "saved.pt")
     train_step(model, optimizers, 2)
     _save_fingerprint(model, optimizers, Path(out) / "next.pt")
-    dist.destroy_process_group()
+
+    def die() -> None:
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    state = capture_sharded(model, optimizers, None, 3, 300, None, EXPERIMENT)
+    try:
+        write_sharded(state, store, after_write=die)
+        outcome = "committed"
+    except Exception:
+        outcome = traceback.format_exc()
+    (Path(out) / f"rank{rank}.txt").write_text(outcome)
+    os._exit(0)  # the group lost a rank: no orderly shutdown is possible
 
 
 def load_program(rank: int, world: int, port: int, root: str, out: str) -> None:
@@ -111,27 +125,3 @@ def load_program(rank: int, world: int, port: int, root: str, out: str) -> None:
     train_step(model, optimizers, 2)
     _save_fingerprint(model, optimizers, Path(out) / f"stepped-{world}.pt")
     dist.destroy_process_group()
-
-
-def kill_program(rank: int, world: int, port: int, root: str, out: str) -> None:
-    """step_1 saved; then rank 1 dies (SIGKILL) once its shards of step_2 are written,
-    before the ranks agree. Rank 0 writes what it raised."""
-    _start(rank, world, port)
-    model, optimizers = build(sharded=True)
-    store = posix_store(Path(root))
-    train_step(model, optimizers, 0)
-    write_sharded(capture_sharded(model, optimizers, None, 1, 100, None, EXPERIMENT), store)
-    train_step(model, optimizers, 1)
-
-    def die() -> None:
-        if rank == 1:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    state = capture_sharded(model, optimizers, None, 2, 200, None, EXPERIMENT)
-    try:
-        write_sharded(state, store, after_write=die)
-        outcome = "committed"
-    except Exception:
-        outcome = traceback.format_exc()
-    (Path(out) / f"rank{rank}.txt").write_text(outcome)
-    os._exit(0)  # the group lost a rank: no orderly shutdown is possible
