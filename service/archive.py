@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
-from trainctl.store.checkpoints.info import CheckpointInfo
 from trainctl.store.checkpoints.consolidate import ConsolidatedModel
+from trainctl.store.checkpoints.info import CheckpointInfo
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE, MODEL_FILE, file_size
 from trainctl.store.checkpoints.storage import Files, Reader
 from trainctl.store.exceptions import CheckpointCorrupt, CheckpointNotFound

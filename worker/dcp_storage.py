@@ -26,9 +26,10 @@ from dataclasses import dataclass, replace
 from typing import IO, Any, cast
 
 import torch
-from torch.futures import Future
 from safetensors import safe_open
 from safetensors.torch import load as load_safetensors
+from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
@@ -43,7 +44,7 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
-from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.futures import Future
 
 from trainctl.store.checkpoints.consolidate import (
     CHUNKS_KEY,
@@ -93,9 +94,18 @@ class StoreWriter(StorageWriter, BlockingAsyncStager):
 
     def __init__(self, writer: CheckpointWriter, rank: int) -> None:
         StorageWriter.__init__(self)
-        BlockingAsyncStager.__init__(self, cache_staged_state_dict=True)
+        BlockingAsyncStager.__init__(self)
         self.writer, self.rank = writer, rank
         self.hashes: dict[str, str] = {}
+        self._buffers: dict[str, Any] | None = None
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """CPU copies of the state, into buffers allocated at the first save and reused
+        (pinned only where there is a GPU to copy from: DCP's own cache always pins, which a
+        CPU-only torch cannot)."""
+        if self._buffers is None:
+            self._buffers = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+        return cast(dict[str, Any], _copy_state_dict(state_dict, self._buffers))
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         pass
