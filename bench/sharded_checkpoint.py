@@ -19,7 +19,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from bench.common import Figure, alternate, free_port, median, paired_ratio
 
@@ -97,7 +97,9 @@ def rank_main(rank: int, port: int, size: dict[str, Any], root: str, out: str) -
                 model, optimizers, None, step, 0, None, "bench", f"step_{step}"
             )
             write_checkpoint(
-                CheckpointState("bench", f"step_{step}", weights, optimizer, meta), store, None
+                CheckpointState("bench", f"step_{step}", cast(Any, weights), optimizer, meta),
+                store,
+                None,
             )
 
     def stall(step: int) -> float:
@@ -120,10 +122,7 @@ def rank_main(rank: int, port: int, size: dict[str, Any], root: str, out: str) -
     first = stall(next(steps))
     stalls = [stall(next(steps)) for _ in range(size["rounds"])]
     if rank == 0:
-        total = sum(
-            t.numel() * t.element_size()
-            for t in torch.distributed.checkpoint.state_dict.get_model_state_dict(model).values()
-        )
+        total = sum(p.numel() * p.element_size() for p in model.parameters())  # global
         Path(out).write_text(
             json.dumps({**times, "stalls": stalls, "first": first, "bytes": total})
         )

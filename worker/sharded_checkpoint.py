@@ -27,9 +27,10 @@ import json
 import threading
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -170,13 +171,22 @@ def rank_rng(metadata: dict[str, Any], rank: int) -> dict[str, Any]:
 def open_stage(store: CheckpointStore, experiment: str, tag: str, group: Any) -> CheckpointWriter:
     """Rank 0 stages the checkpoint; the other ranks join its stage (a collective)."""
     rank, world = rank_and_world(group)
-    writer = store.stage(experiment, tag) if rank == 0 else None
-    if world == 1:
-        assert writer is not None
+    writer, failure = None, None
+    if rank == 0:
+        try:
+            writer = store.stage(experiment, tag)
+        except BaseException as exc:  # raised below, once the others know not to join
+            failure = exc
+    if world > 1:
+        keys = [writer.key if writer is not None else None]
+        dist.broadcast_object_list(keys, src=first_rank(group), group=group)
+    if failure is not None:
+        raise failure
+    if writer is not None:
         return writer
-    keys = [writer.key if writer is not None else None]
-    dist.broadcast_object_list(keys, src=first_rank(group), group=group)
-    return writer if writer is not None else store.join(experiment, tag, keys[0])
+    if keys[0] is None:
+        raise CheckpointWriteFailed(f"rank 0 could not stage {store.describe(experiment, tag)}")
+    return store.join(experiment, tag, keys[0])
 
 
 def finish_save(
@@ -314,11 +324,14 @@ class AsyncShardedCheckpointer:
         storage.writer, storage.hashes = writer, {}
         try:
             with one_process_quiet(world):
-                future = dcp.async_save(
-                    state.state,
-                    storage_writer=storage,
-                    process_group=self.group,
-                    no_dist=world == 1,
+                future = cast(
+                    "Future[Any]",
+                    dcp.async_save(
+                        state.state,
+                        storage_writer=storage,
+                        process_group=self.group,
+                        no_dist=world == 1,
+                    ),
                 )
         except BaseException:
             writer.abort()
