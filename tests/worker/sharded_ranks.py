@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
 from tests.stores import posix_store
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.specs import OptimizerSpec
 from trainctl.worker.model import GPT, build_model
 from trainctl.worker.optim import Optimizers, build_optimizers
@@ -88,7 +89,8 @@ def _save_fingerprint(model: nn.Module, optimizers: Optimizers, path: Path) -> N
 
 
 def save_program(rank: int, world: int, port: int, root: str, out: str) -> None:
-    """Two steps, a sharded save (step_2), the state then and one step later; then a save of
+    """Two steps, a sharded save (step_2), the state then and one step later, step_2 loaded
+    into a fresh model (`_load_and_step`); then a save of
     step_3 in which rank 1 dies (SIGKILL) once its shards are written, before the ranks
     agree. Rank 0 writes what that save raised."""
     _start(rank, world, port)
@@ -100,6 +102,7 @@ def save_program(rank: int, world: int, port: int, root: str, out: str) -> None:
     _save_fingerprint(model, optimizers, Path(out) / "saved.pt")
     train_step(model, optimizers, 2)
     _save_fingerprint(model, optimizers, Path(out) / "next.pt")
+    _load_and_step(store, world, out)  # at the same world size, in the same ranks
 
     def die() -> None:
         if rank == 1:
@@ -115,13 +118,17 @@ def save_program(rank: int, world: int, port: int, root: str, out: str) -> None:
     os._exit(0)  # the group lost a rank: no orderly shutdown is possible
 
 
-def load_program(rank: int, world: int, port: int, root: str, out: str) -> None:
+def _load_and_step(store: CheckpointStore, world: int, out: str) -> None:
     """A model of other initial weights loads step_2; its state then, and after a step."""
-    _start(rank, world, port)
     model, optimizers = build(sharded=True, seed=1)
-    entry = posix_store(Path(root)).entry(EXPERIMENT, "step_2")
-    load_sharded(model, optimizers, None, entry)
+    load_sharded(model, optimizers, None, store.entry(EXPERIMENT, "step_2"))
     _save_fingerprint(model, optimizers, Path(out) / f"loaded-{world}.pt")
     train_step(model, optimizers, 2)
     _save_fingerprint(model, optimizers, Path(out) / f"stepped-{world}.pt")
+
+
+def load_program(rank: int, world: int, port: int, root: str, out: str) -> None:
+    """step_2 loaded at another world size (`_load_and_step`)."""
+    _start(rank, world, port)
+    _load_and_step(posix_store(Path(root)), world, out)
     dist.destroy_process_group()

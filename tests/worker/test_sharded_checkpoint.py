@@ -3,9 +3,9 @@ checkpoints"): real processes, gloo on CPU, the `tiny` model under `fully_shard`
 with Muon and AdamW.
 
 One 2-rank run (module fixture) saves step_2, records the full state then and one step
-later, and dies in the middle of saving step_3 (rank 1 SIGKILLs itself once its shards are
-written). The tests then load step_2 at 1 (this process, an unsharded model) and 2 ranks,
-and in `make soak` at 3.
+later, loads step_2 into a fresh sharded model and steps it, and dies in the middle of saving
+step_3 (rank 1 SIGKILLs itself once its shards are written). The tests then also load step_2
+at 1 rank (this process, an unsharded model), and in `make soak` at 3.
 """
 
 from __future__ import annotations
@@ -29,7 +29,11 @@ from trainctl.store.checkpoints.manifests import DCP_LAYOUT, MODEL_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.exceptions import CheckpointNotFound
 from trainctl.worker.checkpoint import load_checkpoint
-from trainctl.worker.sharded_checkpoint import capture_sharded, write_sharded
+from trainctl.worker.sharded_checkpoint import (
+    AsyncShardedCheckpointer,
+    capture_sharded,
+    write_sharded,
+)
 
 EXPERIMENT = sharded_ranks.EXPERIMENT
 # make test loads at 1 and 2 ranks; make soak adds 3 (uneven shards).
@@ -99,12 +103,11 @@ def test_a_sharded_checkpoint_loads_into_one_unsharded_process_state_exact(
 
 
 def test_at_two_ranks_the_state_and_the_next_step_are_bit_exact(
-    saved: tuple[Path, Path, list[int]], tmp_path: Path
+    saved: tuple[Path, Path, list[int]],
 ) -> None:
-    root, out, _ = saved
-    assert run_ranks(sharded_ranks.load_program, 2, root, tmp_path) == [0, 0]
-    assert_same_state(torch.load(tmp_path / "loaded-2.pt"), torch.load(out / "saved.pt"))
-    assert_same_state(torch.load(tmp_path / "stepped-2.pt"), torch.load(out / "next.pt"))
+    _, out, _ = saved  # the saving ranks loaded step_2 into a fresh model and stepped it
+    assert_same_state(torch.load(out / "loaded-2.pt"), torch.load(out / "saved.pt"))
+    assert_same_state(torch.load(out / "stepped-2.pt"), torch.load(out / "next.pt"))
 
 
 @pytest.mark.skipif(
@@ -170,3 +173,21 @@ def test_prune_and_delete_take_every_shard_file_and_listings_show_whole_ones(
     assert store.list_checkpoints("solo") == []  # a shard short: the checkpoint is not there
     with pytest.raises(CheckpointNotFound):
         store.consolidated("solo", "step_4")
+
+
+def test_an_async_sharded_save_commits_the_state_it_staged(tmp_path: Path) -> None:
+    store = posix_store(tmp_path)
+    model, optimizers = sharded_ranks.build(sharded=False)
+    sharded_ranks.train_step(model, optimizers, 0)
+    expected = sharded_ranks.fingerprint(model, optimizers, full=False)
+    expected = torch.utils._pytree.tree_map(  # a copy: the live tensors change below
+        lambda x: x.clone() if isinstance(x, torch.Tensor) else x, expected
+    )
+    checkpointer = AsyncShardedCheckpointer()
+    checkpointer.save(capture_sharded(model, optimizers, None, 1, 1, None, "solo"), store)
+    sharded_ranks.train_step(model, optimizers, 1)  # the loop goes on while it writes
+    assert checkpointer.wait() == [store.describe("solo", "step_1")]
+
+    loaded, loaded_optimizers = sharded_ranks.build(sharded=False, seed=1)
+    load_checkpoint(loaded, loaded_optimizers, None, store.entry("solo", "step_1"))
+    assert_same_state(sharded_ranks.fingerprint(loaded, loaded_optimizers, full=False), expected)
