@@ -123,11 +123,10 @@ class CheckpointStore:
         """The stage `key` (a writer's `key`) another process is writing, to add files to:
         the ranks of a sharded save write their shards into the owner's one checkpoint.
         This writer cannot commit; hand its `listing` to the owner's `adopt`."""
-        return CheckpointWriter(
-            self.storage.join(
-                validate_name("experiment", experiment), validate_name("tag", tag), key
-            )
+        staged = self.storage.join(
+            validate_name("experiment", experiment), validate_name("tag", tag), key
         )
+        return CheckpointWriter(staged, joined=True)
 
     def cleanup(self, experiment: str | None = None) -> list[tuple[str, str]]:
         """Remove leftover stages and finish interrupted commits and deletes.

@@ -46,8 +46,11 @@ class CheckpointWriter:
     """A checkpoint being written; `CheckpointStore.stage` makes one. Used as a context, it
     removes what it wrote when the block raises (or ends uncommitted)."""
 
-    def __init__(self, staged: StagedEntry) -> None:
+    def __init__(self, staged: StagedEntry, *, joined: bool = False) -> None:
         self._staged = staged
+        self.joined = joined
+        """Another process's stage (`CheckpointStore.join`): this writer adds files, the
+        owner commits."""
         self._files: dict[str, _Counted] = {}  # in the order created: the manifest's order
         self._hashes: dict[str, str] = {}
         self._adopted: list[dict[str, Any]] = []  # files other processes wrote into the stage
@@ -103,6 +106,8 @@ class CheckpointWriter:
         raises aborts the save), then make the checkpoint visible; return the manifest.
         `replace` False refuses a tag that exists (FileExistsError); `layout` is how its
         files hold the weights (`manifests.LAYOUTS`)."""
+        if self.joined:  # before a manifest of this writer's files lands in the shared stage
+            raise RuntimeError("only the process that staged a checkpoint commits it")
         manifest = build_manifest(self.listing(hashes or {}) + self._adopted, layout)
         sink = self._staged.create(MANIFEST_FILE)
         sink.write(manifest_bytes(manifest))
