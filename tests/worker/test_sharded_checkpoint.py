@@ -29,6 +29,7 @@ from trainctl.store.checkpoints.manifests import DCP_LAYOUT, MODEL_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.exceptions import CheckpointNotFound
 from trainctl.worker.checkpoint import load_checkpoint
+from trainctl.worker.export import export_hf, load_trained
 from trainctl.worker.sharded_checkpoint import (
     AsyncShardedCheckpointer,
     capture_sharded,
@@ -191,3 +192,17 @@ def test_an_async_sharded_save_commits_the_state_it_staged(tmp_path: Path) -> No
     loaded, loaded_optimizers = sharded_ranks.build(sharded=False, seed=1)
     load_checkpoint(loaded, loaded_optimizers, None, store.entry("solo", "step_1"))
     assert_same_state(sharded_ranks.fingerprint(loaded, loaded_optimizers, full=False), expected)
+
+
+def test_an_export_of_a_sharded_checkpoint_holds_the_saved_weights(
+    saved: tuple[Path, Path, list[int]], tmp_path: Path
+) -> None:
+    root, out, _ = saved
+    entry = posix_store(root).entry(EXPERIMENT, "step_2")
+    model, meta = load_trained(entry)  # what export_hf exports
+    expected = torch.load(out / "saved.pt", weights_only=False)["model"]
+    assert meta["step"] == 2
+    assert all(torch.equal(t, expected[name]) for name, t in model.state_dict().items())
+
+    result = export_hf(entry, posix_store(tmp_path), "exports", "sharded")
+    assert MODEL_FILE in {f["name"] for f in result.files}
