@@ -286,20 +286,34 @@ def write_sharded(
 @dataclass
 class _Pending:
     thread: threading.Thread
+    staged: threading.Event = field(default_factory=threading.Event)
     where: str | None = None
     error: BaseException | None = None
+
+
+STAGINGS = ("blocking", "background")
 
 
 class AsyncShardedCheckpointer:
     """Sharded saves in the background, one in flight (a collective to build: every rank).
 
-    `save` stages the state into CPU buffers kept from save to save (the loop's only stall)
-    and returns; DCP writes on its own thread, over a gloo group of this checkpointer's, and
-    a thread of ours then agrees on the commit over the same group. A failed save is raised
-    at the next `save` or `wait`, never swallowed.
+    The state is copied into CPU buffers kept from save to save, then written over a gloo
+    group of this checkpointer's, and a thread of ours agrees on the commit over the same
+    group. `staging` says when the copy is made:
+
+    - ``blocking`` (the default): `save` copies, then hands the copy to `dcp.async_save` and
+      returns; the copy is the loop's whole stall.
+    - ``background``: `save` returns at once and our thread copies; the caller must call
+      `wait_staged` before anything changes the tensors (the next optimizer step), so the
+      forward and backward passes in between hide the copy.
+
+    A failed save is raised at the next `save` or `wait`, never swallowed.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, staging: str = "blocking") -> None:
+        if staging not in STAGINGS:
+            raise ValueError(f"staging must be one of {', '.join(STAGINGS)}, not {staging!r}")
+        self.staging = staging
         distributed = dist.is_available() and dist.is_initialized()
         self.group = dist.new_group(backend="gloo") if distributed else None
         self._storage: StoreWriter | None = None
@@ -322,43 +336,57 @@ class AsyncShardedCheckpointer:
             self._storage = StoreWriter(writer, rank)
         storage = self._storage  # the same stager: its CPU buffers are reused
         storage.writer, storage.hashes = writer, {}
-        try:
-            with one_process_quiet(world):
-                future = cast(
-                    "Future[Any]",
-                    dcp.async_save(
-                        state.state,
-                        storage_writer=storage,
-                        process_group=self.group,
-                        no_dist=world == 1,
-                    ),
-                )
-        except BaseException:
-            writer.abort()
-            raise
-
-        def finish() -> None:
+        upload: Future[Any] | None = None
+        if self.staging == "blocking":
             try:
-                future.result()
+                with one_process_quiet(world):
+                    upload = cast(
+                        "Future[Any]",
+                        dcp.async_save(
+                            state.state,
+                            storage_writer=storage,
+                            process_group=self.group,
+                            no_dist=world == 1,
+                        ),
+                    )
+            except BaseException:
+                writer.abort()
+                raise
+
+        def write() -> None:
+            try:
+                if upload is not None:
+                    upload.result()
+                else:
+                    staged = storage.stage(state.state)
+                    pending.staged.set()
+                    with one_process_quiet(world):
+                        dcp.save(
+                            staged, storage_writer=storage, process_group=self.group,
+                            no_dist=world == 1,
+                        )  # fmt: skip
                 pending.where = finish_save(
-                    state,
-                    store,
-                    writer,
-                    storage,
-                    self.group,
-                    max_keep=max_keep,
-                    protected=protected,
-                    before_commit=before_commit,
-                    after_write=None,
-                )
+                    state, store, writer, storage, self.group, max_keep=max_keep,
+                    protected=protected, before_commit=before_commit, after_write=None,
+                )  # fmt: skip
             except BaseException as exc:  # raised on the training thread by wait()
                 writer.abort()
                 pending.error = exc
+            finally:
+                pending.staged.set()
 
-        pending = _Pending(threading.Thread(target=finish, name="trainctl-dcp-commit", daemon=True))
+        pending = _Pending(threading.Thread(target=write, name="trainctl-dcp-save", daemon=True))
+        if upload is not None:
+            pending.staged.set()
         self._pending = pending
         pending.thread.start()
         return finished
+
+    def wait_staged(self) -> None:
+        """Block until the save in flight holds its own copy of the state: after this the
+        tensors may change (call it before the optimizer step that follows a save)."""
+        if self._pending is not None:
+            self._pending.staged.wait()
 
     def wait(self) -> list[str]:
         """Block until the save in flight is committed; raise its error if it failed."""

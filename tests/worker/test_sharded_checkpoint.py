@@ -176,7 +176,8 @@ def test_prune_and_delete_take_every_shard_file_and_listings_show_whole_ones(
         store.consolidated("solo", "step_4")
 
 
-def test_an_async_sharded_save_commits_the_state_it_staged(tmp_path: Path) -> None:
+@pytest.mark.parametrize("staging", ["blocking", "background"])
+def test_an_async_sharded_save_commits_the_state_it_staged(tmp_path: Path, staging: str) -> None:
     store = posix_store(tmp_path)
     model, optimizers = sharded_ranks.build(sharded=False)
     sharded_ranks.train_step(model, optimizers, 0)
@@ -184,8 +185,9 @@ def test_an_async_sharded_save_commits_the_state_it_staged(tmp_path: Path) -> No
     expected = torch.utils._pytree.tree_map(  # a copy: the live tensors change below
         lambda x: x.clone() if isinstance(x, torch.Tensor) else x, expected
     )
-    checkpointer = AsyncShardedCheckpointer()
+    checkpointer = AsyncShardedCheckpointer(staging)
     checkpointer.save(capture_sharded(model, optimizers, None, 1, 1, None, "solo"), store)
+    checkpointer.wait_staged()  # before the step changes what it copies
     sharded_ranks.train_step(model, optimizers, 1)  # the loop goes on while it writes
     assert checkpointer.wait() == [store.describe("solo", "step_1")]
 
