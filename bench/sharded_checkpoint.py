@@ -19,7 +19,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -131,7 +133,8 @@ def rank_main(rank: int, port: int, size: dict[str, Any], root: str, out: str) -
     )
     first = stall("blocking")
     stall("background")  # its first save allocates its buffers too
-    stalls = alternate({s: (lambda s=s: stall(s)) for s in checkpointers}, size["rounds"])
+    sides: dict[str, Callable[[], float]] = {s: partial(stall, s) for s in checkpointers}
+    stalls = alternate(sides, size["rounds"])
     if rank == 0:
         total = sum(p.numel() * p.element_size() for p in model.parameters())  # global
         Path(out).write_text(json.dumps({**times, **stalls, "first": first, "bytes": total}))
