@@ -445,7 +445,3 @@ def load_sharded(
     if scheduler is not None and metadata.get("scheduler"):
         scheduler.load_state_dict(metadata["scheduler"])
     return metadata
-
-
-def is_sharded(checkpoint: Files) -> bool:
-    return verify_manifest(checkpoint, deep=False).get("layout") == DCP_LAYOUT

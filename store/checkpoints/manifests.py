@@ -28,7 +28,7 @@ FULL_LAYOUT = "full"
 """One model.safetensors with every weight whole, optimizer.pt by optimizer name."""
 DCP_LAYOUT = "dcp"
 """Sharded (docs/architecture.md, "Sharded checkpoints"): each rank's shards of the model
-and the optimizer state in its own files (`SHARD_PREFIX`...), torch.distributed.checkpoint's
+and the optimizer state in its own files (`rank-<r>.safetensors`), torch.distributed.checkpoint's
 metadata beside them; `store.checkpoints.consolidate` stitches the one model file."""
 LAYOUTS = (FULL_LAYOUT, DCP_LAYOUT)
 # trainctl writes a few KB of each (metadata: config, schedule, RNG state); anything near
