@@ -42,7 +42,6 @@ from torch.distributed.checkpoint.planner import (
     SavePlanner,
     WriteItemType,
 )
-from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
@@ -85,16 +84,15 @@ SAFE_GLOBALS: list[Any] = [
 ]
 
 
-class StoreWriter(StorageWriter, BlockingAsyncStager):
+class StoreWriter(StorageWriter):
     """Writes this rank's part of a DCP save into `writer` (the stage it owns or joined).
 
-    `hashes` collects the sha256 of every file written here, for the manifest. As a stager
-    (async saves) it copies the state to CPU memory it keeps from save to save.
+    `hashes` collects the sha256 of every file written here, for the manifest. `stage`
+    (async saves) copies the state to CPU memory it keeps from save to save.
     """
 
     def __init__(self, writer: CheckpointWriter, rank: int) -> None:
-        StorageWriter.__init__(self)
-        BlockingAsyncStager.__init__(self)
+        super().__init__()
         self.writer, self.rank = writer, rank
         self.hashes: dict[str, str] = {}
         self._buffers: dict[str, Any] | None = None

@@ -16,9 +16,10 @@ this process holds (a slice at any world size, or the whole tensors of a single-
 DDP model), DCP reads exactly those chunks, and `set_state_dict` puts them in place, so a
 checkpoint saved at one world size loads at any other, state-exact.
 
-Async saves (`AsyncShardedCheckpointer`) run `dcp.async_save` on a gloo group of their own
-(as torchtitan does), so the commit's collectives never interleave with training's; the loop
-stalls only while the state is copied to CPU buffers kept from save to save.
+Async saves (`AsyncShardedCheckpointer`) do what `dcp.async_save` does (stage a CPU copy, save
+it on a thread) on a gloo group of their own (as torchtitan does), so the save's and the
+commit's collectives never interleave with training's; the loop stalls only while the state
+is copied to CPU buffers kept from save to save, or not at all with background staging.
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ import json
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -297,12 +297,13 @@ STAGINGS = ("blocking", "background")
 class AsyncShardedCheckpointer:
     """Sharded saves in the background, one in flight (a collective to build: every rank).
 
-    The state is copied into CPU buffers kept from save to save, then written over a gloo
-    group of this checkpointer's, and a thread of ours agrees on the commit over the same
-    group. `staging` says when the copy is made:
+    The state is copied into CPU buffers kept from save to save, then a thread of ours
+    writes it (`dcp.save` over a gloo group of this checkpointer's) and agrees on the commit
+    over the same group: what `dcp.async_save` does (stage, then save on a thread), by hand,
+    so that the copy can also be made on that thread. `staging` says when it is made:
 
-    - ``blocking`` (the default): `save` copies, then hands the copy to `dcp.async_save` and
-      returns; the copy is the loop's whole stall.
+    - ``blocking`` (the default): `save` copies, then returns; the copy is the loop's whole
+      stall.
     - ``background``: `save` returns at once and our thread copies; the caller must call
       `wait_staged` before anything changes the tensors (the next optimizer step), so the
       forward and backward passes in between hide the copy.
@@ -336,35 +337,23 @@ class AsyncShardedCheckpointer:
             self._storage = StoreWriter(writer, rank)
         storage = self._storage  # the same stager: its CPU buffers are reused
         storage.writer, storage.hashes = writer, {}
-        upload: Future[Any] | None = None
+        staged: dict[str, Any] | None = None
         if self.staging == "blocking":
             try:
-                with one_process_quiet(world):
-                    upload = cast(
-                        "Future[Any]",
-                        dcp.async_save(
-                            state.state,
-                            storage_writer=storage,
-                            process_group=self.group,
-                            no_dist=world == 1,
-                        ),
-                    )
+                staged = storage.stage(state.state)
             except BaseException:
                 writer.abort()
                 raise
 
         def write() -> None:
             try:
-                if upload is not None:
-                    upload.result()
-                else:
-                    staged = storage.stage(state.state)
-                    pending.staged.set()
-                    with one_process_quiet(world):
-                        dcp.save(
-                            staged, storage_writer=storage, process_group=self.group,
-                            no_dist=world == 1,
-                        )  # fmt: skip
+                copy = staged if staged is not None else storage.stage(state.state)
+                pending.staged.set()
+                with one_process_quiet(world):
+                    dcp.save(
+                        copy, storage_writer=storage, process_group=self.group,
+                        no_dist=world == 1,
+                    )  # fmt: skip
                 pending.where = finish_save(
                     state, store, writer, storage, self.group, max_keep=max_keep,
                     protected=protected, before_commit=before_commit, after_write=None,
@@ -376,7 +365,7 @@ class AsyncShardedCheckpointer:
                 pending.staged.set()
 
         pending = _Pending(threading.Thread(target=write, name="trainctl-dcp-save", daemon=True))
-        if upload is not None:
+        if staged is not None:
             pending.staged.set()
         self._pending = pending
         pending.thread.start()
