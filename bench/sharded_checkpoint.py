@@ -46,14 +46,11 @@ def rank_main(rank: int, port: int, size: dict[str, Any], root: str, out: str) -
 
     from trainctl.store.checkpoints.posix import PosixStorage
     from trainctl.store.checkpoints.store import CheckpointStore
+    from trainctl.worker.async_sharded_checkpoint import AsyncShardedCheckpointer
     from trainctl.worker.checkpoint import CheckpointState, checkpoint_metadata, write_checkpoint
     from trainctl.worker.model import build_model
     from trainctl.worker.optim import build_optimizers
-    from trainctl.worker.sharded_checkpoint import (
-        AsyncShardedCheckpointer,
-        capture_sharded,
-        write_sharded,
-    )
+    from trainctl.worker.sharded_checkpoint import capture_sharded, write_sharded
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,

@@ -28,10 +28,10 @@ from trainctl.service.archive import checkpoint_tar
 from trainctl.store.checkpoints.manifests import DCP_LAYOUT, MODEL_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.exceptions import CheckpointNotFound
+from trainctl.worker.async_sharded_checkpoint import AsyncShardedCheckpointer
 from trainctl.worker.checkpoint import load_checkpoint
 from trainctl.worker.export import export_hf, load_trained
 from trainctl.worker.sharded_checkpoint import (
-    AsyncShardedCheckpointer,
     capture_sharded,
     write_sharded,
 )
