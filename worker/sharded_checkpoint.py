@@ -16,10 +16,11 @@ this process holds (a slice at any world size, or the whole tensors of a single-
 DDP model), DCP reads exactly those chunks, and `set_state_dict` puts them in place, so a
 checkpoint saved at one world size loads at any other, state-exact.
 
-Async saves (`worker.async_sharded_checkpoint`) do what `dcp.async_save` does (stage a CPU copy, save
-it on a thread) on a gloo group of their own (as torchtitan does), so the save's and the
-commit's collectives never interleave with training's; the loop stalls only while the state
-is copied to CPU buffers kept from save to save, or not at all with background staging.
+Async saves (`worker.async_sharded_checkpoint`) do what `dcp.async_save` does (stage a CPU
+copy, save it on a thread) on a gloo group of their own (as torchtitan does), so the save's
+and the commit's collectives never interleave with training's; the loop stalls only while
+the state is copied to CPU buffers kept from save to save, or not at all with background
+staging.
 """
 
 from __future__ import annotations
