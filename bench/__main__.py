@@ -20,6 +20,7 @@ MODULES = [
     "model_step",
     "time_to_quality",
     "checkpoint_io",
+    "sharded_checkpoint",
     "data_loader",
     "api_load",
     "event_streams",

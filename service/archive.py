@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
+from trainctl.store.checkpoints.consolidate import ConsolidatedModel
 from trainctl.store.checkpoints.info import CheckpointInfo
-from trainctl.store.checkpoints.manifests import MANIFEST_FILE, file_size
+from trainctl.store.checkpoints.manifests import MANIFEST_FILE, MODEL_FILE, file_size
 from trainctl.store.checkpoints.storage import Files, Reader
 from trainctl.store.exceptions import CheckpointCorrupt, CheckpointNotFound
 
@@ -29,9 +31,9 @@ RECORD = tarfile.RECORDSIZE
 @dataclass(frozen=True)
 class Member:
     header: bytes
-    files: Files
-    name: str
     size: int
+    chunks: Callable[[], Iterator[bytes]]
+    """Exactly `size` bytes: a file of the checkpoint, or its stitched model file."""
 
 
 @dataclass(frozen=True)
@@ -48,23 +50,31 @@ class TarStream:
         written = 0
         for member in self.members:
             yield member.header
-            yield from _file_chunks(member.files, member.name, member.size)
+            yield from member.chunks()
             yield b"\0" * (_padded(member.size) - member.size)
             written += len(member.header) + _padded(member.size)
         end = 2 * BLOCK
         yield b"\0" * (_padded(written + end, RECORD) - written)
 
 
-def checkpoint_tar(info: CheckpointInfo, files: Files) -> TarStream:
+def checkpoint_tar(
+    info: CheckpointInfo, files: Files, model: ConsolidatedModel | None = None
+) -> TarStream:
     """Members ``<tag>/<file>`` for every file the manifest lists, then the manifest itself;
-    `files` are the checkpoint's, as the store reads them (`CheckpointStore.entry`)."""
+    `files` are the checkpoint's, as the store reads them (`CheckpointStore.entry`). A
+    sharded checkpoint's `model` (`CheckpointStore.consolidated`) comes first, as the
+    model.safetensors a whole checkpoint holds, stitched as it is sent."""
     listed = [(f["name"], int(f["size"])) for f in info.files]
     listed.append((MANIFEST_FILE, _size(info, files, MANIFEST_FILE)))
     mtime = int(time.time())
     members = [
-        Member(_header(f"{info.tag}/{name}", size, mtime), files, name, size)
+        Member(_header(f"{info.tag}/{name}", size, mtime), size,
+               partial(_file_chunks, files, name, size))
         for name, size in listed
-    ]
+    ]  # fmt: skip
+    if model is not None:
+        header = _header(f"{info.tag}/{MODEL_FILE}", model.size, mtime)
+        members.insert(0, Member(header, model.size, model.chunks))
     return TarStream(members, filename=f"{info.experiment}-{info.tag}.tar")
 
 

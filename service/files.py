@@ -15,7 +15,8 @@ from fastapi.responses import FileResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from trainctl.service.archive import CHUNK, checkpoint_tar, reader_chunks
-from trainctl.store.checkpoints.manifests import MANIFEST_FILE, sha256_of
+from trainctl.store.checkpoints.consolidate import ConsolidatedModel
+from trainctl.store.checkpoints.manifests import MANIFEST_FILE, MODEL_FILE, sha256_of
 from trainctl.store.checkpoints.storage import Reader
 from trainctl.store.checkpoints.store import CheckpointStore
 
@@ -76,6 +77,8 @@ def checkpoint_file_response(
     FileResponse answers Range (206, or 416 for a range past the end) and If-Range against
     this ETag; a sha256 ETag stays valid across copies of the store, unlike mtime-based ones.
     """
+    if name == MODEL_FILE and (model := ckpts.consolidated(experiment, tag)) is not None:
+        return consolidated_response(model, if_none_match)
     info, reader = ckpts.open_file(experiment, tag, name)
     try:
         if name == MANIFEST_FILE:
@@ -101,8 +104,27 @@ def checkpoint_file_response(
         raise
 
 
+def consolidated_response(model: ConsolidatedModel, if_none_match: str | None) -> Response:
+    """A sharded checkpoint's model file, stitched while it streams: its length is known up
+    front, its ETag names the shards it is made of; a Range request gets all of it."""
+    etag = f'"{model.etag}"'
+    if if_none_match is not None and _matches(if_none_match, etag):
+        return Response(status_code=304, headers={"ETag": etag})
+    response = StreamingResponse(
+        model.chunks(),
+        media_type="application/octet-stream",
+        headers={"ETag": etag, "Content-Disposition": f'attachment; filename="{MODEL_FILE}"'},
+    )
+    response.headers["Content-Length"] = str(model.size)
+    return response
+
+
 def checkpoint_archive_response(ckpts: CheckpointStore, experiment: str, tag: str) -> Response:
-    tar = checkpoint_tar(ckpts.get(experiment, tag), ckpts.entry(experiment, tag))
+    tar = checkpoint_tar(
+        ckpts.get(experiment, tag),
+        ckpts.entry(experiment, tag),
+        ckpts.consolidated(experiment, tag),
+    )
     return StreamingResponse(
         iter(tar),
         media_type="application/x-tar",

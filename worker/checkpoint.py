@@ -34,9 +34,11 @@ from torch import nn
 
 from trainctl.store.checkpoints.info import check_fits
 from trainctl.store.checkpoints.manifests import (
+    DCP_LAYOUT,
     METADATA_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
+    manifest_layout,
     read_metadata,
     verify_manifest,
 )
@@ -152,8 +154,35 @@ def capture_checkpoint(
     before the model or the optimizers take another step.
     """
     tag = tag or step_tag(step)
+    metadata = checkpoint_metadata(
+        model, optimizers, scheduler, step, token_count, best_loss, experiment, tag,
+        data_position=data_position, run_id=run_id, dtype=dtype, extra=extra,
+    )  # fmt: skip
+    optimizer = optimizers.state_dict()  # by optimizer name: {"muon": ..., "adamw": ...}
+    return CheckpointState(
+        experiment, tag, model_state(model), optimizer, metadata, dtype, dict(files or {})
+    )
+
+
+def checkpoint_metadata(
+    model: nn.Module,
+    optimizers: Optimizers,
+    scheduler: WSDScheduler | None,
+    step: int,
+    token_count: int,
+    best_loss: float | None,
+    experiment: str,
+    tag: str,
+    *,
+    data_position: int = 0,
+    run_id: str | None = None,
+    dtype: torch.dtype | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """metadata.json of a checkpoint taken now (the RNG state included): one document for
+    whole and sharded checkpoints (`worker.sharded_checkpoint`)."""
     config = getattr(model, "config", None)
-    metadata = {
+    return {
         "format_version": FORMAT_VERSION,
         "step": step,
         "token_count": token_count,
@@ -171,10 +200,6 @@ def capture_checkpoint(
         "versions": versions(),
         **(extra or {}),
     }
-    optimizer = optimizers.state_dict()  # by optimizer name: {"muon": ..., "adamw": ...}
-    return CheckpointState(
-        experiment, tag, model_state(model), optimizer, metadata, dtype, dict(files or {})
-    )
 
 
 def write_checkpoint(
@@ -275,13 +300,14 @@ def load_checkpoint(
     `meta["data_position"]`).
     """
     where = checkpoint.describe()
+    if manifest_layout(verify_manifest(checkpoint, deep=False)) == DCP_LAYOUT:
+        # Sharded: DCP reads it into this model (one process here), checks and all.
+        from trainctl.worker.sharded_checkpoint import load_sharded
+
+        return load_sharded(model, optimizers, scheduler, checkpoint)
     verify_manifest(checkpoint, deep=True)
     metadata = read_metadata(checkpoint)
-    config, saved = getattr(model, "config", None), metadata.get("model_config")
-    if isinstance(config, ModelConfig | HfModelConfig | PluginModelConfig) and isinstance(
-        saved, dict
-    ):
-        check_fits(model_config_from_dict(saved), config, f"checkpoint {where}")
+    check_model_fits(model, metadata, where)
     # The state dict's names: a transformers model's are its own (worker/models/hf.py).
     params = model.state_dict()
     state = load_weights(checkpoint, device)
@@ -303,6 +329,15 @@ def load_checkpoint(
     if scheduler is not None and metadata.get("scheduler"):
         scheduler.load_state_dict(metadata["scheduler"])
     return metadata
+
+
+def check_model_fits(model: nn.Module, metadata: dict[str, Any], where: str) -> None:
+    """Refuse a checkpoint saved by another architecture than `model`'s, naming both."""
+    config, saved = getattr(model, "config", None), metadata.get("model_config")
+    if isinstance(config, ModelConfig | HfModelConfig | PluginModelConfig) and isinstance(
+        saved, dict
+    ):
+        check_fits(model_config_from_dict(saved), config, f"checkpoint {where}")
 
 
 def load_weights(checkpoint: Files, device: torch.device | str) -> dict[str, torch.Tensor]:

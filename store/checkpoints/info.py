@@ -10,7 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainctl.store.checkpoints.manifests import METADATA_FILE, read_metadata, verify_manifest
+from trainctl.store.checkpoints.manifests import (
+    DCP_LAYOUT,
+    FULL_LAYOUT,
+    METADATA_FILE,
+    manifest_layout,
+    read_metadata,
+    verify_manifest,
+)
 from trainctl.store.checkpoints.storage import Files
 from trainctl.store.exceptions import CheckpointMismatch, InvalidRequest
 from trainctl.store.hf_config import AnyModelConfig, model_config_from_dict
@@ -62,6 +69,13 @@ class CheckpointInfo:
     """The optimizer kind whose state it holds; None for a checkpoint from before it was
     recorded."""
 
+    layout: str = FULL_LAYOUT
+    """How its files hold the weights (`manifests.LAYOUTS`): whole, or sharded by rank."""
+
+    @property
+    def sharded(self) -> bool:
+        return self.layout == DCP_LAYOUT
+
     def require_model_config(self) -> AnyModelConfig:
         """The checkpoint's model config, or a clear error saying why it is unknown."""
         if self.model_config is None:
@@ -110,6 +124,7 @@ def read_info(files: Files, experiment: str, tag: str) -> CheckpointInfo:
         model_config=_model_config(meta),
         tokenizer=_tokenizer(meta),
         optimizer_kind=_typed(meta, "optimizer_kind", str),
+        layout=manifest_layout(manifest),
     )
 
 

@@ -23,6 +23,14 @@ OPTIMIZER_FILE = "optimizer.pt"
 METADATA_FILE = "metadata.json"
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
+# How a checkpoint's files hold its weights: the manifest's `layout` (absent: "full").
+FULL_LAYOUT = "full"
+"""One model.safetensors with every weight whole, optimizer.pt by optimizer name."""
+DCP_LAYOUT = "dcp"
+"""Sharded (docs/architecture.md, "Sharded checkpoints"): each rank's shards of the model
+and the optimizer state in its own files (`rank-<r>.safetensors`), torch.distributed.checkpoint's
+metadata beside them; `store.checkpoints.consolidate` stitches the one model file."""
+LAYOUTS = (FULL_LAYOUT, DCP_LAYOUT)
 # trainctl writes a few KB of each (metadata: config, schedule, RNG state); anything near
 # this is not ours, and reading it whole on every listing would cost the service memory.
 MAX_JSON_BYTES = 4 << 20
@@ -89,12 +97,22 @@ def read_metadata(files: Files) -> dict[str, Any]:
 # --- writing --------------------------------------------------------------------------------
 
 
-def build_manifest(entries: list[dict[str, Any]]) -> dict[str, Any]:
+def build_manifest(entries: list[dict[str, Any]], layout: str = FULL_LAYOUT) -> dict[str, Any]:
     """The manifest of files described as ``{name, size, sha256}``, in the order given."""
     for entry in entries:
         if not is_plain_file_name(entry["name"]):
             raise InvalidName(f"cannot list {entry['name']!r} in a manifest: not a plain file name")
-    return {"version": MANIFEST_VERSION, "files": entries}
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown checkpoint layout {layout!r}; known: {', '.join(LAYOUTS)}")
+    manifest: dict[str, Any] = {"version": MANIFEST_VERSION, "files": entries}
+    if layout != FULL_LAYOUT:  # the manifests of before layouts stay byte for byte the same
+        manifest["layout"] = layout
+    return manifest
+
+
+def manifest_layout(manifest: dict[str, Any]) -> str:
+    """A checked manifest's layout (`verify_manifest`'s)."""
+    return str(manifest.get("layout", FULL_LAYOUT))
 
 
 def manifest_bytes(manifest: dict[str, Any]) -> bytes:
@@ -124,6 +142,8 @@ def _check_manifest_shape(where: str, manifest: Any) -> dict[str, Any]:
         if not ok or entry["name"] in seen:
             raise CheckpointCorrupt(f"{where}: bad or duplicate file entry {entry!r}")
         seen.add(entry["name"])
+    if manifest.get("layout", FULL_LAYOUT) not in LAYOUTS:
+        raise CheckpointCorrupt(f"{where}: unknown layout {manifest['layout']!r}")
     return manifest
 
 

@@ -67,6 +67,10 @@ class MemoryStage:
         sink = self.sinks[name] = MemorySink()
         return sink
 
+    @property
+    def key(self) -> str:
+        return self.name
+
     def commit(self, *, replace: bool = True) -> None:
         assert all(s.closed for s in self.sinks.values()), "commit before every file was closed"
         entry = _Entry({n: bytes(s.data) for n, s in self.sinks.items()}, self.storage.clock())
@@ -75,6 +79,31 @@ class MemoryStage:
     def abort(self) -> None:
         self.storage._forget(self)
         self.sinks.clear()
+
+
+class MemoryJoined:
+    """A stage of this storage that another writer owns (`MemoryStorage.join`)."""
+
+    def __init__(self, stage: MemoryStage) -> None:
+        self.stage = stage
+        self.created: list[str] = []
+
+    @property
+    def key(self) -> str:
+        return self.stage.name
+
+    def create(self, name: str) -> MemorySink:
+        sink = self.stage.create(name)
+        self.created.append(name)
+        return sink
+
+    def commit(self, *, replace: bool = True) -> None:
+        raise RuntimeError(f"{self.stage.name}: only the writer that made a stage commits it")
+
+    def abort(self) -> None:
+        for name in self.created:
+            self.stage.sinks.pop(name, None)
+        self.created.clear()
 
 
 class MemoryStorage:
@@ -146,6 +175,13 @@ class MemoryStorage:
             self._experiments.setdefault(experiment, {})
             self._stages.setdefault(experiment, []).append(stage)
         return stage
+
+    def join(self, experiment: str, tag: str, key: str) -> MemoryJoined:
+        with self._lock:
+            for stage in self._stages.get(validate_name("experiment", experiment), []):
+                if stage.name == key and stage.tag == tag:
+                    return MemoryJoined(stage)
+        raise FileNotFoundError(f"{self.describe(experiment, key)}: no such stage in progress")
 
     def _commit(self, stage: MemoryStage, entry: _Entry, replace: bool) -> None:
         """A stage's commit: one swap of the tag's entry, under the lock."""

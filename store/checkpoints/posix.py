@@ -60,6 +60,7 @@ TRASH_PREFIX = ".trash-"
 GUARD_PREFIX = ".guard-"
 # A trash folder that remembers its tag came from a commit replacing that tag; `delete` uses a
 # tagless trash name so that `cleanup` never resurrects an entry the user deleted.
+_STAGE_RE = re.compile(rf"^{re.escape(STAGING_PREFIX)}.+-[0-9a-f]{{32}}$")
 _TAGGED_TRASH_RE = re.compile(rf"^{re.escape(TRASH_PREFIX)}(?P<tag>.+)-[0-9a-f]{{32}}$")
 
 # A sink asks the kernel to start writing out what it was given once this much is pending,
@@ -279,19 +280,28 @@ class PosixStage:
     its writes, or its commit, to a folder outside the store.
     """
 
-    def __init__(self, exp_fd: int, exp_dir: Path, name: str, tag: str) -> None:
+    def __init__(
+        self, exp_fd: int, exp_dir: Path, name: str, tag: str, *, owner: bool = True
+    ) -> None:
         """Make the stage `name` in the experiment folder `exp_fd`, whose descriptor it keeps
-        (and closes) from now on."""
+        (and closes) from now on; not its `owner`: open the one another process made
+        (`PosixStorage.join`)."""
         self._exp_fd, self._fd, self.name, self.tag = exp_fd, -1, name, tag
         self.folder, self.final = exp_dir / name, exp_dir / tag
+        self.owner = owner
         self._sinks: list[PosixSink] = []
-        self._done = False
+        self._done = not owner  # a joined stage's folder is its owner's to remove
         try:
-            os.mkdir(name, 0o777, dir_fd=exp_fd)
+            if owner:
+                os.mkdir(name, 0o777, dir_fd=exp_fd)
             self._fd = open_folder_at(exp_fd, name)
         except BaseException:
             self._close()
             raise
+
+    @property
+    def key(self) -> str:
+        return self.name
 
     def create(self, name: str) -> PosixSink:
         sink = PosixSink(validate_name("file", name), dir_fd=self._fd)
@@ -304,6 +314,8 @@ class PosixStage:
         Two renames are needed when the tag exists (POSIX cannot rename over a non-empty
         folder); a crash between them leaves a tagged trash folder that `cleanup` puts back.
         """
+        if not self.owner:
+            raise RuntimeError(f"{self.folder}: only the process that made a stage commits it")
         assert all(s.closed for s in self._sinks), "commit before every file was closed"
         os.fsync(self._fd)  # the files' names are durable before the folder is renamed
         exp, trash = self._exp_fd, None
@@ -425,6 +437,18 @@ class PosixStorage:
         finally:
             os.close(root)
         return PosixStage(exp_fd, exp_dir, f"{STAGING_PREFIX}{tag}-{uuid.uuid4().hex}", tag)
+
+    def join(self, experiment: str, tag: str, key: str) -> PosixStage:
+        self.path_of(experiment, tag)  # valid names
+        if _STAGE_RE.fullmatch(key) is None or not key.startswith(f"{STAGING_PREFIX}{tag}-"):
+            raise FileNotFoundError(f"{self.describe(experiment, key)}: not a stage of {tag!r}")
+        try:
+            exp_fd = _open_below(self.root, experiment)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise FileNotFoundError(f"{self.describe(experiment)}: not a folder") from None
+            raise
+        return PosixStage(exp_fd, self.path_of(experiment), key, tag, owner=False)
 
     def delete(self, experiment: str, tag: str) -> bool:
         """Rename to a tagless trash name (so `cleanup` never restores it), then remove."""

@@ -38,6 +38,7 @@ import contextlib
 import hashlib
 import io
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -331,6 +332,19 @@ class S3Storage:
         self.call("put_object", marker, Bucket=self.bucket, Key=marker, Body=b"")
         with self._lock:
             self._live.add((experiment, stage.generation))
+        return stage
+
+    def join(self, experiment: str, tag: str, key: str) -> S3Stage:
+        """Objects under the generation `key`; nothing in the bucket says a stage is in
+        progress, so a wrong key is found at the commit: files no manifest names."""
+        if re.fullmatch(r"[0-9a-f]{32}", key) is None:
+            raise FileNotFoundError(f"{self.describe(experiment, tag)}: no stage {key!r}")
+        stage = S3Stage(
+            self, validate_name("experiment", experiment), validate_name("tag", tag),
+            generation=key, owner=False,
+        )  # fmt: skip
+        with self._lock:
+            self._live.add((experiment, key))  # this process's sweep spares it too
         return stage
 
     def commit(self, stage: S3Stage, manifest: bytes | None, replace: bool) -> None:

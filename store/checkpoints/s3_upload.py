@@ -116,6 +116,12 @@ class S3Stage:
     tag: str
     generation: str = field(default_factory=lambda: uuid.uuid4().hex)
     sinks: dict[str, S3Sink | ManifestSink] = field(default_factory=dict)
+    owner: bool = True
+    """False for a stage another process made (`S3Storage.join`): it only adds files."""
+
+    @property
+    def key(self) -> str:
+        return self.generation
 
     def create(self, name: str) -> S3Sink | ManifestSink:
         validate_name("file", name)
@@ -129,6 +135,11 @@ class S3Stage:
         return sink
 
     def commit(self, *, replace: bool = True) -> None:
+        if not self.owner:
+            raise RuntimeError(
+                f"{self.storage.describe(self.experiment, self.tag)}: only the process that "
+                "made a stage commits it"
+            )
         assert all(s.closed for s in self.sinks.values()), "commit before every file was closed"
         manifest = self.sinks.get(MANIFEST_FILE)
         assert manifest is None or isinstance(manifest, ManifestSink)
@@ -142,5 +153,8 @@ class S3Stage:
         for sink in self.sinks.values():
             if isinstance(sink, S3Sink):
                 sink.abort()
+        if not self.owner:  # the generation is its owner's to remove
+            self.storage.forget(self)
+            return
         self.storage.remove_generation(self.experiment, self.tag, self.generation)
         self.storage.forget(self)

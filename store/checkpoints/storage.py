@@ -75,6 +75,12 @@ class Sink(Protocol):
 class StagedEntry(Protocol):
     """A new entry being written, invisible until `commit`."""
 
+    @property
+    def key(self) -> str:
+        """Which stage this is, in the storage's own words: what another process writing
+        into the same entry passes to `Storage.join` (the ranks of a sharded save)."""
+        ...
+
     def create(self, name: str) -> Sink:
         """A new file `name` of the entry; a name created twice is refused."""
         ...
@@ -145,6 +151,14 @@ class Storage(Protocol):
 
     def stage(self, experiment: str, tag: str) -> StagedEntry:
         """A new entry to write; it becomes `tag` at its commit."""
+        ...
+
+    def join(self, experiment: str, tag: str, key: str) -> StagedEntry:
+        """The stage `key` (its `StagedEntry.key`) that another process owns, to write more
+        files into: the ranks of a sharded save each write their own shards into the one
+        entry. Its `commit` is refused (only the owner commits, once every process is done)
+        and its `abort` releases only what it created (the owner's abort removes the rest).
+        FileNotFoundError when no such stage is in progress."""
         ...
 
     def delete(self, experiment: str, tag: str) -> bool:

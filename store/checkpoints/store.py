@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 
+from trainctl.store.checkpoints.consolidate import ConsolidatedModel, consolidate
 from trainctl.store.checkpoints.info import CheckpointInfo, PruneOutcome, read_info
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE, verify_manifest
 from trainctl.store.checkpoints.storage import Entry, Files, Reader, Storage
@@ -117,6 +118,15 @@ class CheckpointStore:
                 f"{LATEST_REF!r} is reserved for the newest checkpoint; pick another tag"
             )
         return CheckpointWriter(self.storage.stage(experiment, tag))
+
+    def join(self, experiment: str, tag: str, key: str) -> CheckpointWriter:
+        """The stage `key` (a writer's `key`) another process is writing, to add files to:
+        the ranks of a sharded save write their shards into the owner's one checkpoint.
+        This writer cannot commit; hand its `listing` to the owner's `adopt`."""
+        staged = self.storage.join(
+            validate_name("experiment", experiment), validate_name("tag", tag), key
+        )
+        return CheckpointWriter(staged, joined=True)
 
     def cleanup(self, experiment: str | None = None) -> list[tuple[str, str]]:
         """Remove leftover stages and finish interrupted commits and deletes.
@@ -310,6 +320,13 @@ class CheckpointStore:
                 f"file {name!r} of checkpoint {tag!r} in experiment {experiment!r} "
                 "is not a regular file inside the store"
             ) from None
+
+    def consolidated(self, experiment: str, tag: str) -> ConsolidatedModel | None:
+        """The one model file of a sharded checkpoint, stitched from its shards as it is
+        read (`consolidate`); None for a checkpoint that holds it whole (its own
+        model.safetensors, served by `open_file`)."""
+        info = self.get(experiment, tag)
+        return consolidate(self.entry(experiment, tag)) if info.sharded else None
 
     # --- deleting ---
 

@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from trainctl.store.checkpoints.manifests import (
+    FULL_LAYOUT,
     MANIFEST_FILE,
     build_manifest,
     is_plain_file_name,
@@ -45,11 +46,39 @@ class CheckpointWriter:
     """A checkpoint being written; `CheckpointStore.stage` makes one. Used as a context, it
     removes what it wrote when the block raises (or ends uncommitted)."""
 
-    def __init__(self, staged: StagedEntry) -> None:
+    def __init__(self, staged: StagedEntry, *, joined: bool = False) -> None:
         self._staged = staged
+        self.joined = joined
+        """Another process's stage (`CheckpointStore.join`): this writer adds files, the
+        owner commits."""
         self._files: dict[str, _Counted] = {}  # in the order created: the manifest's order
         self._hashes: dict[str, str] = {}
+        self._adopted: list[dict[str, Any]] = []  # files other processes wrote into the stage
         self.committed = False
+
+    @property
+    def key(self) -> str:
+        """The stage, for `CheckpointStore.join` in the other processes of a sharded save."""
+        return self._staged.key
+
+    def listing(self, hashes: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The manifest entries ``{name, size, sha256}`` of the files written here, every one
+        closed: what a process that joined the stage hands the owner to `adopt`."""
+        known = {**self._hashes, **hashes}
+        missing = [n for n in self._files if n not in known]
+        if missing or not all(f.closed for f in self._files.values()):
+            raise ValueError(f"commit of unfinished files: {missing or 'some still open'}")
+        return [{"name": n, "size": f.size, "sha256": known[n]} for n, f in self._files.items()]
+
+    def adopt(self, entries: list[dict[str, Any]]) -> None:
+        """List files that another process wrote into this stage (`listing` there): its
+        closes made them durable, so the manifest may name them."""
+        ours = set(self._files) | {e["name"] for e in self._adopted}
+        for entry in entries:
+            if entry["name"] in ours:
+                raise ValueError(f"{entry['name']!r} was written twice into one checkpoint")
+            ours.add(entry["name"])
+            self._adopted.append(dict(entry))
 
     def create(self, name: str) -> Sink:
         """A new file of the checkpoint; its sha256 is the caller's to give at `commit`."""
@@ -71,17 +100,15 @@ class CheckpointWriter:
         *,
         before_commit: Callable[[], None] | None = None,
         replace: bool = True,
+        layout: str = FULL_LAYOUT,
     ) -> dict[str, Any]:
         """Write the manifest (every file closed, so durable), run `before_commit` (what it
         raises aborts the save), then make the checkpoint visible; return the manifest.
-        `replace` False refuses a tag that exists (FileExistsError)."""
-        known = {**self._hashes, **(hashes or {})}
-        missing = [n for n in self._files if n not in known]
-        if missing or not all(f.closed for f in self._files.values()):
-            raise ValueError(f"commit of unfinished files: {missing or 'some still open'}")
-        manifest = build_manifest(
-            [{"name": n, "size": f.size, "sha256": known[n]} for n, f in self._files.items()]
-        )
+        `replace` False refuses a tag that exists (FileExistsError); `layout` is how its
+        files hold the weights (`manifests.LAYOUTS`)."""
+        if self.joined:  # before a manifest of this writer's files lands in the shared stage
+            raise RuntimeError("only the process that staged a checkpoint commits it")
+        manifest = build_manifest(self.listing(hashes or {}) + self._adopted, layout)
         sink = self._staged.create(MANIFEST_FILE)
         sink.write(manifest_bytes(manifest))
         sink.close()

@@ -783,3 +783,40 @@ def test_a_manifest_written_elsewhere_is_checked_like_one_written_here(
     files = {MODEL_FILE: b"w", METADATA_FILE: b'{"step": 4}'}
     write_entry(posix, "exp", "step_4", {**files, MANIFEST_FILE: manifest_of(files)})
     assert posix.get("exp", "step_4").step == 4
+
+
+# --- stages joined by other writers (the ranks of a sharded save) ---
+
+
+def test_files_of_a_joined_stage_commit_with_the_owners_as_one_checkpoint(
+    store: CheckpointStore,
+) -> None:
+    owner = store.stage("exp", "step_1")
+    other = store.join("exp", "step_1", owner.key)  # another rank, with the key it was sent
+    other.write("rank-1.safetensors", b"rank one")
+    with pytest.raises(RuntimeError, match="only"):
+        other.commit()
+    owner.write("rank-0.safetensors", b"rank zero")
+    owner.write(METADATA_FILE, json.dumps({"step": 1}).encode())
+    assert tags(store, "exp") == []  # nothing visible before the owner commits
+    owner.adopt(other.listing({}))
+    owner.commit(layout="dcp")
+
+    info = store.get("exp", "step_1")
+    assert info.sharded
+    assert {f["name"] for f in info.files} == {"rank-0.safetensors", "rank-1.safetensors",
+                                               METADATA_FILE}  # fmt: skip
+    assert served(store, "exp", "step_1", "rank-1.safetensors") == b"rank one"
+
+
+def test_a_stage_that_is_not_there_cannot_be_joined_and_an_aborted_one_leaves_nothing(
+    store: CheckpointStore,
+) -> None:
+    owner = store.stage("exp", "step_1")
+    other = store.join("exp", "step_1", owner.key)
+    other.write("rank-1.safetensors", b"rank one")
+    owner.abort()  # rank 0 saw a rank die before the gather
+    assert tags(store, "exp") == []
+    if not isinstance(store.storage, S3Storage):  # a bucket has no record of its stages
+        with pytest.raises(FileNotFoundError):
+            store.join("exp", "step_1", owner.key)
