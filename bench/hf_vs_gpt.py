@@ -14,6 +14,7 @@ figure says what the built-in model's recipe buys, not only its kernels.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +88,14 @@ def run(quick: bool = False) -> list[Figure]:
     size = QUICK if quick else FULL
     runs: dict[str, list[dict[str, Any]]] = {"gpt": [], "llama": []}
 
-    def side(name: str) -> float:
-        runs[name].append(train_side(name, size))
-        return runs[name][-1]["tps"]
+    def side(name: str) -> Callable[[], float]:
+        def once() -> float:
+            runs[name].append(train_side(name, size))
+            return float(runs[name][-1]["tps"])
 
-    tps = alternate({n: (lambda n=n: side(n)) for n in runs}, size["rounds"])
+        return once
+
+    tps = alternate({n: side(n) for n in runs}, size["rounds"])
     # Per round, the loss both sides reach; the time ratio is the median of the rounds'.
     speedups = []
     for gpt, llama in zip(runs["gpt"], runs["llama"], strict=True):

@@ -275,6 +275,10 @@ class WorkerPublic(Public):
     model_plugins: list[str] = Field(
         description="The plug-in models installed where it runs (docs/models.md)."
     )
+    hf_model_types: list[str] = Field(
+        description="The transformers causal-LM model types it builds (docs/models.md); "
+        "empty from a worker that did not report them."
+    )
     info: dict[str, Any]
     started_at: datetime
     last_seen_at: datetime

@@ -211,4 +211,4 @@ def evaluate_need(plan: EvaluatePlan, params: int | None = None) -> memory.Memor
         training=False,
         params=params,
     )
-    return memory.MemoryNeed(estimate, 1, plan.device, "this evaluation")
+    return memory.MemoryNeed(estimate, 1, plan.device, "this evaluation", plan.model)

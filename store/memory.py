@@ -175,6 +175,9 @@ class MemoryNeed:
     device: str
     what: str
     """The run in words, for the refusal: 'this train run'."""
+    config: AnyModelConfig
+    """The model it was estimated for: a worker that claims the run counts this model's
+    real parameters when the estimate had to guess them (worker/admission.py)."""
 
 
 def train_need(plan: TrainPlan, params: int | None = None) -> MemoryNeed:
@@ -199,7 +202,7 @@ def _step_need(
         optimizer=plan.optimizer.kind,
         params=params,
     )
-    return MemoryNeed(estimate, processes, plan.device, what)
+    return MemoryNeed(estimate, processes, plan.device, what, plan.model.config)
 
 
 def validate_need(plan: ValidatePlan, params: int | None = None) -> MemoryNeed:
@@ -211,7 +214,7 @@ def validate_need(plan: ValidatePlan, params: int | None = None) -> MemoryNeed:
         training=False,
         params=params,
     )
-    return MemoryNeed(estimate, 1, plan.device, "this validation")
+    return MemoryNeed(estimate, 1, plan.device, "this validation", plan.model)
 
 
 def sample_need(plan: SamplePlan, params: int | None = None) -> MemoryNeed:
@@ -230,7 +233,7 @@ def sample_need(plan: SamplePlan, params: int | None = None) -> MemoryNeed:
     kv, layers = sizes["kv"], sizes["cache_layers"]
     cache = 2 * layers * len(plan.prompt_tokens) * longest * kv * 4
     estimate = dataclasses.replace(estimate, activations=estimate.activations + cache)
-    return MemoryNeed(estimate, 1, plan.device, "this sample run")
+    return MemoryNeed(estimate, 1, plan.device, "this sample run", plan.model)
 
 
 def admit(need: MemoryNeed, limit: int | MemoryLimit | None) -> None:

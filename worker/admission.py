@@ -20,7 +20,7 @@ import torch
 from trainctl.store.hf_config import HfModelConfig
 from trainctl.store.kinds import kind_of_plan
 from trainctl.store.memory import gib, node_bytes
-from trainctl.store.plans import BenchmarkPlan, TrainPlan
+from trainctl.store.plans import Plan
 from trainctl.store.plugin_model import PluginModelConfig
 from trainctl.worker.exceptions import DoesNotFit
 from trainctl.worker.models import build_model
@@ -34,17 +34,18 @@ def count_params(config: HfModelConfig | PluginModelConfig) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def admit_at_claim(plan: TrainPlan | BenchmarkPlan, memory_bytes: int | None) -> int | None:
-    """The real parameter count of the plan's transformers or plug-in model (None for the
-    built-in GPT, whose count submit already has exactly); raises DoesNotFit naming it and
-    the memory needed against `memory_bytes`, this worker's (None: no limit known)."""
-    config = plan.model.config
+def admit_at_claim(plan: Plan, memory_bytes: int | None) -> int | None:
+    """The real parameter count of the plan's transformers or plug-in model, for every kind
+    whose memory is estimated (None for the built-in GPT, whose count submit already has
+    exactly, and for kinds bounded by construction); raises DoesNotFit naming it and the
+    memory needed against `memory_bytes`, this worker's (None: no limit known)."""
+    measure = kind_of_plan(plan).memory
+    if measure is None:  # bounded by construction
+        return None
+    config = measure(plan, None).config
     if not isinstance(config, HfModelConfig | PluginModelConfig):
         return None
     params = count_params(config)
-    measure = kind_of_plan(plan).memory
-    if measure is None:  # bounded by construction
-        return params
     need = measure(plan, params)
     total = node_bytes(need.estimate, need.processes, need.device)
     if memory_bytes is not None and total > memory_bytes:

@@ -26,6 +26,7 @@ from trainctl.store.plans import (
     BenchmarkPlan,
     CheckpointRef,
     ExportPlan,
+    Plan,
     PreparePlan,
     SamplePlan,
     TrainPlan,
@@ -110,7 +111,6 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, TrainPlan)
     store, address = env.stores.checkpoints, env.address
     check_device(plan.device)
-    maybe_log_params(ctx, admit_at_claim(plan, env.memory_bytes))
     gang = ctx.run.gang
     # Only this run writes to its experiment (one active train run each), so what is left
     # half-written there (a save killed mid-write, a commit cut between its renames) is
@@ -169,7 +169,6 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
 def execute_benchmark(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, BenchmarkPlan)
     check_device(plan.device)
-    maybe_log_params(ctx, admit_at_claim(plan, env.memory_bytes))
     result = run_benchmark(plan, on_step=ctx.metrics, should_stop=ctx.should_stop)
     if result["total_tokens"] < plan.steps * plan.batch.tokens_per_step:
         return stopped_outcome(ctx, result)
@@ -287,5 +286,11 @@ for _name, _executor in {
 
 
 def execute(ctx: RunContext, env: WorkerEnv) -> Outcome:
-    """Run `ctx.run` with the executor its kind names."""
-    return EXECUTORS.get(RUN_KINDS.get(ctx.run.kind).executor)(ctx, env)
+    """Run `ctx.run` with the executor its kind names, once it is admitted: a kind whose
+    memory is estimated is counted again on the model it builds (worker.admission), before
+    any of its work, whatever the kind."""
+    kind = RUN_KINDS.get(ctx.run.kind)
+    if kind.memory is not None:
+        plan = cast(Plan, read_plan(ctx, kind.plan))  # a kind's plan is a Plan (store.kinds)
+        maybe_log_params(ctx, admit_at_claim(plan, env.memory_bytes))
+    return EXECUTORS.get(kind.executor)(ctx, env)

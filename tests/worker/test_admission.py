@@ -5,14 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.plans import enqueue, train_plan
+import pytest
+
+from tests.plans import enqueue, train_plan, validate_plan
+from tests.stores import posix_store
 from tests.worker.hf_archs import hf
 from trainctl.store.db.runs import RunStore
 from trainctl.store.memory import GIB, train_need
 from trainctl.worker.admission import admit_at_claim
+from trainctl.worker.exceptions import DoesNotFit
 from trainctl.worker.models import build_model
 from trainctl.worker.models.plugin import MODEL_PLUGINS
 from trainctl.worker.runner import Worker, WorkerConfig
+from trainctl.worker.train import train
 
 
 def test_the_count_at_claim_is_the_built_models_and_goes_through_the_submit_estimate() -> None:
@@ -45,6 +50,39 @@ def test_a_run_too_big_for_the_worker_fails_at_claim_naming_both_numbers_without
     assert f"its model has {real:,} parameters" in run.error
     assert f"more than the {GIB:,} bytes (1.0 GiB) this worker has" in run.error
     assert worker.claim() is None  # failed, not requeued: it cannot cycle between workers
+    runs.close()
+
+
+def test_every_kind_that_builds_the_model_is_counted_at_claim_not_only_train(
+    tmp_path: Path,
+) -> None:
+    """A validation of a transformers checkpoint: its model is counted as a train run's is,
+    and on a worker too small for it the run fails at claim, before loading anything."""
+    checkpoints = tmp_path / "checkpoints"
+    trained = train_plan(
+        checkpoints, experiment="moe", steps=1, model={"hf": hf("qwen3_moe")},
+        batch={"micro_batch_size": 1, "seq_len": 16}, data={"source": "synthetic"},
+        checkpoint_every=1, val_batches=1,
+    )  # fmt: skip
+    train(trained, posix_store(checkpoints))
+    plan = validate_plan(checkpoints, checkpoint="moe/step_1", num_batches=1)
+    real = sum(p.numel() for p in build_model(plan.model).parameters())
+    assert admit_at_claim(plan, memory_bytes=None) == real
+    with pytest.raises(DoesNotFit, match=f"its model has {real:,} parameters"):
+        admit_at_claim(plan, memory_bytes=GIB)
+
+    runs = RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}")
+    runs.create_all()
+    config = WorkerConfig(runs.engine.url.render_as_string(), tmp_path, "w1", memory_bytes=GIB)
+    worker = Worker(config, runs)
+    worker.register()
+    queued = enqueue(runs, plan)
+    claimed = worker.claim()
+    assert claimed is not None and claimed.id == queued.id
+    worker.run_one(claimed)
+    run = runs.get(queued.id)
+    assert run.state == "failed" and run.attempt == 1
+    assert run.error is not None and "this validation does not fit this worker" in run.error
     runs.close()
 
 

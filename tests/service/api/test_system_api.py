@@ -57,14 +57,23 @@ def test_readyz_is_503_when_the_database_cannot_be_queried(
 def test_workers_are_listed_with_whether_they_are_alive(
     client: TestClient, runs: RunStore, settings: Settings
 ) -> None:
-    runs.register_worker("w1", host="node1", pid=42, device="cuda", info={"gpu": "H100"})
+    runs.register_worker(
+        "w1", host="node1", pid=42, device="cuda", info={"gpu": "H100"},
+        model_plugins=["tiny_mlp"], hf_model_types=["qwen3", "llama"],
+    )  # fmt: skip
+    runs.register_worker("w2", host="node2", pid=43, device="cpu", info={})  # no types
 
     items = client.get("/workers").json()["items"]
 
     assert [(w["id"], w["device"], w["pid"], w["alive"]) for w in items] == [
-        ("w1", "cuda", 42, True)
+        ("w1", "cuda", 42, True),
+        ("w2", "cpu", 43, True),
     ]
     assert items[0]["current_run_id"] is None
+    # What each one builds, as GET /models combines them.
+    assert items[0]["model_plugins"] == ["tiny_mlp"]
+    assert items[0]["hf_model_types"] == ["llama", "qwen3"]
+    assert items[1]["hf_model_types"] == []
 
 
 # --- auth -----------------------------------------------------------------------------------
