@@ -28,6 +28,7 @@ MODULES = [
     "generate",
     "claims",
     "hf_train",
+    "sharded_muon",
 ]
 
 
