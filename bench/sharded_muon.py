@@ -10,6 +10,7 @@ step is timed, between two barriers, so a side's time is its slowest rank's.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import time
@@ -40,6 +41,15 @@ def block(width: int) -> nn.Module:
     return nn.ParameterList([nn.Parameter(torch.randn(r, c) / c**0.5) for r, c in shapes])
 
 
+def timed(optimizer: torch.optim.Optimizer) -> float:
+    """One step, between barriers: the slowest rank's time."""
+    dist.barrier()
+    started = time.perf_counter()
+    optimizer.step()
+    dist.barrier()
+    return time.perf_counter() - started
+
+
 def rank_main(rank: int, size: dict[str, Any], folder: Path) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // WORLD))
     dist.init_process_group(
@@ -60,15 +70,8 @@ def rank_main(rank: int, size: dict[str, Any], folder: Path) -> None:
         "torch": torch.optim.Muon(params, **settings),
     }
 
-    def timed(optimizer: torch.optim.Optimizer) -> float:
-        dist.barrier()
-        started = time.perf_counter()
-        optimizer.step()
-        dist.barrier()
-        return time.perf_counter() - started
-
     times = alternate(
-        {n: (lambda o=o: timed(o)) for n, o in sides.items()}, size["rounds"], warmup=True
+        {n: functools.partial(timed, o) for n, o in sides.items()}, size["rounds"], warmup=True
     )
     counts = {}
     for name, optimizer in sides.items():
