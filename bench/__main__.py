@@ -30,6 +30,7 @@ MODULES = [
     "claims",
     "hf_train",
     "hf_vs_gpt",
+    "sharded_muon",
 ]
 
 

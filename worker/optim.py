@@ -31,6 +31,7 @@ from trainctl.store.optimizers import lr_metric
 from trainctl.store.registry import Registry
 from trainctl.store.specs import OptimizerSpec
 from trainctl.worker.exceptions import CheckpointMismatch
+from trainctl.worker.sharded_muon import ShardedMuon, is_sharded
 
 Groups = dict[str, list[nn.Parameter]]
 """Parameters by the name of the optimizer that gets them."""
@@ -190,15 +191,22 @@ def muon_adamw_groups(model: nn.Module) -> Groups:
 
 
 def build_muon_adamw(groups: Groups, spec: OptimizerSpec) -> dict[str, torch.optim.Optimizer]:
-    muon = torch.optim.Muon(
-        groups["muon"],
+    """On FSDP2's sharded parameters (DTensors) Muon is `ShardedMuon`, which orthogonalises each
+    matrix once on an owner rank; on whole ones (one process, DDP) it is torch's own."""
+    muon_class = ShardedMuon if is_sharded(groups["muon"]) else torch.optim.Muon
+    muon = muon_class(groups["muon"], **muon_settings(spec))
+    return {"muon": muon, "adamw": build_adamw(groups["adamw"], spec)}
+
+
+def muon_settings(spec: OptimizerSpec) -> dict[str, Any]:
+    """The spec's Muon settings, as `torch.optim.Muon` (and `ShardedMuon`) take them."""
+    return dict(
         lr=spec.muon_lr,
         momentum=spec.muon_momentum,
         weight_decay=spec.muon_weight_decay,
         nesterov=True,
         adjust_lr_fn=spec.muon_adjust_lr_fn,
     )
-    return {"muon": muon, "adamw": build_adamw(groups["adamw"], spec)}
 
 
 # --- adamw ----------------------------------------------------------------------------------
