@@ -30,8 +30,9 @@ from trainctl.store.specs import BenchmarkRequest, TrainRequest
 from trainctl.worker.benchmark import run_benchmark
 from trainctl.worker.train import build_data, build_training, data_loader, train
 
-# A llama of width 256, 4 layers, byte-level: a step of about a second on two cores.
-FULL: dict[str, Any] = dict(width=256, layers=4, batch=8, seq=128, steps=8, rounds=5)
+# A llama of width 256, 4 layers, byte-level: a step of about a second on two cores; 16 steps
+# and 7 rounds a side, since 8 and 5 were noise-bound (docs/performance.md, item 11a).
+FULL: dict[str, Any] = dict(width=256, layers=4, batch=8, seq=128, steps=16, rounds=7)
 QUICK: dict[str, Any] = dict(width=64, layers=1, batch=2, seq=32, steps=6, rounds=1)
 WARMUP = 2
 """Steps left out of each side's median: the first ones wait for the loader and allocate."""
