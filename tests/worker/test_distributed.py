@@ -32,17 +32,16 @@ STEPS = 6
 
 def tiny_plan(checkpoints: Path | None = None, **changes: Any) -> TrainPlan:
     """Four micro-batches of two sequences per step: two per rank with two ranks."""
-    return train_plan(
-        checkpoints,
-        experiment="ddp",
-        steps=STEPS,
-        model={"preset": "tiny"},
-        data={"source": "synthetic"},
-        batch={"micro_batch_size": 2, "seq_len": 32, "grad_accum_steps": 4},
-        checkpoint_every=3,
-        val_batches=2,
-        **changes,
-    )
+    defaults: dict[str, Any] = {
+        "experiment": "ddp",
+        "steps": STEPS,
+        "model": {"preset": "tiny"},
+        "data": {"source": "synthetic"},
+        "batch": {"micro_batch_size": 2, "seq_len": 32, "grad_accum_steps": 4},
+        "checkpoint_every": 3,
+        "val_batches": 2,
+    }
+    return train_plan(checkpoints, **(defaults | changes))
 
 
 def train_losses(metrics: list[dict[str, Any]]) -> list[float]:
