@@ -204,6 +204,11 @@ class ModelConfig:
         matmul = self.n_layers * (attn + mlp) + embedding
         return {"total": total, "embedding": embedding, "matmul": matmul}
 
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token at `seq_len`: 6·N_matmul for the weights plus 12·L·d·T
+        for attention (PaLM appendix B)."""
+        return 6 * self.param_counts()["matmul"] + 12 * self.n_layers * self.d_model * seq_len
+
 
 @dataclass
 class PresetRegistry:
