@@ -218,8 +218,8 @@ def refuse_unless_it_fits(
         sharded_need = node_bytes(alternative, processes, device)
         fits = sharded_need <= limit.size
         advice = (
-            f'sharded it needs about {gib(sharded_need)} ({alternative.describe()}), which '
-            f'{"fits" if fits else "does not fit either"}: '
+            f"sharded it needs about {gib(sharded_need)} ({alternative.describe()}), which "
+            f"{'fits' if fits else 'does not fit either'}: "
             + (f'set "parallelism": {{"strategy": "{name}"}}' if fits else advice)
         )
     raise InvalidRequest(

@@ -16,8 +16,9 @@ name (`worker.strategies.STRATEGY_BUILDERS`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from trainctl.store.registry import RegisteredName, Registry
 
@@ -74,7 +75,9 @@ for _strategy in BUILT_IN_STRATEGIES:
     PARALLEL_STRATEGIES.register(_strategy.name, _strategy)
 
 
-def unread_settings(strategy: str, sent: dict[str, object], defaults: dict[str, object]) -> list[str]:
+def unread_settings(
+    strategy: str, sent: Mapping[str, Any], defaults: Mapping[str, Any]
+) -> list[str]:
     """The settings in `sent` that `strategy` does not read, leaving out those equal to their
     default (what a plan sent back as a request carries)."""
     reads = PARALLEL_STRATEGIES.get(strategy).reads | COMMON_FIELDS

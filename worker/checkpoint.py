@@ -215,9 +215,7 @@ def capture_checkpoint(
     # A sharded run's ranks gather both collectively, onto rank 0 (the one that writes).
     weights = access.model_state(model)
     optimizer = access.optimizer_state(model, optimizers)
-    return CheckpointState(
-        experiment, tag, weights, optimizer, metadata, dtype, dict(files or {})
-    )
+    return CheckpointState(experiment, tag, weights, optimizer, metadata, dtype, dict(files or {}))
 
 
 def write_checkpoint(
@@ -342,9 +340,7 @@ def load_checkpoint(
         ) from exc
     if optimizers is not None:
         try:
-            access.load_optimizer_state(
-                model, optimizers, load_optimizer_state(checkpoint, device)
-            )
+            access.load_optimizer_state(model, optimizers, load_optimizer_state(checkpoint, device))
         except CheckpointMismatch as exc:
             raise CheckpointMismatch(f"checkpoint {where}: {exc}") from exc
     if scheduler is not None and metadata.get("scheduler"):

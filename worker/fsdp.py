@@ -62,7 +62,7 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
     if not lists:
         raise ValueError(f"{type(model).__name__} has no blocks to shard")
-    return list(max(lists, key=len))
+    return list(max(lists, key=lambda m: len(list(m))))
 
 
 def shard_model(
@@ -135,7 +135,7 @@ class FSDPShards:
         """The global norm over the shards: each rank's norm of its shards is a partial
         DTensor, made whole (an all-reduce) before the clip scales every shard by it."""
         params = [p for p in model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        norm = torch.nn.utils.get_total_norm([cast(torch.Tensor, p.grad) for p in params])
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
@@ -144,7 +144,7 @@ class FSDPShards:
     # ---- StateAccess: today's checkpoint files, from and to the shards -------------------
 
     def model_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        return get_model_state_dict(model, options=GATHER)
+        return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=GATHER))
 
     def optimizer_state(self, model: nn.Module, optimizers: Optimizers) -> dict[str, Any]:
         """Each optimizer's full state as `optimizer.pt` holds it (keyed by parameter index,
@@ -159,7 +159,7 @@ class FSDPShards:
         self, model: nn.Module, state: dict[str, torch.Tensor], strict: bool
     ) -> None:
         options = StateDictOptions(full_state_dict=True, strict=strict)
-        set_model_state_dict(model, state, options=options)
+        set_model_state_dict(model, cast(dict[str, Any], state), options=options)
 
     def load_optimizer_state(
         self, model: nn.Module, optimizers: Optimizers, state: dict[str, Any]
@@ -174,9 +174,7 @@ class FSDPShards:
         names = {id(p): name for name, p in model.named_parameters()}
         for name, optimizer in optimizers.items():
             fqns = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
-            set_optimizer_state_dict(
-                model, optimizer, by_name(state[name], fqns), options=SCATTER
-            )
+            set_optimizer_state_dict(model, optimizer, by_name(state[name], fqns), options=SCATTER)
 
 
 def by_index(state: dict[str, Any]) -> dict[str, Any]:

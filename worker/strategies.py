@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -17,6 +17,7 @@ from torch import nn
 from trainctl.store.registry import Registry
 from trainctl.store.specs import ParallelismSpec
 from trainctl.worker.fsdp import FSDPShards
+from trainctl.worker.model import GPT
 from trainctl.worker.parallel import DataParallel, DDPReplica
 
 
@@ -48,9 +49,13 @@ def _fsdp(
     )
 
 
-STRATEGY_BUILDERS.register(
-    "ddp", StrategyBuilder(lambda model, device, world, spec, config: DDPReplica(model, device, world))
-)
+def _ddp(
+    model: nn.Module, device: torch.device, world: int, spec: ParallelismSpec, config: Any
+) -> DataParallel:
+    return DDPReplica(cast(GPT, model), device, world)
+
+
+STRATEGY_BUILDERS.register("ddp", StrategyBuilder(_ddp))
 STRATEGY_BUILDERS.register("fsdp", StrategyBuilder(_fsdp, {"use_compile": False}))
 
 

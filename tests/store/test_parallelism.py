@@ -71,8 +71,7 @@ def test_keeping_blocks_gathered_after_forward_needs_more_memory() -> None:
     assert gathered(False) > gathered(True)
 
 
-def test_a_run_that_fits_sharded_only_is_refused_under_ddp_naming_both_and_admitted_under_fsdp(
-) -> None:
+def test_a_run_fitting_only_sharded_is_refused_under_ddp_naming_both_admitted_under_fsdp() -> None:
     with pytest.raises(InvalidRequest) as refused:
         admit(train_need(train_plan(**EIGHT_GPUS_8B)), H100)
     detail = str(refused.value)

@@ -83,7 +83,9 @@ def resume_without_steps(root: Path, experiment: str, source: str, **changes: An
     """Load `source`'s best checkpoint in a copy of it filed as `experiment`, with no step left
     to train: the run saves what it loaded as step_<N>."""
     checkpoints = root / "checkpoints"
-    shutil.copytree(folder(posix_store(checkpoints), source, "best"), checkpoints / experiment / "best")
+    shutil.copytree(
+        folder(posix_store(checkpoints), source, "best"), checkpoints / experiment / "best"
+    )
     step = posix_store(checkpoints).get(experiment, "best").step
     assert step is not None
     plan = tiny_plan(checkpoints, experiment=experiment, resume_from="best", **changes)
