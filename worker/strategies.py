@@ -16,7 +16,6 @@ from torch import nn
 
 from trainctl.store.registry import Registry
 from trainctl.store.specs import ParallelismSpec
-from trainctl.worker.fsdp import FSDPShards
 from trainctl.worker.model import GPT
 from trainctl.worker.parallel import DataParallel, DDPReplica
 
@@ -39,6 +38,10 @@ STRATEGY_BUILDERS: Registry[StrategyBuilder] = Registry("parallel strategy build
 def _fsdp(
     model: nn.Module, device: torch.device, world: int, spec: ParallelismSpec, config: Any
 ) -> DataParallel:
+    # Imported here: torch.distributed.checkpoint costs every other run's import, and probes
+    # for optional modules the GPU image lacks.
+    from trainctl.worker.fsdp import FSDPShards
+
     compiled = getattr(config, "use_compile", False)
     return FSDPShards(
         model,

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.stores import folder, posix_store
-from tests.worker.test_distributed import LOSS_RTOL, STEPS, tiny_plan, train_losses
+from tests.worker.ranks import LOSS_RTOL, STEPS, tiny_plan, train_losses
 from trainctl.store.layout import DataLayout
 from trainctl.worker.launch import launch_train
 from trainctl.worker.train import Trainer
