@@ -18,7 +18,8 @@
 #   train_resume    python -m bench.gpu_train: base through the service, the CLI and
 #                   python -m trainctl.worker, 50 steps (bf16, compile reduce-overhead, async
 #                   checkpoints), then a second run resuming from latest for 10 more
-#   fsdp_1b         slot: the 1b preset under FSDP on the one GPU, once FSDP has landed
+#   fsdp_1b         python -m bench.fsdp_train: the 1b preset under fsdp on the one GPU (tiny on CPU)
+#   fsdp_8b         the 8b preset under fsdp across the node's GPUs, where the estimate fits
 #   llama_base      a transformers llama config of base's shape through trainctl's benchmark
 # then the summary (python -m bench.gpu_summary): every figure and the ratios against the goals.
 # A new step is a function `step_NAME` (it writes $STEPS_DIR/NAME.json; `skip REASON` skips
@@ -135,6 +136,8 @@ if [[ $MODE == dry-run ]]; then
     BENCH_STEPS=3 BENCH_WARMUP=1
     TRAIN_ARGS="--device cpu --preset tiny --steps 6 --resume-steps 3 --seq-len 128 --no-compile"
     CHECKPOINT_ARGS=--quick
+    FSDP_ARGS="--device cpu --steps 3 --seq-len 64 --micro-batch-size 2"
+    FSDP_SMALL=tiny
 else
     PY=${PYTHON:-python3}
     SITE=/tmp/trainctl-site
@@ -156,8 +159,11 @@ else
     LLAMA=$(llama_of 1024 24 16 4 3840 64000 4096)  # base's shape (store/presets.py)
     TRAIN_ARGS="--device cuda --preset base --steps 50 --resume-steps 10 --seq-len 4096"
     CHECKPOINT_ARGS=""
+    FSDP_ARGS="--device cuda --steps 20 --seq-len 4096 --micro-batch-size 1"
+    FSDP_SMALL=1b
 fi
-export PY BENCH_ARGS LLAMA_ARGS LLAMA BENCH_STEPS BENCH_WARMUP TRAIN_ARGS CHECKPOINT_ARGS
+export PY BENCH_ARGS LLAMA_ARGS LLAMA BENCH_STEPS BENCH_WARMUP TRAIN_ARGS CHECKPOINT_ARGS \
+    FSDP_ARGS FSDP_SMALL
 
 # --- the steps: each runs in its own bash under `timeout`, its output in $STEPS_DIR/NAME.log --
 
@@ -236,10 +242,25 @@ step_train_resume() {
         --data-dir "$WORK/train-data" --timeout 600 $TRAIN_ARGS
 }
 
-step_fsdp_1b() {
-    # When FSDP lands: the `1b` preset under FSDP on the one GPU, e.g. python -m
-    # trainctl.worker.benchmark --preset 1b ... --json >"$STEPS_DIR/fsdp_1b.json".
-    skip "FSDP has not landed (worker/parallel.py has no FSDP strategy, store/ no 1b preset)"
+fsdp_train() {  # fsdp_train NAME [ARG ...]: bench.fsdp_train, JSON to NAME.json; skip if too large
+    local name=$1 rc=0
+    shift
+    # shellcheck disable=SC2086  # FSDP_ARGS is a list of flags
+    "$PY" -m bench.fsdp_train --json "$STEPS_DIR/$name.json" $FSDP_ARGS "$@" || rc=$?
+    [[ $rc == 3 ]] && skip "the store's estimate does not fit this GPU: $(cat "$STEPS_DIR/$name.json")"
+    return "$rc"
+}
+
+step_fsdp_1b() { fsdp_train fsdp_1b --preset "$FSDP_SMALL"; }
+
+step_fsdp_8b() {
+    # Sharded over every GPU of the node. On one GPU nothing is divided: the store estimates
+    # about 118 GiB (activation checkpointing on), so it runs on an H200 and skips, saying
+    # why, on an 80 GiB GPU.
+    [[ $MODE == dry-run ]] && skip "dry run: fsdp_1b ran the same path at tiny sizes"
+    local gpus
+    gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+    fsdp_train fsdp_8b --preset 8b --nproc "$gpus"
 }
 
 step_llama_base() {
@@ -256,7 +277,7 @@ status_of() {  # the status a step ended with (empty before it ran)
 
 export -f skip status_of step_env step_pytest_gpu bench_trainctl step_bench_trainctl \
     step_bench_trainctl_default step_bench_peer step_checkpoint_io step_train_resume \
-    step_fsdp_1b step_llama_base
+    fsdp_train step_fsdp_1b step_fsdp_8b step_llama_base
 
 ORDER=0
 record() {  # record NAME STATUS RC SECONDS REASON
@@ -316,7 +337,8 @@ run_step bench_trainctl_default 150
 run_step bench_peer 140
 run_step checkpoint_io 100
 run_step train_resume 240
-run_step fsdp_1b 60
+run_step fsdp_1b 120
+run_step fsdp_8b 150
 run_step llama_base 60
 
 finish

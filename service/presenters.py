@@ -89,6 +89,7 @@ def public_models(live: Sequence[Worker]) -> ModelsPublic:
                 name=name,
                 description=PRESETS.doc(name),
                 params=config.param_counts()["total"],
+                flops_per_token=config.flops_per_token(config.max_seq_len),
                 vocab_size=config.vocab_size,
                 max_seq_len=config.max_seq_len,
             )

@@ -294,6 +294,10 @@ class PresetPublic(Public):
     name: str = Field(description='A built-in preset: `model: {"preset": <name>}`.')
     description: str
     params: int = Field(description="Its parameters, counted from its shapes.")
+    flops_per_token: int = Field(
+        description="Training FLOPs per token at its max_seq_len: 6 x matmul parameters + "
+        "12 x layers x d_model x seq_len (forward and backward, attention included)."
+    )
     vocab_size: int
     max_seq_len: int
 

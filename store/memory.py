@@ -6,9 +6,10 @@ A request inside every documented bound can still need far more memory than any 
 the worker is killed by the kernel's OOM killer, and the kernel may pick other processes
 too. So submit refuses it, with the estimate and the limit, when it fits no worker.
 
-The estimate counts, per process (each rank of a data-parallel run holds all of it):
-weights, gradients and optimizer state in fp32 (as many state tensors per parameter as the
-plan's optimizer kind says it keeps, `store.optimizers`), the activations kept for backward (the
+The estimate counts, per process: weights, gradients and optimizer state in fp32 (as many
+state tensors per parameter as the plan's optimizer kind says it keeps, `store.optimizers`),
+all of it on each rank under ddp and 1/W of it under a sharding strategy (`store.parallelism`,
+with what it gathers, `fsdp_gathered_bytes`), the activations kept for backward (the
 layer inputs only, plus one layer's, with per-layer activation checkpointing), the tied
 head's logits, an async checkpoint's staging copy, and a fixed runtime overhead. It errs
 high, but within a small factor of what PyTorch allocates.
@@ -24,6 +25,7 @@ from pathlib import Path
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.hf_config import AnyModelConfig
 from trainctl.store.optimizers import DEFAULT_OPTIMIZER_KIND, OPTIMIZER_KINDS
+from trainctl.store.parallelism import PARALLEL_STRATEGIES
 from trainctl.store.plans import BenchmarkPlan, SamplePlan, StepPlan, TrainPlan, ValidatePlan
 
 GIB = 1 << 30
@@ -45,11 +47,15 @@ class MemoryEstimate:
     head: int
     checkpoint_staging: int
     runtime: int
+    gathered: int = 0
+    """A sharded rank's unsharded copies: FSDP's all-gathered parameters and unsharded
+    gradients (`fsdp_gathered_bytes`); 0 under ddp."""
 
     @property
     def total(self) -> int:
         return (
             self.weights_and_optimizer
+            + self.gathered
             + self.activations
             + self.head
             + self.checkpoint_staging
@@ -59,6 +65,7 @@ class MemoryEstimate:
     def describe(self) -> str:
         parts = {
             "weights, gradients and optimizer state": self.weights_and_optimizer,
+            "gathered by fsdp": self.gathered,
             "activations": self.activations,
             "head logits": self.head,
             "async checkpoint staging": self.checkpoint_staging,
@@ -81,11 +88,13 @@ def estimate_peak(
     training: bool = True,
     optimizer: str = DEFAULT_OPTIMIZER_KIND,
     params: int | None = None,
+    shards: Sharding | None = None,
 ) -> MemoryEstimate:
     """The peak memory of one process, for one micro-batch in flight, training with the
     optimizer kind `optimizer`. `training` False: a validation, which keeps weights only and
     no activations for backward. `params`: the real parameter count, where a worker built
-    the model (on the meta device) and counted it, instead of the config's approximate one."""
+    the model (on the meta device) and counted it, instead of the config's approximate one.
+    `shards`: a sharding strategy's split of the state, and what it gathers; None: replicated."""
     sizes = config.sizes()  # the built-in GPT's or a transformers model's, alike
     d, f, kv = sizes["d_model"], sizes["ffn"], sizes["kv"]
     params = sizes["params"] if params is None else params
@@ -112,17 +121,63 @@ def estimate_peak(
         if config.use_compile
         else 2 * 4 * min(vocab_elements, HEAD_CHUNK_ELEMENTS)
     )
+    state = params * (kind.bytes_per_param if training else 4)
+    count = shards.count if shards is not None else 1
     return MemoryEstimate(
-        weights_and_optimizer=params * (kind.bytes_per_param if training else 4),
+        weights_and_optimizer=-(-state // count),  # rounded up: uneven shards
+        gathered=fsdp_gathered_bytes(sizes, params, device, shards) if shards else 0,
         activations=activations,
         head=head if training else 4 * min(vocab_elements, HEAD_CHUNK_ELEMENTS),
         # The staging copy (weights and optimizer state) is host memory: on a GPU it is
         # not the device's.
         checkpoint_staging=(
-            params * kind.staged_bytes_per_param if async_checkpoint and device == "cpu" else 0
+            params * kind.staged_bytes_per_param // count
+            if async_checkpoint and device == "cpu"
+            else 0
         ),
         runtime=RUNTIME_BYTES.get(device, GIB),
     )
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How a sharding strategy splits one rank's training state (`store.parallelism`)."""
+
+    count: int
+    """The shard count: nnodes x nproc_per_node."""
+    reshard_after_forward: bool
+    accumulates: bool
+    """More than one micro-batch per rank and step: gradients are kept unsharded between the
+    backwards that do not synchronise."""
+
+
+def fsdp_gathered_bytes(sizes: dict[str, int], params: int, device: str, shards: Sharding) -> int:
+    """What an FSDP2 rank holds unsharded at its peak, besides its 1/W shards. The model:
+
+    - parameters are gathered in the param dtype: bf16 on CUDA (MixedPrecisionPolicy), fp32
+      on a CPU;
+    - the root unit (the embedding, which is also the tied head, the final norm, MTP heads:
+      whatever is not in a block) is gathered at the root's forward and kept until its
+      backward, so through the whole step;
+    - with reshard_after_forward, two blocks at a time: the one computing and the next one,
+      whose all-gather FSDP prefetches to overlap it; without, every block stays gathered from
+      its forward to its backward, so at the start of backward all of them are;
+    - one block's unsharded gradient in fp32 before its reduce-scatter;
+    - with more than one micro-batch per rank, the whole model's unsharded gradients (param
+      dtype) are kept between the backwards that do not synchronise
+      (`set_requires_gradient_sync(False)`): one reduce-scatter per step costs that memory.
+
+    A block is counted from the widths (attention 2d² + 2d·kv, SwiGLU 3d·ffn): an MoE's
+    experts land in the root unit, which errs high."""
+    d, f, kv, layers = sizes["d_model"], sizes["ffn"], sizes["kv"], sizes["cache_layers"]
+    element = 2 if device == "cuda" else 4
+    block = 2 * d * d + 2 * d * kv + 3 * d * f + 2 * d
+    blocks = min(layers * block, params)
+    root = params - blocks
+    block = blocks // max(layers, 1)
+    held = blocks if not shards.reshard_after_forward else min(2, layers) * block
+    unsharded_grads = params * element if shards.accumulates else 0
+    return (root + held) * element + block * 4 + unsharded_grads
 
 
 @dataclass(frozen=True)
@@ -139,10 +194,12 @@ def refuse_unless_it_fits(
     device: str,
     limit: int | MemoryLimit | None,
     what: str,
+    sharded: tuple[str, MemoryEstimate] | None = None,
 ) -> None:
     """InvalidRequest naming the estimate and the limit when `processes` copies of the run
     (ranks) do not fit the largest worker's memory. A GPU rank has a device each; CPU
-    ranks share the node's memory. Without a known limit, nothing is refused."""
+    ranks share the node's memory. Without a known limit, nothing is refused. `sharded`: a
+    sharding strategy's name and the run's estimate under it, suggested where it fits."""
     if limit is None:
         return
     if not isinstance(limit, MemoryLimit):
@@ -152,11 +209,22 @@ def refuse_unless_it_fits(
         return
     ranks = f" for each of {processes} processes" if processes > 1 and device == "cpu" else ""
     where = "GPU memory" if device == "cuda" else "memory"
+    advice = (
+        "use a smaller micro_batch_size or seq_len (grad_accum_steps keeps the batch), "
+        "activation checkpointing, or a smaller model"
+    )
+    if sharded is not None:
+        name, alternative = sharded
+        sharded_need = node_bytes(alternative, processes, device)
+        fits = sharded_need <= limit.size
+        advice = (
+            f"sharded it needs about {gib(sharded_need)} ({alternative.describe()}), which "
+            f"{'fits' if fits else 'does not fit either'}: "
+            + (f'set "parallelism": {{"strategy": "{name}"}}' if fits else advice)
+        )
     raise InvalidRequest(
         f"{what} needs about {gib(need)} of {where}{ranks} ({estimate.describe()}), more "
-        f"than {limit.held_by}: {gib(limit.size)}; use a smaller micro_batch_size or "
-        "seq_len (grad_accum_steps keeps the batch), activation checkpointing, or a "
-        "smaller model"
+        f"than {limit.held_by}: {gib(limit.size)}; {advice}"
     )
 
 
@@ -178,22 +246,43 @@ class MemoryNeed:
     config: AnyModelConfig
     """The model it was estimated for: a worker that claims the run counts this model's
     real parameters when the estimate had to guess them (worker/admission.py)."""
+    sharded: tuple[str, MemoryEstimate] | None = None
+    """A replicated run's estimate under a sharding strategy, by the strategy's name: what
+    a refusal suggests."""
 
 
 def train_need(plan: TrainPlan, params: int | None = None) -> MemoryNeed:
+    """A train run's need under its strategy; a replicated run of several ranks also gets its
+    need under the first sharding strategy, which a refusal suggests."""
+    world = plan.nnodes * plan.nproc_per_node
+    chosen = PARALLEL_STRATEGIES.get(plan.parallelism.strategy)
+
+    def under(shards_state: bool, reshard: bool) -> MemoryEstimate:
+        shards = None
+        if shards_state:
+            accumulates = plan.batch.grad_accum_steps > world
+            shards = Sharding(world, reshard, accumulates)
+        return _step_estimate(plan, plan.async_checkpoint, params, shards)
+
+    estimate = under(chosen.shards_state, plan.parallelism.reshard_after_forward)
+    sharding = next((s for s in PARALLEL_STRATEGIES if s.shards_state), None)
+    sharded = None
+    if not chosen.shards_state and world > 1 and sharding is not None:
+        sharded = (sharding.name, under(True, True))
     what = "this train run"
-    return _step_need(plan, what, plan.async_checkpoint, plan.nproc_per_node, params)
+    return MemoryNeed(estimate, plan.nproc_per_node, plan.device, what, plan.model.config, sharded)
 
 
 def benchmark_need(plan: BenchmarkPlan, params: int | None = None) -> MemoryNeed:
-    return _step_need(plan, "this benchmark", False, 1, params)
+    estimate = _step_estimate(plan, False, params)
+    return MemoryNeed(estimate, 1, plan.device, "this benchmark", plan.model.config)
 
 
-def _step_need(
-    plan: StepPlan, what: str, async_checkpoint: bool, processes: int, params: int | None
-) -> MemoryNeed:
+def _step_estimate(
+    plan: StepPlan, async_checkpoint: bool, params: int | None, shards: Sharding | None = None
+) -> MemoryEstimate:
     b = plan.batch
-    estimate = estimate_peak(
+    return estimate_peak(
         plan.model.config,
         device=plan.device,
         micro_batch_size=b.micro_batch_size,
@@ -201,8 +290,8 @@ def _step_need(
         async_checkpoint=async_checkpoint,
         optimizer=plan.optimizer.kind,
         params=params,
+        shards=shards,
     )
-    return MemoryNeed(estimate, processes, plan.device, what, plan.model.config)
 
 
 def validate_need(plan: ValidatePlan, params: int | None = None) -> MemoryNeed:
@@ -238,7 +327,9 @@ def sample_need(plan: SamplePlan, params: int | None = None) -> MemoryNeed:
 
 def admit(need: MemoryNeed, limit: int | MemoryLimit | None) -> None:
     """Refuse a run that fits no worker's memory (see `refuse_unless_it_fits`)."""
-    refuse_unless_it_fits(need.estimate, need.processes, need.device, limit, need.what)
+    refuse_unless_it_fits(
+        need.estimate, need.processes, need.device, limit, need.what, need.sharded
+    )
 
 
 def host_memory_bytes() -> int:

@@ -204,6 +204,11 @@ class ModelConfig:
         matmul = self.n_layers * (attn + mlp) + embedding
         return {"total": total, "embedding": embedding, "matmul": matmul}
 
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token at `seq_len`: 6·N_matmul for the weights plus 12·L·d·T
+        for attention (PaLM appendix B)."""
+        return 6 * self.param_counts()["matmul"] + 12 * self.n_layers * self.d_model * seq_len
+
 
 @dataclass
 class PresetRegistry:
@@ -274,4 +279,35 @@ register_preset(
         max_seq_len=4096,
     ),
     "About 410 M dense parameters, vocabulary 64,000, sequence 4096: the GPU benchmark model.",
+)
+register_preset(
+    "1b",
+    ModelConfig(
+        vocab_size=128_256,
+        d_model=2048,
+        n_layers=16,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_hidden=8192,
+        max_seq_len=8192,
+        rope_theta=500_000.0,
+    ),
+    "About 1.2 B parameters, Llama-3.2-1B's shapes (16 layers, d_model 2048, 32 heads, 8 "
+    "kv heads, ffn 8192, vocabulary 128,256, tied embedding): one GPU, fsdp past one.",
+)
+register_preset(
+    "8b",
+    ModelConfig(
+        vocab_size=128_256,
+        d_model=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_hidden=14_336,
+        max_seq_len=8192,
+        rope_theta=500_000.0,
+    ),
+    "About 7.5 B parameters, Llama-3-8B's shapes (32 layers, d_model 4096, 32 heads, 8 kv "
+    "heads, ffn 14,336, vocabulary 128,256) but with the built-in GPT's tied embedding and "
+    "head (Llama's are separate: 8.0 B): fsdp across GPUs.",
 )

@@ -42,6 +42,13 @@ from trainctl.store.optimizers import (
     OptimizerKindName,
     unread_settings,
 )
+from trainctl.store.parallelism import (
+    BUILT_IN_STRATEGIES,
+    DEFAULT_STRATEGY,
+    PARALLEL_STRATEGIES,
+    StrategyName,
+)
+from trainctl.store.parallelism import unread_settings as unread_parallel_settings
 from trainctl.store.placement import Spread
 from trainctl.store.presets import BOUNDS, PRESETS, ModelConfig, get_preset
 from trainctl.store.schedule import SchedulePhases
@@ -276,6 +283,35 @@ class OptimizerSpec(Spec):
             raise ValueError(
                 f"optimizer kind {self.kind!r} does not read {', '.join(unread)}; remove "
                 f"{'it' if len(unread) == 1 else 'them'}, or pick a kind that does"
+            )
+        return self
+
+
+class ParallelismSpec(Spec):
+    """How the ranks of a multi-process run share the model (store.parallelism)."""
+
+    strategy: StrategyName = Field(
+        DEFAULT_STRATEGY,
+        description="The data-parallel strategy: "
+        + "; ".join(f"{s.name}: {s.description}" for s in BUILT_IN_STRATEGIES)
+        + ". A setting the strategy does not read is refused, unless it has its default value.",
+    )
+    reshard_after_forward: StrictBool = Field(
+        True,
+        description="fsdp: free each block's gathered parameters after its forward and gather "
+        "them again for its backward (less memory, one more all-gather per block); false "
+        "keeps them from forward to backward.",
+    )
+
+    @model_validator(mode="after")
+    def _strategy_reads_every_setting(self) -> ParallelismSpec:
+        defaults = {name: f.default for name, f in type(self).model_fields.items()}
+        sent = {name: getattr(self, name) for name in self.model_fields_set}
+        unread = unread_parallel_settings(self.strategy, sent, defaults)
+        if unread:
+            raise ValueError(
+                f"parallelism strategy {self.strategy!r} does not read {', '.join(unread)}; "
+                f"remove {'it' if len(unread) == 1 else 'them'}, or pick a strategy that does"
             )
         return self
 
@@ -533,6 +569,11 @@ class TrainOptions(StepOptions):
         description="Workers (nodes) the run spans, claimed together, each running "
         "nproc_per_node processes. nnodes > 1 needs the PostgreSQL run queue.",
     )
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec,
+        description="How the nnodes x nproc_per_node processes share the model: replicated "
+        "(ddp, the default) or sharded (fsdp).",
+    )
     spread: Spread = Field(
         "any",
         description="Where the nnodes workers may be: 'any' (on any nodes, other nodes "
@@ -551,6 +592,13 @@ class TrainOptions(StepOptions):
     def _samples_have_prompts(self) -> TrainOptions:
         if self.sample_every is not None and not self.sample_prompts:
             raise ValueError("sample_every needs sample_prompts: the texts the samples continue")
+        strategy = PARALLEL_STRATEGIES.get(self.parallelism.strategy)
+        if self.sample_every is not None and not strategy.runs_alone_on_rank_0:
+            raise ValueError(
+                f"sample_every with parallelism strategy {strategy.name!r}: its ranks run every "
+                "forward together, so rank 0 cannot sample alone; sample the run's checkpoints "
+                "instead (POST /samples)"
+            )
         return self
 
 

@@ -40,8 +40,8 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """6·N_matmul for the weights plus 12·L·d·T for attention (PaLM appendix B)."""
-    return 6 * cfg.param_counts()["matmul"] + 12 * cfg.n_layers * cfg.d_model * seq_len
+    """6·N_matmul for the weights plus 12·L·d·T for attention (ModelConfig.flops_per_token)."""
+    return float(cfg.flops_per_token(seq_len))
 
 
 def peak_memory_bytes(device: torch.device) -> int:

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
-from typing import IO, Any, cast
+from typing import IO, Any, Protocol, cast
 
 import safetensors
 import torch
@@ -97,6 +97,46 @@ def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: t.detach() for name, t in model.state_dict().items()}
 
 
+class StateAccess(Protocol):
+    """How a checkpoint reads and restores the full training state of a process: its own
+    tensors (`LocalState`), or a sharded run's, gathered and scattered across its ranks
+    (worker.fsdp). Either way the checkpoint holds the same files: `model.safetensors` of the
+    whole model and `optimizer.pt` of whole optimizer states."""
+
+    def model_state(self, model: nn.Module) -> dict[str, torch.Tensor]: ...
+    def optimizer_state(self, model: nn.Module, optimizers: Optimizers) -> dict[str, Any]: ...
+    def load_model_state(
+        self, model: nn.Module, state: dict[str, torch.Tensor], strict: bool
+    ) -> None: ...
+    def load_optimizer_state(
+        self, model: nn.Module, optimizers: Optimizers, state: dict[str, Any]
+    ) -> None: ...
+
+
+class LocalState:
+    """`StateAccess` of a process that holds the whole model and optimizer state (one
+    process, or a DDP replica)."""
+
+    def model_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        return model_state(model)
+
+    def optimizer_state(self, model: nn.Module, optimizers: Optimizers) -> dict[str, Any]:
+        return optimizers.state_dict()  # by optimizer name: {"muon": ..., "adamw": ...}
+
+    def load_model_state(
+        self, model: nn.Module, state: dict[str, torch.Tensor], strict: bool
+    ) -> None:
+        model.load_state_dict(state, strict=strict)
+
+    def load_optimizer_state(
+        self, model: nn.Module, optimizers: Optimizers, state: dict[str, Any]
+    ) -> None:
+        optimizers.load_state_dict(state)
+
+
+LOCAL_STATE = LocalState()
+
+
 @dataclass
 class CheckpointState:
     """Everything one checkpoint holds, captured at one step: what `write_checkpoint` writes.
@@ -146,6 +186,7 @@ def capture_checkpoint(
     dtype: torch.dtype | None = None,
     extra: dict[str, Any] | None = None,
     files: dict[str, bytes] | None = None,
+    access: StateAccess = LOCAL_STATE,
 ) -> CheckpointState:
     """The training state at this step, the RNG state included (capture it at the step).
     `extra` joins the metadata; `files` are saved beside the weights (CheckpointState.files).
@@ -158,10 +199,11 @@ def capture_checkpoint(
         model, optimizers, scheduler, step, token_count, best_loss, experiment, tag,
         data_position=data_position, run_id=run_id, dtype=dtype, extra=extra,
     )  # fmt: skip
-    optimizer = optimizers.state_dict()  # by optimizer name: {"muon": ..., "adamw": ...}
-    return CheckpointState(
-        experiment, tag, model_state(model), optimizer, metadata, dtype, dict(files or {})
-    )
+    # A sharded run's ranks gather both collectively, onto rank 0 (the one that writes);
+    # the optimizers' state is by name: {"muon": ..., "adamw": ...}.
+    weights = access.model_state(model)
+    optimizer = access.optimizer_state(model, optimizers)
+    return CheckpointState(experiment, tag, weights, optimizer, metadata, dtype, dict(files or {}))
 
 
 def checkpoint_metadata(
@@ -289,9 +331,11 @@ def load_checkpoint(
     checkpoint: Files,
     device: torch.device | str = "cpu",
     strict: bool = True,
+    access: StateAccess = LOCAL_STATE,
 ) -> dict[str, Any]:
     """Restore model, optimizers and scheduler from a checkpoint (`CheckpointStore.entry`);
-    return its metadata.
+    return its metadata. `access`: how the state lands in the model and optimizers (a
+    sharded run's ranks each keep their shard of it).
 
     The manifest is verified first (sizes and sha256), so a truncated or altered file is an
     error here rather than a silently wrong model, and optimizer state of other optimizers
@@ -316,14 +360,14 @@ def load_checkpoint(
         if target is not None and t.dtype != target.dtype:
             state[name] = t.to(target.dtype)
     try:
-        model.load_state_dict(state, strict=strict)
+        access.load_model_state(model, state, strict)
     except RuntimeError as exc:
         raise CheckpointMismatch(
             f"checkpoint {where}: weights do not fit the model: {exc}"
         ) from exc
     if optimizers is not None:
         try:
-            optimizers.load_state_dict(load_optimizer_state(checkpoint, device))
+            access.load_optimizer_state(model, optimizers, load_optimizer_state(checkpoint, device))
         except CheckpointMismatch as exc:
             raise CheckpointMismatch(f"checkpoint {where}: {exc}") from exc
     if scheduler is not None and metadata.get("scheduler"):

@@ -13,10 +13,12 @@ checkpoint and requeue. The child dies with the worker (PR_SET_PDEATHSIG), and t
 then stops the ranks. Every store and connection of the run listens on one address only,
 loopback on one node (worker.rendezvous).
 
-How the ranks share the work is `worker.parallel`'s. Rank 0 alone talks to the run store (events,
-progress, cancel, the lease check before a checkpoint commits) and writes checkpoints; every
-rank holds the full model and optimizer state, identical on all of them, so rank 0's
-checkpoint is everyone's. Resume loads the checkpoint on every rank.
+How the ranks share the work is `worker.parallel`'s, by the plan's strategy (`worker.strategies`).
+Rank 0 alone talks to the run store (events, progress, cancel, the lease check before a
+checkpoint commits) and writes checkpoints. Under ddp every rank holds the full model and
+optimizer state, identical on all of them, so rank 0's checkpoint is everyone's; under fsdp the
+ranks gather the full state onto rank 0 for it (`worker.fsdp`). Resume loads the checkpoint on
+every rank.
 
 A gang run (nnodes > 1, docs/architecture.md "Placement and gangs") is the same program on
 several workers at once: each starts torchrun with `--nnodes N --node-rank k` and the c10d
@@ -54,9 +56,10 @@ from trainctl.store.layout import DataLayout
 from trainctl.store.plans import TrainPlan
 from trainctl.store.processes import isolated_env, python_command
 from trainctl.worker.context import RunContext
-from trainctl.worker.parallel import AgreedStop, DDPReplica, RankSampler
+from trainctl.worker.parallel import AgreedStop, RankSampler
 from trainctl.worker.rendezvous import LOOPBACK, host_store, rank_store, socket_env
-from trainctl.worker.train import Trainer, TrainParts
+from trainctl.worker.strategies import Ranks
+from trainctl.worker.train import Trainer
 
 POLL_SECONDS = 0.2
 RESULT_FILE, STOP_FILE, ERROR_FILE = "result.json", "stop", "error.json"
@@ -276,25 +279,22 @@ def die_with_parent() -> None:
 # ---- a rank ----------------------------------------------------------------------------------
 
 
-def make_data_parallel(parts: TrainParts, rank: int, world: int) -> None:
-    """Turn single-process parts into rank `rank` of `world` (after any resume)."""
-    parts.sampler = RankSampler(parts.sampler, rank, world)
-    parts.parallel = DDPReplica(parts.model, parts.device, world)
-
-
 class RankTrainer(Trainer):
-    """A Trainer of which only rank 0 writes checkpoints and samples (the others hold the
-    same state)."""
+    """A Trainer of rank `rank` of `world`, built for the plan's strategy (`Ranks`, before the
+    optimizers), reading its share of the batches; only rank 0 writes checkpoints and
+    samples."""
 
-    def __init__(self, *args: Any, rank: int, **kwargs: Any) -> None:
+    def __init__(self, plan: TrainPlan, *args: Any, rank: int, world: int, **kwargs: Any) -> None:
         self.rank = rank
-        super().__init__(*args, **kwargs)
+        super().__init__(plan, *args, ranks=Ranks(world, plan.parallelism), **kwargs)
+        self.parts.sampler = RankSampler(self.parts.sampler, rank, world)
         if rank != 0:
             self.samples = None  # rank 0 reports, and samples; the others wait at the next step
 
     def save(self, tag: str | None = None) -> None:
+        state = self.capture(tag)  # every rank: a sharded run gathers the state collectively
         if self.rank == 0:
-            super().save(tag)
+            self.write(state)
 
 
 def rank_context(job: dict[str, Any], runs: RunStore) -> RunContext:
@@ -378,6 +378,7 @@ def train_rank(
         plan,
         store,
         rank=rank,
+        world=world,
         run_id=ctx.run.id if ctx else None,
         on_metrics=on_metrics,
         on_checkpoint=ctx.log_checkpoint if ctx else None,
@@ -387,7 +388,6 @@ def train_rank(
         protected=policy.asker(plan.experiment),
         before_commit=ctx.confirm_lease if ctx else None,
     )
-    make_data_parallel(trainer.parts, rank, world)
     result = trainer.run() | {"stop_reason": stop.reason}
     return {"result": result if ctx else {**result, "metrics": metrics}}
 

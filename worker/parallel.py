@@ -1,9 +1,10 @@
 """How the processes of a train run share its work: one process alone (`SingleProcess`), or
-the ranks of a data-parallel run (`DDPReplica`) kept identical by averaging their gradients.
+the ranks of a data-parallel run (`DDPReplica`) kept identical by averaging their gradients,
+or the ranks of a sharded one (`worker.fsdp.FSDPShards`).
 
-The training loop (`worker.train`) sees only the `DataParallel` protocol, so a new strategy
-(FSDP) is one more implementation here. Which processes run and how they meet is the
-launcher's (`worker.launch`).
+The training loop (`worker.train`) sees only the `DataParallel` protocol, so a strategy is one
+more implementation of it, registered by name in `worker.strategies`. Which processes run and
+how they meet is the launcher's (`worker.launch`).
 
 The global batch is the plan's: `micro_batch_size × grad_accum_steps` sequences per step, the
 same as a single-process run. Rank r computes micro-batches r, r + W, r + 2W, ... of it (so
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainctl.worker.checkpoint import LocalState, StateAccess
 from trainctl.worker.data import Batch, Sampler
 from trainctl.worker.model import GPT
 
@@ -32,18 +34,33 @@ STOP_CODES = {"shutdown": 1, "cancel": 2, "lease_lost": 3}
 """A rank's reason to stop, as the all-reduce (MAX) agrees on one: a lost lease wins."""
 
 
-class DataParallel(Protocol):
+class DataParallel(StateAccess, Protocol):
     """How a step's micro-batches become one gradient: here alone, or across the ranks of a
-    multi-GPU run (`DDPReplica`), each running `1 / world_size` of them."""
+    multi-GPU run (`DDPReplica`), each running `1 / world_size` of them; and how a checkpoint
+    reads and restores the state (`StateAccess`)."""
 
     world_size: int
 
     def loss(self, model: GPT, tokens: torch.Tensor, targets: torch.Tensor) -> Any: ...
     def sync_gradients(self, last: bool) -> AbstractContextManager[Any]: ...
     def mean(self, value: torch.Tensor) -> torch.Tensor: ...
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
+        """Clip the gradients to a global norm of `max_norm`; return their norm before."""
+        ...
 
 
-class SingleProcess:
+def clip_local_grad_norm(model: nn.Module, max_norm: float) -> float:
+    """`clip_grad_norm` of a process that holds whole gradients."""
+    return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item())
+
+
+def mean_across_ranks(value: torch.Tensor, world_size: int) -> torch.Tensor:
+    total = value.detach().clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)  # gloo has no AVG
+    return total / world_size
+
+
+class SingleProcess(LocalState):
     world_size = 1
 
     def loss(self, model: GPT, tokens: torch.Tensor, targets: torch.Tensor) -> Any:
@@ -54,6 +71,9 @@ class SingleProcess:
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         return value
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
+        return clip_local_grad_norm(model, max_norm)
 
 
 class RankSampler:
@@ -88,7 +108,7 @@ class _Loss(nn.Module):
         return self.model.loss(tokens, targets)
 
 
-class DDPReplica:
+class DDPReplica(LocalState):
     """`DataParallel` for `worker.train`: one of `world` replicas kept in sync by DDP.
 
     DDP all-reduces (averages) the gradients during the last backward of a step, so when
@@ -114,9 +134,10 @@ class DDPReplica:
         return contextlib.nullcontext() if last else self.ddp.no_sync()
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
-        total = value.detach().clone()
-        dist.all_reduce(total, op=dist.ReduceOp.SUM)  # gloo has no AVG
-        return total / self.world_size
+        return mean_across_ranks(value, self.world_size)
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
+        return clip_local_grad_norm(model, max_norm)  # every rank holds the averaged whole
 
 
 class AgreedStop:

@@ -55,6 +55,7 @@ from trainctl.worker.optim import Optimizers, build_optimizers
 from trainctl.worker.parallel import DataParallel, SingleProcess
 from trainctl.worker.sampling import TrainingSamples
 from trainctl.worker.schedule import WSDScheduler, build_scheduler
+from trainctl.worker.strategies import Ranks
 from trainctl.worker.validation import compute_validation_loss
 
 Callback = Callable[[dict[str, Any]], None]
@@ -124,12 +125,22 @@ def build_data(plan: TrainPlan) -> tuple[Sampler, list[Batch]]:
 
 
 def build_training(
-    plan: StepPlan, sampler: Sampler, val_batches: list[Batch], *, total_steps: int
+    plan: StepPlan,
+    sampler: Sampler,
+    val_batches: list[Batch],
+    *,
+    total_steps: int,
+    ranks: Ranks | None = None,
 ) -> TrainParts:
     """Model, optimizers and WSD schedule over `total_steps`, as the plan says, fed by
-    `sampler`."""
+    `sampler`. With `ranks`, the model is this rank's share of a multi-process run (replicated
+    or sharded, worker.strategies) before the optimizers are built over its parameters: a
+    sharded model's parameters are other tensors than the ones it was built with."""
     device = torch.device(plan.device)
-    model = build_model(plan.model.config, device=device, seed=plan.seed)
+    config = plan.model.config
+    runtime = ranks.builder.model_runtime if ranks is not None else {}
+    model = build_model(config, device=device, seed=plan.seed, **runtime)
+    parallel = ranks.wrap(model, device, config) if ranks is not None else SingleProcess()
     optimizers = build_optimizers(model, plan.optimizer)
     s = plan.schedule
     scheduler = build_scheduler(
@@ -152,6 +163,7 @@ def build_training(
         autocast,
         plan.batch,
         plan.optimizer.grad_clip,
+        parallel,
     )
 
 
@@ -184,7 +196,7 @@ def train_step(parts: TrainParts, loader: AsyncDataLoader, step: int) -> dict[st
     # The model's own metrics of the step (an MoE's aux loss), averaged across ranks too.
     extra = {name: parallel.mean(v).item() for name, v in take_step_metrics(model).items()}
     max_norm = parts.grad_clip if parts.grad_clip > 0 else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+    grad_norm = parallel.clip_grad_norm(model, max_norm)
     if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
         parts.optimizers.zero_grad(set_to_none=True)
         raise NonFiniteLoss(
@@ -238,6 +250,7 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> 
         parts.scheduler,
         store.entry(info.experiment, info.tag),
         device=parts.device,
+        access=parts.parallel,
     )
     if own_schedule is not None:  # the fork's curve, at the parent's step
         parts.scheduler.load_state_dict({**own_schedule, "last_epoch": int(meta["step"])})
@@ -287,6 +300,7 @@ class Trainer:
         should_stop: Callable[[], bool] | None = None,
         protected: Callable[[], Protected] | None = None,
         before_commit: Callable[[], None] | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
         self.plan, self.run_id = plan, run_id
         self.before_commit = before_commit
@@ -298,7 +312,7 @@ class Trainer:
         self.on_sample = on_sample or (lambda m: None)
         self.should_stop = should_stop or (lambda: False)
         self.protected = protected or (lambda: frozenset())
-        self.parts = build_training(plan, *build_data(plan), total_steps=plan.steps)
+        self.parts = build_training(plan, *build_data(plan), total_steps=plan.steps, ranks=ranks)
         self.data_record = build_data_record(plan.data, plan.dataset)
         self.bytes_per_token = bytes_per_token(plan.data, plan.dataset)
         self.state = maybe_resume(self.parts, self.store, plan)
@@ -307,9 +321,13 @@ class Trainer:
         self.samples = TrainingSamples(plan, every) if every is not None else None
 
     def save(self, tag: str | None = None) -> None:
+        self.write(self.capture(tag))
+
+    def capture(self, tag: str | None = None) -> CheckpointState:
+        """The state to save at this step (a sharded run's ranks gather it together)."""
         p, s = self.parts, self.state
         dtype = torch.bfloat16 if self.plan.save_dtype == "bfloat16" else None
-        state = capture_checkpoint(
+        return capture_checkpoint(
             p.model,
             p.optimizers,
             p.scheduler,
@@ -323,8 +341,12 @@ class Trainer:
             dtype=dtype,
             extra=self.data_record.metadata,
             files={**self.data_record.files, **model_files(p.model)},
+            access=p.parallel,
         )
 
+    def write(self, state: CheckpointState) -> None:
+        """Write and commit a captured state, here or in the background; report it."""
+        s = self.state
         info: dict[str, Any] = {
             "experiment": self.plan.experiment,
             "tag": state.tag,

@@ -35,6 +35,7 @@ STEPS = [
     "checkpoint_io",
     "train_resume",
     "fsdp_1b",
+    "fsdp_8b",
     "llama_base",
 ]
 
@@ -181,7 +182,7 @@ def test_the_dry_run_runs_every_step_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-6000:]
     s = json.loads((out_dir / "summary.json").read_text())
     statuses = {x["name"]: x["status"] for x in s["steps"]}
-    skipped = {"bench_trainctl_default", "fsdp_1b"}
+    skipped = {"bench_trainctl_default", "fsdp_8b"}
     assert statuses == {n: "skipped" if n in skipped else "ok" for n in STEPS}
     assert s["pytest_gpu"]["skipped"] >= 6 and s["pytest_gpu"]["failed"] == 0
     assert s["train_resume"]["ok"] and s["trainctl"]["tokens_per_sec"] > 0

@@ -17,6 +17,7 @@ import torch
 
 from tests.plans import enqueue, train_plan
 from tests.stores import folder, posix_store
+from tests.worker.ranks import LOSS_RTOL, STEPS, tiny_plan, train_losses
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.layout import DataLayout
@@ -25,28 +26,6 @@ from trainctl.worker.launch import check_world, launch_train
 from trainctl.worker.parallel import RankSampler
 from trainctl.worker.runner import Worker, WorkerConfig
 from trainctl.worker.train import Trainer
-
-LOSS_RTOL = 1e-4  # measured here: at most 7e-6 over six steps
-STEPS = 6
-
-
-def tiny_plan(checkpoints: Path | None = None, **changes: Any) -> TrainPlan:
-    """Four micro-batches of two sequences per step: two per rank with two ranks."""
-    return train_plan(
-        checkpoints,
-        experiment="ddp",
-        steps=STEPS,
-        model={"preset": "tiny"},
-        data={"source": "synthetic"},
-        batch={"micro_batch_size": 2, "seq_len": 32, "grad_accum_steps": 4},
-        checkpoint_every=3,
-        val_batches=2,
-        **changes,
-    )
-
-
-def train_losses(metrics: list[dict[str, Any]]) -> list[float]:
-    return [m["loss"] for m in metrics if m["kind"] == "train"]
 
 
 def test_the_ranks_together_read_exactly_the_batches_of_one_process() -> None:

@@ -42,3 +42,20 @@ def test_models_lists_the_transformers_types_the_live_workers_reported(
     models = client.get("/models").json()
     assert models["hf_model_types_from"] == "workers"
     assert models["hf_model_types"] == ["llama", "olmo2", "qwen3"]
+
+
+def test_the_1b_and_8b_presets_are_listed_and_refused_on_a_small_cpu_node_with_the_numbers(
+    client: TestClient, runs: RunStore
+) -> None:
+    presets = {p["name"]: p for p in client.get("/models").json()["presets"]}
+    assert presets["1b"]["params"] == 1_235_816_448 and presets["8b"]["params"] == 7_504_932_864
+    assert presets["8b"]["flops_per_token"] > presets["1b"]["flops_per_token"] > 0
+
+    # A node like the one the tests run on: 2 cores, 24 GiB.
+    runs.register_worker("w1", host="n1", pid=1, device="cpu", info={"memory_bytes": 24 << 30})
+    for preset in ("1b", "8b"):
+        response = submit(client, "train", {**CPU_TRAIN, "model": {"preset": preset}})
+        assert response.status_code == 422
+        detail = response.json()["detail"]
+        assert "weights, gradients and optimizer state" in detail
+        assert "more than the largest worker has: 24.0 GiB" in detail

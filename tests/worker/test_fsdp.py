@@ -1,0 +1,165 @@
+"""Sharded train runs (worker/fsdp.py) on CPU: torchrun, gloo ranks, FSDP2.
+
+The ranks follow one process on the same global batch to LOSS_RTOL (tests/worker/
+test_distributed.py): they differ by the order the gradient's parts are summed in. A resume at
+the same world size is bit-exact. Across strategies and world sizes the checkpoint is the same
+full state (worker.fsdp), so a load is state-exact: a run resumed from a checkpoint with no step
+left to train saves again what it loaded, and that equals the checkpoint tensor for tensor
+(replicated checkpoints are written by one process and by DDP's rank 0 alike,
+worker.checkpoint.LocalState).
+
+Each run here starts torchrun and its ranks (30-60 s on 2 busy cores): `make test` trains at 2
+ranks, resumes at 2 and loads at 3; `make soak` (TRAINCTL_SOAK_FSDP=1) also trains at 3 and
+moves checkpoints between ddp and fsdp.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.stores import folder, posix_store
+from tests.worker.ranks import LOSS_RTOL, STEPS, tiny_plan, train_losses
+from trainctl.store.layout import DataLayout
+from trainctl.worker.launch import launch_train
+from trainctl.worker.train import Trainer
+
+FSDP = {"strategy": "fsdp"}
+SOAK = bool(os.environ.get("TRAINCTL_SOAK_FSDP"))
+soak_only = pytest.mark.skipif(not SOAK, reason="make soak, or TRAINCTL_SOAK_FSDP=1")
+
+
+def fsdp_plan(checkpoints: Path | None = None, **changes: Any) -> Any:
+    return tiny_plan(checkpoints, experiment="fsdp", parallelism=FSDP, **changes)
+
+
+def saved_state(root: Path, experiment: str, tag: str) -> tuple[dict[str, Any], Any]:
+    where = folder(posix_store(root), experiment, tag)
+    optimizer = torch.load(io.BytesIO((where / "optimizer.pt").read_bytes()), weights_only=True)
+    return load_file(where / "model.safetensors"), optimizer
+
+
+def assert_same_state(a: tuple[dict[str, Any], Any], b: tuple[dict[str, Any], Any]) -> None:
+    (weights_a, opt_a), (weights_b, opt_b) = a, b
+    assert weights_a.keys() == weights_b.keys()
+    for name in weights_a:
+        assert torch.equal(weights_a[name], weights_b[name]), name
+    assert_equal_nested(opt_a, opt_b)
+
+
+def assert_equal_nested(a: Any, b: Any, where: str = "optimizer") -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a.cpu(), b.cpu()), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_equal_nested(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_equal_nested(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One process and two fsdp ranks, the same six steps; checkpoints at 3 and 6."""
+    root = tmp_path_factory.mktemp("fsdp")
+    single: list[dict[str, Any]] = []
+    Trainer(tiny_plan(), posix_store(root / "checkpoints"), on_metrics=single.append).run()
+    sharded = launch_train(fsdp_plan(nproc_per_node=2), DataLayout(root), ctx=None)
+    return {"root": root, "single": single, "sharded": sharded}
+
+
+def resume_without_steps(root: Path, experiment: str, source: str, **changes: Any) -> None:
+    """Load `source`'s best checkpoint in a copy of it filed as `experiment`, with no step left
+    to train: the run saves what it loaded as step_<N>."""
+    checkpoints = root / "checkpoints"
+    shutil.copytree(
+        folder(posix_store(checkpoints), source, "best"), checkpoints / experiment / "best"
+    )
+    step = posix_store(checkpoints).get(experiment, "best").step
+    assert step is not None
+    plan = tiny_plan(checkpoints, experiment=experiment, resume_from="best", **changes)
+    launch_train(plan.model_copy(update={"steps": step}), DataLayout(root), ctx=None)
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_train_like_one_process(trained: dict[str, Any]) -> None:
+    expected, got = train_losses(trained["single"]), train_losses(trained["sharded"]["metrics"])
+    print(f"single: {expected}\nfsdp x2: {got}")
+    assert len(got) == STEPS
+    assert got == pytest.approx(expected, rel=LOSS_RTOL)
+    assert trained["sharded"]["final_val_loss"] == pytest.approx(
+        trained["single"][-1]["val_loss"], rel=LOSS_RTOL
+    )
+
+
+@pytest.mark.slow
+def test_an_fsdp_run_resumes_at_the_same_world_size_exactly(trained: dict[str, Any]) -> None:
+    root = trained["root"]
+    checkpoints = posix_store(root / "checkpoints")
+    straight = (folder(checkpoints, "fsdp", "step_6") / "model.safetensors").read_bytes()
+    checkpoints.delete("fsdp", "step_6")
+
+    resumed = launch_train(
+        fsdp_plan(root / "checkpoints", nproc_per_node=2, resume_from="step_3"),
+        DataLayout(root),
+        ctx=None,
+    )
+
+    steps = train_losses(resumed["metrics"])
+    assert steps == train_losses(trained["sharded"]["metrics"])[3:]
+    weights = folder(checkpoints, "fsdp", "step_6") / "model.safetensors"
+    assert weights.read_bytes() == straight  # bit-identical with the same world size
+
+
+@pytest.mark.slow
+@soak_only
+def test_three_fsdp_ranks_train_like_one_process(tmp_path: Path) -> None:
+    """Uneven shards: the tiny model's widths do not all divide by 3."""
+    batch = {"micro_batch_size": 2, "seq_len": 32, "grad_accum_steps": 3}
+    single: list[dict[str, Any]] = []
+    plan = tiny_plan(batch=batch, steps=3)
+    Trainer(plan, posix_store(tmp_path / "single"), on_metrics=single.append).run()
+
+    result = launch_train(
+        fsdp_plan(batch=batch, steps=3, nproc_per_node=3), DataLayout(tmp_path), ctx=None
+    )
+
+    assert train_losses(result["metrics"]) == pytest.approx(train_losses(single), rel=LOSS_RTOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("source", "loader"),
+    [
+        pytest.param(
+            "ddp", {"parallelism": FSDP, "nproc_per_node": 2}, marks=soak_only
+        ),  # replicated -> sharded
+        pytest.param("fsdp", {"nproc_per_node": 2}, marks=soak_only),  # sharded -> ddp
+        ("fsdp", {"parallelism": FSDP, "nproc_per_node": 3}),  # 2 -> 3 shards, uneven
+    ],
+    ids=["ddp-to-fsdp", "fsdp-to-ddp", "fsdp2-to-fsdp3"],
+)
+def test_a_checkpoint_loads_state_exact_across_strategies_and_world_sizes(
+    trained: dict[str, Any], source: str, loader: dict[str, Any]
+) -> None:
+    root = trained["root"]
+    target = f"load-{source}-{loader['nproc_per_node']}-{len(loader)}"
+    batch = {"micro_batch_size": 2, "seq_len": 32, "grad_accum_steps": 6}  # splits by 2 and 3
+    resume_without_steps(root, target, source, batch=batch, **loader)
+
+    step = posix_store(root / "checkpoints").get(target, "best").step
+    assert_same_state(
+        saved_state(root / "checkpoints", target, f"step_{step}"),
+        saved_state(root / "checkpoints", source, "best"),
+    )
