@@ -86,7 +86,7 @@ def rank_main(rank: int, size: dict[str, Any], folder: Path) -> None:
 def run(quick: bool = False) -> list[Figure]:
     size = QUICK if quick else FULL
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(rank_main, args=(size, Path(tmp)), nprocs=WORLD, start_method="fork")
+        mp.start_processes(rank_main, args=(size, Path(tmp)), nprocs=WORLD, start_method="spawn")
         out = torch.load(Path(tmp) / "out.pt")
     times, counts = out["times"], out["counts"]
     note = (

@@ -1,7 +1,8 @@
 """ShardedMuon (worker/sharded_muon.py) on FSDP2 shards, with real gloo ranks on the CPU.
 
-Each world size runs once, in forked processes (the test process has torch imported already;
-spawning would import it again per rank): a small model with odd dim-0 sizes, wrapped with
+Each world size runs once, in spawned processes: forked ones deadlock when the test process's
+torch has started its thread pools (an earlier test in the same pytest process, as under
+xdist, hung here on a futex), so each rank pays its own torch import. A small model with odd dim-0 sizes, wrapped with
 `fully_shard`, trains STEPS steps of GRAD_ACCUM micro-batches with `build_optimizers`' Muon
 and AdamW, against one process with torch.optim.Muon on the whole global batch at once. Rank 0
 writes what it measured to a file the tests read.
@@ -179,7 +180,7 @@ def rank_main(rank: int, world: int, folder: Path) -> None:
 
 
 def run_ranks(world: int, folder: Path) -> dict[str, Any]:
-    mp.start_processes(rank_main, args=(world, folder), nprocs=world, start_method="fork")
+    mp.start_processes(rank_main, args=(world, folder), nprocs=world, start_method="spawn")
     result: dict[str, Any] = torch.load(folder / "result.pt")
     return result
 
