@@ -2,10 +2,10 @@
 
 Each world size runs once, in spawned processes: forked ones deadlock when the test process's
 torch has started its thread pools (an earlier test in the same pytest process, as under
-xdist, hung here on a futex), so each rank pays its own torch import. A small model with odd dim-0 sizes, wrapped with
-`fully_shard`, trains STEPS steps of GRAD_ACCUM micro-batches with `build_optimizers`' Muon
-and AdamW, against one process with torch.optim.Muon on the whole global batch at once. Rank 0
-writes what it measured to a file the tests read.
+xdist, hung here on a futex), so each rank pays its own torch import. A small model with odd
+dim-0 sizes, wrapped with `fully_shard`, trains STEPS steps of GRAD_ACCUM micro-batches with
+`build_optimizers`' Muon and AdamW, against one process with torch.optim.Muon on the whole
+global batch at once. Rank 0 writes what it measured to a file the tests read.
 """
 
 from __future__ import annotations
