@@ -56,10 +56,11 @@ typecheck: install
 browser:
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }
 
-# Two processes by default: one leaves a core idle while tests wait on services, workers and
-# leases. `--dist loadfile` keeps a file's tests in one process, so a module's service or
-# trained run (a module-scoped fixture) is built once, not once per process.
-PYTEST_WORKERS ?= 2
+# One process by default. `make test PYTEST_WORKERS=2` runs two (pytest-xdist; `--dist
+# loadfile` keeps a file's tests in one process, so a module's service or trained run is built
+# once): on 2 cores that took 2,245 s against 1,698 s for one process, with 2.5 times the CPU
+# time (each process's torch threads and services compete for the same cores).
+PYTEST_WORKERS ?= 0
 pytest: install browser
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 

@@ -52,7 +52,7 @@ def test_presets_have_the_documented_sizes() -> None:
 
 
 def test_unknown_preset_lists_the_valid_names() -> None:
-    with pytest.raises(UnknownPreset, match="valid presets: base, small, tiny"):
+    with pytest.raises(UnknownPreset, match="valid presets: 1b, 8b, base, small, tiny"):
         build_model("huge")
 
 
