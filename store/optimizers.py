@@ -17,7 +17,6 @@ under the new names (`current_metric_names`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -87,11 +86,9 @@ for _kind in BUILT_IN_KINDS:
     OPTIMIZER_KINDS.register(_kind.name, _kind)
 
 
-def unread_settings(kind: str, sent: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
-    """The settings in `sent` that optimizer kind `kind` does not read, leaving out those
-    equal to their default (what a plan sent back as a request carries)."""
-    reads = OPTIMIZER_KINDS.get(kind).reads | COMMON_FIELDS
-    return sorted(k for k, v in sent.items() if k not in reads and v != defaults.get(k))
+def fields_read(kind: str) -> frozenset[str]:
+    """Every `OptimizerSpec` field optimizer kind `kind` reads."""
+    return OPTIMIZER_KINDS.get(kind).reads | COMMON_FIELDS
 
 
 # --- metric names ---------------------------------------------------------------------------

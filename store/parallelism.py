@@ -16,9 +16,8 @@ name (`worker.strategies.STRATEGY_BUILDERS`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 from trainctl.store.registry import RegisteredName, Registry
 
@@ -75,10 +74,6 @@ for _strategy in BUILT_IN_STRATEGIES:
     PARALLEL_STRATEGIES.register(_strategy.name, _strategy)
 
 
-def unread_settings(
-    strategy: str, sent: Mapping[str, Any], defaults: Mapping[str, Any]
-) -> list[str]:
-    """The settings in `sent` that `strategy` does not read, leaving out those equal to their
-    default (what a plan sent back as a request carries)."""
-    reads = PARALLEL_STRATEGIES.get(strategy).reads | COMMON_FIELDS
-    return sorted(k for k, v in sent.items() if k not in reads and v != defaults.get(k))
+def fields_read(strategy: str) -> frozenset[str]:
+    """Every `ParallelismSpec` field `strategy` reads."""
+    return PARALLEL_STRATEGIES.get(strategy).reads | COMMON_FIELDS

@@ -40,15 +40,15 @@ from trainctl.store.optimizers import (
     BUILT_IN_KINDS,
     DEFAULT_OPTIMIZER_KIND,
     OptimizerKindName,
-    unread_settings,
 )
+from trainctl.store.optimizers import fields_read as optimizer_fields
 from trainctl.store.parallelism import (
     BUILT_IN_STRATEGIES,
     DEFAULT_STRATEGY,
     PARALLEL_STRATEGIES,
     StrategyName,
 )
-from trainctl.store.parallelism import unread_settings as unread_parallel_settings
+from trainctl.store.parallelism import fields_read as strategy_fields
 from trainctl.store.placement import Spread
 from trainctl.store.presets import BOUNDS, PRESETS, ModelConfig, get_preset
 from trainctl.store.schedule import SchedulePhases
@@ -111,6 +111,20 @@ FOLDER_PATTERN = r"^[^\x00-\x1f]+$"
 # TextChecked: every string in it can be written as UTF-8 (store.text).
 class Spec(TextChecked):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def refuse_unread(self, reads: frozenset[str], what: str, name: str) -> None:
+        """ValueError naming the fields sent that `reads` leaves out, a setting that would be
+        silently ignored; those equal to their default pass (what a plan sent back as a
+        request carries). `what` and `name` say what reads them: "optimizer kind", "adamw"."""
+        defaults = {n: f.default for n, f in type(self).model_fields.items()}
+        unread = sorted(
+            n for n in self.model_fields_set if n not in reads and getattr(self, n) != defaults[n]
+        )
+        if unread:
+            raise ValueError(
+                f"{what} {name!r} does not read {', '.join(unread)}; remove "
+                f"{'it' if len(unread) == 1 else 'them'}, or pick a {what.split()[-1]} that does"
+            )
 
 
 class Request(Spec):
@@ -276,14 +290,7 @@ class OptimizerSpec(Spec):
 
     @model_validator(mode="after")
     def _kind_reads_every_setting(self) -> OptimizerSpec:
-        defaults = {name: f.default for name, f in type(self).model_fields.items()}
-        sent = {name: getattr(self, name) for name in self.model_fields_set}
-        unread = unread_settings(self.kind, sent, defaults)
-        if unread:
-            raise ValueError(
-                f"optimizer kind {self.kind!r} does not read {', '.join(unread)}; remove "
-                f"{'it' if len(unread) == 1 else 'them'}, or pick a kind that does"
-            )
+        self.refuse_unread(optimizer_fields(self.kind), "optimizer kind", self.kind)
         return self
 
 
@@ -305,14 +312,7 @@ class ParallelismSpec(Spec):
 
     @model_validator(mode="after")
     def _strategy_reads_every_setting(self) -> ParallelismSpec:
-        defaults = {name: f.default for name, f in type(self).model_fields.items()}
-        sent = {name: getattr(self, name) for name in self.model_fields_set}
-        unread = unread_parallel_settings(self.strategy, sent, defaults)
-        if unread:
-            raise ValueError(
-                f"parallelism strategy {self.strategy!r} does not read {', '.join(unread)}; "
-                f"remove {'it' if len(unread) == 1 else 'them'}, or pick a strategy that does"
-            )
+        self.refuse_unread(strategy_fields(self.strategy), "parallelism strategy", self.strategy)
         return self
 
 
