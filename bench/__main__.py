@@ -31,6 +31,7 @@ MODULES = [
     "hf_train",
     "hf_vs_gpt",
     "sharded_muon",
+    "fsdp_vs_ddp",
 ]
 
 

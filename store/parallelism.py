@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
+from trainctl.store.checkpoints.manifests import DCP_LAYOUT, FULL_LAYOUT
 from trainctl.store.registry import RegisteredName, Registry
 
 COMMON_FIELDS = frozenset({"strategy"})
@@ -41,6 +42,10 @@ class ParallelStrategy:
     runs_alone_on_rank_0: bool = True
     """Whether rank 0 may run the model by itself (a training sample): not when every
     forward is a collective of all ranks."""
+    checkpoint_layout: str = FULL_LAYOUT
+    """How its checkpoints hold the state (the manifest's `layout`): `full`, written by rank
+    0 from whole tensors, or `dcp`, every rank writing its own shards (docs/architecture.md,
+    "Sharded checkpoints")."""
 
     def shard_count(self, world: int) -> int:
         """Into how many parts a rank's weights, gradients and optimizer state are split."""
@@ -68,6 +73,7 @@ BUILT_IN_STRATEGIES = (
         reads=frozenset({"reshard_after_forward"}),
         shards_state=True,
         runs_alone_on_rank_0=False,
+        checkpoint_layout=DCP_LAYOUT,
     ),
 )
 for _strategy in BUILT_IN_STRATEGIES:

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from trainctl.store.checkpoints.manifests import FULL_LAYOUT
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.generation import GenerationSettings
 from trainctl.store.hf import check_hf_fields
@@ -598,6 +599,13 @@ class TrainOptions(StepOptions):
                 f"sample_every with parallelism strategy {strategy.name!r}: its ranks run every "
                 "forward together, so rank 0 cannot sample alone; sample the run's checkpoints "
                 "instead (POST /samples)"
+            )
+        if self.save_dtype != "float32" and strategy.checkpoint_layout != FULL_LAYOUT:
+            raise ValueError(
+                f"save_dtype {self.save_dtype!r} with parallelism strategy {strategy.name!r}: "
+                "its ranks save their shards of the training state itself, in the dtype they "
+                "train in, so that a resume is exact; leave save_dtype out, and export a "
+                "checkpoint (POST /runs/export with dtype bfloat16) for a smaller copy"
             )
         return self
 

@@ -7,6 +7,7 @@ synchronous save, so what lands in the store is the same.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,18 +17,19 @@ import torch.distributed.checkpoint as dcp
 
 from trainctl.store.checkpoints.store import CheckpointStore, Protection
 from trainctl.worker.dcp_storage import StoreWriter
+from trainctl.worker.parallel import rank_and_world
 from trainctl.worker.sharded_checkpoint import (
     ShardedState,
     finish_save,
     one_process_quiet,
     open_stage,
-    rank_and_world,
 )
 
 
 @dataclass
 class _Pending:
     thread: threading.Thread
+    info: dict[str, Any]
     staged: threading.Event = field(default_factory=threading.Event)
     where: str | None = None
     error: BaseException | None = None
@@ -50,7 +52,10 @@ class AsyncShardedCheckpointer:
       `wait_staged` before anything changes the tensors (the next optimizer step), so the
       forward and backward passes in between hide the copy.
 
-    A failed save is raised at the next `save` or `wait`, never swallowed.
+    `save`, `poll` and `wait` return the `info` of the saves committed since the last call,
+    with `path` (where it is, in words) and `save_seconds` added, as `AsyncCheckpointer`'s do
+    (the training loop reports them). A failed save is raised at the next `save`, `poll` or
+    `wait`, never swallowed.
     """
 
     def __init__(self, staging: str = "blocking") -> None:
@@ -70,9 +75,11 @@ class AsyncShardedCheckpointer:
         max_keep: int | None = 3,
         protected: Protection = frozenset(),
         before_commit: Callable[[], None] | None = None,
-    ) -> list[str]:
-        """Start writing `state`; return where the saves finished since the last call are."""
+        info: dict[str, Any] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Start writing `state`; return the saves finished since the last call."""
         finished = self.wait()
+        started = time.perf_counter()
         rank, world = rank_and_world(self.group)
         writer = open_stage(store, state.experiment, state.tag, self.group)
         if self._storage is None:
@@ -100,13 +107,15 @@ class AsyncShardedCheckpointer:
                     state, store, writer, storage, self.group, max_keep=max_keep,
                     protected=protected, before_commit=before_commit, after_write=None,
                 )  # fmt: skip
+                pending.info["save_seconds"] = time.perf_counter() - started
             except BaseException as exc:  # raised on the training thread by wait()
                 writer.abort()
                 pending.error = exc
             finally:
                 pending.staged.set()
 
-        pending = _Pending(threading.Thread(target=write, name="trainctl-dcp-save", daemon=True))
+        thread = threading.Thread(target=write, name="trainctl-dcp-save", daemon=True)
+        pending = _Pending(thread, dict(info or {}))
         if staged is not None:
             pending.staged.set()
         self._pending = pending
@@ -119,7 +128,14 @@ class AsyncShardedCheckpointer:
         if self._pending is not None:
             self._pending.staged.wait()
 
-    def wait(self) -> list[str]:
+    def poll(self) -> list[dict[str, Any]]:
+        """The finished save (or its error, raised) if it is done; else nothing."""
+        pending = self._pending
+        if pending is None or pending.thread.is_alive():
+            return []
+        return self.wait()
+
+    def wait(self) -> list[dict[str, Any]]:
         """Block until the save in flight is committed; raise its error if it failed."""
         pending, self._pending = self._pending, None
         if pending is None:
@@ -127,4 +143,4 @@ class AsyncShardedCheckpointer:
         pending.thread.join()
         if pending.error is not None:
             raise pending.error
-        return [pending.where] if pending.where is not None else []
+        return [{**pending.info, "path": pending.where}]

@@ -92,6 +92,15 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([tensor(s) for s in state["cuda"]])
 
 
+def rank_rng(metadata: dict[str, Any], rank: int) -> dict[str, Any]:
+    """The RNG state rank `rank` restores: its own at the world size that saved a sharded
+    checkpoint (`rng_per_rank`), else rank 0's (another world size draws other numbers anyway)."""
+    per_rank = metadata.get("rng_per_rank")
+    if isinstance(per_rank, list) and metadata.get("world_size") == len(per_rank) > rank:
+        return per_rank[rank]
+    return metadata["rng"]
+
+
 def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's tensors by name: the live ones, detached, not copies (see CheckpointState)."""
     return {name: t.detach() for name, t in model.state_dict().items()}

@@ -15,11 +15,13 @@ so FSDP's all-gather and reduce-scatter stay outside the compiled graph. The who
 compile of a replicated run (worker.model.compile_model) is left out: dynamo would trace into
 FSDP's hooks.
 
-Checkpoints stay what a replicated run writes: the ranks gather full state dicts onto rank 0
-(CPU), which writes today's `model.safetensors` and `optimizer.pt`; a resume gives every rank
-the full state, of which it keeps its shard. So any strategy and world size resumes any
-checkpoint, validate/sample/export read it unchanged, and the state after a load equals the
-saved one exactly. The price: rank 0 holds a full copy in host memory while it saves.
+A train run's checkpoints are sharded (store.parallelism `checkpoint_layout` "dcp"): every
+rank writes its own shards (worker.sharded_checkpoint, driven by worker.launch.RankTrainer),
+and they load at any world size and strategy, or into one process for validate, sample and
+export. A replicated run's full checkpoint resumes here too: every rank reads the full state
+and keeps its shard (`load_model_state`, `load_optimizer_state`). The gathering side of
+`StateAccess` (`model_state`, `optimizer_state`: full state dicts on rank 0's CPU) is what a
+full checkpoint of a sharded model would be written from.
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ class FSDPShards:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
         return float(norm.item())
 
-    # ---- StateAccess: today's checkpoint files, from and to the shards -------------------
+    # ---- StateAccess: full checkpoints, from and to the shards ----------------------------
 
     def model_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=GATHER))

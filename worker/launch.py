@@ -49,10 +49,12 @@ import torch
 import torch.distributed as dist
 
 from trainctl.store.checkpoints.factory import open_stores
+from trainctl.store.checkpoints.manifests import DCP_LAYOUT
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost
 from trainctl.store.layout import DataLayout
+from trainctl.store.parallelism import PARALLEL_STRATEGIES
 from trainctl.store.plans import TrainPlan
 from trainctl.store.processes import isolated_env, python_command
 from trainctl.worker.context import RunContext
@@ -281,8 +283,13 @@ def die_with_parent() -> None:
 
 class RankTrainer(Trainer):
     """A Trainer of rank `rank` of `world`, built for the plan's strategy (`Ranks`, before the
-    optimizers), reading its share of the batches; only rank 0 writes checkpoints and
-    samples."""
+    optimizers), reading its share of the batches; only rank 0 reports and samples.
+
+    Checkpoints take the strategy's layout (store.parallelism `checkpoint_layout`): a full
+    one is written by rank 0 alone from whole tensors (a replica's own, or gathered from the
+    shards); a sharded one by every rank, its own shards, in parallel (worker.
+    sharded_checkpoint), and in the background its copy of them is made while the next step's
+    forward and backward run, and waited for only before the optimizers change them."""
 
     def __init__(self, plan: TrainPlan, *args: Any, rank: int, world: int, **kwargs: Any) -> None:
         self.rank = rank
@@ -290,11 +297,43 @@ class RankTrainer(Trainer):
         self.parts.sampler = RankSampler(self.parts.sampler, rank, world)
         if rank != 0:
             self.samples = None  # rank 0 reports, and samples; the others wait at the next step
+        strategy = PARALLEL_STRATEGIES.get(plan.parallelism.strategy)
+        self.sharded = strategy.checkpoint_layout == DCP_LAYOUT
+        if self.sharded and plan.async_checkpoint:
+            # Built on every rank at once: it makes a process group of its own.
+            from trainctl.worker.async_sharded_checkpoint import AsyncShardedCheckpointer
+
+            self.checkpointer = AsyncShardedCheckpointer(staging="background")
+            self.before_update = self.checkpointer.wait_staged
 
     def save(self, tag: str | None = None) -> None:
-        state = self.capture(tag)  # every rank: a sharded run gathers the state collectively
+        if self.sharded:
+            self.save_sharded(tag)
+            return
+        state = self.capture(tag)  # every rank: a strategy's StateAccess may gather collectively
         if self.rank == 0:
             self.write(state)
+
+    def save_sharded(self, tag: str | None) -> None:
+        from trainctl.worker.sharded_checkpoint import capture_sharded, write_sharded
+
+        plan = self.plan
+        state = capture_sharded(**self.checkpoint_fields(tag))
+        info = self.saved_info(state.tag)
+        # `protected` and `before_commit` are asked on rank 0, at its commit (finish_save).
+        commit: dict[str, Any] = {
+            "max_keep": plan.max_keep,
+            "protected": self.protected,
+            "before_commit": self.before_commit,
+        }
+        if self.checkpointer is not None:
+            done = self.checkpointer.save(state, self.store, info=info, **commit)
+        else:
+            started = time.perf_counter()
+            where = write_sharded(state, self.store, **commit)
+            done = [{**info, "save_seconds": time.perf_counter() - started, "path": where}]
+        for saved in done:
+            self.on_checkpoint(saved)  # rank 0's callback; the others' do nothing
 
 
 def rank_context(job: dict[str, Any], runs: RunStore) -> RunContext:

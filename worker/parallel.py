@@ -54,6 +54,14 @@ def clip_local_grad_norm(model: nn.Module, max_norm: float) -> float:
     return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item())
 
 
+def rank_and_world(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
+    """This process's rank in `group` (the default group: the run's) and its size; 0 and 1
+    outside a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
 def mean_across_ranks(value: torch.Tensor, world_size: int) -> torch.Tensor:
     total = value.detach().clone()
     dist.all_reduce(total, op=dist.ReduceOp.SUM)  # gloo has no AVG

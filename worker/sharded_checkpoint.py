@@ -61,6 +61,7 @@ from trainctl.worker.checkpoint import (
 from trainctl.worker.dcp_storage import SafeLoadPlanner, StoreReader, StoreWriter
 from trainctl.worker.exceptions import CheckpointMismatch, CheckpointWriteFailed
 from trainctl.worker.optim import Optimizers
+from trainctl.worker.parallel import rank_and_world
 from trainctl.worker.schedule import WSDScheduler
 
 MODEL_KEY = "model"
@@ -79,12 +80,6 @@ class ShardedState:
     state: dict[str, Any]
     metadata: dict[str, Any]
     files: dict[str, bytes] = field(default_factory=dict)
-
-
-def rank_and_world(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
-    if not (dist.is_available() and dist.is_initialized()):
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
 
 
 @contextmanager
@@ -154,15 +149,6 @@ def capture_sharded(
     return ShardedState(
         experiment, tag, training_state(model, optimizers), metadata, dict(files or {})
     )
-
-
-def rank_rng(metadata: dict[str, Any], rank: int) -> dict[str, Any]:
-    """The RNG state rank `rank` restores: its own at the world size that saved, else rank
-    0's (another world size draws other numbers anyway)."""
-    per_rank = metadata.get("rng_per_rank")
-    if isinstance(per_rank, list) and metadata.get("world_size") == len(per_rank) > rank:
-        return per_rank[rank]
-    return metadata["rng"]
 
 
 # --- saving ---------------------------------------------------------------------------------
@@ -299,7 +285,7 @@ def load_sharded(
 
     Every file is checked against the manifest first (rank 0 re-hashes them all, the others
     check sizes: the ranks read the same files), so a damaged shard fails here. The RNG state
-    of each rank is `rank_rng(metadata, rank)`.
+    of each rank is `worker.checkpoint.rank_rng(metadata, rank)`.
     """
     rank, world = rank_and_world(group)
     where = checkpoint.describe()

@@ -31,6 +31,7 @@ from trainctl.worker.checkpoint import (
     CheckpointState,
     capture_checkpoint,
     load_checkpoint,
+    rank_rng,
     restore_rng_state,
     write_checkpoint,
 )
@@ -52,7 +53,7 @@ from trainctl.worker.exceptions import NonFiniteLoss
 from trainctl.worker.model import GPT
 from trainctl.worker.models import build_model, model_files, take_step_metrics
 from trainctl.worker.optim import Optimizers, build_optimizers
-from trainctl.worker.parallel import DataParallel, SingleProcess
+from trainctl.worker.parallel import DataParallel, SingleProcess, rank_and_world
 from trainctl.worker.sampling import TrainingSamples
 from trainctl.worker.schedule import WSDScheduler, build_scheduler
 from trainctl.worker.strategies import Ranks
@@ -171,9 +172,15 @@ def data_loader(parts: TrainParts, position: int) -> AsyncDataLoader:
     return AsyncDataLoader(parts.sampler.iterate(position), parts.device, prefetch_factor=4)
 
 
-def train_step(parts: TrainParts, loader: AsyncDataLoader, step: int) -> dict[str, float]:
+def train_step(
+    parts: TrainParts,
+    loader: AsyncDataLoader,
+    step: int,
+    before_update: Callable[[], None] | None = None,
+) -> dict[str, float]:
     """One optimizer step over `grad_accum_steps` micro-batches; raises NonFiniteLoss before
-    updating.
+    updating. `before_update` runs just before the optimizers change the weights and their
+    state (a background save's copy must be complete by then).
 
     In a multi-GPU run each rank runs its share of the micro-batches, and the gradients and
     the loss are averaged across ranks before anything below uses them.
@@ -205,6 +212,8 @@ def train_step(parts: TrainParts, loader: AsyncDataLoader, step: int) -> dict[st
             "the data"
         )
     lrs = parts.optimizers.lr_metrics()  # the lrs this step trains with: `lr/<name>`
+    if before_update is not None:
+        before_update()
     # After the all-reduce: Muon orthogonalises the averaged gradient (worker/parallel.py).
     parts.optimizers.step()
     parts.optimizers.zero_grad(set_to_none=True)
@@ -254,7 +263,7 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> 
     )
     if own_schedule is not None:  # the fork's curve, at the parent's step
         parts.scheduler.load_state_dict({**own_schedule, "last_epoch": int(meta["step"])})
-    restore_rng_state(meta["rng"])
+    restore_rng_state(rank_rng(meta, rank_and_world()[0]))
     return TrainState(
         step=int(meta["step"]),
         token_count=int(meta["token_count"]),
@@ -316,7 +325,10 @@ class Trainer:
         self.data_record = build_data_record(plan.data, plan.dataset)
         self.bytes_per_token = bytes_per_token(plan.data, plan.dataset)
         self.state = maybe_resume(self.parts, self.store, plan)
-        self.checkpointer = AsyncCheckpointer() if plan.async_checkpoint else None
+        self.checkpointer: AsyncCheckpointer | Any = (
+            AsyncCheckpointer() if plan.async_checkpoint else None
+        )
+        self.before_update: Callable[[], None] | None = None  # see train_step
         every = plan.sample_every
         self.samples = TrainingSamples(plan, every) if every is not None else None
 
@@ -325,33 +337,38 @@ class Trainer:
 
     def capture(self, tag: str | None = None) -> CheckpointState:
         """The state to save at this step (a sharded run's ranks gather it together)."""
-        p, s = self.parts, self.state
         dtype = torch.bfloat16 if self.plan.save_dtype == "bfloat16" else None
         return capture_checkpoint(
-            p.model,
-            p.optimizers,
-            p.scheduler,
-            s.step,
-            s.token_count,
-            s.best_loss,
-            self.plan.experiment,
-            tag,
-            data_position=s.data_position,
-            run_id=self.run_id,
-            dtype=dtype,
-            extra=self.data_record.metadata,
-            files={**self.data_record.files, **model_files(p.model)},
-            access=p.parallel,
+            **self.checkpoint_fields(tag), dtype=dtype, access=self.parts.parallel
         )
+
+    def checkpoint_fields(self, tag: str | None) -> dict[str, Any]:
+        """What a checkpoint at this step holds, whatever its layout (`capture_checkpoint`,
+        `worker.sharded_checkpoint.capture_sharded`)."""
+        p, s = self.parts, self.state
+        return {
+            "model": p.model,
+            "optimizers": p.optimizers,
+            "scheduler": p.scheduler,
+            "step": s.step,
+            "token_count": s.token_count,
+            "best_loss": s.best_loss,
+            "experiment": self.plan.experiment,
+            "tag": tag,
+            "data_position": s.data_position,
+            "run_id": self.run_id,
+            "extra": self.data_record.metadata,
+            "files": {**self.data_record.files, **model_files(p.model)},
+        }
+
+    def saved_info(self, tag: str) -> dict[str, Any]:
+        """What the checkpoint callback hears of a save at this step (its `path` and
+        `save_seconds` are added once it is committed)."""
+        return {"experiment": self.plan.experiment, "tag": tag, "step": self.state.step}
 
     def write(self, state: CheckpointState) -> None:
         """Write and commit a captured state, here or in the background; report it."""
-        s = self.state
-        info: dict[str, Any] = {
-            "experiment": self.plan.experiment,
-            "tag": state.tag,
-            "step": s.step,
-        }
+        info = self.saved_info(state.tag)
 
         def write(state: CheckpointState) -> str:
             # `protected` is asked under the store's guard, after the commit: a run queued
@@ -440,7 +457,7 @@ class Trainer:
         try:
             while s.step < plan.steps:
                 t0, w0 = time.perf_counter(), loader.wait_seconds
-                metrics = train_step(self.parts, loader, s.step)
+                metrics = train_step(self.parts, loader, s.step, self.before_update)
                 s.step += 1
                 s.data_position += plan.batch.grad_accum_steps
                 s.token_count += tokens_per_step

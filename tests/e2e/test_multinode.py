@@ -14,6 +14,8 @@ loopback.
   to the queue as attempt 2, a third worker joins the survivor, and the run resumes from its
   last checkpoint and ends with exactly the parameters of the uninterrupted run (the resumed
   steps read the same batches, and two ranks sum in either order to the same bits).
+- The same 2-node run under fsdp trains as the ddp one (the same tolerances), each rank
+  writing its own shards of the checkpoints, which the service serves as one model file.
 - A run needing 2 GPUs per node waits, with the reason in words, while only CPU workers live.
 """
 
@@ -29,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from safetensors.torch import load as safetensors_load
 from safetensors.torch import load_file
 
 from tests.databases import fresh_database
@@ -209,6 +212,35 @@ def test_a_member_killed_mid_run_costs_one_attempt_and_changes_no_parameter(
     assert got.keys() == want.keys()
     for name, tensor in want.items():
         assert torch.equal(got[name], tensor), f"{name} differs after the resume"
+
+
+def test_a_two_node_fsdp_run_trains_as_the_ddp_one_and_saves_shards_served_as_one_file(
+    cluster: Cluster, uninterrupted: str
+) -> None:
+    """The same gang under fsdp: each node's rank holds half of every parameter and writes
+    its own shards of the checkpoint; the service stitches them into one model file."""
+    run_id = cluster.submit_train("gang-fsdp", nnodes=2, parallelism={"strategy": "fsdp"})
+    run = cluster.wait_finished(run_id)
+    assert run["state"] == "succeeded", (run, cluster.worker_logs())
+    assert run["placement"]["nnodes"] == 2
+
+    # The ddp gang and this one sum the same two gradient halves, in other orders.
+    losses, expected = cluster.train_losses(run_id), cluster.train_losses(uninterrupted)
+    assert losses[:ROUNDING_STEPS] == pytest.approx(expected[:ROUNDING_STEPS], rel=LOSS_RTOL)
+    assert losses == pytest.approx(expected, rel=DRIFT_RTOL)
+
+    latest = cluster.checkpoints.latest_or_none("gang-fsdp")
+    assert latest is not None and latest.step == STEPS and latest.sharded
+    shards = {f["name"] for f in latest.files}  # the manifest's: what the commit covers
+    assert {"rank-0.safetensors", "rank-1.safetensors"} <= shards, shards
+    url = f"{cluster.service.url}/checkpoints/gang-fsdp/{latest.tag}/files/model.safetensors"
+    response = httpx.get(url, timeout=60)
+    assert response.status_code == 200, response.text
+    weights = safetensors_load(response.content)
+    reference = cluster.final_parameters("gang")
+    assert weights.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert torch.allclose(weights[name], tensor, rtol=DRIFT_RTOL, atol=1e-3), name
 
 
 def test_a_run_needing_two_gpus_waits_saying_why_while_only_cpu_workers_live(

@@ -54,6 +54,12 @@ def test_training_samples_are_refused_under_fsdp_whose_ranks_run_every_forward_t
         )
 
 
+def test_a_lossy_save_dtype_is_refused_under_fsdp_whose_shards_are_the_training_state() -> None:
+    with pytest.raises(ValueError, match="save_dtype 'bfloat16' with parallelism strategy 'fsdp'"):
+        train_plan(steps=2, parallelism={"strategy": "fsdp"}, save_dtype="bfloat16")
+    assert train_plan(steps=2, parallelism={"strategy": "ddp"}, save_dtype="bfloat16")
+
+
 def test_fsdp_divides_weights_gradients_and_optimizer_state_by_the_shard_count() -> None:
     ddp = train_need(train_plan(**EIGHT_GPUS_8B)).estimate
     fsdp = train_need(train_plan(**EIGHT_GPUS_8B, parallelism={"strategy": "fsdp"})).estimate
