@@ -16,6 +16,7 @@ rank's share of the batches) and steps it with the loop's own `train_step`.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import tempfile
@@ -108,11 +109,9 @@ def rank_main(
     )
     before = rss_bytes()
     built = {s: build(s, rank, world, size) for s in strategies}
-    steps = {
-        s: (lambda p=p, loader=loader: train_step(p, loader, 0)) for s, (p, loader) in built.items()
-    }
+    steps = {s: functools.partial(train_step, p, loader, 0) for s, (p, loader) in built.items()}
     times = alternate(
-        {s: (lambda f=f: timed(f)) for s, f in steps.items()}, size["rounds"], warmup=True
+        {s: functools.partial(timed, f) for s, f in steps.items()}, size["rounds"], warmup=True
     )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     mine = {

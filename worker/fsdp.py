@@ -46,6 +46,7 @@ from torch.distributed.tensor import DTensor
 
 from trainctl.worker.exceptions import CheckpointMismatch
 from trainctl.worker.model import GPT
+from trainctl.worker.models import state_module
 from trainctl.worker.optim import Optimizers
 from trainctl.worker.parallel import mean_across_ranks
 
@@ -146,13 +147,15 @@ class FSDPShards:
     # ---- StateAccess: full checkpoints, from and to the shards ----------------------------
 
     def model_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=GATHER))
+        return cast(
+            dict[str, torch.Tensor], get_model_state_dict(state_module(model), options=GATHER)
+        )
 
     def optimizer_state(self, model: nn.Module, optimizers: Optimizers) -> dict[str, Any]:
         """Each optimizer's full state as `optimizer.pt` holds it (keyed by parameter index,
         as `torch.optim.Optimizer.state_dict` keys it); {} on the ranks but 0."""
         state = {
-            name: get_optimizer_state_dict(model, optimizer, options=GATHER)
+            name: get_optimizer_state_dict(state_module(model), optimizer, options=GATHER)
             for name, optimizer in optimizers.items()
         }
         return {name: by_index(s) for name, s in state.items() if s}
@@ -161,7 +164,7 @@ class FSDPShards:
         self, model: nn.Module, state: dict[str, torch.Tensor], strict: bool
     ) -> None:
         options = StateDictOptions(full_state_dict=True, strict=strict)
-        set_model_state_dict(model, cast(dict[str, Any], state), options=options)
+        set_model_state_dict(state_module(model), cast(dict[str, Any], state), options=options)
 
     def load_optimizer_state(
         self, model: nn.Module, optimizers: Optimizers, state: dict[str, Any]
@@ -173,10 +176,12 @@ class FSDPShards:
                 f"this run's optimizer kind {optimizers.kind!r} trains with "
                 f"{', '.join(sorted(optimizers))}"
             )
-        names = {id(p): name for name, p in model.named_parameters()}
+        names = {id(p): name for name, p in state_module(model).named_parameters()}
         for name, optimizer in optimizers.items():
             fqns = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
-            set_optimizer_state_dict(model, optimizer, by_name(state[name], fqns), options=SCATTER)
+            set_optimizer_state_dict(
+                state_module(model), optimizer, by_name(state[name], fqns), options=SCATTER
+            )
 
 
 def by_index(state: dict[str, Any]) -> dict[str, Any]:

@@ -43,7 +43,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -62,6 +62,9 @@ from trainctl.worker.parallel import AgreedStop, RankSampler
 from trainctl.worker.rendezvous import LOOPBACK, host_store, rank_store, socket_env
 from trainctl.worker.strategies import Ranks
 from trainctl.worker.train import Trainer
+
+if TYPE_CHECKING:
+    from trainctl.worker.async_sharded_checkpoint import AsyncShardedCheckpointer
 
 POLL_SECONDS = 0.2
 RESULT_FILE, STOP_FILE, ERROR_FILE = "result.json", "stop", "error.json"
@@ -297,14 +300,18 @@ class RankTrainer(Trainer):
         self.parts.sampler = RankSampler(self.parts.sampler, rank, world)
         if rank != 0:
             self.samples = None  # rank 0 reports, and samples; the others wait at the next step
+        self.sharded_saves: AsyncShardedCheckpointer | None = None
         strategy = PARALLEL_STRATEGIES.get(plan.parallelism.strategy)
         self.sharded = strategy.checkpoint_layout == DCP_LAYOUT
         if self.sharded and plan.async_checkpoint:
             # Built on every rank at once: it makes a process group of its own.
             from trainctl.worker.async_sharded_checkpoint import AsyncShardedCheckpointer
 
-            self.checkpointer = AsyncShardedCheckpointer(staging="background")
-            self.before_update = self.checkpointer.wait_staged
+            self.sharded_saves = AsyncShardedCheckpointer(staging="background")
+            self.checkpointer, self.before_update = (
+                self.sharded_saves,
+                self.sharded_saves.wait_staged,
+            )
 
     def save(self, tag: str | None = None) -> None:
         if self.sharded:
@@ -326,8 +333,8 @@ class RankTrainer(Trainer):
             "protected": self.protected,
             "before_commit": self.before_commit,
         }
-        if self.checkpointer is not None:
-            done = self.checkpointer.save(state, self.store, info=info, **commit)
+        if self.sharded_saves is not None:
+            done = self.sharded_saves.save(state, self.store, info=info, **commit)
         else:
             started = time.perf_counter()
             where = write_sharded(state, self.store, **commit)

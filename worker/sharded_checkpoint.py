@@ -60,6 +60,7 @@ from trainctl.worker.checkpoint import (
 )
 from trainctl.worker.dcp_storage import SafeLoadPlanner, StoreReader, StoreWriter
 from trainctl.worker.exceptions import CheckpointMismatch, CheckpointWriteFailed
+from trainctl.worker.models import state_module
 from trainctl.worker.optim import Optimizers
 from trainctl.worker.parallel import rank_and_world
 from trainctl.worker.schedule import WSDScheduler
@@ -99,11 +100,13 @@ def first_rank(group: dist.ProcessGroup | None) -> int:
 
 def training_state(model: nn.Module, optimizers: Optimizers | None) -> dict[str, Any]:
     """What DCP saves and loads: the model's and each optimizer's state, as this process
-    holds them (DTensor slices under FSDP2, whole tensors otherwise), by stable names."""
-    state: dict[str, Any] = {MODEL_KEY: get_model_state_dict(model)}
+    holds them (DTensor slices under FSDP2, whole tensors otherwise), by stable names (a
+    transformers model's own: `state_module`)."""
+    root = state_module(model)
+    state: dict[str, Any] = {MODEL_KEY: get_model_state_dict(root)}
     if optimizers is not None:
         state[OPTIMIZERS_KEY] = {
-            name: get_optimizer_state_dict(model, optimizer)
+            name: get_optimizer_state_dict(root, optimizer)
             for name, optimizer in optimizers.items()
         }
     return state
@@ -309,9 +312,10 @@ def load_sharded(
             process_group=group,
             no_dist=world == 1,
         )
-    set_model_state_dict(model, state[MODEL_KEY])
+    root = state_module(model)
+    set_model_state_dict(root, state[MODEL_KEY])
     for name, optimizer in (optimizers or {}).items():
-        set_optimizer_state_dict(model, optimizer, state[OPTIMIZERS_KEY][name])
+        set_optimizer_state_dict(root, optimizer, state[OPTIMIZERS_KEY][name])
     if scheduler is not None and metadata.get("scheduler"):
         scheduler.load_state_dict(metadata["scheduler"])
     return metadata

@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -293,6 +293,14 @@ class Interval:
         }
 
 
+class BackgroundSaves(Protocol):
+    """Saves in flight (`AsyncCheckpointer`, `AsyncShardedCheckpointer`): the saves committed
+    since the last call, each the info it was given with its `path` and `save_seconds`."""
+
+    def poll(self) -> list[dict[str, Any]]: ...
+    def wait(self) -> list[dict[str, Any]]: ...
+
+
 class Trainer:
     """Runs a TrainPlan; callbacks report metrics and checkpoints as they happen."""
 
@@ -325,9 +333,9 @@ class Trainer:
         self.data_record = build_data_record(plan.data, plan.dataset)
         self.bytes_per_token = bytes_per_token(plan.data, plan.dataset)
         self.state = maybe_resume(self.parts, self.store, plan)
-        self.checkpointer: AsyncCheckpointer | Any = (
-            AsyncCheckpointer() if plan.async_checkpoint else None
-        )
+        self.checkpointer: BackgroundSaves | None = None
+        self.async_checkpointer = AsyncCheckpointer() if plan.async_checkpoint else None
+        self.checkpointer = self.async_checkpointer
         self.before_update: Callable[[], None] | None = None  # see train_step
         every = plan.sample_every
         self.samples = TrainingSamples(plan, every) if every is not None else None
@@ -380,13 +388,14 @@ class Trainer:
             info["save_seconds"] = time.perf_counter() - started  # reported with the commit
             return where
 
-        if self.checkpointer is None:
+        if self.async_checkpointer is None:
             where = write(state)  # before `info` is read: the write adds its save_seconds
             self.on_checkpoint({**info, "path": where})
             return
         # Asynchronous: the loop goes on once the state is copied; the commit is reported
         # when it has happened (maybe_report_saves, finish_saves).
-        for done in self.checkpointer.save(state, write, info):
+        assert self.async_checkpointer is not None  # a full checkpoint's saver
+        for done in self.async_checkpointer.save(state, write, info):
             self.on_checkpoint(done)
 
     def maybe_report_saves(self) -> None:

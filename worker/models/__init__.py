@@ -75,6 +75,15 @@ def model_files(model: nn.Module) -> dict[str, bytes]:
     return files() if files is not None else {}
 
 
+def state_module(model: nn.Module) -> nn.Module:
+    """The module whose attribute paths name `model`'s state: what torch.distributed.
+    checkpoint's state-dict helpers are given (they resolve every state-dict key as attributes
+    from that module). A wrapper whose state dict is an inner model's, under the inner
+    model's names (HFCausalLM: transformers' names), says so with `state_module`."""
+    inner = getattr(model, "state_module", None)
+    return inner if isinstance(inner, nn.Module) else model
+
+
 MODEL_BUILDERS.register("gpt", ModelBuilder(lambda cfg, seed: gpt.build_model(cfg, seed=seed)))
 MODEL_BUILDERS.register("hf", ModelBuilder(build_hf_model))
 MODEL_BUILDERS.register("plugin", ModelBuilder(build_plugin_model))

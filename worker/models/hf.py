@@ -92,6 +92,11 @@ class HFCausalLM(nn.Module):
             )
         return result
 
+    @property
+    def state_module(self) -> nn.Module:
+        """Where the state's names lead (worker.models.state_module): transformers' model."""
+        return self.inner
+
     def output_heads(self) -> list[nn.Module]:
         """The output head: AdamW's, tied or not (worker.optim.muon_params)."""
         head = self.inner.get_output_embeddings()  # type: ignore[operator]
