@@ -1,5 +1,5 @@
-"""A usable model out, end to end (issue 15's acceptance): a `tiny` model trained a few hundred
-steps on stdlib source writes samples as it trains; a sample run continues prompts with its
+"""A usable model out, end to end (issue 15's acceptance): a `tiny` model trained forty steps
+on stdlib source writes samples as it trains; a sample run continues prompts with its
 checkpoint; an export run writes a folder that transformers loads and that computes the same
 function; and what cannot work is refused at submit with a 422, or fails saying why."""
 
@@ -22,7 +22,11 @@ from tests.worker.hf_archs import hf
 from trainctl.store.generation import GenerationSettings
 from trainctl.worker.generate import generate_tokens, load_for_generation
 
-STEPS = 300
+# What these tests check is the plumbing (samples at their steps, a sample run, an export
+# that computes the same function), not how good the text is: forty steps show it as well
+# as three hundred did (test_train.py checks that training lowers the loss).
+STEPS = 40
+HALF = STEPS // 2
 TINY = {"micro_batch_size": 8, "seq_len": 128}
 PROMPTS = ["def ", "import "]
 AS_TRAINED: dict[str, tuple[int, int]] = {}  # the experiment's files when training ended
@@ -34,8 +38,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service,
     service = Service(tmp_path_factory.mktemp("model-output")).start()
     try:
         run = submit(
-            service, "train", experiment="code", steps=STEPS, checkpoint_every=150,
-            val_every=150, batch=TINY, sample_every=150, sample_prompts=PROMPTS,
+            service, "train", experiment="code", steps=STEPS, checkpoint_every=HALF,
+            val_every=HALF, batch=TINY, sample_every=HALF, sample_prompts=PROMPTS,
             sample_settings={"max_new_tokens": 24, "temperature": 0.0},
         )  # fmt: skip
         done = finished(service, run["id"])
@@ -73,7 +77,7 @@ def test_samples_are_written_as_the_model_trains(trained: tuple[Service, dict[st
     samples = events(service, run["id"], "sample")
 
     assert [(s["step"], s["prompt"]) for s in samples] == [
-        (150, "def "), (150, "import "), (300, "def "), (300, "import "),
+        (HALF, "def "), (HALF, "import "), (STEPS, "def "), (STEPS, "import "),
     ]  # fmt: skip
     assert all(s["completion"] and s["seed"] == 0 for s in samples)
     assert {s["finish_reason"] for s in samples} == {"length"}  # bytes: no end-of-text token
@@ -99,7 +103,7 @@ def test_a_sample_run_streams_its_completions_and_returns_them(
         streamed[piece["index"]] += piece["delta"]
     assert streamed == texts  # the stream is the completion, piece by piece
 
-    same = submit(service, "sample", checkpoint="code/step_300", prompts=PROMPTS,
+    same = submit(service, "sample", checkpoint=f"code/step_{STEPS}", prompts=PROMPTS,
                   generation=run["spec"]["generation"])  # fmt: skip
     again = finished(service, same["id"])
     assert [c["text"] for c in again["result"]["completions"]] == texts  # same seed, same text
@@ -110,19 +114,21 @@ def test_the_export_loads_in_transformers_and_computes_the_same_function(
 ) -> None:
     transformers = pytest.importorskip("transformers")
     service, _ = trained
-    checkpoint = service.data_dir / "checkpoints" / "code" / "step_300"
+    checkpoint = service.data_dir / "checkpoints" / "code" / f"step_{STEPS}"
 
-    done = finished(service, submit(service, "export", checkpoint="code/step_300")["id"])
+    done = finished(service, submit(service, "export", checkpoint=f"code/step_{STEPS}")["id"])
     assert done["state"] == "succeeded", done["error"]
     assert done["result"]["architecture"] == "Qwen3ForCausalLM"
     assert any("softcap" in d for d in done["result"]["differences"])
-    folder = download_export(service, "code/step_300", tmp_path / "hf")
+    folder = download_export(service, f"code/step_{STEPS}", tmp_path / "hf")
     # The sample and export runs before wrote nothing into a training checkpoint.
     assert tree(service.data_dir / "checkpoints" / "code") == AS_TRAINED
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    ours, codec = load_for_generation(posix_store(checkpoint.parent.parent), ("code", "step_300"))
+    ours, codec = load_for_generation(
+        posix_store(checkpoint.parent.parent), ("code", f"step_{STEPS}")
+    )
     assert codec is not None
     ids = torch.tensor([codec.encode("def main():\n    return 1\n")])
     assert (
@@ -139,7 +145,7 @@ def test_the_export_loads_in_transformers_and_computes_the_same_function(
     out = hf.generate(ids, max_new_tokens=64, do_sample=False, pad_token_id=0)
     assert out[0, ids.shape[1] :].tolist() == tokens
 
-    again = httpx.post(f"{service.url}/runs/export", json={"checkpoint": "code/step_300"})
+    again = httpx.post(f"{service.url}/runs/export", json={"checkpoint": f"code/step_{STEPS}"})
     assert again.status_code == 409 and "already exported" in again.json()["detail"]
 
 
@@ -202,7 +208,7 @@ def test_what_cannot_work_is_refused_at_submit_naming_the_limit(
         service, "train", experiment="raw", steps=2, batch=TINY, data={"source": "synthetic"}
     )
     assert finished(service, raw["id"])["state"] == "succeeded"
-    on = {"checkpoint": "code/step_300"}
+    on = {"checkpoint": f"code/step_{STEPS}"}
     x = {**on, "prompts": ["x"]}
     cases = [
         ({**on, "prompts": ["x" * 600]}, "prompt of 600 tokens leaves no room in the model's "

@@ -21,7 +21,7 @@ from trainctl.worker.train import Trainer, train
 def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path: Path) -> None:
     s = train_plan(
         experiment="text",
-        steps=300,
+        steps=200,  # final val loss 2.84 (300 steps: 2.48); the bar below is 3.24
         checkpoint_every=100,
         val_batches=4,
         batch={"micro_batch_size": 8, "seq_len": 128},
@@ -41,10 +41,10 @@ def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path
         f"uniform {uniform:.3f}"
     )
     assert first[0] > uniform - 0.5
-    assert val[-1] < uniform - 3.0  # far below: ~2.5 nats on Python source
+    assert val[-1] < uniform - 3.0  # far below: ~2.8 nats on Python source
     assert result["best_loss"] == min(val)
     tags = [c.tag for c in posix_store(tmp_path).list_checkpoints("text")]
-    assert {"best", "step_300"} <= set(tags)
+    assert {"best", "step_200"} <= set(tags)
 
 
 @pytest.mark.slow
