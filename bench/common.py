@@ -55,6 +55,22 @@ def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
     return median([a / b for a, b in zip(numerators, denominators, strict=True) if b > 0])
 
 
+def step_time_figures(
+    prefix: str, times: dict[str, list[float]], side: str, peer: str, note: str = ""
+) -> list[Figure]:
+    """Each side's median time per step (in ms) and their paired ratio, side / peer."""
+    return [
+        Figure(f"{prefix}: step, {side}", median(times[side]) * 1e3, "ms", note=note),
+        Figure(f"{prefix}: step, {peer}", median(times[peer]) * 1e3, "ms"),
+        Figure(
+            f"{prefix}: step time, {side} / {peer}",
+            paired_ratio(times[side], times[peer]),
+            "x",
+            lower_is_better=True,
+        ),
+    ]
+
+
 def alternate(
     sides: dict[str, Callable[[], float]], rounds: int, warmup: bool = False
 ) -> dict[str, list[float]]:

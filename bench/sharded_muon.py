@@ -26,7 +26,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
-from bench.common import Figure, alternate, median, paired_ratio
+from bench.common import Figure, alternate, step_time_figures
 from trainctl.store.specs import OptimizerSpec
 from trainctl.worker.optim import muon_settings
 from trainctl.worker.sharded_muon import ShardedMuon
@@ -93,15 +93,9 @@ def run(quick: bool = False) -> list[Figure]:
         f"{out['matrices']} matrices of width {size['width']}, {WORLD} gloo ranks, "
         f"{size['rounds']} alternated rounds"
     )
+    named = {"ShardedMuon": times["sharded"], "torch.optim.Muon": times["torch"]}
     return [
-        Figure("sharded muon: step, ShardedMuon", median(times["sharded"]) * 1e3, "ms", note=note),
-        Figure("sharded muon: step, torch.optim.Muon", median(times["torch"]) * 1e3, "ms"),
-        Figure(
-            "sharded muon: step time, ShardedMuon / torch.optim.Muon",
-            paired_ratio(times["sharded"], times["torch"]),
-            "x",
-            lower_is_better=True,
-        ),
+        *step_time_figures("sharded muon", named, "ShardedMuon", "torch.optim.Muon", note),
         Figure("sharded muon: collectives/step, ShardedMuon", counts["sharded"], "calls"),
         Figure("sharded muon: collectives/step, torch.optim.Muon", counts["torch"], "calls"),
     ]

@@ -105,6 +105,17 @@ def resume_without_steps(root: Path, experiment: str, source: str, **changes: An
     launch_train(plan.model_copy(update={"steps": step}), DataLayout(root), ctx=None)
 
 
+def train_sharded_like_one_process(root: Path, ranks: int, **changes: Any) -> None:
+    """Three steps in one process, then at `ranks` fsdp ranks (checkpoints under `root`):
+    the same losses, to LOSS_RTOL."""
+    single: list[dict[str, Any]] = []
+    plan = tiny_plan(steps=3, **changes)
+    Trainer(plan, posix_store(root / "single"), on_metrics=single.append).run()
+    sharded = fsdp_plan(steps=3, nproc_per_node=ranks, **changes)
+    result = launch_train(sharded, DataLayout(root), ctx=None)
+    assert train_losses(result["metrics"]) == pytest.approx(train_losses(single), rel=LOSS_RTOL)
+
+
 @pytest.mark.slow
 def test_two_fsdp_ranks_train_like_one_process(trained: dict[str, Any]) -> None:
     expected, got = train_losses(trained["single"]), train_losses(trained["sharded"]["metrics"])
@@ -141,15 +152,7 @@ def test_an_fsdp_run_resumes_at_the_same_world_size_exactly(trained: dict[str, A
 def test_three_fsdp_ranks_train_like_one_process(tmp_path: Path) -> None:
     """Uneven shards: the tiny model's widths do not all divide by 3."""
     batch = {"micro_batch_size": 2, "seq_len": 32, "grad_accum_steps": 3}
-    single: list[dict[str, Any]] = []
-    plan = tiny_plan(batch=batch, steps=3)
-    Trainer(plan, posix_store(tmp_path / "single"), on_metrics=single.append).run()
-
-    result = launch_train(
-        fsdp_plan(batch=batch, steps=3, nproc_per_node=3), DataLayout(tmp_path), ctx=None
-    )
-
-    assert train_losses(result["metrics"]) == pytest.approx(train_losses(single), rel=LOSS_RTOL)
+    train_sharded_like_one_process(tmp_path, 3, batch=batch)
 
 
 @pytest.mark.slow
@@ -186,16 +189,7 @@ def test_a_transformers_model_trains_sharded_like_one_process_into_a_transformer
     """A llama from a config, sharded per decoder layer: the losses of one process, and the
     stitched model file of its shards holds transformers' names, loading strictly into a
     fresh transformers model of the same config."""
-    model = {"hf": hf("llama")}
-    single: list[dict[str, Any]] = []
-    plan = tiny_plan(model=model, steps=3)
-    Trainer(plan, posix_store(tmp_path / "single"), on_metrics=single.append).run()
-
-    result = launch_train(
-        fsdp_plan(model=model, steps=3, nproc_per_node=2), DataLayout(tmp_path), ctx=None
-    )
-
-    assert train_losses(result["metrics"]) == pytest.approx(train_losses(single), rel=LOSS_RTOL)
+    train_sharded_like_one_process(tmp_path, 2, model={"hf": hf("llama")})
     store = posix_store(tmp_path / "checkpoints")
     assert store.get("fsdp", "step_3").sharded
     stitched = store.consolidated("fsdp", "step_3")
