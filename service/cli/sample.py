@@ -20,7 +20,12 @@ import typer
 
 from trainctl.service.cli.common import checkpoint_choice, client, err_console, print_json
 from trainctl.service.cli.submit import Device, MaxAttempts, Priority, opt, queue_flags
-from trainctl.service.cli.watch import event_line, require_success, state_text, stopped
+from trainctl.service.cli.watch import (
+    event_line,
+    interrupt_stops_watching,
+    require_success,
+    state_text,
+)
 from trainctl.service.schemas import RunPublic
 from trainctl.service.sdk.client import SamplePiece, TrainctlClient
 from trainctl.store.generation import GenerationSettings
@@ -100,16 +105,13 @@ def sample(
 def follow_sample(api: TrainctlClient, run: RunPublic, transcript: Transcript | None) -> RunPublic:
     """Print the run's text as it comes (unless `transcript` is None) and its state and log
     lines on stderr, until it ends; the finished run. Ctrl-C leaves it going (exit 130)."""
-    try:
-        with transcript or nullcontext():
-            for event in api.events(run.id):
-                if (piece := SamplePiece.from_event(event)) is None:
-                    if (line := event_line(event)) is not None:
-                        err_console.print(f"  {line}", markup=False, emoji=False)
-                elif transcript is not None:
-                    transcript.add(piece)
-    except KeyboardInterrupt:
-        stopped(run.id)
+    with interrupt_stops_watching(run.id), transcript or nullcontext():
+        for event in api.events(run.id):
+            if (piece := SamplePiece.from_event(event)) is None:
+                if (line := event_line(event)) is not None:
+                    err_console.print(f"  {line}", markup=False, emoji=False)
+            elif transcript is not None:
+                transcript.add(piece)
     return api.get_run(run.id)
 
 

@@ -13,9 +13,15 @@ shown among the events, a line each.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Annotated, Any, NoReturn
+from types import FrameType
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -156,22 +162,34 @@ def follow(api: TrainctlClient, run_id: str, *, samples: bool = False) -> RunPub
         TextColumn("{task.fields[speed]} tok/s"),
         TextColumn("ETA {task.fields[eta]}"),
     )
-    try:
-        with Progress(*columns, console=err_console) as progress:
-            bar = RunBar(progress, run, samples=samples)
-            if run.waiting_reason:
-                bar.print(f"state: {state_text(run)}")
-            for event in api.events(run_id):
-                bar.on_event(event)
-    except KeyboardInterrupt:
-        stopped(run_id)
+    with interrupt_stops_watching(run_id), Progress(*columns, console=err_console) as progress:
+        bar = RunBar(progress, run, samples=samples)
+        if run.waiting_reason:
+            bar.print(f"state: {state_text(run)}")
+        for event in api.events(run_id):
+            bar.on_event(event)
     return api.get_run(run_id)
 
 
-def stopped(run_id: str) -> NoReturn:
-    fail(
-        f"stopped watching; run {run_id} goes on (trainctl runs cancel {run_id})", EXIT_INTERRUPTED
-    )
+@contextmanager
+def interrupt_stops_watching(run_id: str) -> Iterator[None]:
+    """Ctrl-C while following a run exits at once, with 130 and the line saying the run goes
+    on. Not by KeyboardInterrupt: raised wherever the main thread happens to be, it can land
+    inside Rich's live display while it holds the lock its refresh thread needs, and the
+    display's exit then waits for that thread forever (a watch that ignored Ctrl-C). There is
+    nothing to clean up: the run is the service's, and the stream dies with the process."""
+    message = f"error: stopped watching; run {run_id} goes on (trainctl runs cancel {run_id})\n"
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        show_cursor = "\x1b[?25h" if sys.stderr.isatty() else ""  # Rich hides it while live
+        os.write(sys.stderr.fileno(), (show_cursor + message).encode())
+        os._exit(EXIT_INTERRUPTED)
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def report(run: RunPublic, *, as_json: bool = False) -> RunPublic:
