@@ -32,6 +32,7 @@ from trainctl.service.cli.common import (
     print_json,
 )
 from trainctl.service.cli.errors import BadInput
+from trainctl.service.cli.interrupts import exit_on_interrupt
 from trainctl.service.cli.submit import MaxAttempts, Priority, opt, queue_flags
 from trainctl.service.cli.watch import queued_or_finished
 from trainctl.service.schemas import CheckpointPublic
@@ -188,7 +189,8 @@ def download(
     names = files or [f.name for f in c.files] + [MANIFEST_FILE]
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                TransferSpeedColumn())  # fmt: skip
-    with Progress(*columns, console=err_console) as progress:
+    resume = f"download stopped; the same command resumes it into {folder}/"
+    with exit_on_interrupt(resume), Progress(*columns, console=err_console) as progress:
         for name in names:
             task = progress.add_task(name, total=None)
 

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.progress import Progress, TextColumn, TimeElapsedColumn
 
-from trainctl.service.cli.common import console, err_console, needs_extra
-from trainctl.service.cli.errors import BadInput
+from trainctl.service.cli.common import console, err_console, fail, needs_extra
+from trainctl.service.cli.errors import EXIT_INTERRUPTED, BadInput
+from trainctl.service.cli.interrupts import exit_on_interrupt, stop_on_interrupt
 
 if TYPE_CHECKING:
     from trainctl.store.data.corpus import Skipped
@@ -64,7 +65,8 @@ def train(
         from trainctl.store.data.tokenizer import TrainProgress, load_tokenizer, train_tokenizer
 
     skipped: list[Skipped] = []
-    with _shown_progress("tokenizer") as show:
+    stopped = "tokenizer training stopped; nothing was written"  # tokenizer.json comes last
+    with _shown_progress("tokenizer") as show, exit_on_interrupt(stopped):
 
         def on_progress(p: TrainProgress) -> None:
             show(f"{p.phase}: {p.documents:,} documents, {p.bytes / 1e6:,.1f} MB")
@@ -119,7 +121,7 @@ def prepare(
         if tokenizer != "bytes":
             import tokenizers  # noqa: F401 (the extra, checked before any work)
 
-    with _shown_progress("prepare") as show:
+    with _shown_progress("prepare") as show, stop_on_interrupt("the prepare") as should_stop:
 
         def on_progress(p: PrepareProgress) -> None:
             rate = p.tokens / p.seconds if p.seconds else 0.0
@@ -134,6 +136,7 @@ def prepare(
                 text_field=text_field, text_column=text_column, val_fraction=val_fraction,
                 shard_tokens=shard_tokens, workers=workers, strict=strict,
                 max_document_bytes=max_document_bytes, on_progress=on_progress,
+                should_stop=should_stop,
             )  # fmt: skip
     _report_skipped(dataset.skipped["documents"], dataset.skipped["examples"])
     train, val = dataset.splits["train"], dataset.splits["val"]
@@ -180,11 +183,15 @@ def _shown_progress(what: str) -> Iterator[Callable[[str], None]]:
 @contextmanager
 def _as_bad_input() -> Iterator[None]:
     """The input is the problem (no such file, a bad document with --strict, a folder that
-    is not empty): exit 2, one line."""
+    is not empty): exit 2, one line. A prepare stopped by Ctrl-C (`stop_on_interrupt`) has
+    removed what it wrote: exit 130."""
+    from trainctl.store.data.corpus import PrepareStopped
     from trainctl.store.data.shards import DataError
 
     try:
         yield
+    except PrepareStopped as exc:
+        fail(str(exc), EXIT_INTERRUPTED)
     except DataError as exc:
         raise BadInput(str(exc)) from exc
 

@@ -13,21 +13,16 @@ shown among the events, a line each.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import sys
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from datetime import timedelta
-from types import FrameType
 from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from trainctl.service.cli.common import console, err_console, fail, print_json
-from trainctl.service.cli.errors import EXIT_INTERRUPTED
+from trainctl.service.cli.interrupts import exit_on_interrupt
 from trainctl.service.schemas import EventPublic, RunPublic
 from trainctl.service.sdk.client import TrainctlClient, TrainingSample
 from trainctl.store.kinds import RUN_KINDS
@@ -171,25 +166,11 @@ def follow(api: TrainctlClient, run_id: str, *, samples: bool = False) -> RunPub
     return api.get_run(run_id)
 
 
-@contextmanager
-def interrupt_stops_watching(run_id: str) -> Iterator[None]:
-    """Ctrl-C while following a run exits at once, with 130 and the line saying the run goes
-    on. Not by KeyboardInterrupt: raised wherever the main thread happens to be, it can land
-    inside Rich's live display while it holds the lock its refresh thread needs, and the
-    display's exit then waits for that thread forever (a watch that ignored Ctrl-C). There is
-    nothing to clean up: the run is the service's, and the stream dies with the process."""
-    message = f"error: stopped watching; run {run_id} goes on (trainctl runs cancel {run_id})\n"
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        show_cursor = "\x1b[?25h" if sys.stderr.isatty() else ""  # Rich hides it while live
-        os.write(sys.stderr.fileno(), (show_cursor + message).encode())
-        os._exit(EXIT_INTERRUPTED)
-
-    previous = signal.signal(signal.SIGINT, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+def interrupt_stops_watching(run_id: str) -> AbstractContextManager[None]:
+    """Ctrl-C while following a run exits at once with 130 and the line saying the run goes
+    on: there is nothing to clean up, the run is the service's."""
+    cancel = f"trainctl runs cancel {run_id}"
+    return exit_on_interrupt(f"stopped watching; run {run_id} goes on ({cancel})")
 
 
 def report(run: RunPublic, *, as_json: bool = False) -> RunPublic:

@@ -222,9 +222,13 @@ def download_archive(store: Store, experiment: str, tag: str, dest: Path) -> Ste
     target = dest / f"{experiment}-{tag}.tar" if dest.is_dir() else dest
     partial = target.with_name(f"{target.name}.part")
     yield from open_stream(Request("GET", f"/{store}/{experiment}/{tag}/archive"))
-    with open(partial, "wb") as out:
-        while (chunk := (yield from read_bytes())) is not None:
-            out.write(chunk)
+    try:
+        with open(partial, "wb") as out:
+            while (chunk := (yield from read_bytes())) is not None:
+                out.write(chunk)
+    except BaseException:  # a stream cut short, Ctrl-C: no .part left behind, none to resume
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, target)
     return target
 

@@ -4,12 +4,18 @@ their exit codes. No service: these commands work on local files."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.datasets import stdlib_files
-from tests.service.cli.invoke import trainctl
+from tests.polling import poll
+from tests.service.cli.invoke import NO_CONFIG, trainctl
+from tests.service_process import REPO
 from trainctl.store.data.datasets import read_dataset
 
 
@@ -138,3 +144,32 @@ def test_a_parquet_corpus_prepares_through_the_cli_to_the_jsonl_corpus_s_shards(
     assert jsonl.splits == parquet.splits and jsonl.tokenizer == parquet.tokenizer
     for shard in jsonl.shard_paths("train") + jsonl.shard_paths("val"):
         assert shard.read_bytes() == (tmp_path / "parquet" / shard.name).read_bytes()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_prepare_with_130_and_removes_what_it_wrote(tmp_path: Path) -> None:
+    """Ctrl-C asks the prepare to stop (its `should_stop`) rather than raising wherever the
+    main thread is, so its cleaning up runs: no folder is left, and no tokenizing process."""
+    big = tmp_path / "big.jsonl"
+    line = json.dumps({"text": "the quick brown fox jumps over the lazy dog " * 40}) + "\n"
+    big.write_text(line * 40_000)  # 70 MB: seconds to prepare, far longer than the poll below
+    out = tmp_path / "ds"
+    env = {**os.environ, "XDG_CONFIG_HOME": str(NO_CONFIG)}
+    with subprocess.Popen(
+        [sys.executable, "-m", "trainctl.service.cli", "data", "prepare", big, "--out", out,
+         "--workers", "2"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as prepare:  # fmt: skip
+        try:
+            poll(out.is_dir, timeout=60, what="the prepare to claim its folder", interval=0.01)
+            prepare.send_signal(signal.SIGINT)
+            assert prepare.wait(timeout=60) == 130
+        finally:
+            prepare.kill()
+        stdout, stderr = prepare.communicate()
+    assert stdout == ""
+    assert stderr == (
+        "stopping the prepare (Ctrl-C); removing what it wrote\n"
+        "error: the prepare was stopped; nothing of it is left\n"
+    )
+    assert not out.exists()
