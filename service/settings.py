@@ -187,6 +187,13 @@ class Settings(BaseSettings):
         description="Event streams one API token may hold open (without tokens, all requests "
         "share one count); beyond, 429.",
     )
+    event_stream_keepalive_seconds: float = Field(
+        15.0,
+        ge=0.1,
+        le=300,
+        description="Quiet time after which an event stream sends a keepalive comment: below "
+        "a proxy's idle timeout, and how soon a closed stream gives back its slot.",
+    )
     webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Hosts webhooks may send to (comma-separated): names, '*.example.com', IP "

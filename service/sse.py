@@ -33,7 +33,6 @@ its cache, at most `IDENTITY_SECONDS` old, so a revocation in another process en
 within about 7 s, and one in this process within 2)."""
 MAX_EVENT_ID = 2**63 - 1
 """Event ids are the database's 64-bit integers; a larger Last-Event-ID cannot be queried."""
-KEEPALIVE_SECONDS = 15.0
 MEDIA_TYPE = "text/event-stream"
 HEADERS = {
     "Cache-Control": "no-cache",
@@ -144,7 +143,7 @@ async def stream_events(
     after_id: int = 0,
     token: str | None = None,
     *,
-    keepalive_seconds: float = KEEPALIVE_SECONDS,
+    keepalive_seconds: float,
 ) -> AsyncGenerator[str, None]:
     """Frames of every event after `after_id`, following the run until it is finished, or
     until the token the stream was opened with is revoked (a comment, then the end)."""

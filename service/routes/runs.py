@@ -198,6 +198,7 @@ def stream_run_events(
     run_id: str,
     runs: RunsDep,
     feed: EventFeedDep,
+    settings: SettingsDep,
     token: StreamToken,
     last_event_id: Annotated[
         int | None,
@@ -214,7 +215,9 @@ def stream_run_events(
     runs.get(run_id)  # an unknown run is a 404 before the stream starts
     start = last_event_id if last_event_id is not None else after or 0
     return StreamingResponse(
-        sse.stream_events(feed, run_id, start, token),
+        sse.stream_events(
+            feed, run_id, start, token, keepalive_seconds=settings.event_stream_keepalive_seconds
+        ),
         media_type=sse.MEDIA_TYPE,
         headers=sse.HEADERS,
     )

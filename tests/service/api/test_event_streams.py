@@ -4,7 +4,6 @@ streams are bounded per token and in all, and an idle one costs no query of its 
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,14 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from fastapi import FastAPI
 from pydantic import SecretStr
 from sqlalchemy import event
 
 from tests.polling import poll
 from tests.service.serving import serve
-from trainctl.service import sse
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
 
@@ -112,15 +109,15 @@ def test_a_stream_ends_within_seconds_of_its_token_being_revoked(tmp_path: Path)
     assert again.status_code == 401
 
 
-def test_streams_beyond_a_tokens_share_are_429_and_beyond_all_are_503(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_streams_beyond_a_tokens_share_are_429_and_beyond_all_are_503(tmp_path: Path) -> None:
     """The server sees a closed stream when it next writes to it, its keepalive: at 0.5 s
     rather than 15, the closed stream gives back its slot (and the rest end) at once."""
-    monkeypatch.setattr(
-        sse, "stream_events", functools.partial(sse.stream_events, keepalive_seconds=0.5)
+    app = guarded_app(
+        tmp_path,
+        max_event_streams=3,
+        max_event_streams_per_token=2,
+        event_stream_keepalive_seconds=0.5,
     )
-    app = guarded_app(tmp_path, max_event_streams=3, max_event_streams_per_token=2)
     with serve(app) as url, streams() as opened:
         run_id = queued_run(app, url)
         events = f"{url}/runs/{run_id}/events"
