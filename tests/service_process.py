@@ -49,6 +49,9 @@ class Service:
             "TRAINCTL_LEASE_SECONDS": "5",
             "TRAINCTL_HEARTBEAT_SECONDS": "0.5",
             "TRAINCTL_REAP_SECONDS": "0.5",
+            # Not niced as in production (10): beside a second pytest process (xdist) a niced
+            # worker gets a tenth of a core and the test waiting on it times out.
+            "TRAINCTL_WORKER_NICE": "0",
             **self.extra_env,
         }
         log = open(self.data_dir / "service.log", "ab")  # noqa: SIM115 - lives with the process
