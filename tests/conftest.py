@@ -15,15 +15,16 @@ import torch
 from tests.databases import BACKENDS, fresh_database
 from tests.pg import PostgresServer, PostgresUnavailable
 from tests.s3server import S3Server, running_s3_server
+from tests.soak import SKIP_REASON, SOAK
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    skips = {"gpu": None if torch.cuda.is_available() else "needs a CUDA device",
+             "soak": None if SOAK else SKIP_REASON}  # fmt: skip
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, reason in skips.items():
+            if reason and marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")

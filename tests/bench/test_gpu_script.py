@@ -25,7 +25,6 @@ from bench.gpu_summary import render, summarize
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "gpu.sh"
-SOAK = int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "0")) > 0
 STEPS = [
     "env",
     "pytest_gpu",
@@ -167,11 +166,7 @@ def test_what_the_service_and_the_worker_import_is_on_the_gpu_machine(tmp_path: 
     assert "pydantic" in WHEELS and "sqlalchemy" in WHEELS
 
 
-@pytest.mark.skipif(
-    not SOAK,
-    reason="about two minutes: make soak, or TRAINCTL_SOAK_ROUNDS=1 "
-    "pytest tests/bench/test_gpu_script.py",
-)
+@pytest.mark.soak  # about two minutes
 def test_the_dry_run_runs_every_step_end_to_end(tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
     env = {**os.environ, "OUT": str(out_dir), "PYTHON": sys.executable, "TMPDIR": str(tmp_path)}

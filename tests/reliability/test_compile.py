@@ -11,7 +11,6 @@ Run the CPU one alone with `TRAINCTL_SOAK_ROUNDS=1 pytest tests/reliability/test
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,6 @@ from tests.plans import train_plan
 from tests.stores import posix_store
 from trainctl.worker.train import train
 
-SOAK = int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "0")) > 0
 STEPS, CHECKPOINT_AT = 20, 10
 # fp32 on the CPU. The compiled step computes the same loss in another order: inductor fuses
 # and reorders the reductions (RMSNorm, softmax, the cross-entropy over 512 logits), and its
@@ -97,11 +95,7 @@ def max_relative_difference(a: dict[int, float], b: dict[int, float]) -> float:
     return max(abs(a[s] - b[s]) / abs(b[s]) for s in a)
 
 
-@pytest.mark.skipif(
-    not SOAK,
-    reason="inductor takes minutes on 2 cores: make soak, or "
-    "TRAINCTL_SOAK_ROUNDS=1 pytest tests/reliability/test_compile.py",
-)
+@pytest.mark.soak  # inductor takes minutes on 2 cores
 def test_on_cpu_the_compiled_step_matches_eager_and_resumes_from_its_checkpoint(
     tmp_path: Path, deterministic: None
 ) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.reliability import saver
+from tests.soak import rounds
 from tests.stores import folder, posix_store
 from trainctl.store.checkpoints.info import CheckpointInfo
 from trainctl.store.checkpoints.manifests import verify_manifest
@@ -28,7 +29,7 @@ from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.names import BEST_TAG, parse_step
 from trainctl.worker.checkpoint import load_checkpoint
 
-ROUNDS = int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "20"))
+ROUNDS = rounds(20)
 SEED = int(os.environ.get("TRAINCTL_SOAK_SEED", "4"))
 READY_TIMEOUT = 120.0
 

@@ -34,11 +34,12 @@ from tests.databases import fresh_database
 from tests.plans import enqueue, train_plan
 from tests.polling import poll
 from tests.reliability.workers import Workers, wait_finished
+from tests.soak import rounds
 from tests.stores import folder, posix_store
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import Run, RunStore
 
-ROUNDS = int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "20")) // 50
+ROUNDS = rounds(20) // 50
 STEPS, CHECKPOINT_EVERY = 40, 10
 FAULTS = ("kill", "stall", "drain")
 pytestmark = pytest.mark.skipif(ROUNDS == 0, reason="soak rounds: make soak")

@@ -6,7 +6,6 @@ each now holds no more than its batches (tests/store/test_prepare_memory.py runs
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,10 +21,7 @@ from tests.hostile_corpora import (
 )
 from trainctl.store.data.corpus import BATCH_BYTES
 
-SOAK = int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "0")) > 0
-pytestmark = pytest.mark.skipif(
-    not SOAK, reason="a few GB of data: make soak, or TRAINCTL_SOAK_ROUNDS=1"
-)
+pytestmark = pytest.mark.soak  # a few GB of data
 # Nothing these hold is longer than a batch: the long document is read past or left unread.
 BOUND = 32 * BATCH_BYTES
 

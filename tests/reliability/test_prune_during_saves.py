@@ -21,6 +21,7 @@ import pytest
 
 from tests.polling import poll
 from tests.reliability import saver
+from tests.soak import rounds
 from tests.stores import posix_store
 from trainctl.store.checkpoints.manifests import (
     METADATA_FILE,
@@ -32,7 +33,7 @@ from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.exceptions import CheckpointProtected
 from trainctl.store.names import BEST_TAG, parse_step, step_tag
 
-ROUNDS = 100 * int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "20"))
+ROUNDS = 100 * rounds(20)
 SEED = int(os.environ.get("TRAINCTL_SOAK_SEED", "4"))
 EXP = saver.EXPERIMENT
 PROTECTED_TAG = "step_1"

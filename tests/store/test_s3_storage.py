@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.s3server import S3Server
+from tests.soak import rounds as soak_rounds
 from tests.stores import rewrite, s3_store
 from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.checkpoints.manifests import (
@@ -173,7 +174,7 @@ def test_readers_never_see_a_replaced_best_half_done(
     store: CheckpointStore, s3_server: S3Server, bucket: str, tmp_path: Path
 ) -> None:
     """Readers here and in another process (no lock shared) while `best` is replaced."""
-    rounds = int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "0")) or 8
+    rounds = soak_rounds(8)
     with store.stage("exp", BEST_TAG) as staged:
         staged.write(MODEL_FILE, b"0" * 64)
         staged.commit()

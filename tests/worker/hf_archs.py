@@ -3,8 +3,9 @@ layers, width 64, a byte-level vocabulary of 256."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+import pytest
 
 BASE = {
     "vocab_size": 256,
@@ -50,10 +51,11 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "output_router_logits": True,
     },
 }
-# `make test` trains a dense model, an MoE and a hybrid; `make soak` (TRAINCTL_SOAK_MODELS=1)
-# trains every architecture.
+# `make test` trains a dense model, an MoE and a hybrid; `make soak` trains every architecture.
 IN_MAKE_TEST = ("llama", "qwen3_moe", "qwen3_next")
-TRAINED = tuple(ARCHITECTURES) if os.environ.get("TRAINCTL_SOAK_MODELS") else IN_MAKE_TEST
+TRAINED = [
+    pytest.param(m, marks=() if m in IN_MAKE_TEST else pytest.mark.soak) for m in ARCHITECTURES
+]
 
 
 def hf(model_type: str, **changes: Any) -> dict[str, Any]:

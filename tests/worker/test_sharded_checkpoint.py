@@ -11,7 +11,6 @@ at 1 rank (this process, an unsharded model), and in `make soak` at 3.
 from __future__ import annotations
 
 import multiprocessing
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,6 @@ from trainctl.worker.sharded_checkpoint import (
 
 EXPERIMENT = sharded_ranks.EXPERIMENT
 # make test loads at 1 and 2 ranks; make soak adds 3 (uneven shards).
-SOAK = bool(os.environ.get("TRAINCTL_SOAK_WORLDS"))
 ACROSS_WORLDS_ATOL = 1e-3  # a step after resuming 2 -> 1 rank; measured here: 0.0 (3.1e-4
 # before the 2-rank step used ShardedMuon)
 
@@ -122,10 +120,7 @@ def test_at_two_ranks_the_state_and_the_next_step_are_bit_exact(
     assert_same_state(torch.load(out / "stepped-2.pt"), torch.load(out / "next.pt"))
 
 
-@pytest.mark.skipif(
-    not SOAK,
-    reason="a third spawn of ranks (~20 s on 2 cores): make soak, or TRAINCTL_SOAK_WORLDS=1",
-)
+@pytest.mark.soak  # a third spawn of ranks, ~20 s on 2 cores
 def test_at_three_ranks_uneven_shards_restore_the_same_state(
     saved: tuple[Path, Path, list[int]], tmp_path: Path
 ) -> None:

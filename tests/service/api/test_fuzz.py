@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -35,6 +34,7 @@ from schemathesis.checks import CHECKS, CheckContext, load_all_checks
 
 from tests.service.fakes import finish, save_checkpoint
 from tests.service.serving import serve
+from tests.soak import SOAK
 from tests.stores import posix_store
 from trainctl.service.app import create_app
 from trainctl.service.openapi import OPENAPI_FILE
@@ -60,7 +60,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[3]
 # make test's budget (20 minutes on 2 cores) holds 25 per endpoint and mode; `make soak`
 # (TRAINCTL_SOAK_ROUNDS) generates four times as many.
-MAX_EXAMPLES = 100 if int(os.environ.get("TRAINCTL_SOAK_ROUNDS", "0")) > 0 else 25
+MAX_EXAMPLES = 100 if SOAK else 25
 """Generated requests per endpoint and mode, on top of schemathesis's boundary-value cases."""
 
 TOKEN = "fuzz-token"
