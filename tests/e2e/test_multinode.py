@@ -180,6 +180,9 @@ def test_a_two_node_run_follows_one_process_with_the_same_global_batch(
     assert losses == pytest.approx(expected, rel=DRIFT_RTOL)
 
 
+# make soak: over a minute on 2 cores; make test kills a gang rank mid-save
+# (tests/worker/test_sharded_checkpoint.py) and a lone worker mid-run (test_runner.py).
+@pytest.mark.soak
 def test_a_member_killed_mid_run_costs_one_attempt_and_changes_no_parameter(
     cluster: Cluster, uninterrupted: str
 ) -> None:

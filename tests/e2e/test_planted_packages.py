@@ -38,7 +38,11 @@ def imported(*folders: Path) -> list[str]:
 
 @pytest.mark.parametrize(
     "argv",
-    [[sys.executable, "-m", "trainctl.service"], [str(CONSOLE_SCRIPT), "serve"]],
+    [
+        [sys.executable, "-m", "trainctl.service"],
+        # The same guard in the console script's start; ~30 s, make soak.
+        pytest.param([str(CONSOLE_SCRIPT), "serve"], marks=pytest.mark.soak),
+    ],
     ids=["python -m trainctl.service", "trainctl serve"],
 )
 def test_nothing_planted_in_the_working_folder_or_on_pythonpath_is_imported(

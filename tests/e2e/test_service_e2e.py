@@ -26,7 +26,10 @@ def sha256(path: Path) -> str:
 # The main flow runs on PostgreSQL too; the other end-to-end tests run on SQLite only: the store
 # tests already cover every query on both databases, and each end-to-end test costs tens of
 # seconds.
-@pytest.mark.parametrize("service", ["sqlite", "postgresql"], indirect=True)
+# make test runs it on SQLite; PostgreSQL's end to end is the multi-node tests' (make soak: both).
+@pytest.mark.parametrize(
+    "service", ["sqlite", pytest.param("postgresql", marks=pytest.mark.soak)], indirect=True
+)
 def test_benchmark_then_train_then_checkpoints_work_after_one_command(
     service: Service, tmp_path: Path
 ) -> None:
@@ -90,6 +93,10 @@ def test_cancel_a_running_train_run_saves_a_checkpoint(service: Service) -> None
         assert latest.step == result_of(done)["step"] and latest.run_id == run.id
 
 
+# make soak: two runs through the service, a minute on 2 cores. make test holds its parts:
+# tests/worker/test_runner.py kills a worker mid-run and resumes the run from its own
+# checkpoint, tests/worker/test_train.py resumes bit for bit in a fresh process.
+@pytest.mark.soak
 def test_kill_9_mid_run_resumes_exactly_like_an_uninterrupted_run(service: Service) -> None:
     """Exact resume through the service. The rule: a run killed mid-flight restarts from
     the newest checkpoint it wrote itself and recomputes the steps after it; weights,

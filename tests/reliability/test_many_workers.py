@@ -38,7 +38,10 @@ class Fleet:
         return sorted(self.workers.procs)
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+# make test: PostgreSQL, the database of many nodes; make soak: SQLite too.
+@pytest.fixture(
+    scope="module", params=[pytest.param(BACKENDS[0], marks=pytest.mark.soak), BACKENDS[1]]
+)
 def fleet(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Fleet]:
