@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -55,6 +56,9 @@ def stop_on_interrupt(what: str) -> Iterator[Callable[[], bool]]:
 
 @contextmanager
 def _handling_sigint(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield  # a command run off the main thread (a test's runner) gets no signals to handle
+        return
     previous = signal.signal(signal.SIGINT, handler)
     try:
         yield
