@@ -77,7 +77,7 @@ test-fast: install
 
 # What make test leaves out, the tests marked soak (tests/soak.py says which and why), and the
 # long fault rounds at 300: kill -9 during saves, prune racing saves, gang faults, the bucket's
-# readers racing a save; the API fuzzer at four times make test's examples.
+# readers racing a save; the API fuzzer at ten times make test's examples (100, not 10).
 soak: install
 	TRAINCTL_SOAK_ROUNDS=300 $(VENV)/bin/pytest -q tests/reliability
 	TRAINCTL_SOAK_ROUNDS=300 $(VENV)/bin/pytest -q tests/store/test_s3_storage.py -k readers
