@@ -66,14 +66,15 @@ pytest: install browser
 
 test: lint typecheck pytest
 
-# The edit loop's tests, in under 3 minutes on 2 cores: the unit tests without the end-to-end,
-# reliability, benchmark and Docker lanes, and without the tests marked slow (a real service,
-# worker or browser, training, fuzzing) or gpu. The fuzzer is slow as a whole; leaving it out
-# of the collection too saves building its schemas. `make test` runs it all and is CI's gate.
+# The edit loop's tests, in under 3 minutes on 2 cores (2:21 on two processes, 4:00 on one):
+# the unit tests without the end-to-end, reliability, benchmark and Docker lanes, and without
+# the tests marked slow (a real service, worker or browser, training, fuzzing) or gpu. The
+# fuzzer is slow as a whole; leaving it out of the collection too saves building its schemas.
+# `make test` runs it all and is CI's gate.
 FAST_LANE := -m "not slow and not gpu" --ignore=tests/e2e --ignore=tests/reliability \
 	--ignore=tests/bench --ignore=tests/test_docker.py --ignore=tests/service/api/test_fuzz.py
 test-fast: install
-	$(VENV)/bin/pytest -q $(FAST_LANE)
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(FAST_LANE)
 
 # What make test leaves out, the tests marked soak (tests/soak.py says which and why), and the
 # long fault rounds at 300: kill -9 during saves, prune racing saves, gang faults, the bucket's

@@ -27,6 +27,7 @@ from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.db.queue import GANG_RESERVE_SECONDS
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import LeaseLost, WorkerNotFound
+from trainctl.store.hf_catalog import causal_lm_types
 from trainctl.store.layout import HEARTBEAT_SECONDS, LEASE_SECONDS, POLL_SECONDS, DataLayout
 from trainctl.store.memory import host_memory_bytes
 from trainctl.worker.context import Heartbeat, RunContext
@@ -181,12 +182,9 @@ def _device_info() -> tuple[str, dict[str, object]]:
 
 def hf_model_types() -> list[str]:
     """The causal-LM model types the transformers installed here builds (GET /models lists
-    those of the live workers); none where transformers is missing."""
-    try:
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    except ImportError:
-        return []
-    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    those of the live workers); none where transformers is missing. Read from transformers'
+    own table without importing it: the import costs seconds of CPU at every worker start."""
+    return sorted(causal_lm_types() or ())
 
 
 def cpu_count() -> int:
