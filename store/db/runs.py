@@ -11,6 +11,7 @@ import base64
 import binascii
 import dataclasses
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from trainctl.store.db.schema import (
 )
 from trainctl.store.db.tokens import same_name
 from trainctl.store.exceptions import (
+    AmbiguousRunId,
     Conflict,
     ExperimentBusy,
     Forbidden,
@@ -66,10 +68,25 @@ from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.placement import ONE_NODE, Capacity, Placement
 from trainctl.store.plans import ForkPoint
 from trainctl.store.text import column_text, unencodable
-from trainctl.store.vocabulary import ACTIVE_STATES, EVENT_TYPES, TERMINAL_STATES
+from trainctl.store.vocabulary import (
+    ACTIVE_STATES,
+    EVENT_TYPES,
+    SHORT_ID_LENGTH,
+    TERMINAL_STATES,
+)
 
 Checkpoint = tuple[str, str]
 """A checkpoint a run depends on: (experiment, tag)."""
+
+RUN_ID_PATTERN = re.compile(r"[0-9a-f]{32}")
+"""The id `enqueue` gives a run: 32 lowercase hex digits (a uuid4)."""
+_PREFIX_PATTERN = re.compile(rf"[0-9a-f]{{{SHORT_ID_LENGTH},31}}")
+
+
+def is_whole_run_id(text: str) -> bool:
+    """Whether `text` has the shape of a whole run id, which no other run's id starts with:
+    it names at most that run, with no need to look for others."""
+    return RUN_ID_PATTERN.fullmatch(text) is not None
 
 
 @dataclass(frozen=True)
@@ -128,6 +145,11 @@ class Run:
     (store/db/rows.py); None for every row this trainctl wrote."""
     parent: RunParent | None = None
     """A fork's parent; None for a run that is no fork."""
+
+    @property
+    def short_id(self) -> str:
+        """What people read and type: the id's first SHORT_ID_LENGTH characters."""
+        return self.id[:SHORT_ID_LENGTH]
 
 
 @dataclass(frozen=True)
@@ -337,6 +359,34 @@ class RunStore:
     def get(self, run_id: str) -> Run:
         with read_transaction(self.engine) as conn:
             return _run_from_row(_require_row(conn, run_id))
+
+    def resolve_id(self, id_or_prefix: str) -> str:
+        """The id of the run that `id_or_prefix` names: its whole id, or a prefix of it of at
+        least SHORT_ID_LENGTH characters (its short id is one). The one place an id a person
+        typed becomes a run's id; the API resolves every `{run_id}` of a path through it.
+
+        Raises `RunNotFound` when no run has that id or prefix (a shorter text names a run
+        only as its whole id), `AmbiguousRunId` when several runs start with it.
+        """
+        with read_transaction(self.engine) as conn:
+            if conn.execute(select(runs.c.id).where(runs.c.id == id_or_prefix)).first():
+                return id_or_prefix
+            if len(id_or_prefix) < SHORT_ID_LENGTH:
+                why = f"a prefix of a run's id names it only from {SHORT_ID_LENGTH} characters on"
+                raise RunNotFound(id_or_prefix, why)
+            if _PREFIX_PATTERN.fullmatch(id_or_prefix) is None:
+                raise RunNotFound(id_or_prefix)  # no run id has another character
+            # Hex digits only: LIKE's wildcards cannot occur, and lowercase reads alike on
+            # SQLite (LIKE ignores ASCII case there) and PostgreSQL (it does not).
+            matching = runs.c.id.like(f"{id_or_prefix}%")
+            count, first = conn.execute(
+                select(func.count(), func.min(runs.c.id)).where(matching)
+            ).one()
+        if count == 0:
+            raise RunNotFound(id_or_prefix)
+        if count > 1:
+            raise AmbiguousRunId(id_or_prefix, count)
+        return str(first)
 
     def list_runs(
         self,
