@@ -130,6 +130,12 @@ class RunsPublic(BaseModel):
     )
 
 
+class ForkSweepPublic(BaseModel):
+    """The runs a sweep queued: one per variant, in the variants' order."""
+
+    items: list[RunPublic]
+
+
 class LineageRunPublic(Public):
     """A run of a lineage tree, in brief (GET /runs/{id} has the rest)."""
 

@@ -107,3 +107,12 @@ class WorkerNotFound(NotFound):
 
     def __init__(self, worker_id: str) -> None:
         super().__init__(f"worker {worker_id!r} is not registered; register it again")
+
+
+class InVariant(TrainctlError):
+    """One variant of a sweep (`POST /runs/forks`) refused as its run alone would be: the
+    same refusal, with the same HTTP status, naming the variant."""
+
+    def __init__(self, index: int, cause: TrainctlError) -> None:
+        super().__init__(f"variants.{index}: {cause}")
+        self.index, self.cause = index, cause

@@ -24,6 +24,7 @@ from trainctl.service.errors import error_responses
 from trainctl.service.presenters import public_lineage, public_run, public_runs
 from trainctl.service.routing import JSON_NUMBER_TEXT, ApiRoute
 from trainctl.service.schemas import (
+    ForkSweepPublic,
     LineagePublic,
     LogsPublic,
     MetricsPublic,
@@ -31,11 +32,12 @@ from trainctl.service.schemas import (
     RunsPublic,
 )
 from trainctl.service.settings import Settings
-from trainctl.service.submit import submit_run
+from trainctl.service.submit import submit_run, submit_sweep
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.kinds import RUN_KINDS, RunKindName
 from trainctl.store.lineage import read_lineage
 from trainctl.store.specs import Request
+from trainctl.store.sweeps import SWEEP_NAME, ForkSweepRequest
 from trainctl.store.vocabulary import METRIC_KINDS_TEXT, RunState
 
 # Every route takes parameters (422) and reads or writes the run database (503 when it can't).
@@ -127,6 +129,26 @@ def _submit_route(kind: str, body: type[Request], summary: str) -> None:
 
 for _kind in RUN_KINDS:
     _submit_route(_kind.name, _kind.request, _kind.summary)
+
+
+@router.post(
+    f"/{SWEEP_NAME}",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=ForkSweepPublic,
+    responses={**ACCEPTED, 202: {"description": "Queued: a run per variant, in their order."}},
+)
+def create_fork_sweep(
+    sweep: ForkSweepRequest,
+    settings: SettingsDep,
+    runs: RunsDep,
+    ckpts: CheckpointsDep,
+    submitter: Submitter,
+    idempotency_key: IdempotencyKey = None,
+) -> ForkSweepPublic:
+    """Queue several forks of one checkpoint (a sweep): all of them, or none."""
+    queued = submit_sweep(sweep, settings=settings, runs=runs, ckpts=ckpts, submitter=submitter,
+                          idempotency_key=idempotency_key)  # fmt: skip
+    return ForkSweepPublic(items=public_runs(runs, settings.lease_seconds, queued))
 
 
 @router.get("", response_model=RunsPublic)
