@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.dependencies.models import Dependant
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -23,10 +23,10 @@ from trainctl.service.settings import Settings
 from trainctl.service.sse import EventFeed
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.db.runs import RunStore
+from trainctl.store.db.runs import RunStore, is_whole_run_id
 from trainctl.store.db.tokens import Principal, TokenStore
 from trainctl.store.exceptions import Forbidden
-from trainctl.store.vocabulary import SCOPES, Scope
+from trainctl.store.vocabulary import SCOPES, SHORT_ID_LENGTH, Scope
 
 
 async def get_app_settings(request: Request) -> Settings:
@@ -64,6 +64,26 @@ async def get_protection(runs: RunsDep, ckpts: CheckpointsDep) -> ProtectionPoli
 
 
 ProtectionDep = Annotated[ProtectionPolicy, Depends(get_protection)]
+
+
+async def resolve_run_id(
+    run_id: Annotated[
+        str,
+        Path(
+            description=f"The run's id, or its first {SHORT_ID_LENGTH} characters or more "
+            "(its short id)."
+        ),
+    ],
+    runs: RunsDep,
+) -> str:
+    """The `{run_id}` of a path as the run's whole id (RunStore.resolve_id), for every route
+    of one run: a short id works wherever an id does."""
+    if is_whole_run_id(run_id):
+        return run_id  # it names no other run; the route's own read says whether it exists
+    return await run_in_threadpool(runs.resolve_id, run_id)
+
+
+RunId = Annotated[str, Depends(resolve_run_id)]
 
 
 async def hold_store_slot(request: Request) -> AsyncIterator[None]:

@@ -30,6 +30,7 @@ from trainctl.store.exceptions import (
     Conflict,
     Forbidden,
     InvalidRequest,
+    InVariant,
     NotFound,
     QueueFull,
     StorageUnavailable,
@@ -67,6 +68,8 @@ class Overloaded(Exception):
 
 
 def status_for(exc: TrainctlError) -> int:
+    while isinstance(exc, InVariant):  # a sweep's variant is refused as its run would be
+        exc = exc.cause
     return next((code for cls, code in STATUS_BY_ERROR if isinstance(exc, cls)), 500)
 
 

@@ -41,7 +41,9 @@ def public_runs(runs: RunStore, lease_seconds: float, items: Sequence[Run]) -> l
     queued = any(run.state == "queued" for run in items)
     live = live_workers(runs, lease_seconds) if queued else []
     return [
-        RunPublic.model_validate({**vars(run), "waiting_reason": waiting_reason(run, live)})
+        RunPublic.model_validate(
+            {**vars(run), "short_id": run.short_id, "waiting_reason": waiting_reason(run, live)}
+        )
         for run in items
     ]
 

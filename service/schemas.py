@@ -20,7 +20,13 @@ from trainctl.store.kinds import ServedKindName
 from trainctl.store.names import ExperimentName, Name
 from trainctl.store.placement import Spread
 from trainctl.store.text import TextChecked
-from trainctl.store.vocabulary import METRIC_KINDS_TEXT, EventType, RunState, Scope
+from trainctl.store.vocabulary import (
+    METRIC_KINDS_TEXT,
+    SHORT_ID_TEXT,
+    EventType,
+    RunState,
+    Scope,
+)
 
 
 class ErrorPublic(BaseModel):
@@ -82,6 +88,7 @@ class ParentPublic(Public):
 
 class RunPublic(Public):
     id: str
+    short_id: str = Field(description=SHORT_ID_TEXT)
     kind: ServedKindName
     experiment: str = Field(
         description="Train: the request's; validate: the checkpoint's; prepare: the dataset's name."
@@ -123,10 +130,17 @@ class RunsPublic(BaseModel):
     )
 
 
+class ForkSweepPublic(BaseModel):
+    """The runs a sweep queued: one per variant, in the variants' order."""
+
+    items: list[RunPublic]
+
+
 class LineageRunPublic(Public):
     """A run of a lineage tree, in brief (GET /runs/{id} has the rest)."""
 
     id: str
+    short_id: str = Field(description=SHORT_ID_TEXT)
     kind: ServedKindName
     experiment: str
     state: RunState

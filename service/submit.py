@@ -16,24 +16,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import nullcontext
+from contextlib import ExitStack
 from functools import partial
+
+from pydantic import BaseModel
 
 from trainctl.service.devices import cuda_available, memory_limit
 from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.db.runs import QueueLimits, Run, RunStore
+from trainctl.store.db.runs import QueueLimits, Run, RunStore, RunToQueue
 from trainctl.store.db.tokens import Principal
-from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.exceptions import InvalidRequest, InVariant, TrainctlError
 from trainctl.store.kinds import RUN_KINDS, placement_of
 from trainctl.store.memory import admit
 from trainctl.store.placement import Placement
 from trainctl.store.resolve import SubmitContext
 from trainctl.store.specs import Request
+from trainctl.store.sweeps import SWEEP_NAME, ForkSweepRequest
 
 
-def request_digest(kind: str, request: Request) -> str:
+def request_digest(kind: str, request: BaseModel) -> str:
     """What the client asked for, before any default is filled in."""
     body = json.dumps([kind, request.model_dump(mode="json", exclude_unset=True)], sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()
@@ -49,12 +52,47 @@ def submit_run(
     submitter: Principal | None = None,
     idempotency_key: str | None = None,
 ) -> Run:
-    record = RUN_KINDS.get(kind)
     digest = request_digest(kind, request)
     name = submitter.name if submitter else None
     if idempotency_key and (existing := runs.replay(idempotency_key, kind, digest, name)):
         return existing  # an idempotent retry gets its run, even if resolving now would differ
-    plan = record.resolve.load()(request, submit_context(settings, runs, ckpts))
+    run = plan_run(kind, request, settings, runs, submit_context(settings, runs, ckpts))
+    return enqueue_pinned([run], settings, runs, ckpts, idempotency_key, digest, name)[0]
+
+
+def submit_sweep(
+    sweep: ForkSweepRequest,
+    *,
+    settings: Settings,
+    runs: RunStore,
+    ckpts: CheckpointStore,
+    submitter: Principal | None = None,
+    idempotency_key: str | None = None,
+) -> list[Run]:
+    """Queue a sweep's forks, every one or none: each is resolved and admitted as a train
+    run's submit would (a refusal names its variant), then all are enqueued at once."""
+    digest = request_digest(SWEEP_NAME, sweep)
+    name = submitter.name if submitter else None
+    if idempotency_key and (
+        existing := runs.replay_all(idempotency_key, "train", digest, name, len(sweep.variants))
+    ):
+        return existing  # the same body: the same number of runs, all queued together
+    context = submit_context(settings, runs, ckpts)
+    queue = []
+    for i, fork in enumerate(sweep.forks()):
+        try:
+            queue.append(plan_run("train", fork, settings, runs, context))
+        except TrainctlError as exc:
+            raise InVariant(i, exc) from exc
+    return enqueue_pinned(queue, settings, runs, ckpts, idempotency_key, digest, name)
+
+
+def plan_run(
+    kind: str, request: Request, settings: Settings, runs: RunStore, context: SubmitContext
+) -> RunToQueue:
+    """The request resolved into its plan and admitted: the run to queue."""
+    record = RUN_KINDS.get(kind)
+    plan = record.resolve.load()(request, context)
     placement = placement_of(plan)
     check_gpus_per_node(placement, settings.max_gpus_per_node)
     if record.memory is not None:
@@ -64,21 +102,39 @@ def submit_run(
         )
         admit(need, limit)
     ref = plan.depends_on
-    pin = ProtectionPolicy(runs, ckpts).pinned(ref.experiment, ref.tag) if ref else nullcontext()
-    with pin:
-        return runs.enqueue(
-            kind,
-            plan.filed_under,
-            plan.model_dump(mode="json"),
+    return RunToQueue(
+        kind,
+        plan.filed_under,
+        plan.model_dump(mode="json"),
+        max_attempts=request.max_attempts or settings.max_attempts,
+        depends_on=((ref.experiment, ref.tag),) if ref else (),
+        priority=request.priority,
+        placement=placement,
+        parent=record.parent(plan) if record.parent else None,
+    )
+
+
+def enqueue_pinned(
+    queue: list[RunToQueue],
+    settings: Settings,
+    runs: RunStore,
+    ckpts: CheckpointStore,
+    idempotency_key: str | None,
+    digest: str,
+    submitted_by: str | None,
+) -> list[Run]:
+    """Enqueue the runs of one request under the protection policy's pin of every checkpoint
+    they read, so none can be deleted between resolving and enqueueing."""
+    policy = ProtectionPolicy(runs, ckpts)
+    with ExitStack() as pins:
+        for experiment, tag in sorted({ref for run in queue for ref in run.depends_on}):
+            pins.enter_context(policy.pinned(experiment, tag))
+        return runs.enqueue_all(
+            queue,
             idempotency_key=idempotency_key,
-            max_attempts=request.max_attempts or settings.max_attempts,
-            priority=request.priority,
-            placement=placement,
-            depends_on=[(ref.experiment, ref.tag)] if ref else [],
             request_digest=digest if idempotency_key else None,
-            submitted_by=name,
+            submitted_by=submitted_by,
             queue_limits=QueueLimits(settings.max_queued_runs, settings.max_queued_runs_per_token),
-            parent=record.parent(plan) if record.parent else None,
         )
 
 

@@ -34,8 +34,18 @@ class InvalidRequest(TrainctlError, ValueError):
 
 
 class RunNotFound(NotFound):
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"run {run_id!r} does not exist")
+    def __init__(self, run_id: str, why: str = "") -> None:
+        super().__init__(f"run {run_id!r} does not exist" + (f"; {why}" if why else ""))
+
+
+class AmbiguousRunId(Conflict):
+    """A short id (a prefix of run ids) that several runs share: it named one run until the
+    second was queued, so it is the runs' state, not the request, that refuses it (HTTP 409)."""
+
+    def __init__(self, prefix: str, count: int) -> None:
+        super().__init__(
+            f"run id prefix {prefix!r} matches {count} runs; give more of the id, or all of it"
+        )
 
 
 class CheckpointNotFound(NotFound):
@@ -97,3 +107,12 @@ class WorkerNotFound(NotFound):
 
     def __init__(self, worker_id: str) -> None:
         super().__init__(f"worker {worker_id!r} is not registered; register it again")
+
+
+class InVariant(TrainctlError):
+    """One variant of a sweep (`POST /runs/forks`) refused as its run alone would be: the
+    same refusal, with the same HTTP status, naming the variant."""
+
+    def __init__(self, index: int, cause: TrainctlError) -> None:
+        super().__init__(f"variants.{index}: {cause}")
+        self.index, self.cause = index, cause

@@ -679,6 +679,17 @@ class ValidateOptions(Spec):
 # --- the requests ---------------------------------------------------------------------------
 
 
+def check_fork_ref(field: str, ref: str) -> str:
+    """A fork's starting point, `field`'s value: '<experiment>/<tag>' (ValueError otherwise)."""
+    parts = ref.split("/")
+    if not (len(parts) == 2 and is_valid_experiment(parts[0]) and is_valid_name(parts[1])):
+        raise ValueError(
+            f"{field} must be '<experiment>/<tag>': the experiment {EXPERIMENT_RULE}, "
+            f"the tag {NAME_RULE} (or 'latest')"
+        )
+    return ref
+
+
 class TrainRequest(TrainOptions, Request):
     model: ModelSpec = Field(default_factory=ModelSpec, description="Model preset and changes.")
     batch: BatchSpec = Field(default_factory=BatchSpec, description="Batch geometry.")
@@ -716,14 +727,7 @@ class TrainRequest(TrainOptions, Request):
     @field_validator("fork_from")
     @classmethod
     def _fork_ref(cls, v: str | None) -> str | None:
-        parts = (v or "").split("/")
-        named = len(parts) == 2 and is_valid_experiment(parts[0]) and is_valid_name(parts[1])
-        if v is not None and not named:
-            raise ValueError(
-                f"fork_from must be '<experiment>/<tag>': the experiment {EXPERIMENT_RULE}, "
-                f"the tag {NAME_RULE} (or 'latest')"
-            )
-        return v
+        return v if v is None else check_fork_ref("fork_from", v)
 
     @model_validator(mode="after")
     def _fork_or_resume(self) -> TrainRequest:

@@ -23,3 +23,10 @@ METRIC_KINDS = ("train", "val", "warmup", "measure", "prepare", "eval")
 METRIC_KINDS_TEXT = ", ".join(METRIC_KINDS) + "."
 TERMINAL_STATES: frozenset[RunState] = frozenset({"succeeded", "failed", "cancelled"})
 ACTIVE_STATES: frozenset[RunState] = frozenset({"queued", "running"})
+# A run's short id: the first this many characters of its id, what tables show; any prefix of
+# an id at least this long names its run wherever the id does (store.db.runs.RunStore.resolve_id).
+SHORT_ID_LENGTH = 8
+SHORT_ID_TEXT = (
+    f"The id's first {SHORT_ID_LENGTH} characters: what tables show, accepted wherever the id "
+    "is (as is any longer prefix of it)."
+)

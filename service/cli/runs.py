@@ -18,7 +18,9 @@ from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.vocabulary import METRIC_KINDS_TEXT
 
 app = typer.Typer(no_args_is_help=True, help="List, inspect, cancel and follow runs.")
-RunId = Annotated[str, typer.Argument(help="The run's id.", show_default=False)]
+RunId = Annotated[
+    str, typer.Argument(help="The run's id, or its short id (8 characters).", show_default=False)
+]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 # Each metrics row's own columns; a table of them leaves these out.
 ROW_IDS = ("event_id", "created_at")
@@ -52,7 +54,7 @@ def list_runs(
     for run in items:
         created = run.created_at.strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(
-            run.id, run.kind, run.experiment, state_text(run), progress_text(run), created
+            run.short_id, run.kind, run.experiment, state_text(run), progress_text(run), created
         )
     console.print(table)
 
@@ -97,7 +99,7 @@ def show_tree(
 def tree_label(run: LineageRunPublic, experiment: str) -> str:
     forked = f"  from {run.parent.experiment}/{run.parent.tag}" if run.parent else ""
     mark = "  <" if run.experiment == experiment else ""
-    return f"{run.experiment}  {run.id}  {run.state}  {progress_text(run)}{forked}{mark}"
+    return f"{run.experiment}  {run.short_id}  {run.state}  {progress_text(run)}{forked}{mark}"
 
 
 def add_forks(node: Tree, forks: list[LineageNodePublic], experiment: str) -> None:

@@ -51,7 +51,7 @@ class RunBar:
         # Only a train run's sample events are TrainingSamples (a sample run's are pieces).
         self.samples = samples and run.kind == "train"
         self.task = progress.add_task(
-            f"{run.kind} {run.id[:8]}",
+            f"{run.kind} {run.short_id}",
             total=run.progress.total_steps,
             completed=run.progress.step,
             loss="-",

@@ -14,6 +14,7 @@ from trainctl.service import history, sse
 from trainctl.service.deps import (
     CheckpointsDep,
     EventFeedDep,
+    RunId,
     RunsDep,
     SettingsDep,
     StreamToken,
@@ -23,6 +24,7 @@ from trainctl.service.errors import error_responses
 from trainctl.service.presenters import public_lineage, public_run, public_runs
 from trainctl.service.routing import JSON_NUMBER_TEXT, ApiRoute
 from trainctl.service.schemas import (
+    ForkSweepPublic,
     LineagePublic,
     LogsPublic,
     MetricsPublic,
@@ -30,11 +32,12 @@ from trainctl.service.schemas import (
     RunsPublic,
 )
 from trainctl.service.settings import Settings
-from trainctl.service.submit import submit_run
+from trainctl.service.submit import submit_run, submit_sweep
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.kinds import RUN_KINDS, RunKindName
 from trainctl.store.lineage import read_lineage
 from trainctl.store.specs import Request
+from trainctl.store.sweeps import SWEEP_NAME, ForkSweepRequest
 from trainctl.store.vocabulary import METRIC_KINDS_TEXT, RunState
 
 # Every route takes parameters (422) and reads or writes the run database (503 when it can't).
@@ -59,7 +62,8 @@ ACCEPTED: dict[int | str, dict[str, Any]] = {
     202: {"description": "Queued. `Location` is the run's URL."},
     **error_responses(400, 403, 409, 413, 429),
 }
-RUN_NOT_FOUND = error_responses(404)
+# 404: no run has that id or prefix; 409: several runs' ids start with the prefix given.
+RUN_NOT_FOUND = error_responses(404, 409)
 # A page's next_cursor: unpadded URL-safe base64 of the last run's position. The pattern is
 # checked here, in words like the store's rather than pydantic's; the format names the rule
 # no pattern states: only what the server wrote is a cursor, any other is a 422 (the store's).
@@ -127,6 +131,26 @@ for _kind in RUN_KINDS:
     _submit_route(_kind.name, _kind.request, _kind.summary)
 
 
+@router.post(
+    f"/{SWEEP_NAME}",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=ForkSweepPublic,
+    responses={**ACCEPTED, 202: {"description": "Queued: a run per variant, in their order."}},
+)
+def create_fork_sweep(
+    sweep: ForkSweepRequest,
+    settings: SettingsDep,
+    runs: RunsDep,
+    ckpts: CheckpointsDep,
+    submitter: Submitter,
+    idempotency_key: IdempotencyKey = None,
+) -> ForkSweepPublic:
+    """Queue several forks of one checkpoint (a sweep): all of them, or none."""
+    queued = submit_sweep(sweep, settings=settings, runs=runs, ckpts=ckpts, submitter=submitter,
+                          idempotency_key=idempotency_key)  # fmt: skip
+    return ForkSweepPublic(items=public_runs(runs, settings.lease_seconds, queued))
+
+
 @router.get("", response_model=RunsPublic)
 def list_runs(
     runs: RunsDep,
@@ -157,20 +181,20 @@ def list_runs(
 # A plain `def`, in the thread pool, as every route that queries the database: on the event
 # loop a query that waits (a PostgreSQL across the network, a SQLite lock) holds up all.
 @router.get("/{run_id}", response_model=RunPublic, responses=RUN_NOT_FOUND)
-def read_run(run_id: str, runs: RunsDep, settings: SettingsDep) -> RunPublic:
+def read_run(run_id: RunId, runs: RunsDep, settings: SettingsDep) -> RunPublic:
     """Read one run; a queued one says why it waits, if no live worker could take it."""
     return public_run(runs, settings.lease_seconds, runs.get(run_id))
 
 
 @router.get("/{run_id}/lineage", response_model=LineagePublic, responses=RUN_NOT_FOUND)
-def read_run_lineage(run_id: str, runs: RunsDep) -> LineagePublic:
+def read_run_lineage(run_id: RunId, runs: RunsDep) -> LineagePublic:
     """Read a run's lineage: the forks it descends from and the forks of its checkpoints."""
     return public_lineage(read_lineage(runs, run_id))
 
 
 @router.post("/{run_id}/cancel", response_model=RunPublic, responses=error_responses(403, 404, 409))
 def cancel_run(
-    run_id: str, runs: RunsDep, settings: SettingsDep, submitter: Submitter
+    run_id: RunId, runs: RunsDep, settings: SettingsDep, submitter: Submitter
 ) -> RunPublic:
     """Cancel a queued run now, or ask a running one to stop at the next step.
 
@@ -195,7 +219,7 @@ def cancel_run(
     },
 )
 def stream_run_events(
-    run_id: str,
+    run_id: RunId,
     runs: RunsDep,
     feed: EventFeedDep,
     settings: SettingsDep,
@@ -229,7 +253,7 @@ def stream_run_events(
     responses={200: {"content": {"text/csv": {}}}, **RUN_NOT_FOUND},
 )
 def read_run_metrics(
-    run_id: str,
+    run_id: RunId,
     runs: RunsDep,
     kind: Annotated[str | None, Query(description=METRIC_KINDS_TEXT)] = None,
     format: Literal["json", "csv"] = "json",
@@ -249,7 +273,7 @@ def read_run_metrics(
     response_model=LogsPublic,
     responses={200: {"content": {"text/plain": {}}}, **RUN_NOT_FOUND},
 )
-def read_run_logs(run_id: str, runs: RunsDep, format: Literal["json", "text"] = "json") -> Any:
+def read_run_logs(run_id: RunId, runs: RunsDep, format: Literal["json", "text"] = "json") -> Any:
     """Read a run's log lines (JSON, or plain text with ?format=text)."""
     entries = history.log_entries(runs, run_id)
     if format == "text":

@@ -151,6 +151,14 @@ class AsyncTrainctlClient:
         """Score a checkpoint on downstream tasks (`eval_tasks`); the result has the scores."""
         return await self._call(calls.submit("evaluate", spec, idempotency_key=None))
 
+    async def submit_forks(
+        self,
+        checkpoint: str,
+        variants: Sequence[dict[str, Any] | BaseModel],
+        idempotency_key: str | None = None,
+    ) -> list[RunPublic]:
+        return await self._call(calls.submit_forks(checkpoint, variants, idempotency_key))
+
     async def get_run(self, run_id: str) -> RunPublic:
         return await self._call(calls.get_run(run_id))
 

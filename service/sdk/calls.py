@@ -30,6 +30,7 @@ from trainctl.service.schemas import (
     EvalTaskPublic,
     EvalTasksPublic,
     EventPublic,
+    ForkSweepPublic,
     HealthPublic,
     LineagePublic,
     LogPublic,
@@ -66,6 +67,7 @@ from trainctl.service.sdk.steps import (
     read_bytes,
     read_line,
 )
+from trainctl.store.sweeps import SWEEP_NAME
 from trainctl.store.vocabulary import TERMINAL_STATES, RunState, Scope
 
 Progress = Callable[[int, int | None], None]
@@ -92,6 +94,25 @@ def submit(
     headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
     request = Request("POST", f"/runs/{kind}", json=spec, headers=headers)
     return Call(request, RunPublic.model_validate_json)
+
+
+def submit_forks(
+    checkpoint: str,
+    variants: Sequence[dict[str, Any] | BaseModel],
+    idempotency_key: str | None,
+) -> Call[list[RunPublic]]:
+    """A sweep: the forks of `checkpoint` ('<experiment>/<tag>'), one per variant (a train
+    request without fork_from), queued all together or none; a key as `submit` sends one."""
+    body = {
+        "from": checkpoint,
+        "variants": [
+            v.model_dump(mode="json", exclude_unset=True) if isinstance(v, BaseModel) else v
+            for v in variants
+        ],
+    }
+    headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
+    request = Request("POST", f"/runs/{SWEEP_NAME}", json=body, headers=headers)
+    return Call(request, lambda answer: ForkSweepPublic.model_validate_json(answer).items)
 
 
 def get_run(run_id: str) -> Call[RunPublic]:

@@ -165,6 +165,17 @@ class TrainctlClient:
         """Score a checkpoint on downstream tasks (`eval_tasks`); the result has the scores."""
         return self._call(calls.submit("evaluate", spec, idempotency_key=None))
 
+    def submit_forks(
+        self,
+        checkpoint: str,
+        variants: Sequence[dict[str, Any] | BaseModel],
+        idempotency_key: str | None = None,
+    ) -> list[RunPublic]:
+        """Queue the forks of `checkpoint` ('<experiment>/<tag>'), one per variant (a train
+        request without fork_from, each into an experiment of its own): all of them, or none
+        when one is refused. A retry with the same `idempotency_key` gets the same runs."""
+        return self._call(calls.submit_forks(checkpoint, variants, idempotency_key))
+
     def get_run(self, run_id: str) -> RunPublic:
         return self._call(calls.get_run(run_id))
 

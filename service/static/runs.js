@@ -48,21 +48,29 @@ export async function showRuns(view, params) {
   // Rows are updated in place, not rebuilt: a checkbox replaced between a click's press and
   // release loses the click.
   const rows = new Map();
-  const head = h("tr", {}, h("th", {}, allBox), ...COLUMNS.map((c) => h("th", {}, c)));
-  const makeRow = (id) => {
+  // Each cell has its column's class: a narrow window leaves the lesser columns out
+  // (dashboard.css), so that a run's state stays in view.
+  const head = h("tr", {}, h("th", {}, allBox),
+    ...COLUMNS.map((c) => h("th", { class: `col-${c}` }, c)));
+  const makeRow = (r) => {
+    const id = r.id;
     const box = h("input", { type: "checkbox", "data-run": id, "aria-label": `select ${id}`,
       onchange: () => {
         if (box.checked) selected.add(id); else selected.delete(id);
         syncControls();
       } });
-    const cells = COLUMNS.slice(1).map(() => h("td"));
+    const cells = COLUMNS.slice(1).map((c) => h("td", { class: `col-${c}` }));
+    // The short id, and beside it a fork's branch: the experiment it was forked into.
+    const branch = r.parent ? [" ", h("span", { class: "branch" }, r.experiment)] : [];
     const tr = h("tr", { "data-run": id }, h("td", {}, box),
-      h("td", {}, h("a", { href: `#/runs/${id}` }, id)), ...cells);
+      h("td", { class: "col-run" }, h("a", { href: `#/runs/${id}`, title: id }, r.short_id),
+        ...branch), ...cells);
     return { tr, box, cells };
   };
   const update = (row, r) => {
     row.box.checked = selected.has(r.id);
-    const values = [r.kind, r.experiment, stateBadge(r.state, r.waiting_reason), progressCell(r.progress),
+    const values = [r.kind, h("span", { class: "name" }, r.experiment),
+      stateBadge(r.state, r.waiting_reason), progressCell(r.progress),
       fmt.time(r.created_at), r.worker_id || ""];
     row.cells.forEach((td, i) => td.replaceChildren(values[i]));
   };
@@ -76,7 +84,7 @@ export async function showRuns(view, params) {
     shown = page.items;
     for (const r of shown) {
       experiments.add(r.experiment);
-      if (!rows.has(r.id)) rows.set(r.id, makeRow(r.id));
+      if (!rows.has(r.id)) rows.set(r.id, makeRow(r));
       update(rows.get(r.id), r);
     }
     const order = shown.map((r) => r.id).join();

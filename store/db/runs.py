@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import hashlib
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -52,6 +54,7 @@ from trainctl.store.db.schema import (
 )
 from trainctl.store.db.tokens import same_name
 from trainctl.store.exceptions import (
+    AmbiguousRunId,
     Conflict,
     ExperimentBusy,
     Forbidden,
@@ -66,10 +69,25 @@ from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.placement import ONE_NODE, Capacity, Placement
 from trainctl.store.plans import ForkPoint
 from trainctl.store.text import column_text, unencodable
-from trainctl.store.vocabulary import ACTIVE_STATES, EVENT_TYPES, TERMINAL_STATES
+from trainctl.store.vocabulary import (
+    ACTIVE_STATES,
+    EVENT_TYPES,
+    SHORT_ID_LENGTH,
+    TERMINAL_STATES,
+)
 
 Checkpoint = tuple[str, str]
 """A checkpoint a run depends on: (experiment, tag)."""
+
+RUN_ID_PATTERN = re.compile(r"[0-9a-f]{32}")
+"""The id `enqueue` gives a run: 32 lowercase hex digits (a uuid4)."""
+_PREFIX_PATTERN = re.compile(rf"[0-9a-f]{{{SHORT_ID_LENGTH},31}}")
+
+
+def is_whole_run_id(text: str) -> bool:
+    """Whether `text` has the shape of a whole run id, which no other run's id starts with:
+    it names at most that run, with no need to look for others."""
+    return RUN_ID_PATTERN.fullmatch(text) is not None
 
 
 @dataclass(frozen=True)
@@ -128,6 +146,11 @@ class Run:
     (store/db/rows.py); None for every row this trainctl wrote."""
     parent: RunParent | None = None
     """A fork's parent; None for a run that is no fork."""
+
+    @property
+    def short_id(self) -> str:
+        """What people read and type: the id's first SHORT_ID_LENGTH characters."""
+        return self.id[:SHORT_ID_LENGTH]
 
 
 @dataclass(frozen=True)
@@ -202,6 +225,21 @@ class QueueLimits:
             )
 
 
+@dataclass(frozen=True)
+class RunToQueue:
+    """One run for `RunStore.enqueue_all` to queue: what `enqueue` takes of each run."""
+
+    kind: str
+    experiment: str
+    spec: dict[str, Any]
+    max_attempts: int = 3
+    depends_on: tuple[Checkpoint, ...] = ()
+    priority: int = 0
+    placement: Placement = ONE_NODE
+    parent: ForkPoint | None = None
+    """Where a fork starts, its lineage."""
+
+
 class RunStore:
     """Runs, their events and the workers, in one SQL database (SQLite or PostgreSQL).
 
@@ -254,65 +292,69 @@ class RunStore:
         `QueueFull` when `queue_limits` are reached, and `InvalidRequest` for a gang on
         SQLite, whose workers all share one host.
         """
-        if kind not in RUN_KINDS:
-            raise ValueError(f"unknown run kind {kind!r}; expected one of {RUN_KINDS.names()}")
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
-        if placement.is_gang and self.engine.dialect.name == "sqlite":
-            raise InvalidRequest(
-                f"nnodes {placement.nnodes}: a run across several nodes needs PostgreSQL "
-                "(TRAINCTL_DATABASE_URL) as the coordination point; this service keeps its "
-                "runs in SQLite, which serves one node. Use nnodes 1 (nproc_per_node for "
-                "this node's GPUs)"
-            )
-        values = {
-            "kind": kind,
-            "experiment": experiment,
-            "spec": _plan_json(spec),
-            "max_attempts": max_attempts,
-            "idempotency_key": idempotency_key,
-            "depends_on": [[exp, tag] for exp, tag in depends_on],
-            "request_digest": request_digest,
-            "submitted_by": submitted_by,
-            "priority": priority,
-            "nnodes": placement.nnodes,
-            "gpus_per_node": placement.gpus_per_node,
-            "procs_per_node": placement.procs_per_node,
-            "spread": placement.spread,
-            "model_plugin": placement.model_plugin,
-            "parent_run_id": parent.run_id if parent else None,
-            "parent_experiment": parent.checkpoint.experiment if parent else None,
-            "parent_tag": parent.checkpoint.tag if parent else None,
-            "parent_step": parent.step if parent else None,
-        }
+        run = RunToQueue(
+            kind, experiment, spec, max_attempts, tuple(depends_on), priority, placement, parent
+        )
+        [queued] = self.enqueue_all(
+            [run],
+            idempotency_key=idempotency_key,
+            request_digest=request_digest,
+            submitted_by=submitted_by,
+            queue_limits=queue_limits,
+        )
+        return queued
+
+    def enqueue_all(
+        self,
+        queue: Sequence[RunToQueue],
+        *,
+        idempotency_key: str | None = None,
+        request_digest: str | None = None,
+        submitted_by: str | None = None,
+        queue_limits: QueueLimits | None = None,
+    ) -> list[Run]:
+        """Add the runs of one request (a sweep's forks) in one transaction: all of them, or
+        none when one is refused (`enqueue` says why one is). One idempotency key stands for
+        them all: the first run holds it, the others keys derived from it (`_member_keys`),
+        and a retry gets the same runs back in the same order."""
+        if not queue:
+            raise ValueError("enqueue_all needs at least one run")
+        keys = _member_keys(idempotency_key, len(queue))
+        rows = [
+            _queued_values(run, key, request_digest, submitted_by, self.engine.dialect.name)
+            for run, key in zip(queue, keys, strict=True)
+        ]
         try:
-            return self._enqueue_once(values, queue_limits)
+            return self._enqueue_once(rows, queue_limits)
         except IntegrityError:
             # A concurrent request inserted the same key or an active train run between our
             # check and our insert (possible on PostgreSQL); checking again now explains why.
-            return self._enqueue_once(values, queue_limits)
+            return self._enqueue_once(rows, queue_limits)
 
-    def _enqueue_once(self, values: dict[str, Any], limits: QueueLimits | None) -> Run:
+    def _enqueue_once(self, rows: list[dict[str, Any]], limits: QueueLimits | None) -> list[Run]:
         with write_transaction(self.engine) as conn:
-            key = values["idempotency_key"]
-            if key is not None:
-                existing = _fetch_one(conn, _keyed(values["submitted_by"], key))
+            first = rows[0]
+            if first["idempotency_key"] is not None:
+                existing = _fetch_one(conn, _keyed(first["submitted_by"], first["idempotency_key"]))
                 if existing is not None:
-                    return _replay(existing, values)
-            if limits is not None:
-                limits.check(conn, values["submitted_by"])
-            if values["kind"] == "train":
-                active = _active_train_row(conn, values["experiment"])
-                if active is not None:
-                    raise ExperimentBusy(values["experiment"], active.id)
-            run_id, now = uuid.uuid4().hex, _utcnow()
-            conn.execute(
-                insert(runs).values(
-                    id=run_id, state="queued", created_at=now, queued_at=now,
-                    cancel_requested=False, step=0, attempt=1, **values,
-                )
-            )  # fmt: skip
-            return _run_from_row(_require_row(conn, run_id))
+                    return _replay(conn, existing, rows)
+            queued = []
+            for values in rows:
+                if limits is not None:
+                    limits.check(conn, values["submitted_by"])
+                if values["kind"] == "train":
+                    active = _active_train_row(conn, values["experiment"])
+                    if active is not None:
+                        raise ExperimentBusy(values["experiment"], active.id)
+                run_id, now = uuid.uuid4().hex, _utcnow()
+                conn.execute(
+                    insert(runs).values(
+                        id=run_id, state="queued", created_at=now, queued_at=now,
+                        cancel_requested=False, step=0, attempt=1, **values,
+                    )
+                )  # fmt: skip
+                queued.append(_run_from_row(_require_row(conn, run_id)))
+            return queued
 
     def replay(
         self,
@@ -326,17 +368,61 @@ class RunStore:
 
         Raises `Conflict` when the key was used for a different request.
         """
+        replayed = self.replay_all(idempotency_key, kind, request_digest, submitted_by, 1)
+        return replayed[0] if replayed else None
+
+    def replay_all(
+        self,
+        idempotency_key: str,
+        kind: str,
+        request_digest: str,
+        submitted_by: str | None,
+        count: int,
+    ) -> list[Run] | None:
+        """`replay` for a request that queued `count` runs (`enqueue_all`): all of them, in
+        their order, or None where the key is new."""
+        keys = _member_keys(idempotency_key, count)
+        scoped = [_keyed(submitted_by, key) for key in keys if key is not None]
         with read_transaction(self.engine) as conn:
-            existing = _fetch_one(conn, _keyed(submitted_by, idempotency_key))
-        if existing is None:
+            found = [_fetch_one(conn, condition) for condition in scoped]
+        first = found[0]
+        if first is None:
             return None
-        if existing.kind != kind or existing.request_digest != request_digest:
-            raise _key_reused(idempotency_key, existing.id)
-        return _run_from_row(existing)
+        if first.kind != kind or first.request_digest != request_digest:
+            raise _key_reused(idempotency_key, first.id)
+        return [_run_from_row(row) for row in found if row is not None]
 
     def get(self, run_id: str) -> Run:
         with read_transaction(self.engine) as conn:
             return _run_from_row(_require_row(conn, run_id))
+
+    def resolve_id(self, id_or_prefix: str) -> str:
+        """The id of the run that `id_or_prefix` names: its whole id, or a prefix of it of at
+        least SHORT_ID_LENGTH characters (its short id is one). The one place an id a person
+        typed becomes a run's id; the API resolves every `{run_id}` of a path through it.
+
+        Raises `RunNotFound` when no run has that id or prefix (a shorter text names a run
+        only as its whole id), `AmbiguousRunId` when several runs start with it.
+        """
+        with read_transaction(self.engine) as conn:
+            if conn.execute(select(runs.c.id).where(runs.c.id == id_or_prefix)).first():
+                return id_or_prefix
+            if len(id_or_prefix) < SHORT_ID_LENGTH:
+                why = f"a prefix of a run's id names it only from {SHORT_ID_LENGTH} characters on"
+                raise RunNotFound(id_or_prefix, why)
+            if _PREFIX_PATTERN.fullmatch(id_or_prefix) is None:
+                raise RunNotFound(id_or_prefix)  # no run id has another character
+            # Hex digits only: LIKE's wildcards cannot occur, and lowercase reads alike on
+            # SQLite (LIKE ignores ASCII case there) and PostgreSQL (it does not).
+            matching = runs.c.id.like(f"{id_or_prefix}%")
+            count, first = conn.execute(
+                select(func.count(), func.min(runs.c.id)).where(matching)
+            ).one()
+        if count == 0:
+            raise RunNotFound(id_or_prefix)
+        if count > 1:
+            raise AmbiguousRunId(id_or_prefix, count)
+        return str(first)
 
     def list_runs(
         self,
@@ -970,15 +1056,74 @@ def _check_owner(row: Row[Any], name: str) -> None:
         )
 
 
-def _replay(existing: Row[Any], values: dict[str, Any]) -> Run:
-    """The run an idempotent retry refers to, if the retry asks for the same thing."""
+def _replay(conn: Connection, existing: Row[Any], rows: list[dict[str, Any]]) -> list[Run]:
+    """The runs an idempotent retry refers to, if the retry asks for the same thing:
+    `existing` holds the key itself, the other runs of its request the keys derived from it."""
+    values = rows[0]
     if existing.request_digest and values["request_digest"]:
         body: tuple[str, ...] = ("kind", "request_digest")
     else:
         body = ("kind", "experiment", "spec", "depends_on")
     if any(getattr(existing, name) != values[name] for name in body):
         raise _key_reused(values["idempotency_key"], existing.id)
-    return _run_from_row(existing)
+    others = [_fetch_one(conn, _keyed(v["submitted_by"], v["idempotency_key"])) for v in rows[1:]]
+    if any(row is None for row in others):  # the same digest names the same number of runs
+        raise _key_reused(values["idempotency_key"], existing.id)
+    return [_run_from_row(row) for row in (existing, *others) if row is not None]
+
+
+def _member_keys(key: str | None, count: int) -> list[str | None]:
+    """The idempotency keys of the `count` runs of one request: the first run holds the
+    client's key, so that a single-run submit with the same key sees it taken; the others a
+    key derived from it, with a line break no header value can hold, so no client's own key
+    is ever one of them, and the sha256 keeps it within the column's 200 characters."""
+    if key is None:
+        return [None] * count
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    return [key, *(f"member {i}\n{digest}" for i in range(1, count))]
+
+
+def _queued_values(
+    run: RunToQueue,
+    key: str | None,
+    request_digest: str | None,
+    submitted_by: str | None,
+    dialect: str,
+) -> dict[str, Any]:
+    """The columns of one run to enqueue, refused with `ValueError` or `InvalidRequest` where
+    the run cannot be queued at all."""
+    if run.kind not in RUN_KINDS:
+        raise ValueError(f"unknown run kind {run.kind!r}; expected one of {RUN_KINDS.names()}")
+    if run.max_attempts < 1:
+        raise ValueError(f"max_attempts must be at least 1, got {run.max_attempts}")
+    placement, parent = run.placement, run.parent
+    if placement.is_gang and dialect == "sqlite":
+        raise InvalidRequest(
+            f"nnodes {placement.nnodes}: a run across several nodes needs PostgreSQL "
+            "(TRAINCTL_DATABASE_URL) as the coordination point; this service keeps its "
+            "runs in SQLite, which serves one node. Use nnodes 1 (nproc_per_node for "
+            "this node's GPUs)"
+        )
+    return {
+        "kind": run.kind,
+        "experiment": run.experiment,
+        "spec": _plan_json(run.spec),
+        "max_attempts": run.max_attempts,
+        "idempotency_key": key,
+        "depends_on": [[exp, tag] for exp, tag in run.depends_on],
+        "request_digest": request_digest,
+        "submitted_by": submitted_by,
+        "priority": run.priority,
+        "nnodes": placement.nnodes,
+        "gpus_per_node": placement.gpus_per_node,
+        "procs_per_node": placement.procs_per_node,
+        "spread": placement.spread,
+        "model_plugin": placement.model_plugin,
+        "parent_run_id": parent.run_id if parent else None,
+        "parent_experiment": parent.checkpoint.experiment if parent else None,
+        "parent_tag": parent.checkpoint.tag if parent else None,
+        "parent_step": parent.step if parent else None,
+    }
 
 
 def _key_reused(key: str, run_id: str) -> Conflict:

@@ -52,6 +52,7 @@ from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import Conflict, NotFound
 from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
+from trainctl.store.sweeps import SWEEP_NAME
 from trainctl.store.vocabulary import RunState
 
 # Four fuzzers of a few hundred requests each, a server each: minutes, not the edit loop's.
@@ -65,7 +66,8 @@ MAX_EXAMPLES = 100 if SOAK else 10
 
 TOKEN = "fuzz-token"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
-SUBMITS = {f"/runs/{kind}" for kind in RUN_KINDS.names()}
+# Every route that resolves run requests: one per kind, and the sweep of forks.
+SUBMITS = {f"/runs/{kind}" for kind in RUN_KINDS.names()} | {f"/runs/{SWEEP_NAME}"}
 
 # --- what the app holds ----------------------------------------------------------------------
 

@@ -60,7 +60,7 @@ def test_prepare_train_watch_validate_and_download_through_the_cli(
     code, out, _ = trainctl(service, "runs", "show", run_id)
     run = json.loads(out)
     assert run["spec"]["data"]["source"] == "dataset" and run["spec"]["batch"]["seq_len"] == 64
-    assert run_id in trainctl(service, "runs", "list", "--kind", "train")[1]
+    assert run_id[:8] in trainctl(service, "runs", "list", "--kind", "train")[1]  # its short id
 
     code, out, err = trainctl(
         service, "submit", "validate", "--checkpoint", "latest", "-e", "cli",

@@ -35,9 +35,11 @@ def test_runs_tree_shows_the_whole_tree_from_its_root(
         code, out, _ = trainctl(served, "runs", "tree", "stable.cool")
         assert code == 0
         lines = out.splitlines()
-        assert lines[0].startswith(f"stable  {root['id']}  queued")
-        assert any(cool["id"] in line and "from stable/step_10  <" in line for line in lines)
-        assert any(other["id"] in line and line.rstrip().endswith("step_10") for line in lines)
+        assert lines[0].startswith(f"stable  {root['short_id']}  queued")
+        assert any(f"stable.cool  {cool['short_id']}  queued" in line for line in lines)
+        assert any(cool["id"][:8] in line and "from stable/step_10  <" in line for line in lines)
+        assert any(other["id"][:8] in line and line.rstrip().endswith("step_10") for line in lines)
+        assert root["id"] not in out  # the short ids, not the whole ones
 
         code, out, _ = trainctl(served, "runs", "tree", "stable.cool", "--json")
         tree = json.loads(out)
@@ -46,3 +48,17 @@ def test_runs_tree_shows_the_whole_tree_from_its_root(
 
         code, _, err = trainctl(served, "runs", "tree", "nothing")
         assert code == 1 and "experiment 'nothing' has no train run" in err
+
+
+def test_runs_show_takes_a_short_id_and_runs_list_shows_short_ids(
+    client: TestClient, settings: Settings
+) -> None:
+    run = submit(client, "train", CPU_TRAIN).json()
+
+    with serve(create_app(settings)) as url:
+        code, shown, _ = trainctl(At(url), "runs", "show", run["short_id"])
+        _, listed, _ = trainctl(At(url), "runs", "list")
+
+    assert code == 0 and json.loads(shown)["id"] == run["id"]
+    assert listed.splitlines()[1].split()[:2] == [run["id"][:8], "train"]
+    assert run["id"] not in listed

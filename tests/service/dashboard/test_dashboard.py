@@ -133,6 +133,48 @@ def test_a_finished_runs_page_fits_its_cards_at_every_width_and_follows_resizes(
     assert lr_series(baseline) == ["adamw"]
 
 
+# Where each row's state cell is, and whether the page or the table scrolls sideways.
+RUNS_TABLE = """() => {
+  const wrap = document.querySelector("#runs").closest(".table-wrap");
+  return {
+    view: document.scrollingElement.clientWidth,
+    page: document.scrollingElement.scrollWidth,
+    table: wrap.scrollWidth, wrap: wrap.clientWidth,
+    states: [...document.querySelectorAll("#runs tr[data-run]")].map((tr) => {
+      const box = tr.querySelector(".state").closest("td").getBoundingClientRect();
+      return { run: tr.dataset.run, left: box.left, right: box.right };
+    }),
+  };
+}"""
+
+
+def test_the_runs_table_keeps_every_runs_state_in_view_at_390_px_and_names_forks(
+    api: TrainctlClient,
+    finished: tuple[RunPublic, RunPublic],
+    open_page: Any,
+    stop_runs: RunsToStop,
+) -> None:
+    _, baseline = finished
+    # A fork of the AdamW run's last checkpoint, its branch named; cancelled after the test.
+    fork = {**SMALL_RUN, "experiment": "cmp.cool", "steps": 100_000, "fork_from": "cmp/latest"}
+    fork |= {"data": {"source": "synthetic"}, "optimizer": {"kind": "adamw"}}
+    cool = api.submit("train", fork)
+    stop_runs.track(cool.id)
+    page = open_page("#/runs", width=390)
+    for run in (*finished, cool):
+        page.wait_for_selector(f"tr[data-run='{run.id}'] .state")
+
+    m = page.evaluate(RUNS_TABLE)
+    page.screenshot(path=artifact("runs-390.png"), full_page=True)
+    assert m["page"] <= m["view"], f"the page scrolls sideways: {m['page']} > {m['view']} px"
+    assert m["table"] <= m["wrap"], f"the table scrolls sideways: {m['table']} > {m['wrap']} px"
+    out_of_view = [s for s in m["states"] if s["left"] < 0 or s["right"] > m["view"]]
+    assert len(m["states"]) >= 3 and out_of_view == [], out_of_view
+    # Short ids, and a fork's branch beside its own.
+    assert page.text_content(f"tr[data-run='{baseline.id}'] td.col-run") == baseline.short_id
+    assert page.text_content(f"tr[data-run='{cool.id}'] td.col-run") == f"{cool.short_id} cmp.cool"
+
+
 def lr_series(page: Any) -> list[str]:
     """The series of a run page's learning-rate chart, by their legend's labels."""
     labels = page.locator("#chart-lr .u-legend .u-series .u-label").all_text_contents()

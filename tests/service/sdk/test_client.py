@@ -410,3 +410,28 @@ def test_both_clients_list_the_presets_and_the_transformers_types(
     assert {p.name for p in listed.presets} == set(PRESETS.names())
     assert listed.hf_model_types is not None and "llama" in listed.hf_model_types
     assert listed.plugins == []  # no live worker, so no plug-in
+
+
+def test_both_clients_queue_a_sweep_of_forks_and_read_a_run_by_its_short_id(
+    api: TrainctlClient, server_app: FastAPI, ckpts: CheckpointStore
+) -> None:
+    save_checkpoint(ckpts, "stable", step=10, metadata={"optimizer_kind": "muon_adamw"})
+    variants = [
+        {"experiment": f"stable.cool{n}", "steps": 10 + n, "device": "cpu"} for n in (10, 20)
+    ]
+
+    forks = api.submit_forks("stable/step_10", variants, idempotency_key="sweep-1")
+    replayed = api.submit_forks("stable/step_10", variants, idempotency_key="sweep-1")
+
+    async def scenario(client: AsyncTrainctlClient) -> list[str]:
+        more = await client.submit_forks(
+            "stable/latest", [{"experiment": "async.cool", "steps": 30, "device": "cpu"}]
+        )
+        return [more[0].experiment, (await client.get_run(more[0].short_id)).id, more[0].id]
+
+    assert [run.experiment for run in forks] == ["stable.cool10", "stable.cool20"]
+    assert [run.id for run in replayed] == [run.id for run in forks]
+    assert all(run.parent and run.parent.tag == "step_10" for run in forks)
+    assert api.get_run(forks[1].short_id) == api.get_run(forks[1].id)
+    experiment, read_id, queued_id = run_async(server_app, scenario)
+    assert experiment == "async.cool" and read_id == queued_id
