@@ -1,6 +1,7 @@
-"""The sink mirrors (service/sinks): a run's events written as a worker writes them, mirrored
-into real TensorBoard files read back with tbparse, and offered to tracking servers that are
-down or hung, on real sockets."""
+"""The sink mirrors (service/sinks): a run's events written as a worker writes them (and the
+scores an evaluate run records on it), mirrored into real TensorBoard files read back with
+tbparse and into a real `mlflow server`, and offered to tracking servers that are down or
+hung, on real sockets."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from sqlalchemy import insert
 from tbparse import SummaryReader
 
+from tests.mlflow_server import MlflowServer
 from tests.ports import free_port
 from tests.stores import posix_store
 from trainctl.service.sinks.base import Sink, scalars
@@ -180,6 +182,74 @@ def test_a_restarted_mirror_goes_on_from_its_cursor_without_repeating_anything(
     folder = tmp_path / "tensorboard" / "exp" / run.id
     assert len(list(folder.glob("events.out.tfevents.*"))) == 2
     assert tensorboard_scalars(folder) == logged_scalars(store, run)
+
+
+def record_scores(store: RunStore, run: Run, step: int, acc: float) -> None:
+    """What an evaluate run of the run's checkpoint at `step` records on it when it ends
+    (worker/evals/run.py): every score at the checkpoint's step."""
+    scores = {"kind": "eval", "step": step, "evaluate_run": f"eval-{step}",
+              "eval/arc_easy/acc": acc, "eval/arc_easy/acc_norm": acc + 0.125,
+              "eval/arc_easy/bits_per_byte": 1.5, "eval/mmlu_anatomy/acc": 0.25}  # fmt: skip
+    store.append_event(run.id, "metrics", scores)
+
+
+def test_eval_scores_reach_tensorboard_at_their_step_even_after_the_run_ended(
+    store: RunStore, tmp_path: Path, mirror: MirrorFactory
+) -> None:
+    run = start_run(store, ["tensorboard"])
+    write_steps(store, run, range(1, 11))
+    record_scores(store, run, 10, acc=0.5)  # scored while the run trains
+    write_steps(store, run, range(11, 21))
+    finish(store, run)
+    tb = mirror(tensorboard(tmp_path))
+    run_until_idle(tb)
+    assert tb.cursors.is_done(run.id)
+
+    record_scores(store, run, 20, acc=0.625)  # the last checkpoint, scored after the end
+    run_until_idle(tb)
+
+    folder = tmp_path / "tensorboard" / "exp" / run.id
+    written = tensorboard_scalars(folder)
+    assert written == logged_scalars(store, run)  # every metric once, the late ones too
+    acc = sorted((step, value) for tag, step, value in written if tag == "eval/arc_easy/acc")
+    assert acc == [(10, 0.5), (20, 0.625)]
+    assert {tag for tag, _, _ in written if tag.startswith("eval/")} == {
+        "eval/arc_easy/acc", "eval/arc_easy/acc_norm", "eval/arc_easy/bits_per_byte",
+        "eval/mmlu_anatomy/acc",
+    }  # fmt: skip
+    assert tb.cursors.is_done(run.id)
+
+
+@pytest.mark.slow
+def test_eval_scores_reach_mlflow_under_their_names_at_their_step_even_after_the_run_ended(
+    store: RunStore, tmp_path: Path, mirror: MirrorFactory, mlflow_server: MlflowServer
+) -> None:
+    from mlflow.tracking import MlflowClient  # a few seconds to import: only this test needs it
+
+    mlflow_server.launch()
+    run = start_run(store, ["mlflow"])
+    write_steps(store, run, range(1, 11))
+    record_scores(store, run, 10, acc=0.5)
+    finish(store, run)
+    mlflow_server.wait_ready()
+    sink = MlflowSink(mlflow_server.url, posix_store(tmp_path / "checkpoints"), timeout=10)
+    ml = mirror(sink)
+    run_until_idle(ml)
+    assert ml.cursors.is_done(run.id)
+
+    record_scores(store, run, 20, acc=0.625)  # a later checkpoint's scores, after the end
+    run_until_idle(ml)
+
+    cursor = ml.cursors.cursor(run.id)
+    assert cursor is not None and ml.cursors.is_done(run.id)
+    tracking = MlflowClient(mlflow_server.url)
+    mlflow_id = cursor.memo["run_id"]
+    history = tracking.get_metric_history(mlflow_id, "eval/arc_easy/acc")
+    assert sorted((m.step, m.value) for m in history) == [(10, 0.5), (20, 0.625)]
+    metrics = tracking.get_run(mlflow_id).data.metrics
+    assert metrics["eval/mmlu_anatomy/acc"] == 0.25 and "train/loss" in metrics
+    assert not any("evaluate_run" in key for key in metrics)
+    assert tracking.get_run(mlflow_id).info.status == "FINISHED"
 
 
 @pytest.mark.slow
