@@ -56,13 +56,13 @@ def scalars(data: dict[str, Any]) -> list[tuple[str, float]]:
     if kind not in METRIC_KINDS or not isinstance(data.get("step"), int):
         return []
     return [
-        (metric_name(kind, key), float(value))
+        (tracker_name(kind, key), float(value))
         for key, value in current_metric_names(data).items()
         if key not in NOT_METRICS and isinstance(value, int | float) and not isinstance(value, bool)
     ]
 
 
-def metric_name(kind: str, key: str) -> str:
+def tracker_name(kind: str, key: str) -> str:
     """A field's name in the trackers: `<kind>/<field>` without the kind's prefix (`val_loss`
     is `val/loss`); a field named under its kind already (`eval/arc_easy/acc`) as it is."""
     if key.startswith(f"{kind}/"):
