@@ -5,7 +5,6 @@ tracking server that goes down mid-run."""
 
 from __future__ import annotations
 
-import struct
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from tbparse import SummaryReader
 from tests.mlflow_server import MlflowServer
 from tests.polling import poll
 from tests.service_process import Service
+from tests.tensorboard_files import float32, tensorboard_rows
 from trainctl.service.schemas import EventPublic, RunPublic
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.service.sinks.base import scalars
@@ -38,11 +38,6 @@ def wait_done(client: TrainctlClient, run_id: str) -> RunPublic:
     )
 
 
-def float32(value: float) -> float:
-    """A TensorBoard scalar summary holds a float32."""
-    return float(struct.unpack("f", struct.pack("f", value))[0])
-
-
 def metric_rows(events: list[EventPublic], cast: Any = float) -> Counter[tuple[str, int, float]]:
     """The run's metrics as the sinks name them, (name, step, value), as often as logged."""
     return Counter(
@@ -55,15 +50,6 @@ def metric_rows(events: list[EventPublic], cast: Any = float) -> Counter[tuple[s
 
 def sink_lines(events: list[EventPublic], sink: str) -> list[str]:
     return [e.data["message"] for e in events if e.type == "log" and e.data.get("sink") == sink]
-
-
-def tensorboard_rows(folder: Path) -> Counter[tuple[str, int, float]]:
-    if not folder.is_dir():
-        return Counter()
-    frame = SummaryReader(str(folder)).scalars
-    if frame.empty:
-        return Counter()
-    return Counter(zip(frame["tag"], frame["step"].astype(int), frame["value"], strict=True))
 
 
 def test_tensorboard_mirror_resumes_after_a_service_restart_without_repeating(

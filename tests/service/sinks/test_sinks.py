@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import http.server
 import socket
-import struct
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from tbparse import SummaryReader
 from tests.mlflow_server import MlflowServer
 from tests.ports import free_port
 from tests.stores import posix_store
+from tests.tensorboard_files import float32, tensorboard_rows
 from trainctl.service.sinks.base import Sink, scalars
 from trainctl.service.sinks.mirror import BATCH_EVENTS, SinkMirror
 from trainctl.service.sinks.mlflow import MlflowSink
@@ -114,16 +114,6 @@ def logged_scalars(store: RunStore, run: Run) -> Counter[tuple[str, int, float]]
     )
 
 
-def float32(value: float) -> float:
-    """A scalar summary holds a float32 (`simple_value`)."""
-    return float(struct.unpack("f", struct.pack("f", value))[0])
-
-
-def tensorboard_scalars(folder: Path) -> Counter[tuple[str, int, float]]:
-    frame = SummaryReader(str(folder)).scalars
-    return Counter(zip(frame["tag"], frame["step"].astype(int), frame["value"], strict=True))
-
-
 def run_until_idle(sink_mirror: SinkMirror, ticks: int = 100) -> None:
     for _ in range(ticks):
         if not sink_mirror.tick():
@@ -146,7 +136,7 @@ def test_tensorboard_files_hold_the_metrics_and_samples_of_the_event_log(
     run_until_idle(tb)
 
     folder = tmp_path / "tensorboard" / "exp" / run.id
-    scalars_written = tensorboard_scalars(folder)
+    scalars_written = tensorboard_rows(folder)
     assert scalars_written == logged_scalars(store, run)
     names = {"train/loss", "train/lr/muon", "train/lr/adamw", "train/grad_norm",
              "train/tokens_per_sec", "val/loss", "val/ppl", "val/bits_per_byte"}  # fmt: skip
@@ -181,7 +171,7 @@ def test_a_restarted_mirror_goes_on_from_its_cursor_without_repeating_anything(
 
     folder = tmp_path / "tensorboard" / "exp" / run.id
     assert len(list(folder.glob("events.out.tfevents.*"))) == 2
-    assert tensorboard_scalars(folder) == logged_scalars(store, run)
+    assert tensorboard_rows(folder) == logged_scalars(store, run)
 
 
 def record_scores(store: RunStore, run: Run, step: int, acc: float) -> None:
@@ -209,7 +199,7 @@ def test_eval_scores_reach_tensorboard_at_their_step_even_after_the_run_ended(
     run_until_idle(tb)
 
     folder = tmp_path / "tensorboard" / "exp" / run.id
-    written = tensorboard_scalars(folder)
+    written = tensorboard_rows(folder)
     assert written == logged_scalars(store, run)  # every metric once, the late ones too
     acc = sorted((step, value) for tag, step, value in written if tag == "eval/arc_easy/acc")
     assert acc == [(10, 0.5), (20, 0.625)]
