@@ -471,6 +471,15 @@ class DeliveriesPublic(BaseModel):
     items: list[DeliveryPublic]
 
 
+class EvalScoresPublic(BaseModel):
+    """A task's newest scores in a run's log (docs/evals.md, "Reading the results")."""
+
+    step: int = Field(description="The step of the checkpoint scored: the latest scored.")
+    metrics: dict[str, float] = Field(
+        description="By metric: acc, acc_norm, bits_per_byte (GET /evals/tasks lists each task's)."
+    )
+
+
 class WebhookPayload(BaseModel):
     """The JSON body of every delivery, signed in its X-Trainctl-Signature header."""
 
@@ -483,4 +492,9 @@ class WebhookPayload(BaseModel):
     run: RunPublic = Field(
         description="The run when the delivery was made, which may be after the event: a "
         "run that started may have finished by then."
+    )
+    evals: dict[str, EvalScoresPublic] = Field(
+        description="The run's newest eval scores by task, when the delivery was made: an "
+        "evaluate run's own, and those recorded on a train run for its checkpoints; {} for a "
+        "run never scored."
     )

@@ -30,6 +30,10 @@ METRICS = ("acc", "acc_norm", "bits_per_byte")
 log-likelihood per character of the choice (the harness's acc_norm), and bits per byte of
 the gold continuation."""
 
+EVAL_KIND = "eval"
+"""The kind of the metrics events that hold scores (store.vocabulary.METRIC_KINDS): each
+score a field `eval/<task>/<metric>` (`metric_name`), at the step of the checkpoint scored."""
+
 MAX_FEWSHOT = 25
 """The most few-shot examples a request may ask for (the harness's largest, ARC's 25)."""
 
@@ -212,3 +216,42 @@ def evaluate_need(plan: EvaluatePlan, params: int | None = None) -> memory.Memor
         params=params,
     )
     return memory.MemoryNeed(estimate, 1, plan.device, "this evaluation", plan.model)
+
+
+# ---- scores, as the event log and the run results hold them ---------------------------------
+
+
+def metric_name(task: str, metric: str) -> str:
+    """A score's field in a metrics event, and its name in the trackers."""
+    return f"{EVAL_KIND}/{task}/{metric}"
+
+
+def split_metric_name(key: str) -> tuple[str, str] | None:
+    """(task, metric) of a `metric_name`; None for any other field."""
+    kind, _, rest = key.partition("/")
+    task, _, metric = rest.partition("/")
+    return (task, metric) if kind == EVAL_KIND and task and metric else None
+
+
+@dataclass(frozen=True)
+class TaskScores:
+    """A task's newest scores in a run's log: those of its latest checkpoint scored."""
+
+    task: str
+    step: int
+    """The step of the checkpoint scored."""
+    metrics: dict[str, float]
+    """By metric name (`METRICS`)."""
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One score of a finished evaluate run, with how it was taken."""
+
+    task: str
+    metric: str
+    value: float
+    num_fewshot: int
+    limit: int | None
+    """Each task's first this many items; None: every item."""
+    evaluate_run: str

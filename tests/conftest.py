@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.databases import BACKENDS, fresh_database
+from tests.mlflow_server import MlflowServer
 from tests.pg import PostgresServer, PostgresUnavailable
 from tests.s3server import S3Server, running_s3_server
 from tests.soak import SKIP_REASON, SOAK
@@ -50,3 +51,11 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     started on first use; each test makes its own bucket (`S3Server.new_bucket`)."""
     with running_s3_server(tmp_path_factory.mktemp("s3")) as server:
         yield server
+
+
+@pytest.fixture
+def mlflow_server(tmp_path: Path) -> Iterator[MlflowServer]:
+    """A real `mlflow server` of the test's own, launched by the test (`launch`), killed after."""
+    server = MlflowServer(tmp_path / "mlflow")
+    yield server
+    server.kill()

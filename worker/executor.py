@@ -20,6 +20,7 @@ from trainctl.store.checkpoints.info import check_fits
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.data.prepare import PrepareStopped
 from trainctl.store.db.rows import UNREADABLE
+from trainctl.store.db.scores import checkpoint_results
 from trainctl.store.evals import EvaluatePlan
 from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.plans import (
@@ -239,6 +240,7 @@ def execute_export(ctx: RunContext, env: WorkerEnv) -> Outcome:
         ref.tag,
         dtype=plan.dtype,
         facts={"export run": ctx.run.id},
+        evals=checkpoint_results(ctx.runs, ref.experiment, ref.tag, info.step, info.run_id),
     )
     for difference in exported.differences:
         ctx.log(f"differs from trainctl: {difference}", level="warning")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +51,7 @@ from trainctl.store.checkpoints.storage import Files
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.tokenizer import EOT_NAMES
+from trainctl.store.evals import EvalResult
 from trainctl.store.exceptions import CheckpointCorrupt, Conflict, InvalidRequest
 from trainctl.store.hf_config import AnyModelConfig
 from trainctl.store.presets import ModelConfig
@@ -89,6 +90,16 @@ _DROPPED_PREFIX = "mtp_heads."  # training-only; `differences` says so
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+@dataclass(frozen=True)
+class CardFacts:
+    """What the model card says beyond the checkpoint's own metadata."""
+
+    extra: dict[str, str]
+    """(fact, value) rows after the training facts."""
+    evals: Sequence[EvalResult]
+    """The checkpoint's eval results."""
+
+
 def export_hf(
     checkpoint: Files,
     exports: CheckpointStore,
@@ -97,13 +108,15 @@ def export_hf(
     *,
     dtype: ExportDtype = "float32",
     facts: Mapping[str, str] | None = None,
+    evals: Sequence[EvalResult] = (),
 ) -> ExportResult:
     """Write `checkpoint` (`CheckpointStore.entry`) as a new transformers folder, entry
     `experiment`/`tag` of the `exports` store, and say what differs (see
     `store.checkpoints.exports`).
 
     `facts` are further (fact, value) rows for the model card, after those the checkpoint's
-    metadata gives (the export run can add what only the run knows, such as its data spec).
+    metadata gives (the export run can add what only the run knows, such as its data spec);
+    `evals` the checkpoint's eval results, which the card lists (or says there are none).
     Raises `CheckpointCorrupt` for a damaged checkpoint, `Conflict` when the export exists
     (an export is never overwritten) and `InvalidRequest` for a model it cannot map;
     whatever fails, no export is left.
@@ -116,12 +129,13 @@ def export_hf(
     if exports.storage.exists(experiment, tag):
         raise Conflict(f"{where} exists; an export is never overwritten: delete it first")
     model, meta = load_trained(checkpoint)
+    card = CardFacts(dict(facts or {}), evals)
     if isinstance(model, HFCausalLM):
-        return export_transformers(checkpoint, exports, experiment, tag, model, meta, dtype, facts)
+        return export_transformers(checkpoint, exports, experiment, tag, model, meta, dtype, card)
     check_exportable(model.config)
     tokenizer = export_tokenizer(checkpoint, meta, model.config)
     found = differences(model.config, dtype, str(meta.get("dtype")))
-    texts = export_texts(model.config, meta, dtype, tokenizer, found, dict(facts or {}))
+    texts = export_texts(model.config, meta, dtype, tokenizer, found, card)
     weights = hf_weights(model, TORCH_DTYPES[dtype])
     manifest = write_export(exports, experiment, tag, weights, texts)
     return ExportResult(
@@ -144,7 +158,7 @@ def export_transformers(
     model: HFCausalLM,
     meta: dict[str, Any],
     dtype: ExportDtype,
-    facts: Mapping[str, str] | None,
+    card_facts: CardFacts,
 ) -> ExportResult:
     """A transformers model's export: its checkpoint's weights (already under transformers'
     names) and config.json, plus the tokenizer files and a model card."""
@@ -167,8 +181,9 @@ def export_transformers(
         dtype,
         found,
         tokenizer.notes,
-        dict(facts or {}),
+        card_facts.extra,
         min_transformers=str(config.get("transformers_version", "4.40")),
+        evals=card_facts.evals,
     )
     texts = {
         CONFIG_FILE: _json(config),
@@ -200,7 +215,7 @@ def export_texts(
     dtype: ExportDtype,
     tokenizer: TokenizerExport,
     found: list[str],
-    facts: dict[str, str],
+    card_facts: CardFacts,
 ) -> dict[str, bytes]:
     """Every file of the export but the weights and the manifest, by name."""
     card = model_card(
@@ -209,7 +224,8 @@ def export_texts(
         dtype,
         found,
         tokenizer.notes,
-        facts,
+        card_facts.extra,
+        evals=card_facts.evals,
     )
     metadata = export_metadata(meta, hf_architecture(config), dtype, found, tokenizer.notes)
     return {

@@ -3,7 +3,8 @@
 
 A sink takes a train run's events in order, a batch at a time, and raises `SinkUnavailable`
 when it cannot take them now or `SinkRefused` when it never will. Both sinks name metrics
-alike (`scalars`: `<kind>/<field>`, an old event log's `lr_muon` as today's `lr/muon`).
+alike (`scalars`: `<kind>/<field>`, an old event log's `lr_muon` as today's `lr/muon`, and an
+eval score under its own name, `eval/<task>/<metric>`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Any, Protocol
 from trainctl.store.db.runs import Event, Run
 from trainctl.store.optimizers import current_metric_names
 
-METRIC_KINDS = ("train", "val")
-"""The kinds of metrics event a train run writes (docs/architecture.md, "Shapes clients rely
-on")."""
+METRIC_KINDS = ("train", "val", "eval")
+"""The kinds of metrics event a train run's log holds (docs/architecture.md, "Shapes clients
+rely on"): its own training and validation, and the scores evaluate runs record on it at their
+checkpoint's step (docs/evals.md)."""
 NOT_METRICS = frozenset({"kind", "step", "total_steps"})
 """Fields of a metrics event that locate it rather than measure anything."""
 
@@ -48,16 +50,24 @@ def scalars(data: dict[str, Any]) -> list[tuple[str, float]]:
     """The metrics of a `metrics` event's data as (name, value); none for other kinds.
 
     Every number counts (what a later trainctl adds is mirrored too); a field that is null,
-    text or a flag is not a metric.
+    text or a flag (an eval event's `evaluate_run`) is not a metric.
     """
     kind = data.get("kind")
     if kind not in METRIC_KINDS or not isinstance(data.get("step"), int):
         return []
     return [
-        (f"{kind}/{key.removeprefix(f'{kind}_')}", float(value))
+        (tracker_name(kind, key), float(value))
         for key, value in current_metric_names(data).items()
         if key not in NOT_METRICS and isinstance(value, int | float) and not isinstance(value, bool)
     ]
+
+
+def tracker_name(kind: str, key: str) -> str:
+    """A field's name in the trackers: `<kind>/<field>` without the kind's prefix (`val_loss`
+    is `val/loss`); a field named under its kind already (`eval/arc_easy/acc`) as it is."""
+    if key.startswith(f"{kind}/"):
+        return key
+    return f"{kind}/{key.removeprefix(f'{kind}_')}"
 
 
 def sample_tag(run: Run, prompt: str) -> str:

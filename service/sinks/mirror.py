@@ -33,7 +33,7 @@ from trainctl.service.sinks.mlflow import MlflowSink
 from trainctl.service.sinks.tensorboard import TensorBoardSink
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import Event, Run, RunStore
-from trainctl.store.db.sinks import Cursor, SinkStore
+from trainctl.store.db.sinks import REFUSED, Cursor, SinkStore
 from trainctl.store.exceptions import LeaseLost, RunNotFound
 from trainctl.store.vocabulary import TERMINAL_STATES
 
@@ -202,7 +202,11 @@ class SinkMirror:
         self.runs.append_event(run.id, "log", _log_line(message, "error", name))
         self._backoff.pop(cursor.run_id, None)
         self.cursors.save(
-            cursor, last_event_id=cursor.last_event_id, memo=memo, outage_since=None, done=True
+            cursor,
+            last_event_id=cursor.last_event_id,
+            memo=memo | {REFUSED: True},  # a score recorded later does not reopen it
+            outage_since=None,
+            done=True,
         )
 
     def _recovered(self, cursor: Cursor, run: Run) -> None:

@@ -35,11 +35,12 @@ from dataclasses import dataclass, field
 import httpx
 
 from trainctl.service.presenters import public_run
-from trainctl.service.schemas import WebhookPayload
+from trainctl.service.schemas import EvalScoresPublic, WebhookPayload
 from trainctl.service.settings import Settings
 from trainctl.service.webhooks.sending import build_http, send
 from trainctl.service.webhooks.targets import HostPolicy
 from trainctl.store.db.runs import RunStore
+from trainctl.store.db.scores import latest_scores
 from trainctl.store.db.webhooks import (
     NewDelivery,
     Outgoing,
@@ -337,6 +338,10 @@ class Dispatcher:
             if not subscribed:
                 continue
             run = public_run(self.runs, self.config.lease_seconds, self.runs.get(change.run_id))
+            evals = {
+                task: EvalScoresPublic(step=scores.step, metrics=scores.metrics)
+                for task, scores in latest_scores(self.runs, change.run_id).items()
+            }
             for hook in subscribed:
                 delivery_id = uuid.uuid4().hex
                 payload = WebhookPayload(
@@ -347,6 +352,7 @@ class Dispatcher:
                     event_id=change.event_id,
                     occurred_at=change.created_at,
                     run=run,
+                    evals=evals,
                 )
                 new.append(NewDelivery(delivery_id, hook.id, change.event_id, change.run_id,
                                        change.state, payload.model_dump_json()))  # fmt: skip

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from typing import Any
 
 from trainctl.store.data.datasets import bits_per_byte
+from trainctl.store.evals import EvalResult
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.presets import ModelConfig
 from trainctl.store.specs import ExportDtype
@@ -272,10 +274,12 @@ def model_card(
     notes: list[str],
     extra: dict[str, str] | None = None,
     min_transformers: str | None = None,
+    evals: Sequence[EvalResult] = (),
 ) -> str:
-    """README.md: the Hub's front matter, the training facts, what differs, how to load it.
-    `min_transformers`: the oldest release that loads it, where MIN_TRANSFORMERS does not
-    know the architecture (a transformers model's: the release that trained it)."""
+    """README.md: the Hub's front matter, the training facts, the checkpoint's eval results
+    (`evals`), what differs, how to load it. `min_transformers`: the oldest release that loads
+    it, where MIN_TRANSFORMERS does not know the architecture (a transformers model's: the
+    release that trained it)."""
     min_version = min_transformers or MIN_TRANSFORMERS[architecture]
     rows = [*facts.rows(), *(extra or {}).items()]
     table = "\n".join(f"| {_escape(k)} | {_escape(v)} |" for k, v in rows)
@@ -301,6 +305,10 @@ without `trust_remote_code`.
 |---|---|
 {table}
 
+## Evaluations
+
+{eval_section(evals)}
+
 ## Differences from trainctl
 
 {differs}
@@ -320,6 +328,27 @@ model = AutoModelForCausalLM.from_pretrained("path/to/this/folder", dtype="auto"
 tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")
 ```
 """
+
+
+def eval_section(evals: Sequence[EvalResult]) -> str:
+    """The model card's eval results: a row per score of each finished evaluate run of the
+    checkpoint (`store.db.scores.checkpoint_results`), or a line saying there were none."""
+    if not evals:
+        return (
+            "None were run: no evaluate run had scored this checkpoint when it was exported "
+            "(docs/evals.md)."
+        )
+    rows = "\n".join(
+        f"| {e.task} | {e.metric} | {e.value:.4f} | {e.num_fewshot} | "
+        f"{'all' if e.limit is None else e.limit} | {e.evaluate_run} |"
+        for e in evals
+    )
+    return (
+        "Scored as lm-evaluation-harness scores multiple choice (docs/evals.md); `limit` is "
+        "the items scored per task.\n\n"
+        "| task | metric | value | few-shot | limit | evaluate run |\n"
+        f"|---|---|---|---|---|---|\n{rows}"
+    )
 
 
 # Training facts of the checkpoint's metadata.json that its export keeps; the training state

@@ -52,6 +52,7 @@ from trainctl.store.db.schema import (
     workers,
     write_transaction,
 )
+from trainctl.store.db.sinks import reopen_finished
 from trainctl.store.db.tokens import same_name
 from trainctl.store.exceptions import (
     AmbiguousRunId,
@@ -662,10 +663,14 @@ class RunStore:
             raise ValueError("pass worker_id and attempt together, or neither")
         with write_transaction(self.engine) as conn:
             if worker_id is not None and attempt is not None:
-                _require_owned(conn, run_id, worker_id, attempt)
+                row = _require_owned(conn, run_id, worker_id, attempt)
             else:
-                _require_row(conn, run_id, lock=True)  # see _insert_event: ids in commit order
-            return _insert_event(conn, run_id, type, storable_json(_as_json(data)))
+                row = _require_row(conn, run_id, lock=True)  # see _insert_event: ids in order
+            event_id = _insert_event(conn, run_id, type, storable_json(_as_json(data)))
+            if type == "metrics" and row.state in TERMINAL_STATES:
+                # Scores recorded on a run that has ended (docs/evals.md): its sinks mirror them.
+                reopen_finished(conn, run_id)
+            return event_id
 
     def events(
         self, run_id: str, *, after_id: int = 0, limit: int = 1000, type: str | None = None

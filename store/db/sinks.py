@@ -14,6 +14,12 @@ and was taken over from cannot move a cursor under the new holder.
 Which runs a sink follows is in their plans (`trackers`). The store finds them by walking the
 runs in `seq` order past a mark kept in the sink's row, so a tick reads only runs it has not
 looked at, however many there are.
+
+A run's log can grow after it ended: an evaluate run records its scores on the train run that
+wrote its checkpoint (docs/evals.md), often long after. Such a metrics event reopens the run's
+finished cursors (`reopen_finished`, in the event's own transaction), so the sinks mirror it
+as they mirror the rest; a cursor is only marked done while no event lies past it, checked
+under the run's row lock that every event writer takes, so none slips in between.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from sqlalchemy.exc import IntegrityError
 
 from trainctl.store.db.schema import (
     read_transaction,
+    run_events,
     runs,
     sink_cursors,
     sink_mirrors,
@@ -43,6 +50,8 @@ passes a run younger than this, by which time every enqueue that took a lower se
 committed (they take milliseconds)."""
 DISCOVERY_BATCH = 200
 """Runs looked at per call: a database with a long history is walked a slice per tick."""
+REFUSED = "refused"
+"""The memo key of a cursor whose sink refused the run: it stays done, whatever comes later."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,8 @@ class Cursor:
     last_event_id: int
     """The sink has taken every event of the run up to this id."""
     memo: dict[str, Any]
-    """What the sink keeps about the run (the MLflow run it made for it)."""
+    """What the sink keeps about the run (the MLflow run it made for it), and `REFUSED` once
+    the sink refused it."""
     outage_since: datetime | None
     """When the sink started failing for this run, while it fails: the run's log said so then."""
 
@@ -181,10 +191,16 @@ class SinkStore:
         done: bool = False,
     ) -> Cursor:
         """Move the cursor on from where `cursor` says it was. Raises `LeaseLost` when this
-        service no longer holds the sink or the cursor moved meanwhile (another holder)."""
+        service no longer holds the sink or the cursor moved meanwhile (another holder).
+
+        `done` finishes the run for the sink, unless an event came after `last_event_id`
+        meanwhile (a score recorded as the run ended): then the cursor stays open for it. A
+        memo marked `REFUSED` finishes it whatever comes."""
         now = _utcnow()
         with write_transaction(self.engine) as conn:
             self._require_lease(conn)
+            if done and not memo.get(REFUSED):
+                done = not _events_after(conn, cursor.run_id, last_event_id)
             moved = conn.execute(
                 update(sink_cursors)
                 .where(
@@ -254,6 +270,33 @@ class SinkStore:
                 ],
             )  # fmt: skip
         return new
+
+
+def reopen_finished(conn: Connection, run_id: str) -> None:
+    """Reopen every sink's finished cursor of the run, but those whose sink refused it: an
+    event was appended after the run ended (the caller holds the run's row lock, as every event
+    writer does, and `SinkStore.save` takes it before finishing a cursor)."""
+    finished = conn.execute(
+        select(sink_cursors.c.sink, sink_cursors.c.memo).where(
+            sink_cursors.c.run_id == run_id, sink_cursors.c.done.is_(True)
+        )
+    ).all()
+    reopened = [row.sink for row in finished if not row.memo.get(REFUSED)]
+    if reopened:
+        conn.execute(
+            update(sink_cursors)
+            .where(sink_cursors.c.run_id == run_id, sink_cursors.c.sink.in_(reopened))
+            .values(done=False)
+        )
+
+
+def _events_after(conn: Connection, run_id: str, event_id: int) -> bool:
+    """Whether the run has an event past `event_id`, read under the run's row lock: an event
+    writer that holds it commits first, and one that comes later sees the cursor finished
+    and reopens it (`reopen_finished`)."""
+    conn.execute(select(runs.c.id).where(runs.c.id == run_id).with_for_update())
+    after = select(run_events.c.id).where(run_events.c.run_id == run_id, run_events.c.id > event_id)
+    return bool(conn.execute(select(exists(after))).scalar())
 
 
 def _new_mark(mark: int, found: Sequence[tuple[int, datetime]], now: datetime) -> int:

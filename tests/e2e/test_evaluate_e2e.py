@@ -2,7 +2,8 @@
 library's source saves a byte-level checkpoint; an evaluate run scores it on ARC-Easy and an
 MMLU subject, from the shipped data, offline. The scores are the run's result and
 `eval/<task>/<metric>` metrics events at the checkpoint's step, on the evaluate run and on
-the train run that wrote the checkpoint; `trainctl evaluate` prints them."""
+the train run that wrote the checkpoint, whose TensorBoard mirror shows them though the run
+had ended; `trainctl evaluate` prints them, and an export's model card lists them."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.service.cli.invoke import trainctl
+from tests.polling import poll
 from tests.service_process import Service, finished, submit
+from tests.tensorboard_files import float32, tensorboard_rows
 from trainctl.store.evals import METRICS
+
+# tbparse 0.0.9 sorts with pandas' `inplace=`, which pandas 3.1 deprecates; not ours to fix.
+pytestmark = pytest.mark.filterwarnings("ignore:The inplace keyword:DeprecationWarning")
 
 STEPS = 2
 TASKS = ["arc_easy", "mmlu_anatomy"]
@@ -25,7 +30,12 @@ LIMIT = 8
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     service = Service(tmp_path_factory.mktemp("evaluate"))
-    service.extra_env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    service.extra_env = {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRAINCTL_TRACKERS": "tensorboard",  # the train run is mirrored, scores and all
+        "TRAINCTL_SINK_POLL_SECONDS": "0.2",
+    }
     service.start()
     try:
         yield service
@@ -81,20 +91,24 @@ def test_an_evaluate_run_scores_a_checkpoint_and_records_the_scores_on_both_runs
     assert len(on_train) == 1 and on_train[0]["step"] == STEPS
     assert on_train[0]["evaluate_run"] == run["id"]
     assert {k: v for k, v in on_train[0].items() if k.startswith("eval/")} == expected
+    # The train run had ended before it was scored: its TensorBoard mirror takes them still.
+    folder = service.data_dir / "tensorboard" / "evals" / trained["id"]
+    mirrored = {(name, STEPS, float32(value)) for name, value in expected.items()}
+    poll(lambda: mirrored <= set(tensorboard_rows(folder)), 30, "the scores in TensorBoard")
 
 
 @pytest.mark.slow
-def test_trainctl_evaluate_waits_for_the_scores_and_prints_them_as_a_table(
+def test_an_export_s_model_card_lists_the_finished_evaluations_of_its_checkpoint(
     service: Service, trained: dict[str, Any]
 ) -> None:
-    code, out, err = trainctl(
-        service, "evaluate", "evals", "latest", "--tasks", "arc_easy", "--limit", "4"
-    )
+    run = submit(service, "evaluate", checkpoint=f"evals/step_{STEPS}", tasks=["arc_easy"],
+                 limit=4)  # fmt: skip
+    scored = finished(service, run["id"])
+    assert scored["state"] == "succeeded", scored["error"]
 
-    assert code == 0, err
-    header, row = out.splitlines()
-    assert header.split() == ["TASK", "ITEMS", "ACC", "ACC_NORM", "BITS_PER_BYTE"]
-    assert row.split()[:2] == ["arc_easy", "4"] and len(row.split()) == 5
-    assert f"checkpoint evals/step_{STEPS} (step {STEPS}), 0-shot, seed 1234" in " ".join(
-        err.split()
-    )
+    export = finished(service, submit(service, "export", checkpoint=f"evals/step_{STEPS}")["id"])
+
+    assert export["state"] == "succeeded", export["error"]
+    card = (service.data_dir / "exports" / "evals" / f"step_{STEPS}" / "README.md").read_text()
+    acc = scored["result"]["tasks"]["arc_easy"]["acc"]
+    assert f"| arc_easy | acc | {acc:.4f} | 0 | 4 | {run['id']} |" in card

@@ -5,23 +5,17 @@ tracking server that goes down mid-run."""
 
 from __future__ import annotations
 
-import os
-import signal
-import struct
-import subprocess
-import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from tbparse import SummaryReader
 
+from tests.mlflow_server import MlflowServer
 from tests.polling import poll
-from tests.ports import free_port
 from tests.service_process import Service
+from tests.tensorboard_files import float32, tensorboard_rows
 from trainctl.service.schemas import EventPublic, RunPublic
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.service.sinks.base import scalars
@@ -35,68 +29,6 @@ FAST_SINKS = {"TRAINCTL_SINK_POLL_SECONDS": "0.2", "TRAINCTL_SINK_RETRY_MAX_SECO
 STEPS = 100
 
 
-class MlflowServer:
-    """`mlflow server` on a SQLite file and a fixed loopback port, stopped and started again
-    at will (the same port and database: the same server, back after an outage)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder, self.port = folder, free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def launch(self) -> None:
-        """Start it without waiting; `wait_ready` waits."""
-        self.folder.mkdir(exist_ok=True)
-        mlflow = Path(sys.executable).with_name("mlflow")
-        command = [
-            str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port),
-            "--workers", "1", "--backend-store-uri", f"sqlite:///{self.folder / 'mlflow.db'}",
-            "--artifacts-destination", str(self.folder / "artifacts"),
-        ]  # fmt: skip
-        # Its background job runner (a pool of huey consumers) serves features these tests
-        # do not use, and would take the CPU the run needs.
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        log = open(self.folder / "server.log", "ab")  # noqa: SIM115 - lives with the process
-        # A session of its own: `mlflow server` runs uvicorn as a child, stopped with it.
-        self.process = subprocess.Popen(
-            command, cwd=self.folder, env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-        log.close()
-
-    def wait_ready(self) -> None:
-        poll(self._ready, timeout=120, what="mlflow server to answer")
-
-    def _ready(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            log = (self.folder / "server.log").read_text(errors="replace")[-3000:]
-            raise AssertionError(f"mlflow server exited: {log}")
-        try:
-            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def kill(self) -> None:
-        """Down at once, mid-request or not: what a crash or a lost node looks like."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-        with pytest.raises(httpx.TransportError):  # down: connections are refused
-            httpx.get(f"{self.url}/health", timeout=2)
-
-
-@pytest.fixture
-def mlflow_server(tmp_path: Path) -> Iterator[MlflowServer]:
-    server = MlflowServer(tmp_path / "mlflow")
-    yield server
-    server.kill()
-
-
 def wait_done(client: TrainctlClient, run_id: str) -> RunPublic:
     return poll(
         lambda: (r := client.get_run(run_id)).state in TERMINAL_STATES and r,
@@ -104,11 +36,6 @@ def wait_done(client: TrainctlClient, run_id: str) -> RunPublic:
         what=f"run {run_id} to finish",
         interval=0.5,
     )
-
-
-def float32(value: float) -> float:
-    """A TensorBoard scalar summary holds a float32."""
-    return float(struct.unpack("f", struct.pack("f", value))[0])
 
 
 def metric_rows(events: list[EventPublic], cast: Any = float) -> Counter[tuple[str, int, float]]:
@@ -123,15 +50,6 @@ def metric_rows(events: list[EventPublic], cast: Any = float) -> Counter[tuple[s
 
 def sink_lines(events: list[EventPublic], sink: str) -> list[str]:
     return [e.data["message"] for e in events if e.type == "log" and e.data.get("sink") == sink]
-
-
-def tensorboard_rows(folder: Path) -> Counter[tuple[str, int, float]]:
-    if not folder.is_dir():
-        return Counter()
-    frame = SummaryReader(str(folder)).scalars
-    if frame.empty:
-        return Counter()
-    return Counter(zip(frame["tag"], frame["step"].astype(int), frame["value"], strict=True))
 
 
 def test_tensorboard_mirror_resumes_after_a_service_restart_without_repeating(

@@ -28,6 +28,7 @@ from trainctl.store.checkpoints.manifests import (
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.shards import stdlib_source_files
 from trainctl.store.data.tokenizer import EOT, train_tokenizer
+from trainctl.store.evals import EvalResult
 from trainctl.store.exceptions import CheckpointCorrupt, Conflict, InvalidRequest
 from trainctl.store.generation import GenerationSettings
 from trainctl.store.presets import ModelConfig
@@ -240,6 +241,39 @@ def test_the_model_card_gives_the_training_facts(
         "| trained by | trainctl ",
     ):
         assert row in card
+
+
+@pytest.mark.slow
+def test_the_card_of_a_checkpoint_never_evaluated_says_none_were_run(
+    bpe_export: tuple[GPT, Path, ExportResult],
+) -> None:
+    _, _, result = bpe_export
+    card = (Path(result.folder) / "README.md").read_text()
+    evaluations = card.split("## Evaluations")[1].split("##")[0]
+    assert evaluations.strip().startswith("None were run") and "| task |" not in evaluations
+
+
+@pytest.mark.slow
+def test_the_card_lists_each_eval_result_of_the_checkpoint_with_how_it_was_scored(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    evals = [
+        EvalResult("arc_easy", "acc", 0.3125, 1, 16, "run-a"),
+        EvalResult("arc_easy", "acc_norm", 0.375, 1, 16, "run-a"),
+        EvalResult("mmlu_anatomy", "bits_per_byte", 2.5, 0, None, "run-b"),
+    ]
+
+    result = export_to(checkpoint, tmp_path / "exports", evals=evals)
+
+    card = (Path(result.folder) / "README.md").read_text()
+    assert "| task | metric | value | few-shot | limit | evaluate run |" in card
+    for row in (
+        "| arc_easy | acc | 0.3125 | 1 | 16 | run-a |",
+        "| arc_easy | acc_norm | 0.3750 | 1 | 16 | run-a |",
+        "| mmlu_anatomy | bits_per_byte | 2.5000 | 0 | all | run-b |",
+    ):
+        assert row in card
+    assert "None were run" not in card
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ import torch
 from trainctl.store.checkpoints.info import check_fits
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.codec import TextCodec
-from trainctl.store.evals import EVAL_TASKS, EvalTask, EvaluatePlan
+from trainctl.store.evals import EVAL_KIND, EVAL_TASKS, EvalTask, EvaluatePlan, metric_name
 from trainctl.store.exceptions import RunNotFound
 from trainctl.worker.context import RunContext
 from trainctl.worker.evals.fewshot import build_contexts
@@ -29,13 +29,6 @@ from trainctl.worker.evals.scorer import score_items, task_metrics
 from trainctl.worker.evals.tasks import read_items
 from trainctl.worker.generate import load_for_generation
 from trainctl.worker.models import LanguageModel
-
-EVAL_KIND = "eval"
-"""The metrics events' kind (store.vocabulary.METRIC_KINDS)."""
-
-
-def metric_name(task: str, metric: str) -> str:
-    return f"eval/{task}/{metric}"
 
 
 def score_task(

@@ -1,12 +1,12 @@
-"""The sink mirrors (service/sinks): a run's events written as a worker writes them, mirrored
-into real TensorBoard files read back with tbparse, and offered to tracking servers that are
-down or hung, on real sockets."""
+"""The sink mirrors (service/sinks): a run's events written as a worker writes them (and the
+scores an evaluate run records on it), mirrored into real TensorBoard files read back with
+tbparse and into a real `mlflow server`, and offered to tracking servers that are down or
+hung, on real sockets."""
 
 from __future__ import annotations
 
 import http.server
 import socket
-import struct
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -17,8 +17,10 @@ import pytest
 from sqlalchemy import insert
 from tbparse import SummaryReader
 
+from tests.mlflow_server import MlflowServer
 from tests.ports import free_port
 from tests.stores import posix_store
+from tests.tensorboard_files import float32, tensorboard_rows
 from trainctl.service.sinks.base import Sink, scalars
 from trainctl.service.sinks.mirror import BATCH_EVENTS, SinkMirror
 from trainctl.service.sinks.mlflow import MlflowSink
@@ -112,16 +114,6 @@ def logged_scalars(store: RunStore, run: Run) -> Counter[tuple[str, int, float]]
     )
 
 
-def float32(value: float) -> float:
-    """A scalar summary holds a float32 (`simple_value`)."""
-    return float(struct.unpack("f", struct.pack("f", value))[0])
-
-
-def tensorboard_scalars(folder: Path) -> Counter[tuple[str, int, float]]:
-    frame = SummaryReader(str(folder)).scalars
-    return Counter(zip(frame["tag"], frame["step"].astype(int), frame["value"], strict=True))
-
-
 def run_until_idle(sink_mirror: SinkMirror, ticks: int = 100) -> None:
     for _ in range(ticks):
         if not sink_mirror.tick():
@@ -144,7 +136,7 @@ def test_tensorboard_files_hold_the_metrics_and_samples_of_the_event_log(
     run_until_idle(tb)
 
     folder = tmp_path / "tensorboard" / "exp" / run.id
-    scalars_written = tensorboard_scalars(folder)
+    scalars_written = tensorboard_rows(folder)
     assert scalars_written == logged_scalars(store, run)
     names = {"train/loss", "train/lr/muon", "train/lr/adamw", "train/grad_norm",
              "train/tokens_per_sec", "val/loss", "val/ppl", "val/bits_per_byte"}  # fmt: skip
@@ -179,7 +171,75 @@ def test_a_restarted_mirror_goes_on_from_its_cursor_without_repeating_anything(
 
     folder = tmp_path / "tensorboard" / "exp" / run.id
     assert len(list(folder.glob("events.out.tfevents.*"))) == 2
-    assert tensorboard_scalars(folder) == logged_scalars(store, run)
+    assert tensorboard_rows(folder) == logged_scalars(store, run)
+
+
+def record_scores(store: RunStore, run: Run, step: int, acc: float) -> None:
+    """What an evaluate run of the run's checkpoint at `step` records on it when it ends
+    (worker/evals/run.py): every score at the checkpoint's step."""
+    scores = {"kind": "eval", "step": step, "evaluate_run": f"eval-{step}",
+              "eval/arc_easy/acc": acc, "eval/arc_easy/acc_norm": acc + 0.125,
+              "eval/arc_easy/bits_per_byte": 1.5, "eval/mmlu_anatomy/acc": 0.25}  # fmt: skip
+    store.append_event(run.id, "metrics", scores)
+
+
+def test_eval_scores_reach_tensorboard_at_their_step_even_after_the_run_ended(
+    store: RunStore, tmp_path: Path, mirror: MirrorFactory
+) -> None:
+    run = start_run(store, ["tensorboard"])
+    write_steps(store, run, range(1, 11))
+    record_scores(store, run, 10, acc=0.5)  # scored while the run trains
+    write_steps(store, run, range(11, 21))
+    finish(store, run)
+    tb = mirror(tensorboard(tmp_path))
+    run_until_idle(tb)
+    assert tb.cursors.is_done(run.id)
+
+    record_scores(store, run, 20, acc=0.625)  # the last checkpoint, scored after the end
+    run_until_idle(tb)
+
+    folder = tmp_path / "tensorboard" / "exp" / run.id
+    written = tensorboard_rows(folder)
+    assert written == logged_scalars(store, run)  # every metric once, the late ones too
+    acc = sorted((step, value) for tag, step, value in written if tag == "eval/arc_easy/acc")
+    assert acc == [(10, 0.5), (20, 0.625)]
+    assert {tag for tag, _, _ in written if tag.startswith("eval/")} == {
+        "eval/arc_easy/acc", "eval/arc_easy/acc_norm", "eval/arc_easy/bits_per_byte",
+        "eval/mmlu_anatomy/acc",
+    }  # fmt: skip
+    assert tb.cursors.is_done(run.id)
+
+
+@pytest.mark.slow
+def test_eval_scores_reach_mlflow_under_their_names_at_their_step_even_after_the_run_ended(
+    store: RunStore, tmp_path: Path, mirror: MirrorFactory, mlflow_server: MlflowServer
+) -> None:
+    from mlflow.tracking import MlflowClient  # a few seconds to import: only this test needs it
+
+    mlflow_server.launch()
+    run = start_run(store, ["mlflow"])
+    write_steps(store, run, range(1, 11))
+    record_scores(store, run, 10, acc=0.5)
+    finish(store, run)
+    mlflow_server.wait_ready()
+    sink = MlflowSink(mlflow_server.url, posix_store(tmp_path / "checkpoints"), timeout=10)
+    ml = mirror(sink)
+    run_until_idle(ml)
+    assert ml.cursors.is_done(run.id)
+
+    record_scores(store, run, 20, acc=0.625)  # a later checkpoint's scores, after the end
+    run_until_idle(ml)
+
+    cursor = ml.cursors.cursor(run.id)
+    assert cursor is not None and ml.cursors.is_done(run.id)
+    tracking = MlflowClient(mlflow_server.url)
+    mlflow_id = cursor.memo["run_id"]
+    history = tracking.get_metric_history(mlflow_id, "eval/arc_easy/acc")
+    assert sorted((m.step, m.value) for m in history) == [(10, 0.5), (20, 0.625)]
+    metrics = tracking.get_run(mlflow_id).data.metrics
+    assert metrics["eval/mmlu_anatomy/acc"] == 0.25 and "train/loss" in metrics
+    assert not any("evaluate_run" in key for key in metrics)
+    assert tracking.get_run(mlflow_id).info.status == "FINISHED"
 
 
 @pytest.mark.slow

@@ -119,3 +119,58 @@ def test_a_cursor_moves_only_from_where_its_saver_read_it(store: RunStore) -> No
     tb.save(moved, last_event_id=4, memo=moved.memo, outage_since=None, done=True)
     assert tb.is_done(run.id) and tb.open_cursors(10) == []
     assert tb.cursor(run.id) == moved.__class__(run.id, "tensorboard", 4, {"run_id": "m1"}, None)
+
+
+def finished_run(store: RunStore, experiment: str, trackers: list[str]) -> Run:
+    """A train run that wrote one metric and succeeded."""
+    store.enqueue("train", experiment, {"steps": 10, "trackers": trackers})
+    run = store.claim("w", lease_seconds=60)
+    assert run is not None
+    store.append_event(run.id, "metrics", {"kind": "train", "step": 1, "loss": 2.0},
+                       worker_id="w", attempt=run.attempt)  # fmt: skip
+    return store.finish(run.id, "w", run.attempt, "succeeded", result={})
+
+
+SCORES = {"kind": "eval", "step": 10, "evaluate_run": "e1", "eval/arc_easy/acc": 0.5}
+
+
+def test_scores_recorded_on_an_ended_run_reopen_its_finished_cursors_but_a_refused_one(
+    store: RunStore,
+) -> None:
+    tb, mlflow = sinks(store), sinks(store, sink="mlflow")
+    run = finished_run(store, "a", ["tensorboard", "mlflow"])
+    assert tb.acquire() and mlflow.acquire()
+    tb.discover()
+    mlflow.discover()
+    last = store.events(run.id)[-1].id
+    for sink, memo in ((tb, {}), (mlflow, {"refused": True})):
+        cursor = sink.cursor(run.id)
+        assert cursor is not None
+        sink.save(cursor, last_event_id=last, memo=memo, outage_since=None, done=True)
+    assert tb.is_done(run.id) and tb.open_cursors(10) == []
+
+    store.append_event(run.id, "log", {"level": "info", "message": "not a metric"})
+    assert tb.is_done(run.id)
+    store.append_event(run.id, "metrics", SCORES)  # as an evaluate run records them
+
+    assert not tb.is_done(run.id)
+    assert [c.run_id for c in tb.open_cursors(10)] == [run.id]
+    assert mlflow.is_done(run.id)  # it refused the run: it stays refused
+
+
+def test_a_cursor_is_not_finished_past_an_event_it_has_not_taken(store: RunStore) -> None:
+    tb = sinks(store)
+    run = finished_run(store, "a", ["tensorboard"])
+    assert tb.acquire()
+    tb.discover()
+    read = tb.cursor(run.id)
+    assert read is not None
+    taken = store.events(run.id)[-1].id
+    # The scores land after the mirror read the log and before it marks the run done.
+    store.append_event(run.id, "metrics", SCORES)
+
+    tb.save(read, last_event_id=taken, memo={}, outage_since=None, done=True)
+
+    assert not tb.is_done(run.id)
+    cursor = tb.cursor(run.id)
+    assert cursor is not None and cursor.last_event_id == taken

@@ -58,12 +58,36 @@ def test_a_finished_run_is_posted_signed_with_its_delivery_id_and_public_shape(
     assert request.headers["X-Trainctl-Event"] == "succeeded"
     assert (payload["event"], payload["previous"]) == ("succeeded", "running")
     assert payload["run"] == service.get(f"/runs/{run.id}").json()  # the run's public shape
+    assert payload["evals"] == {}  # never scored
     assert (delivery["run_id"], delivery["event"], delivery["state"]) == (
         run.id, "succeeded", "succeeded"
     )  # fmt: skip
     assert [(a["attempt"], a["status_code"], a["error"]) for a in delivery["attempts"]] == [
         (1, 200, None)
     ]
+
+
+@pytest.mark.slow
+def test_a_scored_run_is_posted_with_each_tasks_newest_scores_and_their_step(
+    service: Live, receiver: Receiver
+) -> None:
+    webhook = service.add_webhook(receiver.url)
+    scored = [  # two checkpoints scored as the run went on: MMLU only at the first
+        {"kind": "eval", "step": 10, "evaluate_run": "e1", "eval/arc_easy/acc": 0.25,
+         "eval/arc_easy/acc_norm": 0.5, "eval/mmlu_anatomy/acc": 0.375},
+        {"kind": "train", "step": 15, "loss": 2.0},
+        {"kind": "eval", "step": 20, "evaluate_run": "e2", "eval/arc_easy/acc": 0.625,
+         "eval/arc_easy/acc_norm": 0.75},
+    ]  # fmt: skip
+    service.run_to_end("succeeded", metrics=scored)
+
+    service.settled(webhook["id"])
+    (request,) = receiver.received
+
+    assert request.payload["evals"] == {
+        "arc_easy": {"step": 20, "metrics": {"acc": 0.625, "acc_norm": 0.75}},
+        "mmlu_anatomy": {"step": 10, "metrics": {"acc": 0.375}},
+    }
 
 
 @pytest.mark.slow
