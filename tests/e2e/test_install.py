@@ -137,6 +137,6 @@ def test_the_client_installs_cli_lists_runs_and_finds_the_latest_checkpoint(
     runs, latest = cli("runs", "list"), cli("checkpoints", "latest", "-e", "remote")
 
     assert runs.returncode == 0, runs.stderr
-    assert run.id in runs.stdout and "succeeded" in runs.stdout
+    assert run.short_id in runs.stdout and "succeeded" in runs.stdout
     assert latest.returncode == 0, latest.stderr
     assert "step_4" in latest.stdout

@@ -82,8 +82,8 @@ def test_retention_waits_for_a_run_being_queued_and_spares_its_checkpoint(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ckpts, worker = sides
-    enqueue = Paused(runs.enqueue)
-    monkeypatch.setattr(runs, "enqueue", enqueue)
+    enqueue = Paused(runs.enqueue_all)  # what submit queues through, one run or a sweep's
+    monkeypatch.setattr(runs, "enqueue_all", enqueue)
     request = ValidateRequest(checkpoint="exp/step_10", num_batches=1)
     submitter, submitted = in_thread(
         lambda: submit_run("validate", request, settings=settings, runs=runs, ckpts=ckpts)

@@ -45,6 +45,10 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "/runs/sample": {"checkpoint": "seeded/step_10", "prompt_tokens": [[1, 2]]},
     "/runs/export": {"checkpoint": "seeded/step_10"},
     "/runs/evaluate": {"checkpoint": "seeded/step_10", "tasks": ["arc_easy"]},
+    "/runs/forks": {
+        "from": "seeded/step_10",
+        "variants": [{"experiment": "seeded.a", "steps": 20, "data": {"source": "synthetic"}}],
+    },
     "/checkpoints/prune": {"experiment": "seeded", "keep_last": 1, "dry_run": True},
     "/tokens": {"name": "reader", "scope": "read"},
     "/webhooks": {"url": "http://hooks.example/run"},
