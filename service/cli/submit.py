@@ -1,4 +1,5 @@
-"""`trainctl submit train|validate|benchmark|prepare|run KIND`: queue a run, optionally watch it.
+"""`trainctl submit train|validate|benchmark|prepare|forks|run KIND`: queue a run (or a sweep of
+forks), optionally watch it.
 
 The flags mirror the request models (`store.specs`) and take their help from the field
 descriptions; any other field, however nested, is reachable with `--set key.path=value`.
@@ -31,7 +32,8 @@ from trainctl.store.specs import (
 
 app = typer.Typer(
     no_args_is_help=True,
-    help="Queue a train, validate, benchmark or prepare run, or a run of any kind (`run KIND`).",
+    help="Queue a train, validate, benchmark or prepare run, a sweep of forks (`forks`), or a "
+    "run of any kind (`run KIND`).",
 )
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -368,3 +370,43 @@ def submit_any(
     """Queue a run of any KIND from a --spec file and --set fields: the server checks it."""
     spec = build_spec(load(spec_file), {}, sets)
     submit_run(ctx, kind, spec, watch=watch, idempotency_key=idempotency_key, as_json=as_json)
+
+
+@app.command("forks")
+def submit_forks(
+    ctx: typer.Context,
+    checkpoint: Annotated[
+        str,
+        typer.Argument(
+            help="The checkpoint every fork starts from: EXPERIMENT/TAG (step_N, best, latest).",
+            show_default=False,
+        ),
+    ],
+    spec_file: Annotated[
+        Path,
+        typer.Option(
+            "--spec",
+            exists=True,
+            dir_okay=False,
+            help='{"variants": [train request, ...]}, YAML or JSON: each variant a fork into '
+            "an experiment of its own (its branch name), without fork_from.",
+            show_default=False,
+        ),
+    ],
+    idempotency_key: IdempotencyKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Queue a sweep of forks of CHECKPOINT (POST /runs/forks): all of them, or none when one
+    is refused (the error names its variant)."""
+    spec = load(spec_file)
+    variants = spec.get("variants")
+    if set(spec) != {"variants"} or not isinstance(variants, list):
+        raise BadInput(f'{spec_file}: a sweep is {{"variants": [...]}}, got fields {sorted(spec)}')
+    with client(ctx) as api:
+        runs = api.submit_forks(checkpoint, variants, idempotency_key)
+    if as_json:
+        print_json(runs)
+        return
+    for run in runs:
+        console.print(f"submitted fork {run.short_id} into {run.experiment} ({state_text(run)})")
+    err_console.print(f"compare them: trainctl runs tree {checkpoint.partition('/')[0]}")

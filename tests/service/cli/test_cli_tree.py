@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 
@@ -62,3 +63,36 @@ def test_runs_show_takes_a_short_id_and_runs_list_shows_short_ids(
     assert code == 0 and json.loads(shown)["id"] == run["id"]
     assert listed.splitlines()[1].split()[:2] == [run["id"][:8], "train"]
     assert run["id"] not in listed
+
+
+def test_submit_forks_queues_a_sweep_from_a_spec_file_all_or_none(
+    client: TestClient, ckpts: CheckpointStore, settings: Settings, tmp_path: Path
+) -> None:
+    root = submit(client, "train", CPU_TRAIN | {"experiment": "stable"}).json()
+    save_checkpoint(ckpts, "stable", step=10, metadata={"run_id": root["id"]})
+    cooldown = {"steps": 100, "device": "cpu", "schedule": {"decay_start": 10, "decay": "sqrt"}}
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(
+        json.dumps({"variants": [cooldown | {"experiment": f"stable.{n}"} for n in ("a", "b")]})
+    )
+    refused = tmp_path / "refused.json"
+    refused.write_text(json.dumps({"variants": [cooldown | {"experiment": "stable.c"}, {}]}))
+    not_a_sweep = tmp_path / "run.json"
+    not_a_sweep.write_text(json.dumps(cooldown))
+
+    with serve(create_app(settings)) as url:
+        served = At(url)
+        code, out, err = trainctl(served, "submit", "forks", "stable/step_10", "--spec", sweep)
+        assert code == 0, err
+        lines = out.splitlines()
+        assert len(lines) == 2 and all(line.startswith("submitted fork ") for line in lines)
+        assert "into stable.a (queued" in lines[0] and "into stable.b (queued" in lines[1]
+        assert "trainctl runs tree stable" in err
+
+        code, out, err = trainctl(served, "submit", "forks", "stable/step_10", "--spec", refused)
+        assert code == 2 and "variants.1" in err, err
+        code, _, err = trainctl(served, "submit", "forks", "stable/step_10", "--spec", not_a_sweep)
+        assert code == 2 and 'a sweep is {"variants": [...]}' in err
+        _, listed, _ = trainctl(served, "runs", "list", "--json")
+    experiments = {run["experiment"] for run in json.loads(listed)}
+    assert {"stable.a", "stable.b"} <= experiments and "stable.c" not in experiments
