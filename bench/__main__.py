@@ -32,6 +32,7 @@ MODULES = [
     "hf_vs_gpt",
     "sharded_muon",
     "fsdp_vs_ddp",
+    "evals_throughput",
 ]
 
 

@@ -111,6 +111,13 @@ class KVCache:
     def layer(self, i: int) -> LayerKV:
         return LayerKV(self.k[i], self.v[i], self.pos)
 
+    def fan_out(self, n: int) -> bool:
+        """Its one row as n, in place: a prefix computed once, continued n ways (the eval
+        scorer's choices after one context)."""
+        self.k = [t.expand(n, -1, -1, -1).contiguous() for t in self.k]
+        self.v = [t.expand(n, -1, -1, -1).contiguous() for t in self.v]
+        return True
+
     def check_room(self, T: int) -> None:
         if self.pos + T > self.max_len:
             raise ValueError(

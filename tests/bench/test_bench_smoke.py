@@ -10,6 +10,7 @@ from bench import (
     bits_per_byte,
     checkpoint_io,
     claims,
+    evals_throughput,
     event_streams,
     generate,
     hf_train,
@@ -61,6 +62,18 @@ def test_the_builtin_against_transformers_measurement_runs_at_toy_sizes() -> Non
 
     assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
     assert "hf vs gpt: llama / gpt time to the same val loss" in [f.name for f in figures]
+
+
+def test_the_evals_throughput_measurement_runs_at_toy_sizes() -> None:
+    """trainctl's scorer and lm-evaluation-harness's HFLM on the same items (9 s)."""
+    pytest.importorskip("lm_eval", reason="the dev extra installs lm-evaluation-harness")
+    figures = evals_throughput.run(quick=True)
+
+    assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
+    assert [f.name for f in figures if f.target] == [
+        "evals 0-shot: trainctl / lm-eval",
+        "evals 5-shot: trainctl / lm-eval",
+    ]
 
 
 def test_dataset_measurements_run_at_toy_sizes(monkeypatch: pytest.MonkeyPatch) -> None:

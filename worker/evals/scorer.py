@@ -8,7 +8,9 @@ stays in the continuation). No BOS is added; the tokens are left-truncated to th
 context plus one, and the last token is not fed. The log-likelihood of a continuation is the
 sum of its tokens' log-softmax. Rows are sorted by length and batched (right-padded: the
 attention is causal, so padding never reaches a real position), each distinct request is
-computed once, and the forward runs under training's autocast (bf16 on CUDA).
+computed once, and the forward runs under training's autocast (bf16 on CUDA). The choices of
+one context share it: its keys and values are computed once and each choice continues from a
+copy (the KV cache), where that feeds a third fewer tokens than whole rows would.
 
 `acc` takes the choice of the largest log-likelihood; `acc_norm` divides it by the choice's
 length in characters first, as the harness does (its `len(choice)`, without the delimiter);
@@ -18,9 +20,12 @@ bytes, summed over the items before dividing.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -47,31 +52,114 @@ def encode_pair(codec: TextCodec, context: str, continuation: str) -> Request:
 def loglikelihoods(
     model: LanguageModel, requests: Sequence[Request], *, batch_size: int = 32
 ) -> list[tuple[float, bool]]:
-    """Each request's continuation log-likelihood and whether it is the greedy one."""
+    """Each request's continuation log-likelihood and whether it is the greedy one. Each
+    distinct request is computed once; the continuations of one context (an item's choices)
+    share its computation where that saves at least a third of the tokens (`_shared`)."""
+    by_context: dict[tuple[int, ...], list[tuple[int, ...]]] = defaultdict(list)
+    for ctx, cont in dict.fromkeys(requests):
+        by_context[ctx].append(cont)
+    results: dict[Request, tuple[float, bool]] = {}
+    rows: list[Request] = []
+    sharing = True  # until the model's cache turns out not to fan out
+    for ctx, conts in by_context.items():
+        shared = None
+        if sharing and _worth_sharing(model, ctx, conts):
+            shared = _shared(model, ctx, conts)
+            sharing = shared is not None
+        if shared is None:
+            rows += [(ctx, cont) for cont in conts]
+        else:
+            results.update(shared)
+    results.update(_whole_rows(model, rows, batch_size))
+    return [results[r] for r in requests]
+
+
+def _worth_sharing(
+    model: LanguageModel, ctx: tuple[int, ...], conts: Sequence[tuple[int, ...]]
+) -> bool:
+    """Whether the context is computed once for all `conts`: nothing is truncated, and the
+    tokens fed fall by a third or more (a KV-cache pass costs a second forward call, and
+    batch-1 calls use a GPU less well)."""
+    longest = max(map(len, conts))
+    if len(ctx) < 2 or len(ctx) + longest > model.config.max_seq_len + 1:
+        return False
+    whole = sum(len(ctx) + len(c) for c in conts)
+    return whole >= 1.5 * (len(ctx) + sum(map(len, conts)))
+
+
+def _shared(
+    model: LanguageModel, ctx: tuple[int, ...], conts: Sequence[tuple[int, ...]]
+) -> dict[Request, tuple[float, bool]] | None:
+    """The context's keys and values once (all but its last token, whose logits predict
+    every continuation's first), then each continuation from a copy of them, in one batch
+    right-padded: attention is causal, so padding never reaches a real position. None for a
+    model that keeps no cache (a plug-in's) or one whose cache cannot fan out."""
+    device = next(model.parameters()).device
+    dtype = autocast_dtype(device)
+    longest = max(map(len, conts))
+    # Keys and values in the dtype attention computes in, as generation keeps them.
+    kv_dtype = dtype or next(model.parameters()).dtype
+    cache: Any = model.new_cache(1, len(ctx) - 1 + longest, device, kv_dtype)
+    if cache is None:
+        return None
+    tokens = torch.zeros((len(conts), longest), dtype=torch.long)
+    for i, cont in enumerate(conts):
+        tokens[i, : len(cont)] = torch.tensor((ctx[-1], *cont[:-1]))
+    with _scoring(device, dtype):
+        model.forward_cached(torch.tensor([ctx[:-1]], device=device), cache, last_only=True)
+        if not cache.fan_out(len(conts)):
+            return None
+        logits = model.forward_cached(tokens.to(device), cache)  # (n, longest, vocab)
+    logprobs = F.log_softmax(logits.float(), dim=-1)
+    return {
+        (ctx, cont): _continuation(logprobs[i, : len(cont)], cont, device)
+        for i, cont in enumerate(conts)
+    }
+
+
+def _whole_rows(
+    model: LanguageModel, requests: Sequence[Request], batch_size: int
+) -> dict[Request, tuple[float, bool]]:
+    """Each request as one row of context and continuation (left-truncated to the model's
+    context plus one), longest first, in batches."""
     max_len = model.config.max_seq_len
-    distinct = sorted(set(requests), key=lambda r: -len(r[0] + r[1]))
+    ordered = sorted(requests, key=lambda r: -len(r[0] + r[1]))
     results: dict[Request, tuple[float, bool]] = {}
     device = next(model.parameters()).device
     dtype = autocast_dtype(device)
-    for start in range(0, len(distinct), batch_size):
-        batch = distinct[start : start + batch_size]
+    for start in range(0, len(ordered), batch_size):
+        batch = ordered[start : start + batch_size]
         rows = [(ctx + cont)[-(max_len + 1) :][:-1] for ctx, cont in batch]
         tokens = torch.zeros((len(rows), max(map(len, rows))), dtype=torch.long)
         for i, row in enumerate(rows):
             tokens[i, : len(row)] = torch.tensor(row)
-        with (
-            torch.inference_mode(),
-            torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None),
-        ):
+        with _scoring(device, dtype):
             logits = model(tokens.to(device))  # (B, T, vocab)
         logprobs = F.log_softmax(logits.float(), dim=-1)
         for i, (request, row) in enumerate(zip(batch, rows, strict=True)):
-            cont = torch.tensor(request[1], device=device)
-            end = len(row)
-            here = logprobs[i, end - len(cont) : end]  # (n_cont, vocab)
-            ll = float(here.gather(-1, cont[:, None]).sum())
-            results[request] = (ll, bool((here.argmax(-1) == cont).all()))
-    return [results[r] for r in requests]
+            end, n = len(row), len(request[1])
+            results[request] = _continuation(logprobs[i, end - n : end], request[1], device)
+    return results
+
+
+def _scoring(device: torch.device, dtype: torch.dtype | None) -> contextlib.ExitStack:
+    """No autograd, and training's autocast (bf16 on CUDA; none on a CPU)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.inference_mode())
+    stack.enter_context(
+        torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+    )
+    return stack
+
+
+def _continuation(
+    logprobs: torch.Tensor, cont: tuple[int, ...], device: torch.device
+) -> tuple[float, bool]:
+    """The continuation's log-likelihood from the log-softmax at the positions predicting
+    it, (n_cont, vocab), and whether each of its tokens is the argmax."""
+    target = torch.tensor(cont, device=device)
+    ll = float(logprobs.gather(-1, target[:, None]).sum())
+    return ll, bool((logprobs.argmax(-1) == target).all())
 
 
 @dataclass(frozen=True)

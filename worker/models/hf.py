@@ -60,6 +60,16 @@ class HfCache:
     past: Any = None
     pos: int = 0
 
+    def fan_out(self, n: int) -> bool:
+        """Its one row as n, in place (KVCache.fan_out); False, untouched, where the cache
+        is not transformers' own: Qwen3-Next's linear-attention states continue a prefix by
+        another computation than a whole sequence's (4e-4 relative apart in the scorer's
+        test), so its choices are scored as whole rows."""
+        if not hasattr(self.past, "batch_repeat_interleave"):
+            return False
+        self.past.batch_repeat_interleave(n)
+        return True
+
 
 class HFCausalLM(nn.Module):
     def __init__(self, config: HfModelConfig, inner: nn.Module) -> None:

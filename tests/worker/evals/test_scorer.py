@@ -11,9 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.plans import train_plan
+from tests.worker.hf_archs import ARCHITECTURES, hf
 from trainctl.store.data.codec import TextCodec
 from trainctl.store.hf_config import HfModelConfig
 from trainctl.worker.evals.scorer import (
+    _worth_sharing,
     encode_pair,
     loglikelihoods,
     score_items,
@@ -85,3 +88,26 @@ def test_the_metrics_follow_from_the_log_likelihoods(model: Any) -> None:
     assert metrics["acc"] == sum(s.pred == s.gold for s in scores) / 2
     bits = sum(s.gold_nats for s in scores) / math.log(2)
     assert metrics["bits_per_byte"] == pytest.approx(bits / sum(s.gold_bytes for s in scores))
+
+
+@pytest.mark.parametrize("architecture", ["gpt", *ARCHITECTURES])
+def test_choices_continuing_one_context_from_its_kv_cache_score_as_whole_rows(
+    architecture: str,
+) -> None:
+    """The shared-prefix path (one context's keys and values, fanned out to its choices) on
+    every cache the tested architectures keep: transformers' own, a sliding window
+    (gemma3_text), latent attention (deepseek_v3); Qwen3-Next's linear-attention states do
+    not fan out, and its choices are scored as whole rows."""
+    config: Any = (
+        "tiny"
+        if architecture == "gpt"
+        else train_plan(steps=1, model={"hf": hf(architecture)}).model.config
+    )
+    model = build_model(config, seed=0).eval()
+    codec = TextCodec()
+    context = "Question: which of these is a colour of the sky on a clear day?\nAnswer:"
+    requests = [encode_pair(codec, context, " " + c) for c in ("blue", "green", "an owl")]
+    assert _worth_sharing(model, requests[0][0], [cont for _, cont in requests])
+    expected = [one_by_one(model, *r) for r in requests]
+    got = [ll for ll, _ in loglikelihoods(model, requests)]
+    assert got == pytest.approx(expected, abs=1e-4)
