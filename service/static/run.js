@@ -1,5 +1,6 @@
-// The run page: summary, live charts, the result in words, the validation history, the
-// model's samples, the log, and buttons to cancel an active run or resume a stopped train run.
+// The run page: summary, live charts, the result in words, the validation history, eval
+// scores, the model's samples, the log, and buttons to cancel an active run or resume a
+// stopped train run.
 //
 // A long run is not replayed event by event: the page reads the down-sampled metrics
 // (?max_points) and the log once, then follows the event stream from the last metrics event.
@@ -9,6 +10,7 @@
 import { LR_PREFIX, api, followRun, lrNames, metricRow, postJson, runPath } from "./api.js";
 import { fmt, h, progressCell, showError, stateBadge, tableWrap } from "./dom.js";
 import { FittedChart } from "./charts.js";
+import { EvalScores, evalId, evalLabel, evalRange } from "./evals.js";
 import { describeResult } from "./result.js";
 import { samplesFor } from "./samples.js";
 
@@ -35,9 +37,9 @@ function chartOptions(spec) {
   });
   if (axes.length === 1) axes.push({ size: 56, values: (u, vals) => vals.map(fmt.compact) });
   return {
-    scales: { x: { time: false } }, axes,
+    scales: { x: { time: false }, ...(spec.range ? { y: { range: spec.range } } : {}) }, axes,
     series: [{ label: "step" }, ...spec.series.map(([, label, stroke, scale]) => ({
-      label, stroke, spanGaps: true, points: { show: label.startsWith("val") },
+      label, stroke, spanGaps: true, points: { show: Boolean(spec.points) || label.startsWith("val") },
       ...(scale ? { scale } : {}) }))],
   };
 }
@@ -100,6 +102,62 @@ class RunCharts {
   }
 
   destroy() { for (const plot of this.plots?.values() ?? []) plot.destroy(); }
+}
+
+// A run's eval scores: a table per checkpoint step among the panels and an "eval vs step"
+// chart per task metric below the charts, both made when the first score arrives (a run
+// without scores shows neither). Scores come rarely, often after the run ended: the charts are
+// made again whenever a task metric is new.
+class EvalSection {
+  constructor(charts, panels) {
+    this.scores = new EvalScores();
+    this.charts = charts;  // the run's charts, which the eval charts follow
+    this.panels = panels;
+    this.plots = new Map();
+    this.pending = false;
+  }
+
+  add(m) {
+    if (!this.scores.add(m) || this.pending) return;
+    this.pending = true;
+    requestAnimationFrame(() => this.draw());
+  }
+
+  draw() {
+    this.pending = false;
+    if (!this.table) {
+      this.table = h("div", { class: "table-wrap" });
+      this.panels.append(h("section", { class: "panel" }, h("h3", {}, "Eval scores"), this.table));
+      this.box = h("div", { class: "charts", id: "run-eval-charts" });
+      this.charts.after(this.box);
+    }
+    this.table.replaceChildren(this.scores.table());
+    const keys = this.scores.keys;
+    if (keys.join() !== [...this.plots.keys()].join()) this.layout(keys);
+    for (const [key, plot] of this.plots) {
+      const [steps, values] = this.scores.series(key);
+      plot.setData([steps, values]);
+      const scored = values.filter((v) => v !== null).length;
+      document.getElementById(`chart-${evalId(key)}`).dataset.points = String(scored);
+    }
+  }
+
+  layout(keys) {
+    this.destroy();
+    const cards = keys.map((key) => h("div", { class: "chart" }, h("h3", {}, `eval: ${evalLabel(key)}`),
+      h("div", { class: "plot", id: `chart-${evalId(key)}`, "data-points": "0" })));
+    this.box.replaceChildren(...cards);
+    this.plots = new Map(keys.map((key, i) => {
+      const spec = { id: evalId(key), series: [[key, evalLabel(key), "#7048e8"]], points: true,
+        range: evalRange(key) };
+      return [key, new FittedChart(cards[i].querySelector(".plot"), chartOptions(spec), [[], []])];
+    }));
+  }
+
+  destroy() {
+    for (const plot of this.plots.values()) plot.destroy();
+    this.plots = new Map();
+  }
 }
 
 // bpb: the latest validation's bits per byte, where the run's data says how many bytes a
@@ -189,19 +247,22 @@ export async function showRun(view, runId) {
   const validation = h("div", { class: "table-wrap" }, h("p", { class: "hint" }, "No validation yet."));
   const logs = h("pre", { id: "run-logs" });
   const metered = run.kind !== "sample";  // a sample run writes no metrics: no charts for it
+  const chartsBox = h("div", { class: "charts" }, ...CHARTS.map((c) =>
+    h("div", { class: "chart" }, h("h3", {}, c.title),
+      h("div", { class: "plot", id: `chart-${c.id}`, "data-points": "0" }))));
+  const panels = h("div", { class: "panels" },
+    h("section", { class: "panel" }, h("h3", {}, "Result"), result),
+    ...(metered ? [h("section", { class: "panel" }, h("h3", {}, "Validation"), validation)] : []));
   view.replaceChildren(
     h("h2", { class: "run-title" }, `Run ${run.id}`),
     bar, head,
-    ...(metered ? [h("div", { class: "charts" }, ...CHARTS.map((c) =>
-      h("div", { class: "chart" }, h("h3", {}, c.title),
-        h("div", { class: "plot", id: `chart-${c.id}`, "data-points": "0" }))))] : []),
-    h("div", { class: "panels" },
-      h("section", { class: "panel" }, h("h3", {}, "Result"), result),
-      ...(metered ? [h("section", { class: "panel" }, h("h3", {}, "Validation"), validation)] : [])),
+    ...(metered ? [chartsBox] : []),
+    panels,
     ...(samples ? [samples.section] : []),
     h("h3", {}, "Log"), logs);
   const charts = metered ? new RunCharts() : null;
   charts?.mount();
+  const evals = metered ? new EvalSection(chartsBox, panels) : null;
 
   let barState = run.state;
   let shownResult = JSON.stringify([run.state, run.result, run.error]);
@@ -223,6 +284,7 @@ export async function showRun(view, runId) {
   };
   const onMetrics = (m) => {
     charts?.add(m);
+    evals?.add(m);
     if (m.kind === "val" && typeof m.val_loss === "number") {
       valRows.push(m);
       validation.replaceChildren(validationTable(valRows));
@@ -255,5 +317,5 @@ export async function showRun(view, runId) {
   follow.then((ended) => ended && refresh()).catch(showError);
   refresh().catch(showError);
   const timer = setInterval(() => refresh().catch(showError), REFRESH_MS);
-  return () => { controller.abort(); clearInterval(timer); charts?.destroy(); };
+  return () => { controller.abort(); clearInterval(timer); charts?.destroy(); evals?.destroy(); };
 }
