@@ -1,5 +1,6 @@
 // The compare view: several runs' curves overlaid, one colour per run, and their settings side
-// by side with the differences marked.
+// by side with the differences marked. A parent and its forks (the run page's "compare with
+// forks") line up by themselves: a fork's steps and tokens go on from its parent's.
 //
 // The URL holds the whole view (#/compare?runs=a,b&x=tokens&log=1&smooth=0.6), so a
 // comparison can be shared or reloaded. Each run's history comes down-sampled
@@ -150,9 +151,17 @@ function legend(curves) {
     const last = c.rows.filter((r) => STEP_KINDS.includes(r.kind)).at(-1);
     return h("li", { "data-run": c.run.id, "data-points": String(c.count(STEP_KINDS)) }, swatch,
       h("a", { href: `#/runs/${c.run.id}`, title: c.run.id }, c.run.id.slice(0, 8)),
-      h("span", {}, c.run.experiment), stateBadge(c.run.state),
+      h("span", {}, c.run.experiment), stateBadge(c.run.state), ...forkOf(c.run),
       h("span", { class: "hint" }, last && typeof last.loss === "number" ? `loss ${fmt.num(last.loss)}` : ""));
   });
+}
+
+// A fork's parent checkpoint and the step it branched at, beside its name in the legend.
+function forkOf(run) {
+  if (!run.parent) return [];
+  const { experiment, tag, step } = run.parent;
+  return [h("span", { class: "fork-of", title: run.parent.run_id },
+    `fork of ${experiment}/${tag} at step ${fmt.int(step)}`)];
 }
 
 function settingRows(curves) {

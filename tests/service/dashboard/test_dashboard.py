@@ -392,3 +392,64 @@ def test_the_run_page_shows_eval_scores_per_checkpoint_as_a_table_and_charts_at_
     for width in WIDTHS:
         fits(page, width)
         page.screenshot(path=artifact(f"run-evals-{width}.png"), full_page=True)
+
+
+# Where each fork marker's label is, against its chart's plotting area.
+FORK_MARKERS = """() => {
+  const over = document.querySelector("#chart-loss .u-over").getBoundingClientRect();
+  return [...document.querySelectorAll("#chart-loss .fork-marker")].map((m) => {
+    const a = m.querySelector("a"); const line = m.getBoundingClientRect();
+    const label = a.getBoundingClientRect();
+    return { href: a.getAttribute("href"), text: a.textContent,
+      x: (line.left - over.left) / over.width,
+      inside: label.left >= over.left - 0.5 && label.right <= over.right + 0.5 };
+  });
+}"""
+
+
+def test_a_parents_loss_chart_marks_where_each_fork_branched_with_a_link_at_every_width(
+    tree: tuple[RunPublic, RunPublic], open_page: Any
+) -> None:
+    parent, fork = tree
+    page = open_page(f"#/runs/{parent.id}")
+    poll(lambda: points(page, "chart-loss") == STEPS, what="the parent's points")
+    page.wait_for_selector("#chart-loss .fork-marker a")
+    for width in WIDTHS:
+        fits(page, width)
+        (marker,) = page.evaluate(FORK_MARKERS)
+        assert marker["href"] == f"#/runs/{fork.id}" and marker["inside"], marker
+        assert "tree.cool" in marker["text"] and fork.short_id in marker["text"]
+        # Step 12 of steps 1 to 24: near the middle of the x axis.
+        assert 0.4 < marker["x"] < 0.6, marker
+        page.screenshot(path=artifact(f"run-forks-{width}.png"), full_page=True)
+
+    # The fork's page names its parent and the step it branched at.
+    page.click("#chart-loss .fork-marker a")
+    page.wait_for_selector("#run-parent a")
+    assert page.get_attribute("#run-parent a", "href") == f"#/runs/{parent.id}"
+    assert f"tree/step_{FORK_STEP}" in (page.text_content("#run-parent") or "")
+    assert page.text_content("#run-fork-step") == f"fork step{FORK_STEP}"
+    assert page.locator("#chart-loss .fork-marker").count() == 0  # a fork without forks
+
+
+def test_compare_with_forks_overlays_a_parent_and_its_forks_on_global_step_and_tokens(
+    tree: tuple[RunPublic, RunPublic], open_page: Any
+) -> None:
+    parent, fork = tree
+    page = open_page(f"#/runs/{parent.id}")
+    page.click("#compare-forks")
+    page.wait_for_selector("#compare-legend li")
+    legend = [li.get_attribute("data-run") for li in page.locator("#compare-legend li").all()]
+    assert legend == [parent.id, fork.id]
+    # The fork goes on from the parent's step 12: its 12 steps after it, on the same axis.
+    total = STEPS + (STEPS - FORK_STEP)
+    poll(lambda: points(page, "compare-loss") == total, what="the parent's and the fork's loss")
+    # Eval vs step: the parent's two checkpoints and the fork's one.
+    poll(lambda: points(page, f"compare-eval-{EVAL_TASK}-acc") == 3, what="the eval curves")
+    assert "fork of" in (page.text_content(f"#compare-legend li[data-run='{fork.id}']") or "")
+    page.select_option("#compare-x", "tokens")
+    poll(lambda: points(page, "compare-loss") == total, what="the curves on tokens")
+    assert points(page, f"compare-eval-{EVAL_TASK}-acc") == 3
+    for width in WIDTHS:
+        fits(page, width)
+        page.screenshot(path=artifact(f"compare-forks-{width}.png"), full_page=True)
