@@ -1,5 +1,6 @@
 // The compare view: several runs' curves overlaid, one colour per run, and their settings side
-// by side with the differences marked.
+// by side with the differences marked. A parent and its forks (the run page's "compare with
+// forks") line up by themselves: a fork's steps and tokens go on from its parent's.
 //
 // The URL holds the whole view (#/compare?runs=a,b&x=tokens&log=1&smooth=0.6), so a
 // comparison can be shared or reloaded. Each run's history comes down-sampled
@@ -9,6 +10,7 @@ import { LR_PREFIX, Unauthorized, api, followRun, lrNames, metricRow, runPath } 
 import { fmt, h, showError, stateBadge, tableWrap } from "./dom.js";
 import { FittedChart, PALETTE, ema, joinTables } from "./charts.js";
 import { flatten, formatValue, label } from "./result.js";
+import { EVAL_KIND, evalId, evalKeys, evalLabel, evalRange } from "./evals.js";
 
 const MAX_POINTS = 2000;
 const ACTIVE = new Set(["queued", "running"]);
@@ -26,13 +28,18 @@ const SPEED_CHARTS = [
   { id: "tps", title: "Tokens / s", kinds: STEP_KINDS, key: "tokens_per_sec", smooth: true },
 ];
 
-// Between them, a learning-rate chart per optimizer that any of the runs has (`lr/<name>`:
-// the runs' optimizer kinds decide, store/optimizers.py), in the order they first appear.
+// Between them, an "eval vs step" chart per task metric that any of the runs was scored on
+// (evals.js), points at the steps of the checkpoints scored, sorted; and a learning-rate chart
+// per optimizer that any of the runs has (`lr/<name>`: the runs' optimizer kinds decide,
+// store/optimizers.py), in the order they first appear.
 function chartsFor(curves) {
+  const scores = [...new Set(curves.flatMap((c) => [...c.evals]))].sort();
+  const evals = scores.map((key) => ({ id: evalId(key), title: `eval: ${evalLabel(key)}`,
+    kinds: [EVAL_KIND], key, points: true, sorted: true, range: evalRange(key) }));
   const names = [...new Set(curves.flatMap((c) => [...c.lrs]))];
   const lrs = names.map((name) => ({ id: `lr_${name}`, title: `Learning rate: ${name}`,
     kinds: ["train"], key: `${LR_PREFIX}${name}` }));
-  return [...LOSS_CHARTS, ...lrs, ...SPEED_CHARTS];
+  return [...LOSS_CHARTS, ...evals, ...lrs, ...SPEED_CHARTS];
 }
 
 // The settings rows come in this order (prefixes of the plan's dotted keys); others follow.
@@ -76,6 +83,7 @@ class Curve {
     this.color = color;
     this.rows = [];
     this.lrs = new Set();  // the names of its optimizers, from its metrics
+    this.evals = new Set();  // its score fields, eval/<task>/<metric>
   }
 
   get lastId() { return this.rows.length ? this.rows.at(-1).event_id : 0; }
@@ -83,6 +91,7 @@ class Curve {
   add(row) {
     this.rows.push(row);
     for (const name of lrNames(row)) this.lrs.add(name);
+    for (const key of evalKeys(row)) this.evals.add(key);
     const t = Date.parse(row.created_at);
     // Wall time counts from the run's start, or its first event if that came earlier (a
     // requeued run starts again).
@@ -101,16 +110,17 @@ class Curve {
   }
 
   table(chart, view) {
-    const xs = [];
-    const ys = [];
+    const points = [];
     for (const row of this.rows) {
       const x = this.x(row, view.x);
       const y = row[chart.key];
       if (!chart.kinds.includes(row.kind) || x === null || typeof y !== "number") continue;
-      xs.push(x);
-      ys.push(view.log && y <= 0 ? null : y);  // a log axis has no place for 0
+      points.push([x, view.log && y <= 0 ? null : y]);  // a log axis has no place for 0
     }
-    return [xs, chart.smooth ? ema(ys, view.smooth) : ys];
+    // Scores come as checkpoints are scored, in any order of their steps.
+    if (chart.sorted) points.sort(([a], [b]) => a - b);
+    const ys = points.map(([, y]) => y);
+    return [points.map(([x]) => x), chart.smooth ? ema(ys, view.smooth) : ys];
   }
 
   count(kinds) { return this.rows.filter((r) => kinds.includes(r.kind)).length; }
@@ -123,7 +133,9 @@ function chartOptions(chart, curves, view) {
   const ticks = (u, vals) => vals.map(view.x === "time" ? shortTime : fmt.compact);
   return {
     legend: { show: false },  // one legend for all the charts, above them
-    scales: { x: { time: false }, y: { distr: view.log ? 3 : 1 } },
+    // A log axis has no 0 for a fraction's range to start at: it keeps its own.
+    scales: { x: { time: false },
+      y: { distr: view.log ? 3 : 1, ...(chart.range && !view.log ? { range: chart.range } : {}) } },
     axes: [{ label: X_AXES[view.x], values: ticks },
       { size: 56, values: (u, vals) => vals.map((v) => (v === null ? "" : fmt.compact(v))) }],
     series: [{ label: X_AXES[view.x] }, ...curves.map((c) => ({
@@ -139,9 +151,17 @@ function legend(curves) {
     const last = c.rows.filter((r) => STEP_KINDS.includes(r.kind)).at(-1);
     return h("li", { "data-run": c.run.id, "data-points": String(c.count(STEP_KINDS)) }, swatch,
       h("a", { href: `#/runs/${c.run.id}`, title: c.run.id }, c.run.id.slice(0, 8)),
-      h("span", {}, c.run.experiment), stateBadge(c.run.state),
+      h("span", {}, c.run.experiment), stateBadge(c.run.state), ...forkOf(c.run),
       h("span", { class: "hint" }, last && typeof last.loss === "number" ? `loss ${fmt.num(last.loss)}` : ""));
   });
+}
+
+// A fork's parent checkpoint and the step it branched at, beside its name in the legend.
+function forkOf(run) {
+  if (!run.parent) return [];
+  const { experiment, tag, step } = run.parent;
+  return [h("span", { class: "fork-of", title: run.parent.run_id },
+    `fork of ${experiment}/${tag} at step ${fmt.int(step)}`)];
 }
 
 function settingRows(curves) {

@@ -1,5 +1,7 @@
-// The run page: summary, live charts, the result in words, the validation history, the
-// model's samples, the log, and buttons to cancel an active run or resume a stopped train run.
+// The run page: summary, live charts, the result in words, the validation history, eval
+// scores, the model's samples, the log, and buttons to cancel an active run or resume a
+// stopped train run. Forks (docs/architecture.md, "Forks"): a parent's loss chart marks where
+// each fork branched, linking to it, and a fork's summary names its parent and fork step.
 //
 // A long run is not replayed event by event: the page reads the down-sampled metrics
 // (?max_points) and the log once, then follows the event stream from the last metrics event.
@@ -9,6 +11,8 @@
 import { LR_PREFIX, api, followRun, lrNames, metricRow, postJson, runPath } from "./api.js";
 import { fmt, h, progressCell, showError, stateBadge, tableWrap } from "./dom.js";
 import { FittedChart } from "./charts.js";
+import { EvalScores, evalId, evalLabel, evalRange } from "./evals.js";
+import { compareHash } from "./compare.js";
 import { describeResult } from "./result.js";
 import { samplesFor } from "./samples.js";
 
@@ -26,7 +30,7 @@ const CHARTS = [
   { id: "tps", title: "Tokens / s", series: [["tokens_per_sec", "tokens/s", "#0c8599"]] },
 ];
 
-function chartOptions(spec) {
+function chartOptions(spec, forks = []) {
   const axes = [{ label: "step", values: (u, vals) => vals.map(fmt.compact) }];
   spec.series.forEach(([, , stroke, scale], i) => {
     // Muon's and AdamW's lrs differ ~70x: each optimizer's has a scale of its own, the first
@@ -35,15 +39,56 @@ function chartOptions(spec) {
   });
   if (axes.length === 1) axes.push({ size: 56, values: (u, vals) => vals.map(fmt.compact) });
   return {
-    scales: { x: { time: false } }, axes,
+    scales: { x: { time: false }, ...(spec.range ? { y: { range: spec.range } } : {}) }, axes,
     series: [{ label: "step" }, ...spec.series.map(([, label, stroke, scale]) => ({
-      label, stroke, spanGaps: true, points: { show: label.startsWith("val") },
+      label, stroke, spanGaps: true, points: { show: Boolean(spec.points) || label.startsWith("val") },
       ...(scale ? { scale } : {}) }))],
+    plugins: spec.id === "loss" && forks.length ? [forkMarkers(forks)] : [],
+  };
+}
+
+// A marker on the loss chart at each fork's step: a dashed line over the plotting area and,
+// at its top, a link to the fork named by its branch (its experiment) and short id. Links are
+// elements beside uPlot's cursor layer, not drawn on the canvas, so that they can be clicked.
+// Forks of one step stack their labels; a label in the right half of the chart turns left,
+// and is cut to the room it has, so that it never leaves the chart.
+function forkMarkers(forks) {
+  let marks = [];
+  const place = (u) => {
+    const { offsetLeft: left, offsetTop: top, clientWidth: width, clientHeight: height } = u.over;
+    for (const [step, mark, link] of marks) {
+      const x = u.valToPos(step, "x");
+      mark.hidden = !(Number.isFinite(x) && x >= 0 && x <= width);
+      if (mark.hidden) continue;
+      const flip = x > width / 2;
+      mark.classList.toggle("flip", flip);
+      Object.assign(mark.style, { left: `${left + x}px`, top: `${top}px`, height: `${height}px` });
+      link.style.maxWidth = `${Math.max(0, (flip ? x : width - x) - 4)}px`;
+    }
+  };
+  return {
+    hooks: {
+      init: [(u) => {
+        marks = forks.map((fork, i) => {
+          const link = h("a", { href: `#/runs/${fork.id}`,
+            title: `fork ${fork.short_id} from ${fork.parent.experiment}/${fork.parent.tag}` },
+          fork.experiment, " ", h("span", { class: "short-id" }, fork.short_id));
+          link.style.top = `${(i % 4) * 1.5}em`;
+          const mark = h("div", { class: "fork-marker", "data-run": fork.id, "data-step": fork.parent.step },
+            link);
+          u.over.after(mark);
+          return [fork.parent.step, mark, link];
+        });
+      }],
+      draw: [place],
+    },
   };
 }
 
 class RunCharts {
-  constructor() {
+  // forks: the run's forks (GET /runs/{id}/lineage), marked on its loss chart.
+  constructor(forks = []) {
+    this.forks = forks;
     this.steps = [];  // x values; one entry per train or benchmark-measure step
     this.specs = CHARTS.map((c) => ({ ...c, series: [...c.series] }));  // this run's series
     this.data = Object.fromEntries(this.specs.map((c) => [c.id, c.series.map(() => [])]));
@@ -56,7 +101,7 @@ class RunCharts {
   plot(spec) {
     const container = document.getElementById(`chart-${spec.id}`);
     container.replaceChildren();
-    return new FittedChart(container, chartOptions(spec), [[], ...spec.series.map(() => [])]);
+    return new FittedChart(container, chartOptions(spec, this.forks), [[], ...spec.series.map(() => [])]);
   }
 
   // An optimizer's lr not seen before gets a series, empty for the steps before.
@@ -102,6 +147,62 @@ class RunCharts {
   destroy() { for (const plot of this.plots?.values() ?? []) plot.destroy(); }
 }
 
+// A run's eval scores: a table per checkpoint step among the panels and an "eval vs step"
+// chart per task metric below the charts, both made when the first score arrives (a run
+// without scores shows neither). Scores come rarely, often after the run ended: the charts are
+// made again whenever a task metric is new.
+class EvalSection {
+  constructor(charts, panels) {
+    this.scores = new EvalScores();
+    this.charts = charts;  // the run's charts, which the eval charts follow
+    this.panels = panels;
+    this.plots = new Map();
+    this.pending = false;
+  }
+
+  add(m) {
+    if (!this.scores.add(m) || this.pending) return;
+    this.pending = true;
+    requestAnimationFrame(() => this.draw());
+  }
+
+  draw() {
+    this.pending = false;
+    if (!this.table) {
+      this.table = h("div", { class: "table-wrap" });
+      this.panels.append(h("section", { class: "panel" }, h("h3", {}, "Eval scores"), this.table));
+      this.box = h("div", { class: "charts", id: "run-eval-charts" });
+      this.charts.after(this.box);
+    }
+    this.table.replaceChildren(this.scores.table());
+    const keys = this.scores.keys;
+    if (keys.join() !== [...this.plots.keys()].join()) this.layout(keys);
+    for (const [key, plot] of this.plots) {
+      const [steps, values] = this.scores.series(key);
+      plot.setData([steps, values]);
+      const scored = values.filter((v) => v !== null).length;
+      document.getElementById(`chart-${evalId(key)}`).dataset.points = String(scored);
+    }
+  }
+
+  layout(keys) {
+    this.destroy();
+    const cards = keys.map((key) => h("div", { class: "chart" }, h("h3", {}, `eval: ${evalLabel(key)}`),
+      h("div", { class: "plot", id: `chart-${evalId(key)}`, "data-points": "0" })));
+    this.box.replaceChildren(...cards);
+    this.plots = new Map(keys.map((key, i) => {
+      const spec = { id: evalId(key), series: [[key, evalLabel(key), "#7048e8"]], points: true,
+        range: evalRange(key) };
+      return [key, new FittedChart(cards[i].querySelector(".plot"), chartOptions(spec), [[], []])];
+    }));
+  }
+
+  destroy() {
+    for (const plot of this.plots.values()) plot.destroy();
+    this.plots = new Map();
+  }
+}
+
 // bpb: the latest validation's bits per byte, where the run's data says how many bytes a
 // token is (the figure that compares runs with different tokenizers); null otherwise. A
 // queued run that no live worker can take says why, on a line of its own.
@@ -112,9 +213,31 @@ function summary(run, bpb) {
     item("progress", progressCell(run.progress)), item("attempt", run.attempt),
     item("priority", run.priority, { id: "run-priority" }),
     item("worker", run.worker_id || "-"), item("created", fmt.time(run.created_at)),
+    ...(run.parent ? parentItems(run.parent, item) : []),
     ...(bpb === null ? [] : [item("val bits/byte", h("span", { class: "bpb" }, fmt.num(bpb)))]),
     ...(run.waiting_reason ? [item("why it waits", run.waiting_reason,
       { id: "run-waiting", class: "waiting" })] : []));
+}
+
+// A fork's parent checkpoint, a link to the run that saved it (where its metadata names one),
+// and the step the fork branched at.
+function parentItems(parent, item) {
+  const name = `${parent.experiment}/${parent.tag}`;
+  const checkpoint = parent.run_id ? h("a", { href: `#/runs/${parent.run_id}`, title: parent.run_id }, name)
+    : name;
+  return [item("forked from", checkpoint, { id: "run-parent" }),
+    item("fork step", fmt.int(parent.step), { id: "run-fork-step" })];
+}
+
+// Every fork below a run, its forks' forks too, oldest first by generation.
+const descendants = (forks) => forks.flatMap((f) => [f, ...descendants(f.forks)]);
+
+// A parent's link to the compare view on it and its forks, aligned on global step.
+function compareForks(run, forks) {
+  if (!forks.length) return [];
+  const runs = [run.id, ...descendants(forks).map((f) => f.id)];
+  return [h("a", { id: "compare-forks", href: compareHash({ runs }),
+    title: "This run and its forks on shared charts" }, `Compare with forks (${runs.length - 1})`)];
 }
 
 function validationTable(rows) {
@@ -178,30 +301,35 @@ function actions(run, refresh) {
 
 export async function showRun(view, runId) {
   let run = await api(runPath(runId));
+  // A train run's forks, as the page opens: they mark its loss chart.
+  const forks = run.kind === "train" ? (await api(`${runPath(run.id)}/lineage`)).forks : [];
   let bpb = null;
   const valRows = [];
   const head = h("div", { id: "run-summary" }, summary(run, bpb));
   // (refresh is defined below; a button calls it only once clicked)
   const bar = h("div", { id: "run-actions", class: "toolbar" },
-    ...actions(run, () => refresh().catch(showError)));
+    ...actions(run, () => refresh().catch(showError)), ...compareForks(run, forks));
   const result = h("div", { id: "run-result" }, describeResult(run));
   const samples = samplesFor(run);  // null for a run without samples
   const validation = h("div", { class: "table-wrap" }, h("p", { class: "hint" }, "No validation yet."));
   const logs = h("pre", { id: "run-logs" });
   const metered = run.kind !== "sample";  // a sample run writes no metrics: no charts for it
+  const chartsBox = h("div", { class: "charts" }, ...CHARTS.map((c) =>
+    h("div", { class: "chart" }, h("h3", {}, c.title),
+      h("div", { class: "plot", id: `chart-${c.id}`, "data-points": "0" }))));
+  const panels = h("div", { class: "panels" },
+    h("section", { class: "panel" }, h("h3", {}, "Result"), result),
+    ...(metered ? [h("section", { class: "panel" }, h("h3", {}, "Validation"), validation)] : []));
   view.replaceChildren(
     h("h2", { class: "run-title" }, `Run ${run.id}`),
     bar, head,
-    ...(metered ? [h("div", { class: "charts" }, ...CHARTS.map((c) =>
-      h("div", { class: "chart" }, h("h3", {}, c.title),
-        h("div", { class: "plot", id: `chart-${c.id}`, "data-points": "0" }))))] : []),
-    h("div", { class: "panels" },
-      h("section", { class: "panel" }, h("h3", {}, "Result"), result),
-      ...(metered ? [h("section", { class: "panel" }, h("h3", {}, "Validation"), validation)] : [])),
+    ...(metered ? [chartsBox] : []),
+    panels,
     ...(samples ? [samples.section] : []),
     h("h3", {}, "Log"), logs);
-  const charts = metered ? new RunCharts() : null;
+  const charts = metered ? new RunCharts(forks) : null;
   charts?.mount();
+  const evals = metered ? new EvalSection(chartsBox, panels) : null;
 
   let barState = run.state;
   let shownResult = JSON.stringify([run.state, run.result, run.error]);
@@ -211,7 +339,7 @@ export async function showRun(view, runId) {
     // The buttons change with the state only: one replaced under the pointer loses its click.
     if (run.state !== barState) {
       barState = run.state;
-      bar.replaceChildren(...actions(run, () => refresh().catch(showError)));
+      bar.replaceChildren(...actions(run, () => refresh().catch(showError)), ...compareForks(run, forks));
     }
     // Redrawn only when it changed: a redraw every REFRESH_MS would drop a text selection.
     const now = JSON.stringify([run.state, run.result, run.error]);
@@ -223,6 +351,7 @@ export async function showRun(view, runId) {
   };
   const onMetrics = (m) => {
     charts?.add(m);
+    evals?.add(m);
     if (m.kind === "val" && typeof m.val_loss === "number") {
       valRows.push(m);
       validation.replaceChildren(validationTable(valRows));
@@ -255,5 +384,5 @@ export async function showRun(view, runId) {
   follow.then((ended) => ended && refresh()).catch(showError);
   refresh().catch(showError);
   const timer = setInterval(() => refresh().catch(showError), REFRESH_MS);
-  return () => { controller.abort(); clearInterval(timer); charts?.destroy(); };
+  return () => { controller.abort(); clearInterval(timer); charts?.destroy(); evals?.destroy(); };
 }

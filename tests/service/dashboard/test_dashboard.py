@@ -126,6 +126,8 @@ def test_a_finished_runs_page_fits_its_cards_at_every_width_and_follows_resizes(
     assert page.locator("#cancel-run, #resume-run").count() == 0
     # A run without sample_every has no samples (test_dashboard_samples.py has one that does).
     assert page.locator("#run-samples").count() == 0
+    # Nor, without eval scores, an eval table or chart: not even an empty box.
+    assert page.locator("#run-evals, #run-eval-charts").count() == 0
     # A series for each optimizer's lr, as the metrics name them (lr/muon, lr/adamw).
     assert lr_series(page) == ["muon", "adamw"]
     baseline = open_page(f"#/runs/{finished[1].id}")
@@ -330,3 +332,124 @@ def test_the_run_page_says_why_a_queued_run_waits_and_shows_its_priority(
     badge = f'tr[data-run="{run.id}"] .state.queued'
     table.wait_for_selector(badge)
     assert "needs 2 GPUs per node" in (table.get_attribute(badge, "title") or "")
+
+
+# --- eval scores and forks (issues 27 and 28) ---------------------------------------------------
+
+EVAL_TASK = "arc_easy"
+EVAL_COLUMNS = [f"{EVAL_TASK}/{m}" for m in ("acc", "acc_norm", "bits_per_byte")]
+FORK_STEP = 12
+
+
+@pytest.fixture(scope="module")
+def tree(api: TrainctlClient) -> tuple[RunPublic, RunPublic]:
+    """A parent train run on byte-level text (so its checkpoints can be scored), a fork of
+    its step-12 checkpoint with a 1-sqrt cooldown to step 24, and real evaluations (ARC-Easy,
+    2 items) of both of the parent's checkpoints and the fork's last: the scores are metrics
+    events on the run that wrote each checkpoint."""
+    text = {"data": {"max_bytes": 300_000}}
+    parent = api.submit("train", {**SMALL_RUN, **text, "experiment": "tree"})
+    assert api.wait(parent.id, timeout=600).state == "succeeded"
+    cooldown = {"decay_start": FORK_STEP, "decay": "sqrt", "min_lr_ratio": 0.0}
+    fork = api.submit(
+        "train",
+        {**SMALL_RUN, **text, "experiment": "tree.cool", "schedule": cooldown}
+        | {"fork_from": f"tree/step_{FORK_STEP}"},
+    )
+
+    def evaluate(checkpoint: str) -> RunPublic:
+        scoring = {"checkpoint": checkpoint, "tasks": [EVAL_TASK], "limit": 2, "device": "cpu"}
+        return api.submit("evaluate", scoring)
+
+    # A checkpoint is resolved at submit: the fork's once it has trained.
+    evals = [evaluate(f"tree/step_{FORK_STEP}"), evaluate(f"tree/step_{STEPS}")]
+    assert api.wait(fork.id, timeout=600).state == "succeeded"
+    evals.append(evaluate(f"tree.cool/step_{STEPS}"))
+    for run in evals:
+        done = api.wait(run.id, timeout=600)
+        assert done.state == "succeeded", done.error
+    return api.get_run(parent.id), api.get_run(fork.id)
+
+
+def test_the_run_page_shows_eval_scores_per_checkpoint_as_a_table_and_charts_at_every_width(
+    tree: tuple[RunPublic, RunPublic], open_page: Any
+) -> None:
+    parent, _ = tree
+    page = open_page(f"#/runs/{parent.id}")
+    page.wait_for_selector("#run-evals tr[data-step]")
+    head = page.locator("#run-evals th").all_text_contents()
+    assert head == ["step", *EVAL_COLUMNS]
+    steps = [r.get_attribute("data-step") for r in page.locator("#run-evals tr[data-step]").all()]
+    assert steps == [str(FORK_STEP), str(STEPS)]
+    scores = page.locator("#run-evals tr[data-step] td.num").all_text_contents()
+    assert len(scores) == 2 * (1 + len(EVAL_COLUMNS)) and all(s.strip() for s in scores)
+    # An "eval vs step" chart per task metric, a point per checkpoint scored.
+    charts = page.locator("#run-eval-charts .chart h3").all_text_contents()
+    assert charts == [f"eval: {c}" for c in EVAL_COLUMNS]
+    for metric in ("acc", "acc_norm", "bits_per_byte"):
+        chart = f"chart-eval-{EVAL_TASK}-{metric}"
+        poll(lambda chart=chart: points(page, chart) == 2, what=f"{chart}'s points")
+    for width in WIDTHS:
+        fits(page, width)
+        page.screenshot(path=artifact(f"run-evals-{width}.png"), full_page=True)
+
+
+# Where each fork marker's label is, against its chart's plotting area.
+FORK_MARKERS = """() => {
+  const over = document.querySelector("#chart-loss .u-over").getBoundingClientRect();
+  return [...document.querySelectorAll("#chart-loss .fork-marker")].map((m) => {
+    const a = m.querySelector("a"); const line = m.getBoundingClientRect();
+    const label = a.getBoundingClientRect();
+    return { href: a.getAttribute("href"), text: a.textContent,
+      x: (line.left - over.left) / over.width,
+      inside: label.left >= over.left - 0.5 && label.right <= over.right + 0.5 };
+  });
+}"""
+
+
+def test_a_parents_loss_chart_marks_where_each_fork_branched_with_a_link_at_every_width(
+    tree: tuple[RunPublic, RunPublic], open_page: Any
+) -> None:
+    parent, fork = tree
+    page = open_page(f"#/runs/{parent.id}")
+    poll(lambda: points(page, "chart-loss") == STEPS, what="the parent's points")
+    page.wait_for_selector("#chart-loss .fork-marker a")
+    for width in WIDTHS:
+        fits(page, width)
+        (marker,) = page.evaluate(FORK_MARKERS)
+        assert marker["href"] == f"#/runs/{fork.id}" and marker["inside"], marker
+        assert "tree.cool" in marker["text"] and fork.short_id in marker["text"]
+        # Step 12 of steps 1 to 24: near the middle of the x axis.
+        assert 0.4 < marker["x"] < 0.6, marker
+        page.screenshot(path=artifact(f"run-forks-{width}.png"), full_page=True)
+
+    # The fork's page names its parent and the step it branched at.
+    page.click("#chart-loss .fork-marker a")
+    page.wait_for_selector("#run-parent a")
+    assert page.get_attribute("#run-parent a", "href") == f"#/runs/{parent.id}"
+    assert f"tree/step_{FORK_STEP}" in (page.text_content("#run-parent") or "")
+    assert page.text_content("#run-fork-step") == f"fork step{FORK_STEP}"
+    assert page.locator("#chart-loss .fork-marker").count() == 0  # a fork without forks
+
+
+def test_compare_with_forks_overlays_a_parent_and_its_forks_on_global_step_and_tokens(
+    tree: tuple[RunPublic, RunPublic], open_page: Any
+) -> None:
+    parent, fork = tree
+    page = open_page(f"#/runs/{parent.id}")
+    page.click("#compare-forks")
+    page.wait_for_selector("#compare-legend li")
+    legend = [li.get_attribute("data-run") for li in page.locator("#compare-legend li").all()]
+    assert legend == [parent.id, fork.id]
+    # The fork goes on from the parent's step 12: its 12 steps after it, on the same axis.
+    total = STEPS + (STEPS - FORK_STEP)
+    poll(lambda: points(page, "compare-loss") == total, what="the parent's and the fork's loss")
+    # Eval vs step: the parent's two checkpoints and the fork's one.
+    poll(lambda: points(page, f"compare-eval-{EVAL_TASK}-acc") == 3, what="the eval curves")
+    assert "fork of" in (page.text_content(f"#compare-legend li[data-run='{fork.id}']") or "")
+    page.select_option("#compare-x", "tokens")
+    poll(lambda: points(page, "compare-loss") == total, what="the curves on tokens")
+    assert points(page, f"compare-eval-{EVAL_TASK}-acc") == 3
+    for width in WIDTHS:
+        fits(page, width)
+        page.screenshot(path=artifact(f"compare-forks-{width}.png"), full_page=True)
