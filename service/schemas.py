@@ -240,6 +240,12 @@ class CheckpointPublic(Public):
         description="The tokenizer of its training data; null when unknown (synthetic "
         "tokens, bare shards, a checkpoint saved before trainctl recorded it).",
     )
+    source_tokens: dict[str, int] | None = Field(
+        None,
+        description="A data mixture's tokens trained on from each of its datasets, by name "
+        "(they add up to token_count for a run that trained on the mixture from its start); "
+        "null for a run of one source.",
+    )
 
 
 class CheckpointsPublic(BaseModel):

@@ -7,6 +7,7 @@ A plan is frozen and has no optional field the worker must default; the run row 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 from pydantic import Discriminator, Field, StrictInt, Tag
@@ -129,14 +130,22 @@ BYTE_TOKENS = TokenizerId("bytes", None)
 
 
 def data_tokenizer(data: DataSpec, dataset: DatasetPin | None) -> TokenizerId | None:
-    """The tokenizer of a run's data; None where nobody knows (synthetic tokens, bare shards)."""
+    """The tokenizer of a run's data; None where nobody knows (synthetic tokens, bare shards).
+    A mixture's is that of its datasets (one, checked at submit): pass its first's pin."""
     if dataset is not None:
         return dataset.tokenizer.id
     return BYTE_TOKENS if data.source in ("stdlib", "text") else None
 
 
-def bytes_per_token(data: DataSpec, dataset: DatasetPin | None) -> float | None:
-    """Text bytes per token of a run's data (1 for byte-level text), where it is known."""
+def bytes_per_token(
+    data: DataSpec, dataset: DatasetPin | None, mixture: Sequence[DatasetPin] = ()
+) -> float | None:
+    """Text bytes per token of a run's data (1 for byte-level text), where it is known. A
+    mixture's is its datasets' weighted by their shares of the sequences (which all hold
+    seq_len tokens): the expected bytes of a token of the mixture."""
+    if mixture:
+        shares = data.mixture_weights()
+        return sum(w * d.bytes_per_token for w, d in zip(shares, mixture, strict=True))
     if dataset is not None:
         return dataset.bytes_per_token
     return 1.0 if data.source in ("stdlib", "text") else None
@@ -157,6 +166,12 @@ class TrainPlan(TrainOptions, StepPlan):
     )
     data: DataSpec = Field(description="Training data, paths expanded.")
     dataset: DatasetPin | None = Field(description="The dataset data.dataset names, pinned.")
+    # Plans from before mixtures existed name none.
+    datasets: list[DatasetPin] = Field(
+        default_factory=list,
+        description="The datasets data.mixture names, pinned, in its order; [] for a run "
+        "of one source.",
+    )
     checkpoint_every: StrictInt = Field(ge=1, description="Save step_<N> every this many steps.")
     val_every: StrictInt = Field(ge=1, description="Validate every this many steps.")
     resume_from: CheckpointRef | None = Field(description="The checkpoint the run continues.")
@@ -174,6 +189,12 @@ class TrainPlan(TrainOptions, StepPlan):
     @property
     def depends_on(self) -> CheckpointRef | None:
         return self.fork_from.checkpoint if self.fork_from else self.resume_from
+
+    @property
+    def tokenizer_dataset(self) -> DatasetPin | None:
+        """The dataset whose tokenizer the run's tokens are of: its one, or its mixture's
+        first (they share one, checked at submit)."""
+        return self.dataset or next(iter(self.datasets), None)
 
 
 class BenchmarkPlan(BenchmarkOptions, StepPlan):

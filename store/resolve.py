@@ -16,10 +16,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainctl.store.checkpoints.exports import check_exportable
-from trainctl.store.checkpoints.info import CheckpointInfo, TokenizerId, check_fits
+from trainctl.store.checkpoints.info import (
+    CheckpointInfo,
+    TokenizerId,
+    check_fits,
+    tokenizers_differ,
+)
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.codec import TextCodec, build_codec
 from trainctl.store.data.contents import (
@@ -56,6 +61,7 @@ from trainctl.store.exceptions import (
 )
 from trainctl.store.generation import check_context
 from trainctl.store.hf_config import AnyModelConfig, HfModelConfig
+from trainctl.store.mixtures import check_distinct_names
 from trainctl.store.names import BEST_TAG, LATEST_REF, MAX_NAME_LENGTH
 from trainctl.store.plans import (
     BatchPlan,
@@ -193,22 +199,23 @@ def resolve_train(
     model = _model_plan(request.model, profile)
     if request.data.source in ("stdlib", "text") and model.config.vocab_size < 256:
         raise InvalidRequest("byte-level text needs a vocab_size of at least 256")
-    data, dataset, arrays = _data_plan(request.data, data_roots, datasets_dir)
-    if dataset is not None:
+    resolved = _data_plan(request.data, data_roots, datasets_dir)
+    data, dataset = resolved.data, resolved.dataset
+    for field, pin in resolved.pins:
         _check_vocabulary(
-            request.data,
-            dataset,
+            field,
+            pin,
             model.config.vocab_size,
             f"the model's vocab_size of {model.config.vocab_size:,}; raise "
-            f"model.overrides.vocab_size to at least {dataset.vocab_size:,}",
+            f"model.overrides.vocab_size to at least {pin.vocab_size:,}",
         )
     geometry = _geometry(request.batch, profile, model.config)
-    if arrays is not None:
-        check_enough_tokens(arrays, data.val_fraction, geometry.seq_len, "data")
+    for field, arrays in resolved.arrays:
+        check_enough_tokens(arrays, data.val_fraction, geometry.seq_len, field)
     if request.sample_every is not None:
-        _check_samples(request, data, dataset, model.config)
+        _check_samples(request, data, resolved.tokenizer_pin, model.config)
     checkpoint_every = request.checkpoint_every or max(request.steps // 10, 1)
-    tokenizer = data_tokenizer(data, dataset)
+    tokenizer = data_tokenizer(data, resolved.tokenizer_pin)
     fork = _fork_point(request, model.config, checkpoints, tokenizer)
     return TrainPlan(
         **_options(request, TrainOptions)
@@ -218,6 +225,7 @@ def resolve_train(
         batch=_split_across_ranks(geometry, request.batch, request),
         data=data,
         dataset=dataset,
+        datasets=resolved.mixture,
         checkpoint_every=checkpoint_every,
         val_every=request.val_every or checkpoint_every,
         resume_from=_resume_point(request, model.config, checkpoints, tokenizer),
@@ -271,14 +279,15 @@ def resolve_validate(
         raise InvalidRequest(
             f"seq_len {seq_len} is above the checkpoint model's max_seq_len {config.max_seq_len}"
         )
-    data, dataset, arrays = _data_plan(request.data, data_roots, datasets_dir)
-    if arrays is not None:
-        check_enough_tokens(arrays, data.val_fraction, seq_len, "data", validation_only=True)
+    resolved = _data_plan(request.data, data_roots, datasets_dir)
+    data, dataset = resolved.data, resolved.dataset  # one source: ValidateOptions' rule
+    for field, arrays in resolved.arrays:
+        check_enough_tokens(arrays, data.val_fraction, seq_len, field, validation_only=True)
     source = f"checkpoint {info.experiment}/{info.tag}"
-    if dataset is not None:
+    for field, pin in resolved.pins:
         _check_vocabulary(
-            request.data,
-            dataset,
+            field,
+            pin,
             config.vocab_size,
             f"the vocab_size of {source}'s model, {config.vocab_size:,}",
         )
@@ -550,18 +559,90 @@ def _split_across_ranks(
     return resolved.model_copy(update={"grad_accum_steps": -(-accum // world) * world})
 
 
-def _data_plan(
-    data: DataSpec, roots: list[Path], datasets_dir: Path | None
-) -> tuple[DataSpec, DatasetPin | None, TokenArrays | None]:
-    """The data with its paths expanded, or the dataset it names read and pinned; and the
-    tokens of its arrays, each file checked to be what the source reads (store.data.contents;
-    None: synthetic tokens and the standard library, which are never short)."""
+class ResolvedData(NamedTuple):
+    """A request's data as submit resolved it: paths expanded, datasets read and pinned."""
+
+    data: DataSpec
+    """The data with its paths expanded, or each dataset named by its real folder."""
+    dataset: DatasetPin | None
+    """The dataset data.dataset names, pinned."""
+    mixture: list[DatasetPin]
+    """The datasets data.mixture names, pinned, in its order."""
+    pins: list[tuple[str, DatasetPin]]
+    """Every dataset pinned (one, a mixture's, or none), by the field that names it."""
+    arrays: list[tuple[str, TokenArrays]]
+    """The tokens of each source's arrays, by the field that names it, each file checked to
+    be what the source reads (store.data.contents); none for synthetic tokens and the
+    standard library, which are never short."""
+
+    @property
+    def tokenizer_pin(self) -> DatasetPin | None:
+        """The dataset whose tokenizer the run's tokens are of: a mixture's datasets share
+        one (`_mixture_plan`)."""
+        return self.pins[0][1] if self.pins else None
+
+
+def _data_plan(data: DataSpec, roots: list[Path], datasets_dir: Path | None) -> ResolvedData:
+    if data.source == "mixture":
+        return _mixture_plan(data, roots, datasets_dir)
     if data.source != "dataset":
         resolved = resolve_data(data, roots)
-        return resolved, None, _file_arrays(resolved)
+        arrays = _file_arrays(resolved)
+        return ResolvedData(resolved, None, [], [], [] if arrays is None else [("data", arrays)])
     assert data.dataset is not None  # DataSpec's rule
+    folder, pin, arrays = _pin_dataset(data.dataset, "data.dataset", roots, datasets_dir)
     field = f"data.dataset {data.dataset!r}"
-    folder = dataset_folder(data.dataset, roots, datasets_dir, "data.dataset")
+    return ResolvedData(
+        data.model_copy(update={"dataset": str(folder)}),
+        pin,
+        [],
+        [(field, pin)],
+        [("data", arrays)],
+    )
+
+
+def _mixture_plan(data: DataSpec, roots: list[Path], datasets_dir: Path | None) -> ResolvedData:
+    """Each dataset of a mixture read and pinned as data.dataset's is; they must be distinct
+    datasets of one tokenizer (docs/architecture.md, "Data mixtures")."""
+    assert data.mixture is not None  # DataSpec's rule
+    paths = [f"data.mixture[{i}].dataset" for i in range(len(data.mixture))]
+    fields = [f"{path} {s.dataset!r}" for path, s in zip(paths, data.mixture, strict=True)]
+    pinned = [
+        _pin_dataset(s.dataset, path, roots, datasets_dir)
+        for s, path in zip(data.mixture, paths, strict=True)
+    ]
+    folders = [str(folder) for folder, _, _ in pinned]
+    check_distinct_names(fields, folders)
+    pins = [pin for _, pin, _ in pinned]
+    first = pins[0].tokenizer.id
+    for field, pin in zip(fields[1:], pins[1:], strict=True):
+        if tokenizers_differ(first, pin.tokenizer.id):
+            raise InvalidRequest(
+                f"{field} holds {pin.tokenizer.id.describe()}, but {fields[0]} holds "
+                f"{first.describe()}: a mixture's datasets must share one tokenizer, or one "
+                "token id would mean two things to the model; prepare them with the same "
+                "tokenizer.json"
+            )
+    mixture = [
+        s.model_copy(update={"dataset": folder})
+        for s, folder in zip(data.mixture, folders, strict=True)
+    ]
+    return ResolvedData(
+        data.model_copy(update={"mixture": mixture}),
+        None,
+        pins,
+        list(zip(fields, pins, strict=True)),
+        [(f"data.mixture[{i}]", arrays) for i, (_, _, arrays) in enumerate(pinned)],
+    )
+
+
+def _pin_dataset(
+    ref: str, path: str, roots: list[Path], datasets_dir: Path | None
+) -> tuple[Path, DatasetPin, TokenArrays]:
+    """The real folder of the dataset `ref` (the request's field `path`) names, read and
+    pinned, and its arrays' tokens."""
+    folder = dataset_folder(ref, roots, datasets_dir, path)
+    field = f"{path} {ref!r}"
     if not is_dataset(folder):
         raise InvalidRequest(
             f"{field} has no {DATASET_FILE}: not a prepared dataset, or its prepare has not "
@@ -578,8 +659,7 @@ def _data_plan(
             f"{field}: its {tokenizer.name} is not the one its {DATASET_FILE} records (sha256 "
             "differs): the shards may not be its tokens; prepare it again"
         )
-    arrays = dataset_arrays(found, field)
-    return data.model_copy(update={"dataset": str(folder)}), DatasetPin.of(found), arrays
+    return folder, DatasetPin.of(found), dataset_arrays(found, field)
 
 
 def _file_arrays(data: DataSpec) -> TokenArrays | None:
@@ -604,19 +684,19 @@ def _sha256(tokenizer: Path, field: str) -> str:
         raise InvalidRequest(f"{field}: {exc}") from None
 
 
-def _check_vocabulary(data: DataSpec, dataset: DatasetPin, vocab_size: int, model: str) -> None:
+def _check_vocabulary(field: str, dataset: DatasetPin, vocab_size: int, model: str) -> None:
     if dataset.vocab_size > vocab_size:
         raise InvalidRequest(
-            f"data.dataset {data.dataset!r} has a vocabulary of {dataset.vocab_size:,} tokens, "
-            f"more than {model}"
+            f"{field} has a vocabulary of {dataset.vocab_size:,} tokens, more than {model}"
         )
 
 
 def _check_same_tokenizer(info: CheckpointInfo, tokenizer: TokenizerId | None, what: str) -> None:
     """A loss over token ids of another tokenizer means nothing: refuse it while it is
     known on both sides (a checkpoint from before datasets records none)."""
-    if info.tokenizer is None or tokenizer is None or info.tokenizer == tokenizer:
+    if not tokenizers_differ(info.tokenizer, tokenizer):
         return
+    assert info.tokenizer is not None and tokenizer is not None  # tokenizers_differ's rule
     raise InvalidRequest(
         f"checkpoint {info.experiment}/{info.tag} was trained on {info.tokenizer.describe()}, "
         f"but the {what} is {tokenizer.describe()}: another tokenizer's token ids mean "

@@ -78,12 +78,17 @@ CHECKPOINT_REF_PATTERN = f"^(?:{LATEST_REF}|{BEST_TAG}|{NAME_REGEX}/{NAME_REGEX}
 FORK_REF_PATTERN = f"^{NAME_REGEX}/{NAME_REGEX}$"
 # Filled in by the server when it resolves a request; older clients echoed them back.
 # `dataset`: a plan pins the dataset that data.dataset names (store.plans.DatasetPin).
-SERVER_FILLED = ("model_config_resolved", "warnings", "dataset")
+# `datasets`: a plan pins the datasets of data.mixture (store.plans.TrainPlan.datasets).
+SERVER_FILLED = ("model_config_resolved", "warnings", "dataset", "datasets")
 # data.dataset: a name or a folder; never a pattern (the wildcards of store.data.paths), a NUL
 # or a line break.
 DATASET_REF_PATTERN = r"^[^*?\[\x00-\x1f]+$"
 MAX_DATASET_REF_LENGTH = 4096
 BYTES_TOKENIZER = "bytes"
+# A data mixture (DataSpec.mixture): at least two datasets, at most this many. Weights are
+# relative (normalised by their sum); the bound only keeps one from dwarfing float precision.
+MAX_MIXTURE_SOURCES = 16
+MAX_MIXTURE_WEIGHT = 1e6
 MAX_FIELD_NAME_LENGTH = 256
 # More tokenizing processes than this contend for memory bandwidth on any node there is.
 MAX_PREPARE_WORKERS = 256
@@ -387,23 +392,63 @@ class ScheduleSpec(Spec):
         return SchedulePhases(warmup, start, end)
 
 
+DatasetRef = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_DATASET_REF_LENGTH, pattern=DATASET_REF_PATTERN),
+]
+"""A prepared dataset as a request names it: a name under the data dir's datasets/, or a
+folder path with a '/' inside the data roots (store.data.paths.dataset_folder)."""
+
+
+class MixtureSource(Spec):
+    """One dataset of a data mixture and its share of the sequences."""
+
+    dataset: DatasetRef = Field(
+        description="A prepared dataset, named as data.dataset names one (a name under the "
+        "data dir's datasets/, or a folder path with a '/' inside the data roots)."
+    )
+    weight: StrictFloat = Field(
+        gt=0,
+        le=MAX_MIXTURE_WEIGHT,
+        description="Its share of the training sequences: its weight over the sum of the "
+        "mixture's weights (0.7 and 0.3, or 7 and 3, alike).",
+    )
+
+
 class DataSpec(Spec):
-    source: Literal["synthetic", "stdlib", "text", "shards", "dataset"] = Field(
+    # A mixture is one more `source`, with its datasets in `mixture`, rather than a field
+    # beside `source`: every reader of a run's data dispatches on `source` (submit's
+    # resolution, data_tokenizer, bytes_per_token, the worker's build_data), so a mixture is
+    # one more case of that one switch, and the fields each source takes are checked in one
+    # place (_paths_match_source). {"mixture": [...]} without a source reads as source
+    # "mixture", the short form a client writes.
+    source: Literal["synthetic", "stdlib", "text", "shards", "dataset", "mixture"] = Field(
         "stdlib",
         description="synthetic: random tokens; stdlib: the Python standard library's source "
         "as byte-level text; text: files under the data roots as bytes; shards: .bin token "
         "shards (llm.c format) under the data roots; dataset: a prepared dataset (its "
-        "dataset.json, train and val shards and tokenizer), named by `dataset`.",
+        "dataset.json, train and val shards and tokenizer), named by `dataset`; mixture: "
+        "prepared datasets of one tokenizer mixed by weight, named by `mixture` (the source "
+        "to leave out when `mixture` is given).",
     )
-    dataset: str | None = Field(
+    dataset: DatasetRef | None = Field(
         None,
-        min_length=1,
-        max_length=MAX_DATASET_REF_LENGTH,
-        pattern=DATASET_REF_PATTERN,
         description="With source 'dataset': the name of a dataset under the data dir's "
         f"datasets/ folder (what POST /runs/prepare writes; {NAME_RULE}), or a path with a "
         "'/' to a dataset folder inside the data roots (absolute, or relative to the first "
         "root: './corpus'). No wildcards: a dataset is one folder.",
+    )
+    mixture: list[MixtureSource] | None = Field(
+        None,
+        min_length=2,
+        max_length=MAX_MIXTURE_SOURCES,
+        description=f"Source 'mixture': 2 to {MAX_MIXTURE_SOURCES} prepared datasets, each "
+        'named once, with the same tokenizer, e.g. [{"dataset": "web", "weight": 0.7}, '
+        '{"dataset": "code", "weight": 0.3}]. Each training sequence comes from one of '
+        "them, chosen by a pure function of (seed, the sequence's global position) with "
+        "probability weight / sum of weights; each dataset is read on from its own position. "
+        "Validation reads the same mixture of their val splits; a fork continues the datasets "
+        'it shares with its parent (docs/architecture.md, "Data mixtures").',
     )
     paths: list[str] = Field(
         default_factory=list,
@@ -421,19 +466,56 @@ class DataSpec(Spec):
     max_bytes: StrictInt = Field(
         16_000_000, ge=1024, le=2**34, description="Cap on text bytes read (text, stdlib)."
     )
-    seed: StrictInt = Field(0, ge=0, le=2**31 - 1, description="Seed of the batch order.")
+    seed: StrictInt = Field(
+        0, ge=0, le=2**31 - 1, description="Seed of the batch order (and of a mixture's choices)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mixture_is_its_source(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("mixture") is not None and "source" not in data:
+            return {**data, "source": "mixture"}
+        return data
+
+    @field_validator("mixture")
+    @classmethod
+    def _each_dataset_once(cls, v: list[MixtureSource] | None) -> list[MixtureSource] | None:
+        names = [s.dataset for s in v or []]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(
+                f"name each dataset of a mixture once; {', '.join(map(repr, twice))} is named "
+                "more than once (give it one entry with the weights added up)"
+            )
+        return v
 
     @model_validator(mode="after")
     def _paths_match_source(self) -> DataSpec:
         if self.source in ("text", "shards") and not self.paths:
             raise ValueError(f"data source {self.source!r} needs at least one entry in paths")
-        if self.source in ("synthetic", "stdlib", "dataset") and (self.paths or self.val_paths):
+        if self.source in ("synthetic", "stdlib", "dataset", "mixture") and (
+            self.paths or self.val_paths
+        ):
             raise ValueError(f"data source {self.source!r} takes no paths")
         if self.source == "dataset" and self.dataset is None:
             raise ValueError("data source 'dataset' needs `dataset`: a dataset's name or folder")
         if self.source != "dataset" and self.dataset is not None:
             raise ValueError(f"data source {self.source!r} takes no dataset; source 'dataset' does")
+        if self.source == "mixture" and self.mixture is None:
+            raise ValueError(
+                "data source 'mixture' needs `mixture`: its datasets and their weights"
+            )
+        if self.source != "mixture" and self.mixture is not None:
+            raise ValueError(
+                f"data source {self.source!r} takes no mixture; leave source out (or give "
+                "'mixture') to train on a mixture"
+            )
         return self
+
+    def mixture_weights(self) -> list[float]:
+        """The mixture's weights normalised by their sum: each dataset's share of sequences."""
+        weights = [s.weight for s in self.mixture or []]
+        return [w / sum(weights) for w in weights]
 
 
 Prompt = Annotated[
@@ -674,6 +756,16 @@ class ValidateOptions(Spec):
     data: DataSpec = Field(default_factory=DataSpec, description="Validation data.")
     batch_size: StrictInt = Field(4, ge=1, le=4096, description="Sequences per batch.")
     num_batches: StrictInt = Field(8, ge=1, le=100_000, description="Batches to average over.")
+
+    @field_validator("data")
+    @classmethod
+    def _one_dataset(cls, v: DataSpec) -> DataSpec:
+        if v.source == "mixture":
+            raise ValueError(
+                "a validate run reads one source, not a mixture: validate the checkpoint on "
+                "each of the mixture's datasets (source 'dataset'), for a loss per dataset"
+            )
+        return v
 
 
 # --- the requests ---------------------------------------------------------------------------

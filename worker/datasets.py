@@ -11,6 +11,7 @@ be validated, sampled or exported without the dataset.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,14 +66,24 @@ class DataRecord:
     """Saved beside the weights and listed in the manifest: a bpe dataset's tokenizer.json."""
 
 
-def build_data_record(data: DataSpec, dataset: DatasetPin | None) -> DataRecord:
-    if dataset is None:
+def build_data_record(
+    data: DataSpec, dataset: DatasetPin | None, mixture: Sequence[DatasetPin] = ()
+) -> DataRecord:
+    """A mixture's datasets share one tokenizer (checked at submit): its first's is saved,
+    and the metadata lists each one's identity (`datasets`)."""
+    pins = list(mixture) or ([dataset] if dataset is not None else [])
+    if not pins:
         known = data_tokenizer(data, None) is not None  # byte-level text
         tokenizer = asdict(TokenizerRef("bytes")) if known else None
         return DataRecord({"dataset": None, "tokenizer": tokenizer})
-    found = open_dataset(dataset)
-    tokenizer_file = read_tokenizer(found)
+    found = [open_dataset(pin) for pin in pins]
+    tokenizer_file = read_tokenizer(found[0])
+    metadata: dict[str, Any] = {
+        "dataset": found[0].identity() if dataset is not None else None,
+        "tokenizer": asdict(found[0].tokenizer),
+    }
+    if mixture:
+        metadata["datasets"] = [f.identity() for f in found]
     return DataRecord(
-        {"dataset": found.identity(), "tokenizer": asdict(found.tokenizer)},
-        {TOKENIZER_FILE: tokenizer_file} if tokenizer_file is not None else {},
+        metadata, {TOKENIZER_FILE: tokenizer_file} if tokenizer_file is not None else {}
     )

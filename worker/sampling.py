@@ -127,7 +127,7 @@ class TrainingSamples:
     seed every time, so that two samples differ only because the model does."""
 
     def __init__(self, plan: TrainPlan, every: int) -> None:
-        codec = data_codec(plan.data, plan.dataset)
+        codec = data_codec(plan.data, plan.tokenizer_dataset)
         assert codec is not None, "submit refuses samples of data without a known tokenizer"
         self.codec, self.every = codec, every
         self.prompts, self.settings = plan.sample_prompts, plan.sample_settings

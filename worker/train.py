@@ -23,6 +23,15 @@ import torch
 from trainctl.store.checkpoints.store import CheckpointStore, Protected
 from trainctl.store.data.datasets import bits_per_byte
 from trainctl.store.exceptions import CheckpointNotFound
+from trainctl.store.mixtures import (
+    SOURCES_KEY,
+    SourcePosition,
+    continue_sources,
+    read_sources,
+    source_tokens,
+    sources_metadata,
+    token_metric,
+)
 from trainctl.store.names import BEST_TAG
 from trainctl.store.plans import BatchPlan, DatasetPin, StepPlan, TrainPlan, bytes_per_token
 from trainctl.store.specs import DataSpec
@@ -50,6 +59,7 @@ from trainctl.worker.data import (
 )
 from trainctl.worker.datasets import build_data_record, dataset_arrays, open_dataset
 from trainctl.worker.exceptions import NonFiniteLoss
+from trainctl.worker.mixture import MixtureSampler, source_seed
 from trainctl.worker.model import GPT
 from trainctl.worker.models import build_model, model_files, take_step_metrics
 from trainctl.worker.optim import Optimizers, build_optimizers
@@ -82,6 +92,9 @@ class TrainState:
     token_count: int = 0
     best_loss: float | None = None
     data_position: int = 0
+    sources: list[SourcePosition] = field(default_factory=list)
+    """A mixture's datasets at `data_position`: the rest of the data position (one run of a
+    mixture, "Data mixtures"); [] for one source."""
     last_loss: float | None = None
     last_val_loss: float | None = None
 
@@ -89,9 +102,10 @@ class TrainState:
 def build_token_arrays(
     d: DataSpec, dataset: DatasetPin | None = None
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(train arrays, validation arrays) for the real-data sources; a dataset's is pinned."""
-    if d.source == "dataset":
-        assert dataset is not None, "a dataset source is pinned at submit"
+    """(train arrays, validation arrays) for the real-data sources; a dataset's is pinned
+    (each of a mixture's is read alone, as `dataset`)."""
+    if dataset is not None:
+        assert d.source in ("dataset", "mixture"), "only datasets are pinned"
         train, val = dataset_arrays(open_dataset(dataset))
     elif d.source == "shards":
         train = [read_shard(p) for p in expand_paths(d.paths)]
@@ -114,15 +128,39 @@ def build_data(plan: TrainPlan) -> tuple[Sampler, list[Batch]]:
             SyntheticSampler(b.micro_batch_size, b.seq_len, vocab_size, seed=d.seed),
             [val.batch(i) for i in range(plan.val_batches)],
         )
-    train_arrays, val_arrays = build_token_arrays(d, plan.dataset)
-    sampler = TokenSampler(train_arrays, b.micro_batch_size, b.seq_len, seed=d.seed)
+    sampler: TokenSampler | MixtureSampler
+    val_sampler: TokenSampler | MixtureSampler
+    if d.source == "mixture":
+        sampler, val_sampler = build_mixture(plan)
+    else:
+        train_arrays, val_arrays = build_token_arrays(d, plan.dataset)
+        sampler = TokenSampler(train_arrays, b.micro_batch_size, b.seq_len, seed=d.seed)
+        # Validation always reads the same windows, so losses are comparable across
+        # evaluations.
+        val_sampler = TokenSampler(val_arrays, b.micro_batch_size, b.seq_len, seed=d.seed + 1)
     if sampler.max_token() >= vocab_size:
         raise DataError(
             f"data holds token id {sampler.max_token()} but the model's vocab_size is {vocab_size}"
         )
-    # Validation always reads the same windows, so losses are comparable across evaluations.
-    val_sampler = TokenSampler(val_arrays, b.micro_batch_size, b.seq_len, seed=d.seed + 1)
     return sampler, [val_sampler.batch(i) for i in range(plan.val_batches)]
+
+
+def build_mixture(plan: TrainPlan) -> tuple[MixtureSampler, MixtureSampler]:
+    """A mixture's training sampler, and its validation sampler: the same mixture, by the same
+    weights, of its datasets' val splits (seed + 1), so the validation loss is the loss on
+    the distribution the run trains on."""
+    b, d = plan.batch, plan.data
+    splits = [build_token_arrays(d, pin) for pin in plan.datasets]
+    weights = d.mixture_weights()
+
+    def mixture(split: int, seed: int) -> MixtureSampler:
+        sources = [
+            TokenSampler(arrays[split], 1, b.seq_len, seed=source_seed(seed, pin.folder))
+            for arrays, pin in zip(splits, plan.datasets, strict=True)
+        ]
+        return MixtureSampler(sources, weights, b.micro_batch_size, seed)
+
+    return mixture(0, d.seed), mixture(1, d.seed + 1)
 
 
 def build_training(
@@ -246,8 +284,9 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> 
     attempt resumes from its own checkpoint (`resume_from`), so the fork path is its first."""
     fork = plan.fork_from if plan.resume_from is None else None
     ref = fork.checkpoint if fork is not None else plan.resume_from
+    folders = [pin.folder for pin in plan.datasets]
     if ref is None:
-        return TrainState()
+        return TrainState(sources=continue_sources(None, folders))
     try:
         info = store.get(ref.experiment, ref.tag)
     except CheckpointNotFound as exc:
@@ -269,6 +308,7 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> 
         token_count=int(meta["token_count"]),
         best_loss=meta.get("best_loss"),
         data_position=int(meta["data_position"]),
+        sources=continue_sources(read_sources(meta), folders),
     )
 
 
@@ -330,9 +370,16 @@ class Trainer:
         self.should_stop = should_stop or (lambda: False)
         self.protected = protected or (lambda: frozenset())
         self.parts = build_training(plan, *build_data(plan), total_steps=plan.steps, ranks=ranks)
-        self.data_record = build_data_record(plan.data, plan.dataset)
-        self.bytes_per_token = bytes_per_token(plan.data, plan.dataset)
+        self.data_record = build_data_record(plan.data, plan.dataset, plan.datasets)
+        self.bytes_per_token = bytes_per_token(plan.data, plan.dataset, plan.datasets)
         self.state = maybe_resume(self.parts, self.store, plan)
+        self.mixture = (
+            self.parts.sampler if isinstance(self.parts.sampler, MixtureSampler) else None
+        )
+        if self.mixture is not None:
+            self.mixture.start_at(
+                self.state.data_position, [x.sequences for x in self.state.sources]
+            )
         self.checkpointer: BackgroundSaves | None = None
         self.async_checkpointer = AsyncCheckpointer() if plan.async_checkpoint else None
         self.checkpointer = self.async_checkpointer
@@ -365,7 +412,8 @@ class Trainer:
             "tag": tag,
             "data_position": s.data_position,
             "run_id": self.run_id,
-            "extra": self.data_record.metadata,
+            "extra": self.data_record.metadata
+            | ({SOURCES_KEY: sources_metadata(s.sources)} if s.sources else {}),
             "files": {**self.data_record.files, **model_files(p.model)},
         }
 
@@ -438,6 +486,17 @@ class Trainer:
             for sample in self.samples.take(self.parts.model, self.state.step):
                 self.on_sample(sample)
 
+    def advance_sources(self) -> None:
+        """A mixture's datasets at the new data position, each with the tokens it gave."""
+        if self.mixture is None:
+            return
+        s, seq_len = self.state, self.plan.batch.seq_len
+        at = self.mixture.sequences_at(s.data_position)
+        s.sources = [
+            SourcePosition(x.folder, int(k), x.tokens + (int(k) - x.sequences) * seq_len)
+            for x, k in zip(s.sources, at, strict=True)
+        ]
+
     def should_checkpoint(self, final: bool) -> bool:
         return final or self.state.step % self.plan.checkpoint_every == 0
 
@@ -453,6 +512,7 @@ class Trainer:
                 "total_steps": self.plan.steps,
                 **metrics,
                 "tokens": s.token_count,
+                **{token_metric(x.name): x.tokens for x in s.sources},
                 **interval.report(self.plan.batch.tokens_per_step),
             }
         )
@@ -470,6 +530,7 @@ class Trainer:
                 s.step += 1
                 s.data_position += plan.batch.grad_accum_steps
                 s.token_count += tokens_per_step
+                self.advance_sources()
                 s.last_loss = metrics["loss"]
                 wait = loader.wait_seconds - w0
                 interval.add(time.perf_counter() - t0, wait)
@@ -501,7 +562,7 @@ class Trainer:
         if saved_at != s.step and s.step > 0 and self.store.latest_or_none(plan.experiment) is None:
             self.save()  # a resumed run that had nothing left to do still leaves its checkpoint
         elapsed = time.perf_counter() - started
-        result = {
+        result: dict[str, Any] = {
             "step": s.step,
             "total_steps": plan.steps,
             "stopped": stopped,
@@ -512,6 +573,8 @@ class Trainer:
             "elapsed_sec": elapsed,
             "data_wait_frac": wait_total / elapsed if elapsed > 0 else 0.0,
         }
+        if s.sources:
+            result["source_tokens"] = source_tokens(s.sources)
         if s.last_val_loss is not None and self.bytes_per_token is not None:
             result["final_val_bits_per_byte"] = bits_per_byte(s.last_val_loss, self.bytes_per_token)
         return result

@@ -256,15 +256,21 @@ function validationTable(rows) {
 // The run's plan as a request again, continuing from its experiment's latest checkpoint: the
 // same route and body a client resumes with (POST /runs/train, "resume_from": "latest").
 // The plan's resolved parts are the server's to fill in again: the model config (a request
-// names the preset and its overrides) and the pinned dataset. A dataset the run named by its
-// name is pinned as its folder, <data dir>/datasets/<name>; a request names it by name again.
+// names the preset and its overrides) and the pinned datasets. A dataset the run named by its
+// name is pinned as its folder, <data dir>/datasets/<name>; a request names it by name again,
+// a mixture's datasets alike.
 // A fork resumes as any run, from its own experiment's latest: its fork_from was its start.
+const byName = (folder) => {
+  const parts = folder.split("/");
+  return parts.at(-2) === "datasets" ? parts.at(-1) : folder;
+};
+
 export function resumeRequest(spec) {
-  const { model, dataset, resume_from: _, fork_from: __, ...rest } = spec;
+  const { model, dataset, datasets: ___, resume_from: _, fork_from: __, ...rest } = spec;
   let data = spec.data;
-  if (data.source === "dataset" && dataset) {
-    const parts = data.dataset.split("/");
-    if (parts.at(-2) === "datasets") data = { ...data, dataset: parts.at(-1) };
+  if (data.source === "dataset" && dataset) data = { ...data, dataset: byName(data.dataset) };
+  if (data.source === "mixture" && data.mixture) {
+    data = { ...data, mixture: data.mixture.map((s) => ({ ...s, dataset: byName(s.dataset) })) };
   }
   // A transformers architecture is named by its hf fields alone, a plug-in model by its name
   // and config (docs/models.md); the plan keeps each as the request gave it.

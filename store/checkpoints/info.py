@@ -21,6 +21,7 @@ from trainctl.store.checkpoints.manifests import (
 from trainctl.store.checkpoints.storage import Files
 from trainctl.store.exceptions import CheckpointMismatch, InvalidRequest
 from trainctl.store.hf_config import AnyModelConfig, model_config_from_dict
+from trainctl.store.mixtures import read_sources, source_tokens
 from trainctl.store.names import parse_step
 
 
@@ -38,6 +39,14 @@ class TokenizerId:
         if self.kind == "bytes":
             return "byte-level tokens"
         return f"tokens of the {self.kind} tokenizer with sha256 {self.sha256}"
+
+
+def tokenizers_differ(a: TokenizerId | None, b: TokenizerId | None) -> bool:
+    """Whether token ids of `b` mean other tokens than those of `a`: both known, and not the
+    same tokenizer. Where either is unknown (synthetic tokens, bare shards, a checkpoint from
+    before datasets) the check cannot be made and is not. The one rule for a resume, a fork, a
+    validation and the datasets of a mixture."""
+    return a is not None and b is not None and a != b
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,10 @@ class CheckpointInfo:
 
     layout: str = FULL_LAYOUT
     """How its files hold the weights (`manifests.LAYOUTS`): whole, or sharded by rank."""
+
+    source_tokens: dict[str, int] | None = None
+    """A data mixture's tokens trained on from each of its datasets, by name
+    (`store.mixtures`); None for a run of one source."""
 
     @property
     def sharded(self) -> bool:
@@ -125,6 +138,7 @@ def read_info(files: Files, experiment: str, tag: str) -> CheckpointInfo:
         tokenizer=_tokenizer(meta),
         optimizer_kind=_typed(meta, "optimizer_kind", str),
         layout=manifest_layout(manifest),
+        source_tokens=_source_tokens(meta),
     )
 
 
@@ -134,6 +148,11 @@ def _model_config(meta: dict[str, Any]) -> AnyModelConfig | None:
         return model_config_from_dict(saved) if isinstance(saved, dict) else None
     except (TypeError, ValueError):
         return None  # an unreadable config: the checkpoint lists, but nothing can load it
+
+
+def _source_tokens(meta: dict[str, Any]) -> dict[str, int] | None:
+    sources = read_sources(meta)
+    return None if sources is None else source_tokens(sources)
 
 
 def _tokenizer(meta: dict[str, Any]) -> TokenizerId | None:

@@ -162,6 +162,10 @@ def optional_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
 # and no end-of-text token.
 DATASET_ABSENCES = ["dataset", "dataset.tokenizer.sha256", "dataset.tokenizer.eot_id"]
 
+# Data other than a mixture names none (a validation never does); its datasets are pinned as
+# a dataset is.
+MIXTURE_ABSENCES = ["data.mixture", "datasets.tokenizer.sha256", "datasets.tokenizer.eot_id"]
+
 
 # Sampling without a top-k limit states it with a null.
 SAMPLE_ABSENCES = ["sample_every", "sample_settings.top_k"]
@@ -191,6 +195,7 @@ def test_a_plan_leaves_the_worker_nothing_to_default(plan: type[BaseModel]) -> N
             *named_model,
             "data.dataset",
             *DATASET_ABSENCES,
+            *MIXTURE_ABSENCES,
             "resume_from",
             *SAMPLE_ABSENCES,
             *SCHEDULE_ABSENCES,
@@ -198,7 +203,7 @@ def test_a_plan_leaves_the_worker_nothing_to_default(plan: type[BaseModel]) -> N
             "tensorboard_dir",
         ],
         BenchmarkPlan: [*named_model, *SCHEDULE_ABSENCES],
-        ValidatePlan: ["data.dataset", *DATASET_ABSENCES],
+        ValidatePlan: ["data.dataset", "data.mixture", *DATASET_ABSENCES],
         PreparePlan: ["workers"],
         SamplePlan: [
             "tokenizer",

@@ -46,7 +46,8 @@ def test_checkpoints_are_listed_by_experiment_and_step(
     assert tags(of_exp) == ["step_10", "best", "step_20", "step_30"]
     first = of_exp["items"][0]
     assert set(first) == {"experiment", "tag", "step", "token_count", "best_loss", "run_id",
-                          "created_at", "size_bytes", "files", "tokenizer"}  # fmt: skip
+                          "created_at", "size_bytes", "files", "tokenizer",
+                          "source_tokens"}  # fmt: skip
     assert [f["name"] for f in first["files"]] == [
         "model.safetensors", "optimizer.pt", "metadata.json"
     ]  # fmt: skip
