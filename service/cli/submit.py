@@ -404,9 +404,14 @@ def submit_forks(
         raise BadInput(f'{spec_file}: a sweep is {{"variants": [...]}}, got fields {sorted(spec)}')
     with client(ctx) as api:
         runs = api.submit_forks(checkpoint, variants, idempotency_key)
+        dashboard = api.base_url.rstrip("/")
     if as_json:
         print_json(runs)
         return
     for run in runs:
         console.print(f"submitted fork {run.short_id} into {run.experiment} ({state_text(run)})")
-    err_console.print(f"compare them: trainctl runs tree {checkpoint.partition('/')[0]}")
+    # The dashboard's compare view on the parent and its forks, as they train.
+    parent = runs[0].parent.run_id if runs[0].parent else None
+    ids = ",".join(([parent] if parent else []) + [run.id for run in runs])
+    err_console.print(f"compare them: {dashboard}/#/compare?runs={ids}")
+    err_console.print(f"their tree: trainctl runs tree {checkpoint.partition('/')[0]}")

@@ -87,7 +87,11 @@ def test_submit_forks_queues_a_sweep_from_a_spec_file_all_or_none(
         lines = out.splitlines()
         assert len(lines) == 2 and all(line.startswith("submitted fork ") for line in lines)
         assert "into stable.a (queued" in lines[0] and "into stable.b (queued" in lines[1]
-        assert "trainctl runs tree stable" in err
+        assert "their tree: trainctl runs tree stable" in err
+        _, listed, _ = trainctl(served, "runs", "list", "--json")
+        forks = [r["id"] for r in json.loads(listed) if r["experiment"] in ("stable.a", "stable.b")]
+        compare = f"{url}/#/compare?runs={root['id']},"
+        assert compare in err and all(fork in err for fork in forks), err
 
         code, out, err = trainctl(served, "submit", "forks", "stable/step_10", "--spec", refused)
         assert code == 2 and "variants.1" in err, err
