@@ -16,21 +16,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import ExitStack
 from functools import partial
+from typing import Any
 
 from pydantic import BaseModel
 
 from trainctl.service.devices import cuda_available, memory_limit
 from trainctl.service.settings import Settings
-from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import QueueLimits, Run, RunStore, RunToQueue
 from trainctl.store.db.tokens import Principal
 from trainctl.store.exceptions import InvalidRequest, InVariant, TrainctlError
-from trainctl.store.kinds import RUN_KINDS, placement_of
+from trainctl.store.kinds import RUN_KINDS
 from trainctl.store.memory import admit
 from trainctl.store.placement import Placement
+from trainctl.store.queueing import enqueue_pinned as queue_pinned
+from trainctl.store.queueing import resolve_run
 from trainctl.store.resolve import SubmitContext
 from trainctl.store.specs import Request
 from trainctl.store.sweeps import SWEEP_NAME, ForkSweepRequest
@@ -92,25 +93,22 @@ def plan_run(
 ) -> RunToQueue:
     """The request resolved into its plan and admitted: the run to queue."""
     record = RUN_KINDS.get(kind)
-    plan = record.resolve.load()(request, context)
-    placement = placement_of(plan)
-    check_gpus_per_node(placement, settings.max_gpus_per_node)
-    if record.memory is not None:
-        need = record.memory(plan, None)
-        limit = memory_limit(
-            runs, settings.lease_seconds, need.device, settings.max_gpu_memory_bytes
-        )
-        admit(need, limit)
-    ref = plan.depends_on
-    return RunToQueue(
+
+    def admit_plan(plan: Any, placement: Placement) -> None:
+        check_gpus_per_node(placement, settings.max_gpus_per_node)
+        if record.memory is not None:
+            need = record.memory(plan, None)
+            limit = memory_limit(
+                runs, settings.lease_seconds, need.device, settings.max_gpu_memory_bytes
+            )
+            admit(need, limit)
+
+    return resolve_run(
         kind,
-        plan.filed_under,
-        plan.model_dump(mode="json"),
+        request,
+        context,
         max_attempts=request.max_attempts or settings.max_attempts,
-        depends_on=((ref.experiment, ref.tag),) if ref else (),
-        priority=request.priority,
-        placement=placement,
-        parent=record.parent(plan) if record.parent else None,
+        admit=admit_plan,
     )
 
 
@@ -123,19 +121,17 @@ def enqueue_pinned(
     digest: str,
     submitted_by: str | None,
 ) -> list[Run]:
-    """Enqueue the runs of one request under the protection policy's pin of every checkpoint
-    they read, so none can be deleted between resolving and enqueueing."""
-    policy = ProtectionPolicy(runs, ckpts)
-    with ExitStack() as pins:
-        for experiment, tag in sorted({ref for run in queue for ref in run.depends_on}):
-            pins.enter_context(policy.pinned(experiment, tag))
-        return runs.enqueue_all(
-            queue,
-            idempotency_key=idempotency_key,
-            request_digest=digest if idempotency_key else None,
-            submitted_by=submitted_by,
-            queue_limits=QueueLimits(settings.max_queued_runs, settings.max_queued_runs_per_token),
-        )
+    """Enqueue the runs of one request under the pin of every checkpoint they read
+    (`store.queueing`), within the service's queue limits."""
+    return queue_pinned(
+        queue,
+        runs,
+        ckpts,
+        idempotency_key=idempotency_key,
+        request_digest=digest if idempotency_key else None,
+        submitted_by=submitted_by,
+        queue_limits=QueueLimits(settings.max_queued_runs, settings.max_queued_runs_per_token),
+    )
 
 
 def submit_context(settings: Settings, runs: RunStore, ckpts: CheckpointStore) -> SubmitContext:
