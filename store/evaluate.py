@@ -10,17 +10,14 @@ bytes, which encode any text.
 
 from __future__ import annotations
 
-from collections import Counter
-
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.evals import (
     EvaluateOptions,
     EvaluatePlan,
     EvaluateRequest,
-    check_fewshot,
-    get_task,
+    check_tasks,
+    require_tokenizer,
 )
-from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.plans import CheckpointRef
 from trainctl.store.resolve import (
     SubmitContext,
@@ -35,25 +32,14 @@ def resolve_evaluate(
     request: EvaluateRequest, *, cuda_available: bool, checkpoints: CheckpointStore
 ) -> EvaluatePlan:
     """Checks the tasks against the catalog, pins the checkpoint and its tokenizer."""
-    twice = [name for name, n in Counter(request.tasks).items() if n > 1]
-    if twice:
-        raise InvalidRequest(f"tasks: {', '.join(map(repr, twice))} named more than once")
-    for name in request.tasks:
-        try:
-            task = get_task(name)
-        except InvalidRequest as exc:
-            raise InvalidRequest(f"tasks: {exc}") from None
-        check_fewshot(task, request.num_fewshot)
+    check_tasks(request)
     device = pick_device(request.device, cuda_available)
     info = chosen_checkpoint(checkpoints, request, "evaluate")
     config = info.require_model_config()
-    pin = tokenizer_pin(info, checkpoint_codec(checkpoints, info))
-    if pin is None:
-        raise InvalidRequest(
-            f"checkpoint {info.experiment}/{info.tag} records no tokenizer (it was trained on "
-            "synthetic tokens or bare shards), so the tasks' text cannot be encoded for it; "
-            "evaluate a checkpoint trained on a dataset, stdlib or text"
-        )
+    pin = require_tokenizer(
+        tokenizer_pin(info, checkpoint_codec(checkpoints, info)),
+        f"checkpoint {info.experiment}/{info.tag}",
+    )
     return EvaluatePlan(
         **{name: getattr(request, name) for name in EvaluateOptions.model_fields},
         checkpoint=CheckpointRef(experiment=info.experiment, tag=info.tag),

@@ -52,6 +52,7 @@ from trainctl.store.data.paths import (
 )
 from trainctl.store.data.shards import DataError
 from trainctl.store.db.runs import RunStore
+from trainctl.store.evals import check_train_evals
 from trainctl.store.exceptions import (
     CheckpointNotFound,
     DatasetExists,
@@ -216,6 +217,9 @@ def resolve_train(
         _check_samples(request, data, resolved.tokenizer_pin, model.config)
     checkpoint_every = request.checkpoint_every or max(request.steps // 10, 1)
     tokenizer = data_tokenizer(data, resolved.tokenizer_pin)
+    if request.evals is not None:
+        source = f"source {data.source!r}"
+        check_train_evals(request.evals, tokenizer, source, checkpoint_every, request.steps)
     fork = _fork_point(request, model.config, checkpoints, tokenizer)
     return TrainPlan(
         **_options(request, TrainOptions)
@@ -811,7 +815,8 @@ def chosen_checkpoint(
 
 @dataclass
 class SubmitContext:
-    """What resolving a request may read: the service's settings and stores."""
+    """What resolving a request may read: the service's settings and stores (or a train run's
+    worker's, for the evaluate runs of its checkpoints: store.side_evals)."""
 
     data_roots: list[Path]
     datasets_dir: Path

@@ -553,6 +553,81 @@ class CheckpointChoice(Spec):
         return v
 
 
+# --- downstream evaluations: what an evaluate run and a train run's `evals` ask alike --------
+# The task catalog that the names are checked against at submit is store.evals (docs/evals.md).
+
+MAX_FEWSHOT = 25
+"""The most few-shot examples a request may ask for (the harness's largest, ARC's 25)."""
+MAX_LIMIT = 100_000
+"""The most items per task a request may ask for: more than any task has (a limit above a
+task's size takes all of it)."""
+FEWSHOT_SEED = 1234
+"""The harness's default fewshot_random_seed."""
+MAX_TASK_NAME = 64
+MAX_EVAL_TASKS = 64
+"""The most tasks one evaluation names, each once: more than the catalog has (store.evals)."""
+MAX_EVAL_BATCH_SIZE = 1024
+EveryCheckpoint = Literal["checkpoint"]
+EVERY_CHECKPOINT: EveryCheckpoint = "checkpoint"
+
+TaskName = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_TASK_NAME, description="A task of GET /evals/tasks."),
+]
+
+
+class EvaluateOptions(Spec):
+    """What an evaluation scores, as the request asks and the plan keeps it."""
+
+    tasks: list[TaskName] = Field(
+        min_length=1,
+        max_length=MAX_EVAL_TASKS,
+        description="The tasks to score the checkpoint on, by name (GET /evals/tasks), each once.",
+    )
+    limit: StrictInt | None = Field(
+        None,
+        ge=1,
+        le=MAX_LIMIT,
+        description="Score each task's first this many items (all of a task with fewer); "
+        "default: every item.",
+    )
+    num_fewshot: StrictInt = Field(
+        0,
+        ge=0,
+        le=MAX_FEWSHOT,
+        description="Answered examples before each item, drawn as lm-evaluation-harness draws "
+        "them (MMLU has 5 per subject).",
+    )
+    seed: StrictInt = Field(
+        FEWSHOT_SEED,
+        ge=0,
+        le=2**31 - 1,
+        description="Seed of the few-shot draw (the harness's fewshot_random_seed).",
+    )
+    batch_size: StrictInt = Field(
+        32, ge=1, le=MAX_EVAL_BATCH_SIZE, description="Sequences per forward pass."
+    )
+
+
+class TrainEvals(EvaluateOptions):
+    """Evaluate runs a train run queues as its checkpoints commit (docs/evals.md,
+    "Evaluations during training"): each scores one checkpoint as POST /runs/evaluate would,
+    with these fields."""
+
+    every: EveryCheckpoint | Annotated[StrictInt, Field(ge=1, le=MAX_STEPS)] = Field(
+        EVERY_CHECKPOINT,
+        description="'checkpoint': evaluate every step_<N> checkpoint the run saves. A number "
+        "of steps K, a multiple of checkpoint_every and at most `steps`: evaluate the "
+        "checkpoints whose step is a multiple of K, and the last one (at `steps`).",
+    )
+
+    def due(self, step: int, steps: int) -> bool:
+        """Whether the step checkpoint saved at `step` of a run of `steps` is evaluated."""
+        if isinstance(self.every, int):
+            return step % self.every == 0 or step == steps
+        return True
+
+
 # --- what a request and its plan share ------------------------------------------------------
 
 
@@ -584,6 +659,14 @@ class TrainOptions(StepOptions):
         "since the previous report.",
     )
     max_keep: StrictInt = Field(3, ge=1, le=10_000, description="step_* checkpoints kept.")
+    evals: TrainEvals | None = Field(
+        None,
+        description="Downstream evaluations of the run's checkpoints: as each step_<N> "
+        "checkpoint `every` asks for commits, an evaluate run is queued for it at a priority "
+        "one below the train run's, and it pins the checkpoint until it has run "
+        '(docs/evals.md, "Evaluations during training"). Needs data whose tokenizer is known '
+        "(a dataset, stdlib or text). Null: none.",
+    )
     save_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Weights' dtype on disk; bfloat16 is a lossy export."
     )

@@ -178,6 +178,9 @@ SCHEDULE_ABSENCES = ["schedule.warmup_steps", "schedule.decay_start", "schedule.
 # has no parent run.
 FORK_ABSENCES = ["fork_from", "fork_from.run_id"]
 
+# A run without evaluations states it, and evaluations without a limit score every item.
+EVALS_ABSENCES = ["evals", "evals.limit"]
+
 
 @pytest.mark.parametrize(
     "plan", [TrainPlan, BenchmarkPlan, ValidatePlan, PreparePlan, SamplePlan, ExportPlan]
@@ -200,6 +203,7 @@ def test_a_plan_leaves_the_worker_nothing_to_default(plan: type[BaseModel]) -> N
             *SAMPLE_ABSENCES,
             *SCHEDULE_ABSENCES,
             *FORK_ABSENCES,
+            *EVALS_ABSENCES,
             "tensorboard_dir",
         ],
         BenchmarkPlan: [*named_model, *SCHEDULE_ABSENCES],
