@@ -75,6 +75,7 @@ class AsyncShardedCheckpointer:
         max_keep: int | None = 3,
         protected: Protection = frozenset(),
         before_commit: Callable[[], None] | None = None,
+        after_commit: Callable[[], None] | None = None,
         info: dict[str, Any] | None = None,
     ) -> list[dict[str, Any]]:
         """Start writing `state`; return the saves finished since the last call."""
@@ -106,6 +107,7 @@ class AsyncShardedCheckpointer:
                 pending.where = finish_save(
                     state, store, writer, storage, self.group, max_keep=max_keep,
                     protected=protected, before_commit=before_commit, after_write=None,
+                    after_commit=after_commit,
                 )  # fmt: skip
                 pending.info["save_seconds"] = time.perf_counter() - started
             except BaseException as exc:  # raised on the training thread by wait()

@@ -259,9 +259,11 @@ def write_checkpoint(
     max_keep: int | None = 3,
     protected: Protection = frozenset(),
     before_commit: Callable[[], None] | None = None,
+    after_commit: Callable[[], None] | None = None,
 ) -> str:
     """Write a captured state into `store` and commit it (see capture_checkpoint); return
-    where it is, in words.
+    where it is, in words. `after_commit` runs once the checkpoint is committed, before the
+    retention that may delete older ones (a train run queues its evaluations there).
 
     Weights and optimizer state go through `HashedFile`s, which hash each tensor's bytes
     while writing them into the staged entry, whose sinks start their write-out at once: the
@@ -284,6 +286,8 @@ def write_checkpoint(
             staged.commit(hashes, before_commit=before_commit)
     except OSError as exc:
         raise CheckpointWriteFailed(write_failure(exc, store, experiment, tag)) from exc
+    if after_commit is not None:
+        after_commit()
     if max_keep is not None:
         store.retain(experiment, max_keep, protected=protected)
     return store.describe(experiment, tag)

@@ -42,6 +42,7 @@ from trainctl.worker.checkpoint import load_checkpoint
 from trainctl.worker.context import RunContext
 from trainctl.worker.data import SyntheticSampler, TokenSampler
 from trainctl.worker.evals.run import run_evaluate
+from trainctl.worker.evals.side_runs import CheckpointEvals
 from trainctl.worker.export import export_hf
 from trainctl.worker.launch import launch_train
 from trainctl.worker.models import build_model
@@ -147,6 +148,7 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
         assert launched is not None  # a single node's launch has rank 0
         result = launched
     else:
+        evals = CheckpointEvals(plan, ctx, store, env.stores.layout)
         trainer = Trainer(
             plan,
             store,
@@ -158,8 +160,11 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
             should_stop=ctx.should_stop,
             protected=ProtectionPolicy(ctx.runs, store).asker(plan.experiment),
             before_commit=ctx.confirm_lease,
+            after_commit=evals,
         )
         result = trainer.run()
+        if plan.evals is not None:
+            result["evaluate_runs"] = evals.queued
     latest = store.latest_or_none(plan.experiment)
     result["experiment"] = plan.experiment
     result["checkpoint"] = latest.tag if latest else None

@@ -58,6 +58,7 @@ from trainctl.store.parallelism import PARALLEL_STRATEGIES
 from trainctl.store.plans import TrainPlan
 from trainctl.store.processes import isolated_env, python_command
 from trainctl.worker.context import RunContext
+from trainctl.worker.evals.side_runs import CheckpointEvals
 from trainctl.worker.parallel import AgreedStop, RankSampler
 from trainctl.worker.rendezvous import LOOPBACK, host_store, rank_store, socket_env
 from trainctl.worker.strategies import Ranks
@@ -332,6 +333,7 @@ class RankTrainer(Trainer):
             "max_keep": plan.max_keep,
             "protected": self.protected,
             "before_commit": self.before_commit,
+            "after_commit": self.committed(info),
         }
         if self.sharded_saves is not None:
             done = self.sharded_saves.save(state, self.store, info=info, **commit)
@@ -420,6 +422,7 @@ def train_rank(
     layout = DataLayout(Path(job["data_dir"]), job.get("storage_url"), cache and Path(cache))
     store = open_stores(layout, runs).checkpoints
     policy = ProtectionPolicy(runs, store)
+    evals = CheckpointEvals(plan, ctx, store, layout) if ctx else None
     trainer = RankTrainer(
         plan,
         store,
@@ -433,8 +436,11 @@ def train_rank(
         should_stop=stop,
         protected=policy.asker(plan.experiment),
         before_commit=ctx.confirm_lease if ctx else None,
+        after_commit=evals,
     )
     result = trainer.run() | {"stop_reason": stop.reason}
+    if evals is not None and plan.evals is not None:
+        result["evaluate_runs"] = evals.queued
     return {"result": result if ctx else {**result, "metrics": metrics}}
 
 

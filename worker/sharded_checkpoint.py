@@ -189,9 +189,11 @@ def finish_save(
     protected: Protection,
     before_commit: Callable[[], None] | None,
     after_write: Callable[[], None] | None,
+    after_commit: Callable[[], None] | None = None,
 ) -> str:
     """After DCP wrote every rank's files: gather their listings on rank 0 (the barrier),
-    which writes the metadata and the manifest and commits; every rank learns the outcome."""
+    which writes the metadata and the manifest and commits; every rank learns the outcome.
+    `after_commit` runs on rank 0 once committed, before the retention."""
     rank, world = rank_and_world(group)
     listing = writer.listing(storage.hashes) if rank != 0 else []
     if after_write is not None:
@@ -223,6 +225,8 @@ def finish_save(
         raise CheckpointWriteFailed(
             f"rank 0 could not commit {store.describe(state.experiment, state.tag)}: {outcome[0]}"
         )
+    if rank == 0 and after_commit is not None:
+        after_commit()
     if rank == 0 and max_keep is not None:
         store.retain(state.experiment, max_keep, protected=protected)
     return store.describe(state.experiment, state.tag)
@@ -237,10 +241,12 @@ def write_sharded(
     protected: Protection = frozenset(),
     before_commit: Callable[[], None] | None = None,
     after_write: Callable[[], None] | None = None,
+    after_commit: Callable[[], None] | None = None,
 ) -> str:
     """Write and commit a captured state, every rank its own shards (a collective); return
     where it is, in words. `before_commit` runs on rank 0 before the commit (the lease
-    check); `after_write` on every rank once its files are durable, before the ranks agree."""
+    check), `after_commit` after it, before the retention; `after_write` on every rank once
+    its files are durable, before the ranks agree."""
     rank, world = rank_and_world(group)
     writer = open_stage(store, state.experiment, state.tag, group)
     try:
@@ -263,6 +269,7 @@ def write_sharded(
             protected=protected,
             before_commit=before_commit,
             after_write=after_write,
+            after_commit=after_commit,
         )
     except OSError as exc:
         writer.abort()

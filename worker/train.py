@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -357,10 +358,14 @@ class Trainer:
         should_stop: Callable[[], bool] | None = None,
         protected: Callable[[], Protected] | None = None,
         before_commit: Callable[[], None] | None = None,
+        after_commit: Callable[[str, int], None] | None = None,
         ranks: Ranks | None = None,
     ) -> None:
         self.plan, self.run_id = plan, run_id
         self.before_commit = before_commit
+        # (tag, step) of a checkpoint just committed, before the retention that follows it,
+        # in the thread that wrote it (worker.side_evals queues its evaluate run there).
+        self.after_commit = after_commit
         self.store = store
         self.on_metrics = on_metrics or (lambda m: None)
         self.on_checkpoint = on_checkpoint or (lambda m: None)
@@ -431,8 +436,9 @@ class Trainer:
             # meanwhile that depends on an older checkpoint keeps it.
             store, protected, started = self.store, self.protected, time.perf_counter()
             where = write_checkpoint(
-                state, store, self.plan.max_keep, protected, self.before_commit
-            )
+                state, store, self.plan.max_keep, protected, self.before_commit,
+                self.committed(info),
+            )  # fmt: skip
             info["save_seconds"] = time.perf_counter() - started  # reported with the commit
             return where
 
@@ -445,6 +451,11 @@ class Trainer:
         assert self.async_checkpointer is not None  # a full checkpoint's saver
         for done in self.async_checkpointer.save(state, write, info):
             self.on_checkpoint(done)
+
+    def committed(self, info: dict[str, Any]) -> Callable[[], None] | None:
+        """`after_commit` of the save `info` describes, for the checkpoint writer."""
+        after = self.after_commit
+        return None if after is None else partial(after, info["tag"], info["step"])
 
     def maybe_report_saves(self) -> None:
         for done in self.checkpointer.poll() if self.checkpointer else []:

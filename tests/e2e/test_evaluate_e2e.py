@@ -3,7 +3,9 @@ library's source saves a byte-level checkpoint; an evaluate run scores it on ARC
 MMLU subject, from the shipped data, offline. The scores are the run's result and
 `eval/<task>/<metric>` metrics events at the checkpoint's step, on the evaluate run and on
 the train run that wrote the checkpoint, whose TensorBoard mirror shows them though the run
-had ended; `trainctl evaluate` prints them, and an export's model card lists them."""
+had ended; `trainctl evaluate` prints them, and an export's model card lists them. A train run
+with `evals` queues an evaluate run per checkpoint, which keeps its checkpoint from the run's
+own retention until it is scored."""
 
 from __future__ import annotations
 
@@ -112,3 +114,40 @@ def test_an_export_s_model_card_lists_the_finished_evaluations_of_its_checkpoint
     card = (service.data_dir / "exports" / "evals" / f"step_{STEPS}" / "README.md").read_text()
     acc = scored["result"]["tasks"]["arc_easy"]["acc"]
     assert f"| arc_easy | acc | {acc:.4f} | 0 | 4 | {run['id']} |" in card
+
+
+@pytest.mark.slow
+def test_a_train_run_with_evals_has_each_checkpoint_scored_before_retention_deletes_it(
+    service: Service,
+) -> None:
+    # Two checkpoints, of which the run keeps one: step_2 survives only through its eval.
+    evals = {"tasks": ["arc_easy"], "limit": 4, "every": "checkpoint"}
+    run = submit(
+        service, "train", experiment="evaltrain", steps=4, checkpoint_every=2, val_every=4,
+        val_batches=1, max_keep=1, batch={"micro_batch_size": 2, "seq_len": 32}, evals=evals,
+    )  # fmt: skip
+    trained = finished(service, run["id"])
+    assert trained["state"] == "succeeded", trained["error"]
+
+    queued = trained["result"]["evaluate_runs"]
+    listed = httpx.get(
+        f"{service.url}/runs", params={"experiment": "evaltrain", "kind": "evaluate"}, timeout=60
+    ).json()["items"]
+    assert sorted(r["id"] for r in listed) == sorted(queued) and len(queued) == 2
+    logs = httpx.get(f"{service.url}/runs/{run['id']}/logs", params={"format": "text"},
+                     timeout=60).text  # fmt: skip
+    scored = [finished(service, run_id) for run_id in queued]
+    for step, done in zip((2, 4), scored, strict=True):
+        assert done["state"] == "succeeded", done["error"]
+        assert done["result"]["checkpoint"] == {
+            "experiment": "evaltrain", "tag": f"step_{step}", "step": step,
+        }  # fmt: skip
+        assert done["result"]["source_run"] == run["id"]
+        assert done["result"]["tasks"]["arc_easy"]["items"] == 4
+        assert f"queued evaluate run {done['id'][:8]} for step_{step}" in logs
+    on_train = eval_rows(service, run["id"])
+    assert [(row["step"], row["evaluate_run"]) for row in on_train] == list(
+        zip((2, 4), queued, strict=True)
+    )
+    for row, done in zip(on_train, scored, strict=True):
+        assert row["eval/arc_easy/acc"] == done["result"]["tasks"]["arc_easy"]["acc"]

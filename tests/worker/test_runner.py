@@ -31,14 +31,6 @@ TERMINAL = tuple(TERMINAL_STATES)
 
 
 @pytest.fixture
-def runs(tmp_path: Path) -> Iterator[RunStore]:
-    store = RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}")
-    store.create_all()
-    yield store
-    store.close()
-
-
-@pytest.fixture
 def start_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     procs: list[subprocess.Popen[bytes]] = []
 
