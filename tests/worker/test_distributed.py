@@ -18,7 +18,7 @@ import torch
 from tests.plans import enqueue, train_plan
 from tests.stores import folder, posix_store
 from tests.worker.ranks import LOSS_RTOL, STEPS, tiny_plan, train_losses
-from trainctl.store.db.runs import RunStore
+from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.layout import DataLayout
 from trainctl.store.plans import TrainPlan
@@ -64,23 +64,28 @@ def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batch(tmp_path
     assert result["token_count"] == STEPS * 4 * 2 * 32  # the global batch, counted once
 
 
+@pytest.fixture
+def worker(runs: RunStore, tmp_path: Path) -> Worker:
+    """The worker of the data dir `tmp_path`, as its process is (without its loop)."""
+    return Worker(WorkerConfig(runs.engine.url.render_as_string(), tmp_path, "w1"), runs)
+
+
+def run_to_end(runs: RunStore, worker: Worker, plan: TrainPlan) -> Run:
+    """Queue `plan`, and have `worker` claim and run it; the run once it has ended."""
+    queued = enqueue(runs, plan)
+    claimed = runs.claim("w1", lease_seconds=60)
+    assert claimed is not None and claimed.id == queued.id
+    worker.run_one(claimed)
+    return runs.get(queued.id)
+
+
 @pytest.mark.slow
 def test_a_two_process_run_reports_once_saves_from_rank_0_and_resumes_exactly(
-    tmp_path: Path,
+    runs: RunStore, worker: Worker, tmp_path: Path
 ) -> None:
-    runs = RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}")
-    runs.create_all()
-    worker = Worker(WorkerConfig(runs.engine.url.render_as_string(), tmp_path, "w1"), runs)
     checkpoints = posix_store(tmp_path / "checkpoints")
 
-    def run_to_end(plan: TrainPlan) -> Any:
-        queued = enqueue(runs, plan)
-        claimed = runs.claim("w1", lease_seconds=60)
-        assert claimed is not None and claimed.id == queued.id
-        worker.run_one(claimed)
-        return runs.get(queued.id)
-
-    straight = run_to_end(tiny_plan(nproc_per_node=2))
+    straight = run_to_end(runs, worker, tiny_plan(nproc_per_node=2))
     assert straight.state == "succeeded", straight.error
     steps = [e.data["step"] for e in runs.events(straight.id, type="metrics") if "loss" in e.data]
     assert steps == list(range(1, STEPS + 1))  # one report per step: rank 0's
@@ -91,13 +96,12 @@ def test_a_two_process_run_reports_once_saves_from_rank_0_and_resumes_exactly(
 
     checkpoints.delete("ddp", "step_6")
     resumed = run_to_end(
-        tiny_plan(tmp_path / "checkpoints", nproc_per_node=2, resume_from="step_3")
+        runs, worker, tiny_plan(tmp_path / "checkpoints", nproc_per_node=2, resume_from="step_3")
     )
 
     assert resumed.state == "succeeded", resumed.error
     assert resumed.result["final_loss"] == straight.result["final_loss"]
     assert weights.read_bytes() == straight_weights  # bit-identical with the same world size
-    runs.close()
 
 
 def test_a_gang_member_needs_the_gpus_of_one_node_not_of_the_whole_gang(
@@ -109,3 +113,21 @@ def test_a_gang_member_needs_the_gpus_of_one_node_not_of_the_whole_gang(
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     with pytest.raises(RuntimeError, match="nproc_per_node=8 GPUs but this worker sees 4"):
         check_world(plan)
+
+
+def test_rank_0_of_a_two_process_run_queues_the_evaluate_runs_of_its_checkpoints(
+    runs: RunStore, worker: Worker, tmp_path: Path
+) -> None:
+    evals = {"tasks": ["arc_easy"], "limit": 4}
+    plan = tiny_plan(nproc_per_node=2, data={"source": "stdlib"}, max_keep=1, evals=evals)
+
+    run = run_to_end(runs, worker, plan)
+
+    assert run.state == "succeeded", run.error
+    assert run.result is not None
+    evaluations = [runs.get(run_id) for run_id in run.result["evaluate_runs"]]
+    assert [e.depends_on for e in evaluations] == [[("ddp", "step_3")], [("ddp", "step_6")]]
+    assert {e.kind for e in evaluations} == {"evaluate"}
+    # max_keep 1: step_3 is kept for its evaluation.
+    tags = {c.tag for c in posix_store(tmp_path / "checkpoints").list_checkpoints("ddp")}
+    assert tags == {"step_3", "step_6", "best"}
