@@ -151,3 +151,11 @@ def test_a_train_run_with_evals_has_each_checkpoint_scored_before_retention_dele
     )
     for row, done in zip(on_train, scored, strict=True):
         assert row["eval/arc_easy/acc"] == done["result"]["tasks"]["arc_easy"]["acc"]
+    # And in the train run's TensorBoard mirror, at each checkpoint's step.
+    folder = service.data_dir / "tensorboard" / "evaltrain" / run["id"]
+    mirrored = {
+        (f"eval/arc_easy/{m}", step, float32(done["result"]["tasks"]["arc_easy"][m]))
+        for step, done in zip((2, 4), scored, strict=True)
+        for m in METRICS
+    }
+    poll(lambda: mirrored <= set(tensorboard_rows(folder)), 30, "the scores in TensorBoard")
