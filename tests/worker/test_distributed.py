@@ -115,6 +115,7 @@ def test_a_gang_member_needs_the_gpus_of_one_node_not_of_the_whole_gang(
         check_world(plan)
 
 
+@pytest.mark.slow  # torchrun and two ranks: the edit loop leaves it to make test
 def test_rank_0_of_a_two_process_run_queues_the_evaluate_runs_of_its_checkpoints(
     runs: RunStore, worker: Worker, tmp_path: Path
 ) -> None:

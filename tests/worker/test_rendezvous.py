@@ -27,6 +27,7 @@ def runs(tmp_path: Path) -> Iterator[RunStore]:
         yield store
 
 
+@pytest.mark.slow  # torchrun and two ranks: the edit loop leaves it to make test
 def test_a_two_process_run_listens_on_loopback_alone(tmp_path: Path, runs: RunStore) -> None:
     workers = Workers(tmp_path)
     try:
