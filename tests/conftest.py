@@ -2,6 +2,9 @@
 
 `database_url` runs a test once on SQLite (a file in its tmp_path) and once on PostgreSQL
 (a fresh database on a real PostgreSQL 15 server that the session starts on first use).
+`runs` is a run store on SQLite where a worker on one node keeps it: the data dir's
+trainctl.db, the data dir being the test's tmp_path (the service's tests have their own,
+their app's).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from tests.mlflow_server import MlflowServer
 from tests.pg import PostgresServer, PostgresUnavailable
 from tests.s3server import S3Server, running_s3_server
 from tests.soak import SKIP_REASON, SOAK
+from trainctl.store.db.runs import RunStore
+from trainctl.store.layout import DataLayout
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,6 +42,13 @@ def postgres() -> Iterator[PostgresServer]:
         pytest.fail(f"cannot start PostgreSQL for the tests: {exc}", pytrace=False)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Iterator[RunStore]:
+    with RunStore(DataLayout(tmp_path).sqlite_url) as store:
+        store.create_all()
+        yield store
 
 
 @pytest.fixture(params=BACKENDS)

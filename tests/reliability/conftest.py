@@ -1,4 +1,5 @@
-"""Fixtures of the reliability tests: a SQLite run store and a pool of worker processes."""
+"""Fixtures of the reliability tests: a pool of worker processes (the run store they share
+is tests/conftest.py's `runs`)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,6 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.workers import Workers
-from trainctl.store.db.runs import RunStore
-
-
-@pytest.fixture
-def runs(tmp_path: Path) -> Iterator[RunStore]:
-    store = RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}")
-    store.create_all()
-    yield store
-    store.close()
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,12 +26,10 @@ WORKER = "worker-1"
 
 
 @pytest.fixture
-def runs(tmp_path: Path) -> Iterator[RunStore]:
-    store = RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}")
-    store.create_all()
-    store.register_worker(WORKER, host="test", pid=1, device="cpu", info={})
-    yield store
-    store.close()
+def runs(runs: RunStore) -> RunStore:
+    """tests/conftest.py's, with this file's worker registered."""
+    runs.register_worker(WORKER, host="test", pid=1, device="cpu", info={})
+    return runs
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ tests/e2e/test_gang_rendezvous.py."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,7 @@ from tests.polling import poll
 from tests.reliability.workers import Workers, wait_finished
 from tests.sockets import assert_listen_at, listening
 from trainctl.store.db.runs import RunStore
-from trainctl.store.layout import DataLayout
 from trainctl.worker.rendezvous import host_store, split_endpoint
-
-
-@pytest.fixture
-def runs(tmp_path: Path) -> Iterator[RunStore]:
-    with RunStore(DataLayout(tmp_path).sqlite_url) as store:
-        store.create_all()
-        yield store
 
 
 @pytest.mark.slow  # torchrun and two ranks: the edit loop leaves it to make test
