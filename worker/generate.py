@@ -92,10 +92,17 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if device.type == "cuda" else None
 
 
+def cache_dtype(model: LanguageModel, device: torch.device) -> torch.dtype:
+    """What a KV cache keeps keys and values in: the dtype attention computes in, bf16 under
+    autocast, the weights' otherwise."""
+    return autocast_dtype(device) or next(model.parameters()).dtype
+
+
 @contextmanager
-def _step_mode(device: torch.device) -> Iterator[None]:
-    """No autograd, and training's autocast. Entered per step, not around the whole decode:
-    a generator suspended between steps must not leave its caller in inference mode."""
+def step_mode(device: torch.device) -> Iterator[None]:
+    """No autograd, and training's autocast (generation's steps, the eval scorer's forwards).
+    Entered per step, not around the whole decode: a generator suspended between steps must
+    not leave its caller in inference mode."""
     dtype = autocast_dtype(device)
     with (
         torch.inference_mode(),
@@ -154,8 +161,7 @@ class _Batch:
         self.generator = torch.Generator(device=device).manual_seed(settings.seed)
 
     def _build_cache(self) -> Any:
-        # Keys and values are kept in the dtype attention computes in: bf16 under autocast.
-        dtype = autocast_dtype(self.device) or next(self.model.parameters()).dtype
+        dtype = cache_dtype(self.model, self.device)
         return self.model.new_cache(len(self.lengths), self.total, self.device, dtype)
 
     def step(self, pos: int) -> list[int | None]:
@@ -190,10 +196,10 @@ def decode_steps(
     model.eval()
     try:
         device = next(model.parameters()).device
-        with _step_mode(device):
+        with step_mode(device):
             batch = _Batch(model, prompts, settings, vocab_size, use_cache)
         for pos in range(min(batch.lengths), batch.total):
-            with _step_mode(device):
+            with step_mode(device):
                 step = batch.step(pos)
             yield step
     finally:

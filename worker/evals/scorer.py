@@ -20,7 +20,6 @@ bytes, summed over the items before dividing.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 
 from trainctl.store.data.codec import TextCodec
 from trainctl.worker.evals.tasks import TARGET_DELIMITER, Item
-from trainctl.worker.generate import autocast_dtype
+from trainctl.worker.generate import cache_dtype, step_mode
 from trainctl.worker.models import LanguageModel
 
 Request = tuple[tuple[int, ...], tuple[int, ...]]
@@ -95,17 +94,14 @@ def _shared(
     right-padded: attention is causal, so padding never reaches a real position. None for a
     model that keeps no cache (a plug-in's) or one whose cache cannot fan out."""
     device = next(model.parameters()).device
-    dtype = autocast_dtype(device)
     longest = max(map(len, conts))
-    # Keys and values in the dtype attention computes in, as generation keeps them.
-    kv_dtype = dtype or next(model.parameters()).dtype
-    cache: Any = model.new_cache(1, len(ctx) - 1 + longest, device, kv_dtype)
+    cache: Any = model.new_cache(1, len(ctx) - 1 + longest, device, cache_dtype(model, device))
     if cache is None:
         return None
     tokens = torch.zeros((len(conts), longest), dtype=torch.long)
     for i, cont in enumerate(conts):
         tokens[i, : len(cont)] = torch.tensor((ctx[-1], *cont[:-1]))
-    with _scoring(device, dtype):
+    with step_mode(device):
         model.forward_cached(torch.tensor([ctx[:-1]], device=device), cache, last_only=True)
         if not cache.fan_out(len(conts)):
             return None
@@ -126,30 +122,19 @@ def _whole_rows(
     ordered = sorted(requests, key=lambda r: -len(r[0] + r[1]))
     results: dict[Request, tuple[float, bool]] = {}
     device = next(model.parameters()).device
-    dtype = autocast_dtype(device)
     for start in range(0, len(ordered), batch_size):
         batch = ordered[start : start + batch_size]
         rows = [(ctx + cont)[-(max_len + 1) :][:-1] for ctx, cont in batch]
         tokens = torch.zeros((len(rows), max(map(len, rows))), dtype=torch.long)
         for i, row in enumerate(rows):
             tokens[i, : len(row)] = torch.tensor(row)
-        with _scoring(device, dtype):
+        with step_mode(device):
             logits = model(tokens.to(device))  # (B, T, vocab)
         logprobs = F.log_softmax(logits.float(), dim=-1)
         for i, (request, row) in enumerate(zip(batch, rows, strict=True)):
             end, n = len(row), len(request[1])
             results[request] = _continuation(logprobs[i, end - n : end], request[1], device)
     return results
-
-
-def _scoring(device: torch.device, dtype: torch.dtype | None) -> contextlib.ExitStack:
-    """No autograd, and training's autocast (bf16 on CUDA; none on a CPU)."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(torch.inference_mode())
-    stack.enter_context(
-        torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
-    )
-    return stack
 
 
 def _continuation(
