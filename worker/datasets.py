@@ -94,7 +94,11 @@ def build_data_record(
         tokenizer = asdict(TokenizerRef("bytes")) if known else None
         return DataRecord({"dataset": None, "tokenizer": tokenizer})
     found = [open_dataset(pin, bucket) for pin in pins]
-    tokenizer_file = read_tokenizer(found[0])
+    try:
+        tokenizer_file = read_tokenizer(found[0])
+    finally:
+        for f in found:
+            f.close()
     metadata: dict[str, Any] = {
         "dataset": found[0].identity() if dataset is not None else None,
         "tokenizer": asdict(found[0].tokenizer),

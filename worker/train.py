@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -109,7 +110,8 @@ def build_token_arrays(
     pin is a URL there."""
     if dataset is not None:
         assert d.source in ("dataset", "mixture"), "only datasets are pinned"
-        train, val = dataset_arrays(open_dataset(dataset, bucket))
+        with closing(open_dataset(dataset, bucket)) as found:  # its shards stay mapped
+            train, val = dataset_arrays(found)
     elif d.source == "shards":
         train = [read_shard(p) for p in expand_paths(d.paths)]
         val = [read_shard(p) for p in expand_paths(d.val_paths)]

@@ -91,7 +91,12 @@ class Dataset:
     """Where its files are read when not at `folder / name`: a download held open, which an
     eviction from the cache cannot take away (`store.data.bucket.BucketDatasets.fetch`)."""
     held: tuple[Any, ...] = field(default=(), compare=False, repr=False)
-    """The open readers behind `paths`: they keep those paths valid while the dataset is."""
+    """The open readers behind `paths`: they keep those paths valid until `close`."""
+
+    def close(self) -> None:
+        """Let go of the readers behind `paths` (a shard mapped meanwhile stays mapped)."""
+        for reader in self.held:
+            reader.close()
 
     @property
     def where(self) -> str:
