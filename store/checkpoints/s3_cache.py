@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from trainctl.store.files import descriptor_path
+
 DOWNLOAD_PREFIX = ".download-"
 
 
@@ -29,7 +31,7 @@ class CachedReader(io.BufferedReader):
     def __init__(self, path: Path, *, unlink: bool = False) -> None:
         super().__init__(io.FileIO(path, "rb"))
         self.size = os.fstat(self.fileno()).st_size
-        self.local_path: str | None = f"/proc/self/fd/{self.fileno()}"
+        self.local_path: str | None = descriptor_path(self.fileno())
         if unlink:  # a download that failed its manifest: served once, never cached
             path.unlink()
             self.local_path = None
