@@ -217,7 +217,7 @@ def resolve_train(
     for field, arrays in resolved.arrays:
         check_enough_tokens(arrays, data.val_fraction, geometry.seq_len, field)
     if request.sample_every is not None:
-        _check_samples(request, data, resolved.tokenizer_pin, model.config)
+        _check_samples(request, data, resolved.tokenizer_pin, model.config, datasets)
     checkpoint_every = request.checkpoint_every or max(request.steps // 10, 1)
     tokenizer = data_tokenizer(data, resolved.tokenizer_pin)
     if request.evals is not None:
@@ -410,10 +410,14 @@ def resolve_export(
 
 
 def _check_samples(
-    request: TrainRequest, data: DataSpec, dataset: DatasetPin | None, config: AnyModelConfig
+    request: TrainRequest,
+    data: DataSpec,
+    dataset: DatasetPin | None,
+    config: AnyModelConfig,
+    bucket: BucketDatasets | None,
 ) -> None:
     """Samples need text in and out, and each prompt with its completion must fit the model."""
-    codec = data_codec(data, dataset)
+    codec = data_codec(data, dataset, bucket)
     if codec is None:
         raise InvalidRequest(
             f"sample_every: the tokens of data source {data.source!r} come from no known "
@@ -430,13 +434,20 @@ def _check_samples(
             raise InvalidRequest(f"sample_prompts[{i}]: {exc}") from None
 
 
-def data_codec(data: DataSpec, dataset: DatasetPin | None) -> TextCodec | None:
-    """The text codec of a run's data: its dataset's tokenizer, bytes for byte-level text,
-    None where unknown."""
+def data_codec(
+    data: DataSpec, dataset: DatasetPin | None, bucket: BucketDatasets | None = None
+) -> TextCodec | None:
+    """The text codec of a run's data: its dataset's tokenizer (in its folder, or in the
+    `bucket` when the pin names a dataset there), bytes for byte-level text, None where
+    unknown."""
     tokenizer_json = None
     if dataset is not None and dataset.tokenizer.kind == "bpe":
+        name = bucket.name_of(dataset.folder) if bucket is not None else None
         try:
-            tokenizer_json = read_tokenizer_file(Path(dataset.folder) / TOKENIZER_FILE)
+            if name is not None and bucket is not None:
+                tokenizer_json = bucket.tokenizer(name)
+            else:
+                tokenizer_json = read_tokenizer_file(Path(dataset.folder) / TOKENIZER_FILE)
         except DataError as exc:
             raise InvalidRequest(f"data.dataset: {exc}") from None
     try:

@@ -400,7 +400,7 @@ class Trainer:
         self.checkpointer = self.async_checkpointer
         self.before_update: Callable[[], None] | None = None  # see train_step
         every = plan.sample_every
-        self.samples = TrainingSamples(plan, every) if every is not None else None
+        self.samples = TrainingSamples(plan, every, datasets) if every is not None else None
 
     def save(self, tag: str | None = None) -> None:
         self.write(self.capture(tag))

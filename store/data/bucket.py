@@ -33,6 +33,8 @@ from trainctl.store.data.contents import TokenArrays
 from trainctl.store.data.datasets import (
     DATASET_FILE,
     MAX_DATASET_JSON_BYTES,
+    MAX_TOKENIZER_BYTES,
+    TOKENIZER_FILE,
     Dataset,
     parse_dataset,
 )
@@ -125,6 +127,18 @@ class BucketDatasets:
         where = entry.describe(DATASET_FILE)
         dataset = parse_dataset(raw, Path(DATASETS, name), where, location=self.describe(name))
         return Listed(dataset, files)
+
+    def tokenizer(self, name: str) -> bytes:
+        """Its tokenizer.json, as the cache checked it against the manifest (bounded)."""
+        entry = Entry(self.storage, DATASETS, name)
+        try:
+            with entry.open(TOKENIZER_FILE) as f:
+                data = f.read(MAX_TOKENIZER_BYTES + 1)
+        except FileNotFoundError:
+            raise DataError(f"{entry.describe(TOKENIZER_FILE)}: missing; prepare it again") from None
+        if len(data) > MAX_TOKENIZER_BYTES:
+            raise DataError(f"{entry.describe(TOKENIZER_FILE)}: too large for a tokenizer.json")
+        return data
 
     def fetch(self, name: str) -> Dataset:
         """The dataset with every file downloaded into the local cache, checked against its

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from trainctl.store.data.datasets import TOKENIZER_FILE, Dataset
 from trainctl.store.data.shards import DataError, read_shard
 from trainctl.store.exceptions import DatasetExists, InvalidRequest
 from trainctl.store.plans import DatasetPin
-from trainctl.store.resolve import resolve_prepare, resolve_train
+from trainctl.store.resolve import data_codec, resolve_prepare, resolve_train
 from trainctl.store.specs import PrepareRequest, TrainRequest
 
 TEXTS = stdlib_texts(60_000)
@@ -33,9 +34,9 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
     return write_bpe_dataset(root / "code", tokenizer, TEXTS, val_docs=3)
 
 
-def shelf(server: S3Server, bucket: str, cache: Path, **options: object) -> BucketDatasets:
+def shelf(server: S3Server, bucket: str, cache: Path, **options: Any) -> BucketDatasets:
     """A node's view of the bucket: its own cache dir."""
-    storage = S3Storage(bucket, "fleet", cache_dir=cache, client=server.client(), **options)  # type: ignore[arg-type]
+    storage = S3Storage(bucket, "fleet", cache_dir=cache, client=server.client(), **options)
     return BucketDatasets(storage)
 
 
@@ -59,8 +60,10 @@ def test_a_published_dataset_is_pinned_from_its_manifest_and_read_on_another_nod
     assert "fleet/datasets/code/manifest.json" in keys(s3_server, bucket)
 
     service = shelf(s3_server, bucket, tmp_path / "service")
+    data = {"source": "dataset", "dataset": "code"}
     plan = resolve_train(
-        TrainRequest(steps=10, data={"source": "dataset", "dataset": "code"}),
+        # samples: the prompts are encoded with the dataset's tokenizer.json, from the bucket
+        TrainRequest(steps=10, data=data, sample_every=5, sample_prompts=["def main("]),
         cuda_available=False,
         data_roots=[],
         datasets=service,
@@ -71,6 +74,7 @@ def test_a_published_dataset_is_pinned_from_its_manifest_and_read_on_another_nod
     # the service counted the tokens from the manifest's sizes, without the shards
     assert service.read("code").token_arrays() == dataset_arrays(local, "data")
     assert not list((tmp_path / "service").rglob("*.bin"))
+    assert data_codec(plan.data, plan.dataset, service) is not None
 
     with closing(shelf(s3_server, bucket, tmp_path / "train-node").fetch("code")) as fetched:
         assert DatasetPin.of(fetched) == plan.dataset
