@@ -98,6 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 # checkpoint routes answer 503 naming the bucket, and the next start sweeps.
                 log.error("checkpoint storage unavailable at start, nothing swept: %s", exc)
         app.state.runs, app.state.checkpoints, app.state.exports = store, ckpts, exports
+        app.state.datasets = stores.datasets
         app.state.store_slots = Slots(
             settings.store_concurrency, settings.store_wait_seconds, "store requests"
         )

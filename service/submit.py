@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from trainctl.service.devices import cuda_available, memory_limit
 from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.data.bucket import BucketDatasets
 from trainctl.store.db.runs import QueueLimits, Run, RunStore, RunToQueue
 from trainctl.store.db.tokens import Principal
 from trainctl.store.exceptions import InvalidRequest, InVariant, TrainctlError
@@ -50,6 +51,7 @@ def submit_run(
     settings: Settings,
     runs: RunStore,
     ckpts: CheckpointStore,
+    datasets: BucketDatasets | None = None,
     submitter: Principal | None = None,
     idempotency_key: str | None = None,
 ) -> Run:
@@ -57,7 +59,8 @@ def submit_run(
     name = submitter.name if submitter else None
     if idempotency_key and (existing := runs.replay(idempotency_key, kind, digest, name)):
         return existing  # an idempotent retry gets its run, even if resolving now would differ
-    run = plan_run(kind, request, settings, runs, submit_context(settings, runs, ckpts))
+    context = submit_context(settings, runs, ckpts, datasets)
+    run = plan_run(kind, request, settings, runs, context)
     return enqueue_pinned([run], settings, runs, ckpts, idempotency_key, digest, name)[0]
 
 
@@ -67,6 +70,7 @@ def submit_sweep(
     settings: Settings,
     runs: RunStore,
     ckpts: CheckpointStore,
+    datasets: BucketDatasets | None = None,
     submitter: Principal | None = None,
     idempotency_key: str | None = None,
 ) -> list[Run]:
@@ -78,7 +82,7 @@ def submit_sweep(
         existing := runs.replay_all(idempotency_key, "train", digest, name, len(sweep.variants))
     ):
         return existing  # the same body: the same number of runs, all queued together
-    context = submit_context(settings, runs, ckpts)
+    context = submit_context(settings, runs, ckpts, datasets)
     queue = []
     for i, fork in enumerate(sweep.forks()):
         try:
@@ -134,7 +138,14 @@ def enqueue_pinned(
     )
 
 
-def submit_context(settings: Settings, runs: RunStore, ckpts: CheckpointStore) -> SubmitContext:
+def submit_context(
+    settings: Settings,
+    runs: RunStore,
+    ckpts: CheckpointStore,
+    datasets: BucketDatasets | None = None,
+) -> SubmitContext:
+    """Where a request's names are looked up: the data roots, the stores, and the datasets
+    of the bucket when there is one (else the data dir's datasets/)."""
     return SubmitContext(
         data_roots=settings.data_roots,
         datasets_dir=settings.datasets_dir,
@@ -144,6 +155,7 @@ def submit_context(settings: Settings, runs: RunStore, ckpts: CheckpointStore) -
         cuda=partial(cuda_available, runs, settings.lease_seconds),
         default_trackers=settings.trackers,
         mlflow_configured=settings.mlflow_uri is not None,
+        datasets=datasets,
     )
 
 

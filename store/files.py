@@ -73,6 +73,12 @@ def _checked(fd: int, where: object, single_link: bool) -> int:
     return fd
 
 
+def descriptor_path(fd: int) -> str:
+    """A path that reopens the file open at `fd`, in this process, whatever became of its
+    name (Linux: the descriptor's entry under /proc): for a library that takes a path."""
+    return f"/proc/self/fd/{fd}"
+
+
 def open_regular_fd(path: str | Path) -> int:
     """A read descriptor of the regular file at `path` (links on the way are followed: data
     roots confine by real path). Never blocks; NotRegularFile for a FIFO, a socket, a device

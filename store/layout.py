@@ -6,7 +6,7 @@ the folders must agree on them, so each is written once, here.
 <data dir>/
   trainctl.db      the run database, when TRAINCTL_DATABASE_URL is unset (SQLite)
   checkpoints/     the checkpoint store: <experiment>/<tag>/
-  datasets/        what prepare runs write: <name>/
+  datasets/        what prepare runs write: <name>/ (in a bucket: only their staging folders)
   exports/         what export runs write: <experiment>/<tag>/
   tensorboard/     the tensorboard tracker's files: <experiment>/<run id>/
   logs/            the local workers' logs
@@ -33,9 +33,10 @@ class DataLayout:
 
     root: Path
     storage_url: str | None = None
-    """TRAINCTL_STORAGE_URL: ``s3://bucket/prefix`` keeps the checkpoints and exports in that
-    bucket (under ``<prefix>/checkpoints`` and ``<prefix>/exports``); None keeps them in the
-    data dir (`checkpoints`, `exports`)."""
+    """TRAINCTL_STORAGE_URL: ``s3://bucket/prefix`` keeps the checkpoints, exports and
+    prepared datasets in that bucket (under ``<prefix>/checkpoints``, ``<prefix>/exports``
+    and ``<prefix>/datasets``); None keeps them in the data dir (`checkpoints`, `exports`,
+    `datasets`)."""
     cache_dir: Path | None = None
     """TRAINCTL_CACHE_DIR: where files read from a bucket are kept locally; None:
     ``<data dir>/cache``."""

@@ -26,6 +26,7 @@ from trainctl.store.checkpoints.info import (
     tokenizers_differ,
 )
 from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.data.bucket import BucketDatasets
 from trainctl.store.data.codec import TextCodec, build_codec
 from trainctl.store.data.contents import (
     TokenArrays,
@@ -63,7 +64,7 @@ from trainctl.store.exceptions import (
 from trainctl.store.generation import check_context
 from trainctl.store.hf_config import AnyModelConfig, HfModelConfig
 from trainctl.store.mixtures import check_distinct_names
-from trainctl.store.names import BEST_TAG, LATEST_REF, MAX_NAME_LENGTH
+from trainctl.store.names import BEST_TAG, LATEST_REF, MAX_NAME_LENGTH, NAME_RULE, is_valid_name
 from trainctl.store.plans import (
     BatchPlan,
     BenchmarkPlan,
@@ -189,18 +190,20 @@ def resolve_train(
     data_roots: list[Path],
     checkpoints: CheckpointStore | None = None,
     datasets_dir: Path | None = None,
+    datasets: BucketDatasets | None = None,
     default_trackers: Sequence[Tracker] = (),
     mlflow_configured: bool = False,
 ) -> TrainPlan:
     """The plan of a train request. A resume needs `checkpoints`, to pin the checkpoint; a
-    dataset named by its name needs `datasets_dir`, where prepare runs write them.
+    dataset named by its name needs `datasets_dir`, where prepare runs write them, or
+    `datasets`, the bucket's, when there is one.
     `default_trackers` are the service's (TRAINCTL_TRACKERS), for a request that names none."""
     device = pick_device(request.device, cuda_available)
     profile = TRAIN_PROFILES[device]
     model = _model_plan(request.model, profile)
     if request.data.source in ("stdlib", "text") and model.config.vocab_size < 256:
         raise InvalidRequest("byte-level text needs a vocab_size of at least 256")
-    resolved = _data_plan(request.data, data_roots, datasets_dir)
+    resolved = _data_plan(request.data, data_roots, datasets_dir, datasets)
     data, dataset = resolved.data, resolved.dataset
     for field, pin in resolved.pins:
         _check_vocabulary(
@@ -214,7 +217,7 @@ def resolve_train(
     for field, arrays in resolved.arrays:
         check_enough_tokens(arrays, data.val_fraction, geometry.seq_len, field)
     if request.sample_every is not None:
-        _check_samples(request, data, resolved.tokenizer_pin, model.config)
+        _check_samples(request, data, resolved.tokenizer_pin, model.config, datasets)
     checkpoint_every = request.checkpoint_every or max(request.steps // 10, 1)
     tokenizer = data_tokenizer(data, resolved.tokenizer_pin)
     if request.evals is not None:
@@ -272,6 +275,7 @@ def resolve_validate(
     data_roots: list[Path],
     checkpoints: CheckpointStore,
     datasets_dir: Path | None = None,
+    datasets: BucketDatasets | None = None,
 ) -> ValidatePlan:
     """Pins 'latest', 'best' or 'exp/tag' to one checkpoint now, and takes its model; the
     data must be encoded with the tokenizer the checkpoint was trained with."""
@@ -283,7 +287,7 @@ def resolve_validate(
         raise InvalidRequest(
             f"seq_len {seq_len} is above the checkpoint model's max_seq_len {config.max_seq_len}"
         )
-    resolved = _data_plan(request.data, data_roots, datasets_dir)
+    resolved = _data_plan(request.data, data_roots, datasets_dir, datasets)
     data, dataset = resolved.data, resolved.dataset  # one source: ValidateOptions' rule
     for field, arrays in resolved.arrays:
         check_enough_tokens(arrays, data.val_fraction, seq_len, field, validation_only=True)
@@ -307,11 +311,22 @@ def resolve_validate(
 
 
 def resolve_prepare(
-    request: PrepareRequest, *, data_roots: list[Path], datasets_dir: Path
+    request: PrepareRequest,
+    *,
+    data_roots: list[Path],
+    datasets_dir: Path,
+    datasets: BucketDatasets | None = None,
 ) -> PreparePlan:
-    """Inputs and tokenizer confined to the roots, the output a new folder of `datasets_dir`."""
-    output = Path(os.path.realpath(datasets_dir)) / request.name
-    if os.path.lexists(output):
+    """Inputs and tokenizer confined to the roots, the output a new folder of `datasets_dir`,
+    or a new dataset of the bucket's `datasets` when there is one."""
+    output = str(Path(os.path.realpath(datasets_dir)) / request.name)
+    if datasets is not None:
+        output = datasets.describe(request.name)
+        if datasets.exists(request.name):
+            raise DatasetExists(
+                f"name: {datasets.describe()} already has a {request.name!r}; choose another name"
+            )
+    elif os.path.lexists(output):
         raise DatasetExists(
             f"name: the data dir's datasets/ already has a {request.name!r}; choose another "
             "name, or remove that folder first"
@@ -323,7 +338,7 @@ def resolve_prepare(
         name=request.name,
         inputs=[str(p) for p in inputs],
         tokenizer=_tokenizer_file(request.tokenizer, data_roots),
-        output=str(output),
+        output=output,
     )
 
 
@@ -395,10 +410,14 @@ def resolve_export(
 
 
 def _check_samples(
-    request: TrainRequest, data: DataSpec, dataset: DatasetPin | None, config: AnyModelConfig
+    request: TrainRequest,
+    data: DataSpec,
+    dataset: DatasetPin | None,
+    config: AnyModelConfig,
+    bucket: BucketDatasets | None,
 ) -> None:
     """Samples need text in and out, and each prompt with its completion must fit the model."""
-    codec = data_codec(data, dataset)
+    codec = data_codec(data, dataset, bucket)
     if codec is None:
         raise InvalidRequest(
             f"sample_every: the tokens of data source {data.source!r} come from no known "
@@ -415,13 +434,20 @@ def _check_samples(
             raise InvalidRequest(f"sample_prompts[{i}]: {exc}") from None
 
 
-def data_codec(data: DataSpec, dataset: DatasetPin | None) -> TextCodec | None:
-    """The text codec of a run's data: its dataset's tokenizer, bytes for byte-level text,
-    None where unknown."""
+def data_codec(
+    data: DataSpec, dataset: DatasetPin | None, bucket: BucketDatasets | None = None
+) -> TextCodec | None:
+    """The text codec of a run's data: its dataset's tokenizer (in its folder, or in the
+    `bucket` when the pin names a dataset there), bytes for byte-level text, None where
+    unknown."""
     tokenizer_json = None
     if dataset is not None and dataset.tokenizer.kind == "bpe":
+        name = bucket.name_of(dataset.folder) if bucket is not None else None
         try:
-            tokenizer_json = read_tokenizer_file(Path(dataset.folder) / TOKENIZER_FILE)
+            if name is not None and bucket is not None:
+                tokenizer_json = bucket.tokenizer(name)
+            else:
+                tokenizer_json = read_tokenizer_file(Path(dataset.folder) / TOKENIZER_FILE)
         except DataError as exc:
             raise InvalidRequest(f"data.dataset: {exc}") from None
     try:
@@ -586,18 +612,20 @@ class ResolvedData(NamedTuple):
         return self.pins[0][1] if self.pins else None
 
 
-def _data_plan(data: DataSpec, roots: list[Path], datasets_dir: Path | None) -> ResolvedData:
+def _data_plan(
+    data: DataSpec, roots: list[Path], datasets_dir: Path | None, bucket: BucketDatasets | None
+) -> ResolvedData:
     if data.source == "mixture":
-        return _mixture_plan(data, roots, datasets_dir)
+        return _mixture_plan(data, roots, datasets_dir, bucket)
     if data.source != "dataset":
         resolved = resolve_data(data, roots)
         arrays = _file_arrays(resolved)
         return ResolvedData(resolved, None, [], [], [] if arrays is None else [("data", arrays)])
     assert data.dataset is not None  # DataSpec's rule
-    folder, pin, arrays = _pin_dataset(data.dataset, "data.dataset", roots, datasets_dir)
+    folder, pin, arrays = _pin_dataset(data.dataset, "data.dataset", roots, datasets_dir, bucket)
     field = f"data.dataset {data.dataset!r}"
     return ResolvedData(
-        data.model_copy(update={"dataset": str(folder)}),
+        data.model_copy(update={"dataset": folder}),
         pin,
         [],
         [(field, pin)],
@@ -605,17 +633,19 @@ def _data_plan(data: DataSpec, roots: list[Path], datasets_dir: Path | None) -> 
     )
 
 
-def _mixture_plan(data: DataSpec, roots: list[Path], datasets_dir: Path | None) -> ResolvedData:
+def _mixture_plan(
+    data: DataSpec, roots: list[Path], datasets_dir: Path | None, bucket: BucketDatasets | None
+) -> ResolvedData:
     """Each dataset of a mixture read and pinned as data.dataset's is; they must be distinct
     datasets of one tokenizer (docs/architecture.md, "Data mixtures")."""
     assert data.mixture is not None  # DataSpec's rule
     paths = [f"data.mixture[{i}].dataset" for i in range(len(data.mixture))]
     fields = [f"{path} {s.dataset!r}" for path, s in zip(paths, data.mixture, strict=True)]
     pinned = [
-        _pin_dataset(s.dataset, path, roots, datasets_dir)
+        _pin_dataset(s.dataset, path, roots, datasets_dir, bucket)
         for s, path in zip(data.mixture, paths, strict=True)
     ]
-    folders = [str(folder) for folder, _, _ in pinned]
+    folders = [folder for folder, _, _ in pinned]
     check_distinct_names(fields, folders)
     pins = [pin for _, pin, _ in pinned]
     first = pins[0].tokenizer.id
@@ -641,12 +671,19 @@ def _mixture_plan(data: DataSpec, roots: list[Path], datasets_dir: Path | None) 
 
 
 def _pin_dataset(
-    ref: str, path: str, roots: list[Path], datasets_dir: Path | None
-) -> tuple[Path, DatasetPin, TokenArrays]:
-    """The real folder of the dataset `ref` (the request's field `path`) names, read and
-    pinned, and its arrays' tokens."""
-    folder = dataset_folder(ref, roots, datasets_dir, path)
+    ref: str,
+    path: str,
+    roots: list[Path],
+    datasets_dir: Path | None,
+    bucket: BucketDatasets | None = None,
+) -> tuple[str, DatasetPin, TokenArrays]:
+    """The real folder of the dataset `ref` (the request's field `path`) names, or its URL
+    in the bucket, read and pinned, and its arrays' tokens."""
     field = f"{path} {ref!r}"
+    name = bucket.name_of(ref) if bucket is not None else None
+    if bucket is not None and name is not None:
+        return _pin_bucket_dataset(bucket, name, path, field)
+    folder = dataset_folder(ref, roots, datasets_dir, path)
     if not is_dataset(folder):
         raise InvalidRequest(
             f"{field} has no {DATASET_FILE}: not a prepared dataset, or its prepare has not "
@@ -663,7 +700,31 @@ def _pin_dataset(
             f"{field}: its {tokenizer.name} is not the one its {DATASET_FILE} records (sha256 "
             "differs): the shards may not be its tokens; prepare it again"
         )
-    return folder, DatasetPin.of(found), dataset_arrays(found, field)
+    return str(folder), DatasetPin.of(found), dataset_arrays(found, field)
+
+
+def _pin_bucket_dataset(
+    bucket: BucketDatasets, name: str, path: str, field: str
+) -> tuple[str, DatasetPin, TokenArrays]:
+    """A dataset of the bucket read from its manifest and dataset.json alone: the manifest
+    lists each shard's size (its tokens) and the tokenizer's sha256, and the worker's cache
+    checks its downloads against the same manifest."""
+    if not is_valid_name(name):
+        raise InvalidRequest(f"{path}: {name!r} is not a dataset name ({NAME_RULE})")
+    try:
+        listed = bucket.read(name)
+        arrays = listed.token_arrays()
+    except DataError as exc:
+        raise InvalidRequest(f"{field}: {exc}") from None
+    found = listed.dataset
+    if found.tokenizer.kind == "bpe" and (
+        listed.files.get(TOKENIZER_FILE, (0, None))[1] != found.tokenizer.sha256
+    ):
+        raise InvalidRequest(
+            f"{field}: its {TOKENIZER_FILE} is not the one its {DATASET_FILE} records (sha256 "
+            "differs): the shards may not be its tokens; prepare it again"
+        )
+    return found.where, DatasetPin.of(found), arrays
 
 
 def _file_arrays(data: DataSpec) -> TokenArrays | None:
@@ -827,6 +888,8 @@ class SubmitContext:
     """Whether runs can get a CUDA device; asked only by kinds that run a model, once."""
     default_trackers: Sequence[Tracker] = ()
     mlflow_configured: bool = False
+    datasets: BucketDatasets | None = None
+    """The bucket's prepared datasets (TRAINCTL_STORAGE_URL); None: `datasets_dir`'s."""
 
     @cached_property
     def cuda_available(self) -> bool:
@@ -840,6 +903,7 @@ def plan_train(request: TrainRequest, ctx: SubmitContext) -> TrainPlan:
         data_roots=ctx.data_roots,
         checkpoints=ctx.checkpoints,
         datasets_dir=ctx.datasets_dir,
+        datasets=ctx.datasets,
         default_trackers=ctx.default_trackers,
         mlflow_configured=ctx.mlflow_configured,
     )
@@ -852,6 +916,7 @@ def plan_validate(request: ValidateRequest, ctx: SubmitContext) -> ValidatePlan:
         data_roots=ctx.data_roots,
         checkpoints=ctx.checkpoints,
         datasets_dir=ctx.datasets_dir,
+        datasets=ctx.datasets,
     )
 
 
@@ -860,7 +925,9 @@ def plan_benchmark(request: BenchmarkRequest, ctx: SubmitContext) -> BenchmarkPl
 
 
 def plan_prepare(request: PrepareRequest, ctx: SubmitContext) -> PreparePlan:
-    plan = resolve_prepare(request, data_roots=ctx.data_roots, datasets_dir=ctx.datasets_dir)
+    plan = resolve_prepare(
+        request, data_roots=ctx.data_roots, datasets_dir=ctx.datasets_dir, datasets=ctx.datasets
+    )
     refuse_a_second_prepare(ctx.runs, plan.name)
     return plan
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from trainctl.store.data.bucket import BucketDatasets
 from trainctl.store.data.datasets import (
     TOKENIZER_FILE,
     Dataset,
@@ -30,9 +31,22 @@ from trainctl.store.plans import DatasetPin, data_tokenizer
 from trainctl.store.specs import DataSpec
 
 
-def open_dataset(pin: DatasetPin) -> Dataset:
-    """The pinned dataset, provided its dataset.json still says what it said at submit."""
-    dataset = read_dataset(Path(pin.folder))
+def open_dataset(pin: DatasetPin, bucket: BucketDatasets | None = None) -> Dataset:
+    """The pinned dataset, provided its dataset.json still says what it said at submit: a
+    folder of this node, or (its pin a URL) a dataset of the `bucket`, downloaded into the
+    cache and held open while it is read."""
+    name = bucket.name_of(pin.folder) if bucket is not None else None
+    if "://" in pin.folder and name is None:
+        raise DataError(
+            f"dataset {pin.folder} is in a bucket, and this worker reads "
+            f"{bucket.describe() if bucket else 'no bucket (TRAINCTL_STORAGE_URL is unset)'}; "
+            "give the worker the service's TRAINCTL_STORAGE_URL"
+        )
+    if name is None:
+        dataset = read_dataset(Path(pin.folder))
+    else:
+        assert bucket is not None  # a name is only ever found in a bucket
+        dataset = bucket.fetch(name)
     if DatasetPin.of(dataset) != pin:
         raise DataError(
             f"dataset {pin.folder} was prepared again since the run was submitted (its "
@@ -67,7 +81,10 @@ class DataRecord:
 
 
 def build_data_record(
-    data: DataSpec, dataset: DatasetPin | None, mixture: Sequence[DatasetPin] = ()
+    data: DataSpec,
+    dataset: DatasetPin | None,
+    mixture: Sequence[DatasetPin] = (),
+    bucket: BucketDatasets | None = None,
 ) -> DataRecord:
     """A mixture's datasets share one tokenizer (checked at submit): its first's is saved,
     and the metadata lists each one's identity (`datasets`)."""
@@ -76,8 +93,12 @@ def build_data_record(
         known = data_tokenizer(data, None) is not None  # byte-level text
         tokenizer = asdict(TokenizerRef("bytes")) if known else None
         return DataRecord({"dataset": None, "tokenizer": tokenizer})
-    found = [open_dataset(pin) for pin in pins]
-    tokenizer_file = read_tokenizer(found[0])
+    found = [open_dataset(pin, bucket) for pin in pins]
+    try:
+        tokenizer_file = read_tokenizer(found[0])
+    finally:
+        for f in found:
+            f.close()
     metadata: dict[str, Any] = {
         "dataset": found[0].identity() if dataset is not None else None,
         "tokenizer": asdict(found[0].tokenizer),

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from trainctl.store.checkpoints.factory import Stores
 from trainctl.store.checkpoints.info import check_fits
 from trainctl.store.checkpoints.protection import ProtectionPolicy
+from trainctl.store.data.bucket import BucketDatasets
 from trainctl.store.data.prepare import PrepareStopped
 from trainctl.store.db.rows import UNREADABLE
 from trainctl.store.db.scores import checkpoint_results
@@ -181,13 +182,13 @@ def execute_benchmark(ctx: RunContext, env: WorkerEnv) -> Outcome:
     return Outcome("succeeded", result)
 
 
-def validation_batches(plan: ValidatePlan) -> list[Any]:
+def validation_batches(plan: ValidatePlan, bucket: BucketDatasets | None = None) -> list[Any]:
     data, vocab_size = plan.data, plan.model.vocab_size
     if data.source == "synthetic":
         sampler: Any = SyntheticSampler(plan.batch_size, plan.seq_len, vocab_size, data.seed)
     else:
         # Same held-out data a train run on this source validates on.
-        _, val_arrays = build_token_arrays(data, plan.dataset)
+        _, val_arrays = build_token_arrays(data, plan.dataset, bucket)
         sampler = TokenSampler(val_arrays, plan.batch_size, plan.seq_len, seed=data.seed + 1)
     return [sampler.batch(i) for i in range(plan.num_batches)]
 
@@ -203,7 +204,7 @@ def execute_validate(ctx: RunContext, env: WorkerEnv) -> Outcome:
     load_checkpoint(model, None, None, store.entry(ref.experiment, ref.tag), device=device)
     shape = validate_forward_shape(model, device=device)
     autocast = torch.bfloat16 if device.type == "cuda" else None
-    batches = validation_batches(plan)
+    batches = validation_batches(plan, env.stores.datasets)
     val = compute_validation_loss(model, batches=batches, device=device, autocast_dtype=autocast)
     metrics = val_metrics(val, bytes_per_token(plan.data, plan.dataset))
     ctx.metrics({"kind": "val", **metrics})
@@ -270,7 +271,7 @@ def execute_prepare(ctx: RunContext, env: WorkerEnv) -> Outcome:
     plan = read_plan(ctx, PreparePlan)
     ctx.log(f"preparing dataset {plan.name} from {len(plan.inputs)} input files")
     try:
-        result = prepare(plan, ctx)
+        result = prepare(plan, ctx, env.stores)
     except PrepareStopped:
         return stopped_outcome(ctx, {"dataset": plan.name})  # nothing of it is left
     return Outcome("succeeded", result)

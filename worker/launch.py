@@ -420,7 +420,8 @@ def train_rank(
     stop = AgreedStop(rank_stop(ctx, workdir / STOP_FILE), device or torch.device("cpu"))
     cache = job.get("cache_dir")
     layout = DataLayout(Path(job["data_dir"]), job.get("storage_url"), cache and Path(cache))
-    store = open_stores(layout, runs).checkpoints
+    stores = open_stores(layout, runs)
+    store = stores.checkpoints
     policy = ProtectionPolicy(runs, store)
     evals = CheckpointEvals(plan, ctx, store, layout) if ctx else None
     trainer = RankTrainer(
@@ -437,6 +438,7 @@ def train_rank(
         protected=policy.asker(plan.experiment),
         before_commit=ctx.confirm_lease if ctx else None,
         after_commit=evals,
+        datasets=stores.datasets,
     )
     result = trainer.run() | {"stop_reason": stop.reason}
     if evals is not None and plan.evals is not None:

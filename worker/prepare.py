@@ -13,6 +13,11 @@ stalled one whose lease was lost never writes into the folder of the attempt tha
 it; the rename waits for the lease to be confirmed. A folder `<name>` is therefore always a
 finished dataset, and the log records its publication, so an attempt that finds it published
 by its predecessor (which died just after the rename) reports it instead of failing.
+
+With a bucket (TRAINCTL_STORAGE_URL; the plan's output is then the dataset's URL there), the
+attempt prepares into the same staging folder of this worker's data dir and publishes by
+uploading it (`store.data.bucket`), the manifest last, in place of the rename; the staging
+folder goes once it is up. Nothing of a dataset in a bucket is left on the node.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ import math
 import os
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from trainctl.store.checkpoints.factory import Stores
 from trainctl.store.data.datasets import Dataset, read_dataset
 from trainctl.store.data.prepare import PrepareProgress, prepare_dataset
 from trainctl.store.data.shards import DataError
@@ -38,9 +45,11 @@ PROGRESS_EVENT_SECONDS = 5.0
 """A prepare reports twice a second; an hours-long one would fill the event log."""
 
 
-def prepare(plan: PreparePlan, ctx: RunContext) -> dict[str, Any]:
+def prepare(plan: PreparePlan, ctx: RunContext, stores: Stores) -> dict[str, Any]:
     """Prepare and publish the plan's dataset; its summary. Raises PrepareStopped (nothing
     of the attempt left) when the run is asked to stop."""
+    if "://" in plan.output:
+        return prepare_to_bucket(plan, ctx, stores)
     out = Path(plan.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     sweep_attempts(out, ctx)
@@ -63,6 +72,45 @@ def prepare(plan: PreparePlan, ctx: RunContext) -> dict[str, Any]:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return summary(read_dataset(out), plan.name, seconds=events.seconds)
+
+
+def prepare_to_bucket(plan: PreparePlan, ctx: RunContext, stores: Stores) -> dict[str, Any]:
+    """Prepare in this node's data dir, then upload into the bucket of the plan's URL."""
+    bucket = stores.datasets
+    if bucket is None or bucket.name_of(plan.output) != plan.name:
+        raise DataError(
+            f"dataset {plan.output} goes into a bucket, and this worker writes into "
+            f"{bucket.describe() if bucket else 'no bucket (TRAINCTL_STORAGE_URL is unset)'}; "
+            "give the worker the service's TRAINCTL_STORAGE_URL"
+        )
+    local = stores.layout.datasets / plan.name  # the staging folders' place, never published
+    local.parent.mkdir(parents=True, exist_ok=True)
+    sweep_attempts(local, ctx)
+    if bucket.exists(plan.name):
+        if published_by(ctx, plan.output):
+            ctx.log(f"dataset {plan.name} was published by an earlier attempt of this run")
+            return summary(bucket.read(plan.name).dataset, plan.name, seconds=0.0)
+        raise DataError(
+            f"{bucket.describe()} has a {plan.name!r} that this run did not make (another "
+            "prepare since this one was submitted?); prepare under another name"
+        )
+    staging = local.parent / f"{STAGING_PREFIX}{plan.name}-{ctx.run.id}-{ctx.attempt}"
+    os.mkdir(staging)  # as `prepare`'s: fails on anything planted at its name
+    try:
+        events = prepare_into(staging, plan, ctx)
+        ctx.confirm_lease()
+        try:
+            bucket.publish(staging, plan.name)
+        except FileExistsError:
+            raise DataError(
+                f"cannot publish dataset {plan.name}: {bucket.describe()} has one of that name "
+                "now, made since this run was submitted"
+            ) from None
+        ctx.log(f"published dataset {plan.name}", published=plan.output)
+        done = replace(read_dataset(staging), location=plan.output)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return summary(done, plan.name, seconds=events.seconds)
 
 
 def prepare_into(staging: Path, plan: PreparePlan, ctx: RunContext) -> ProgressEvents:
@@ -104,7 +152,7 @@ def publish(staging: Path, out: Path, ctx: RunContext) -> None:
     ctx.log(f"published dataset {out.name}", published=str(out))
 
 
-def published_by(ctx: RunContext, out: Path) -> bool:
+def published_by(ctx: RunContext, out: Path | str) -> bool:
     """Whether an earlier attempt of this run published `out` (its log says so)."""
     logs = ctx.runs.events(ctx.run.id, type="log", limit=10_000)
     return any(e.data.get("published") == str(out) for e in logs)
@@ -170,7 +218,7 @@ def summary(dataset: Dataset, name: str, seconds: float) -> dict[str, Any]:
     tokens = train.tokens + val.tokens
     return {
         "dataset": name,
-        "folder": str(dataset.folder),
+        "folder": dataset.where,
         "tokenizer": dataset.tokenizer.kind,
         "tokenizer_sha256": dataset.tokenizer.sha256,
         "vocab_size": dataset.vocab_size,

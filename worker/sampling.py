@@ -18,6 +18,7 @@ import torch
 
 from trainctl.store.checkpoints.info import check_fits
 from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.data.bucket import BucketDatasets
 from trainctl.store.data.codec import TextCodec
 from trainctl.store.generation import GenerationSettings
 from trainctl.store.plans import SamplePlan, TrainPlan
@@ -126,8 +127,8 @@ class TrainingSamples:
     """A train run's samples: its prompts continued by the model as it trains, with the same
     seed every time, so that two samples differ only because the model does."""
 
-    def __init__(self, plan: TrainPlan, every: int) -> None:
-        codec = data_codec(plan.data, plan.tokenizer_dataset)
+    def __init__(self, plan: TrainPlan, every: int, bucket: BucketDatasets | None = None) -> None:
+        codec = data_codec(plan.data, plan.tokenizer_dataset, bucket)
         assert codec is not None, "submit refuses samples of data without a known tokenizer"
         self.codec, self.every = codec, every
         self.prompts, self.settings = plan.sample_prompts, plan.sample_settings

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from trainctl.store.checkpoints.store import CheckpointStore, Protected
+from trainctl.store.data.bucket import BucketDatasets
 from trainctl.store.data.datasets import bits_per_byte
 from trainctl.store.exceptions import CheckpointNotFound
 from trainctl.store.mixtures import (
@@ -101,13 +103,15 @@ class TrainState:
 
 
 def build_token_arrays(
-    d: DataSpec, dataset: DatasetPin | None = None
+    d: DataSpec, dataset: DatasetPin | None = None, bucket: BucketDatasets | None = None
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(train arrays, validation arrays) for the real-data sources; a dataset's is pinned
-    (each of a mixture's is read alone, as `dataset`)."""
+    (each of a mixture's is read alone, as `dataset`), and read from the `bucket` when its
+    pin is a URL there."""
     if dataset is not None:
         assert d.source in ("dataset", "mixture"), "only datasets are pinned"
-        train, val = dataset_arrays(open_dataset(dataset))
+        with closing(open_dataset(dataset, bucket)) as found:  # its shards stay mapped
+            train, val = dataset_arrays(found)
     elif d.source == "shards":
         train = [read_shard(p) for p in expand_paths(d.paths)]
         val = [read_shard(p) for p in expand_paths(d.val_paths)]
@@ -121,7 +125,9 @@ def build_token_arrays(
     return train, val
 
 
-def build_data(plan: TrainPlan) -> tuple[Sampler, list[Batch]]:
+def build_data(
+    plan: TrainPlan, bucket: BucketDatasets | None = None
+) -> tuple[Sampler, list[Batch]]:
     b, d, vocab_size = plan.batch, plan.data, plan.model.config.vocab_size
     if d.source == "synthetic":
         val = SyntheticSampler(b.micro_batch_size, b.seq_len, vocab_size, seed=d.seed + 1)
@@ -132,9 +138,9 @@ def build_data(plan: TrainPlan) -> tuple[Sampler, list[Batch]]:
     sampler: TokenSampler | MixtureSampler
     val_sampler: TokenSampler | MixtureSampler
     if d.source == "mixture":
-        sampler, val_sampler = build_mixture(plan)
+        sampler, val_sampler = build_mixture(plan, bucket)
     else:
-        train_arrays, val_arrays = build_token_arrays(d, plan.dataset)
+        train_arrays, val_arrays = build_token_arrays(d, plan.dataset, bucket)
         sampler = TokenSampler(train_arrays, b.micro_batch_size, b.seq_len, seed=d.seed)
         # Validation always reads the same windows, so losses are comparable across
         # evaluations.
@@ -146,12 +152,14 @@ def build_data(plan: TrainPlan) -> tuple[Sampler, list[Batch]]:
     return sampler, [val_sampler.batch(i) for i in range(plan.val_batches)]
 
 
-def build_mixture(plan: TrainPlan) -> tuple[MixtureSampler, MixtureSampler]:
+def build_mixture(
+    plan: TrainPlan, bucket: BucketDatasets | None = None
+) -> tuple[MixtureSampler, MixtureSampler]:
     """A mixture's training sampler, and its validation sampler: the same mixture, by the same
     weights, of its datasets' val splits (seed + 1), so the validation loss is the loss on
     the distribution the run trains on."""
     b, d = plan.batch, plan.data
-    splits = [build_token_arrays(d, pin) for pin in plan.datasets]
+    splits = [build_token_arrays(d, pin, bucket) for pin in plan.datasets]
     weights = d.mixture_weights()
 
     def mixture(split: int, seed: int) -> MixtureSampler:
@@ -360,6 +368,7 @@ class Trainer:
         before_commit: Callable[[], None] | None = None,
         after_commit: Callable[[str, int], None] | None = None,
         ranks: Ranks | None = None,
+        datasets: BucketDatasets | None = None,
     ) -> None:
         self.plan, self.run_id = plan, run_id
         self.before_commit = before_commit
@@ -374,8 +383,9 @@ class Trainer:
         self.on_sample = on_sample or (lambda m: None)
         self.should_stop = should_stop or (lambda: False)
         self.protected = protected or (lambda: frozenset())
-        self.parts = build_training(plan, *build_data(plan), total_steps=plan.steps, ranks=ranks)
-        self.data_record = build_data_record(plan.data, plan.dataset, plan.datasets)
+        data = build_data(plan, datasets)
+        self.parts = build_training(plan, *data, total_steps=plan.steps, ranks=ranks)
+        self.data_record = build_data_record(plan.data, plan.dataset, plan.datasets, datasets)
         self.bytes_per_token = bytes_per_token(plan.data, plan.dataset, plan.datasets)
         self.state = maybe_resume(self.parts, self.store, plan)
         self.mixture = (
@@ -390,7 +400,7 @@ class Trainer:
         self.checkpointer = self.async_checkpointer
         self.before_update: Callable[[], None] | None = None  # see train_step
         every = plan.sample_every
-        self.samples = TrainingSamples(plan, every) if every is not None else None
+        self.samples = TrainingSamples(plan, every, datasets) if every is not None else None
 
     def save(self, tag: str | None = None) -> None:
         self.write(self.capture(tag))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.data.bucket import BucketDatasets
 from trainctl.store.layout import DataLayout
 
 if TYPE_CHECKING:
@@ -26,12 +27,16 @@ class Stores:
     checkpoints: CheckpointStore
     exports: CheckpointStore
     """Exports live in a store of their own, laid out as checkpoints are ("Exports")."""
+    datasets: BucketDatasets | None = None
+    """The prepared datasets in the bucket, when there is one; None: in the data dir's
+    `datasets/` folder, as ever (`DataLayout.datasets`)."""
 
 
 def open_stores(layout: DataLayout, runs: RunStore | None = None) -> Stores:
     """The checkpoint and export stores of a data dir: on its filesystem, or in the bucket
     of its `storage_url` (``s3://bucket/prefix``) when it has one, whose guard is then a
-    lease in `runs`' database (without `runs`, a lock of this process only)."""
+    lease in `runs`' database (without `runs`, a lock of this process only), and the
+    bucket's prepared datasets beside them."""
     if layout.storage_url is None:
         return Stores(
             layout,
@@ -51,4 +56,6 @@ def open_stores(layout: DataLayout, runs: RunStore | None = None) -> Stores:
             S3Storage(bucket, where, cache_dir=layout.cache, client=client, leases=leases)
         )
 
-    return Stores(layout, in_bucket("checkpoints"), in_bucket("exports"))
+    # Datasets are published once and never replaced: no guard to take, so no lease.
+    datasets = BucketDatasets(S3Storage(bucket, prefix, cache_dir=layout.cache, client=client))
+    return Stores(layout, in_bucket("checkpoints"), in_bucket("exports"), datasets)

@@ -147,6 +147,12 @@ def _check_manifest_shape(where: str, manifest: Any) -> dict[str, Any]:
     return manifest
 
 
+def read_manifest(files: Files) -> dict[str, Any]:
+    """An entry's manifest, its shape checked, without opening the files it lists (where a
+    file is a download, the reader checks it as it fetches it: `s3_cache`)."""
+    return _check_manifest_shape(files.describe(MANIFEST_FILE), read_json(files, MANIFEST_FILE))
+
+
 def verify_manifest(files: Files, *, deep: bool = True) -> dict[str, Any]:
     """Check a checkpoint's files against its manifest; return the manifest.
 
@@ -154,8 +160,7 @@ def verify_manifest(files: Files, *, deep: bool = True) -> dict[str, Any]:
     catches a truncated or half-copied file. Deep also re-hashes, which catches bit rot. A
     listed file that is a link, or a folder reached through one, counts as missing.
     """
-    manifest = read_json(files, MANIFEST_FILE)
-    manifest = _check_manifest_shape(files.describe(MANIFEST_FILE), manifest)
+    manifest = read_manifest(files)
     for entry in manifest["files"]:
         where = files.describe(entry["name"])
         # A vanished file is "missing", not an OSError: the entry may be deleted by a

@@ -46,6 +46,7 @@ from trainctl.store.files import (
     NotRegularFile,
     check_regular,
     describe_mode,
+    descriptor_path,
     make_folder_at,
     open_folder_at,
     open_folders_below,
@@ -92,7 +93,7 @@ class PosixReader(io.BufferedReader):
     def __init__(self, fd: int) -> None:
         super().__init__(io.FileIO(fd, "rb"))
         self.size = os.fstat(fd).st_size
-        self.local_path: str | None = f"/proc/self/fd/{fd}"
+        self.local_path: str | None = descriptor_path(fd)
 
 
 class PosixSink:

@@ -18,17 +18,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from trainctl.store.files import descriptor_path
+
 DOWNLOAD_PREFIX = ".download-"
 
 
 class CachedReader(io.BufferedReader):
-    """A downloaded file, open from the cache: `local_path` names it while it is open. An
-    eviction meanwhile removes the name, never the bytes this reader reads."""
+    """A downloaded file, open from the cache. An eviction meanwhile removes the name, never
+    the bytes this reader reads: `local_path` is its descriptor's entry under /proc (as a
+    POSIX reader's), so a library that maps the file by path maps these bytes even then."""
 
     def __init__(self, path: Path, *, unlink: bool = False) -> None:
         super().__init__(io.FileIO(path, "rb"))
         self.size = os.fstat(self.fileno()).st_size
-        self.local_path: str | None = str(path)
+        self.local_path: str | None = descriptor_path(self.fileno())
         if unlink:  # a download that failed its manifest: served once, never cached
             path.unlink()
             self.local_path = None

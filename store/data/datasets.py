@@ -23,7 +23,7 @@ import json
 import math
 import os
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -84,6 +84,27 @@ class Dataset:
     trainctl_version: str = "unknown"
     created_at: str = ""
     format_version: int = FORMAT_VERSION
+    location: str | None = None
+    """Its name in pins and checkpoints where that is not `folder`: the URL of a dataset in
+    a bucket (`store.data.bucket`), whose files are read from downloads."""
+    paths: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """Where its files are read when not at `folder / name`: a download held open, which an
+    eviction from the cache cannot take away (`store.data.bucket.BucketDatasets.fetch`)."""
+    held: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+    """The open readers behind `paths`: they keep those paths valid until `close`."""
+
+    def close(self) -> None:
+        """Let go of the readers behind `paths` (a shard mapped meanwhile stays mapped)."""
+        for reader in self.held:
+            reader.close()
+
+    @property
+    def where(self) -> str:
+        """The dataset in words, as pins and checkpoints name it: its folder or its URL."""
+        return self.location or str(self.folder)
+
+    def path(self, name: str) -> Path:
+        return Path(self.paths[name]) if name in self.paths else self.folder / name
 
     @property
     def bytes_per_token(self) -> float:
@@ -92,26 +113,31 @@ class Dataset:
         return text / tokens if tokens else 1.0
 
     def shard_paths(self, split: str) -> list[Path]:
-        return [self.folder / name for name in self.splits[split].shards]
+        return [self.path(name) for name in self.splits[split].shards]
 
     @property
     def tokenizer_path(self) -> Path | None:
-        return self.folder / TOKENIZER_FILE if self.tokenizer.kind == "bpe" else None
+        return self.path(TOKENIZER_FILE) if self.tokenizer.kind == "bpe" else None
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint records of the data it was trained on."""
         return {
-            "folder": str(self.folder),
+            "folder": self.where,
             "tokenizer": asdict(self.tokenizer),
             "vocab_size": self.vocab_size,
             "bytes_per_token": self.bytes_per_token,
         }
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("folder")
+        data = asdict(replace(self, paths={}, held=()))  # asdict would copy open readers
+        for key in _NOT_IN_JSON:
+            data.pop(key)
         data["bytes_per_token"] = self.bytes_per_token
         return data
+
+
+_NOT_IN_JSON = ("folder", "location", "paths", "held")
+"""Where a dataset is read from, not what it is: never written into its dataset.json."""
 
 
 def byte_level(folder: Path, splits: dict[str, Split], **rest: Any) -> Dataset:
@@ -175,16 +201,22 @@ def read_dataset(folder: Path) -> Dataset:
         )
     with open_data(path) as f:  # a FIFO there fails, never blocks
         raw = f.read(MAX_DATASET_JSON_BYTES + 1)
+    return parse_dataset(raw, Path(folder), str(path))
+
+
+def parse_dataset(raw: bytes, folder: Path, where: str, **rest: Any) -> Dataset:
+    """The dataset whose dataset.json (at `where`, for messages) holds `raw`; DataError when
+    it is not one. `rest`: where it is read from (`Dataset.location`, `paths`, `held`)."""
     if len(raw) > MAX_DATASET_JSON_BYTES:
-        raise DataError(f"{path}: larger than {MAX_DATASET_JSON_BYTES:,} bytes; not ours")
+        raise DataError(f"{where}: larger than {MAX_DATASET_JSON_BYTES:,} bytes; not ours")
     try:
         data = json.loads(raw)
-        return _dataset(Path(folder), data)
+        return _dataset(folder, data, **rest)
     except (RecursionError, ValueError, TypeError, KeyError) as exc:
-        raise DataError(f"{path}: not a trainctl dataset manifest ({exc!r})") from None
+        raise DataError(f"{where}: not a trainctl dataset manifest ({exc!r})") from None
 
 
-def _dataset(folder: Path, data: dict[str, Any]) -> Dataset:
+def _dataset(folder: Path, data: dict[str, Any], **rest: Any) -> Dataset:
     if data.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"format_version {data.get('format_version')!r}, not {FORMAT_VERSION}")
     tokenizer = TokenizerRef(**data["tokenizer"])
@@ -210,4 +242,5 @@ def _dataset(folder: Path, data: dict[str, Any]) -> Dataset:
         skipped=dict(data.get("skipped", {})),
         trainctl_version=str(data.get("trainctl_version", "unknown")),
         created_at=str(data.get("created_at", "")),
+        **rest,
     )

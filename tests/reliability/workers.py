@@ -24,11 +24,15 @@ class Workers:
     """Worker processes with fixed ids on one data dir, each logging to its own file.
 
     Without `database_url` they share the SQLite file in the data dir, as the embedded
-    default does; with one they share that database, as workers on several hosts do.
+    default does; with one they share that database, as workers on several hosts do. `env`:
+    what their environment adds to this process's (a bucket's settings and credentials).
     """
 
-    def __init__(self, data_dir: Path, database_url: str | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, database_url: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.data_dir, self.database_url = data_dir, database_url
+        self.env = {**os.environ, **env} if env is not None else None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(
@@ -40,7 +44,10 @@ class Workers:
             args += ["--database-url", self.database_url]
         with open(self.log_path(worker_id), "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "trainctl.worker", *args], cwd=REPO, env=env, stderr=log
+                [sys.executable, "-m", "trainctl.worker", *args],
+                cwd=REPO,
+                env=env if env is not None else self.env,
+                stderr=log,
             )
         self.procs[worker_id] = proc
         return proc

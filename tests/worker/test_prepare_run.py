@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.datasets import stdlib_documents, train_tokenizer
+from tests.s3server import S3Server
 from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.data.datasets import TOKENIZER_FILE, read_dataset
 from trainctl.store.data.shards import DataError
@@ -175,3 +176,41 @@ def test_a_strict_prepare_fails_on_a_bad_line_and_leaves_nothing(
         execute_prepare(context(runs, run), WorkerEnv(open_stores(DataLayout(tmp_path))))
 
     assert leftovers(tmp_path) == []
+
+
+def test_a_prepare_into_a_bucket_uploads_its_dataset_and_a_retry_reports_it(
+    runs: RunStore,
+    tmp_path: Path,
+    root: Path,
+    s3_server: S3Server,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in {
+        "AWS_ENDPOINT_URL": s3_server.endpoint,
+        "AWS_ACCESS_KEY_ID": s3_server.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    url = f"s3://{s3_server.new_bucket()}/fleet"
+    env = WorkerEnv(open_stores(DataLayout(tmp_path / "data", url, tmp_path / "cache")))
+    assert env.stores.datasets is not None
+    request = PrepareRequest(name="code", inputs=["corpus"], tokenizer="tok", workers=1)
+    planned = resolve_prepare(
+        request, data_roots=[root], datasets_dir=datasets(tmp_path), datasets=env.stores.datasets
+    )
+    first = claim(runs, planned)
+
+    published = execute_prepare(context(runs, first), env)
+
+    assert published.state == "succeeded" and published.result is not None
+    assert published.result["folder"] == f"{url}/datasets/code"
+    assert leftovers(tmp_path) == []  # prepared on this node's disk, and nothing left there
+    listed = env.stores.datasets.read("code")
+    assert listed.dataset.splits["train"].tokens == published.result["train_tokens"] > 0
+    runs.fail_worker_runs(WORKER, "worker died before it reported the run")
+    retried = runs.claim(WORKER, lease_seconds=60)
+    assert retried is not None
+    outcome = execute_prepare(context(runs, retried), env)
+    assert outcome.state == "succeeded" and outcome.result is not None
+    assert outcome.result["tokens"] == published.result["tokens"]
