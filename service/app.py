@@ -44,6 +44,8 @@ from trainctl.service.sse import EventFeed
 from trainctl.service.supervisor import Supervisor, default_worker_count
 from trainctl.service.webhooks.dispatcher import DispatchConfig, Dispatcher
 from trainctl.store.checkpoints.factory import open_stores
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.data.bucket import BucketDatasets
 from trainctl.store.db.runs import RunStore
 from trainctl.store.db.tokens import TokenStore
 from trainctl.store.db.webhooks import WebhookStore
@@ -86,12 +88,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store.create_all()
         stores = open_stores(settings.layout, store)
         ckpts, exports = stores.checkpoints, stores.exports
-        # Before any worker starts: a staging folder now is a save (or an export) that died
-        # with its worker.
-        for folders in (ckpts, exports):
+        # Before any worker starts: a staging folder now is a save (or an export, or a
+        # prepare's upload to the bucket) that died with its worker.
+        sweepable: list[CheckpointStore | BucketDatasets] = [ckpts, exports]
+        if stores.datasets is not None:
+            sweepable.append(stores.datasets)
+        for folders in sweepable:
             try:
                 for experiment, name in folders.cleanup():
-                    where = folders.describe(experiment, name)
+                    where = folders.storage.describe(experiment, name)
                     log.warning("cleaned up %s (left by an interrupted save or delete)", where)
             except StorageUnavailable as exc:
                 # A bucket that is down or refuses us now: the service still starts, its

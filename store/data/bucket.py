@@ -28,6 +28,7 @@ import numpy as np
 
 from trainctl.store.checkpoints.manifests import read_manifest
 from trainctl.store.checkpoints.storage import Entry, Storage
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.checkpoints.writer import CheckpointWriter
 from trainctl.store.data.contents import TokenArrays
 from trainctl.store.data.datasets import (
@@ -94,6 +95,12 @@ class BucketDatasets:
     def exists(self, name: str) -> bool:
         return self.storage.exists(DATASETS, name)
 
+    def cleanup(self) -> list[tuple[str, str]]:
+        """What prepares killed mid-upload left (files no manifest names, unfinished
+        multipart uploads), swept as the checkpoint store sweeps its own: at start, before
+        workers run. Returns (experiment, the storage's name for it), as that does."""
+        return CheckpointStore(self.storage).cleanup(DATASETS)
+
     def publish(self, folder: Path, name: str) -> None:
         """Upload the finished dataset in `folder` as `name`, its manifest last; FileExistsError
         when `name` is published already (a dataset is never replaced under its pins)."""
@@ -135,7 +142,8 @@ class BucketDatasets:
             with entry.open(TOKENIZER_FILE) as f:
                 data = f.read(MAX_TOKENIZER_BYTES + 1)
         except FileNotFoundError:
-            raise DataError(f"{entry.describe(TOKENIZER_FILE)}: missing; prepare it again") from None
+            where = entry.describe(TOKENIZER_FILE)
+            raise DataError(f"{where}: missing; prepare it again") from None
         if len(data) > MAX_TOKENIZER_BYTES:
             raise DataError(f"{entry.describe(TOKENIZER_FILE)}: too large for a tokenizer.json")
         return data

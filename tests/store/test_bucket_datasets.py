@@ -138,3 +138,21 @@ def test_a_prepare_into_the_bucket_is_planned_under_its_url_and_never_twice(
         resolve_prepare(request, data_roots=roots, datasets_dir=tmp_path, datasets=datasets)
     with pytest.raises(FileExistsError):
         datasets.publish(local.folder, "code")
+
+
+def test_a_prepare_killed_mid_upload_leaves_nothing_the_start_up_sweep_keeps(
+    s3_server: S3Server, bucket: str, local: Dataset, tmp_path: Path
+) -> None:
+    killed = shelf(s3_server, bucket, tmp_path / "prepare-node")
+    staged = killed.storage.stage("datasets", "code")
+    sink = staged.create("train_000000.bin")
+    sink.write(b"x" * 1024)
+    sink.close()  # one file up, then the node died
+    assert not killed.exists("code")
+    # The service's start (service/app.py) sweeps the bucket's datasets with the checkpoints:
+    # a stage nothing is writing any more (stale_after 0: another node's, long dead).
+    service = shelf(s3_server, bucket, tmp_path / "service", stale_after=0.0)
+    assert [name for _, name in service.cleanup()] != []
+    assert not [k for k in keys(s3_server, bucket) if "/datasets/code/" in k]
+    service.publish(local.folder, "code")  # the name is free: the killed prepare never took it
+    assert service.exists("code")
