@@ -176,3 +176,13 @@ def verify_manifest(files: Files, *, deep: bool = True) -> dict[str, Any]:
         except FileNotFoundError:
             raise CheckpointCorrupt(f"{where}: listed in the manifest but missing") from None
     return manifest
+
+
+def is_complete(files: Files) -> bool:
+    """Whether an entry's files make a complete one (`storage.Complete`): what a cleanup asks
+    before it puts back an entry an interrupted commit left aside."""
+    try:
+        verify_manifest(files, deep=False)
+    except CheckpointCorrupt:
+        return False
+    return True

@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 
 from trainctl.store.checkpoints.consolidate import ConsolidatedModel, consolidate
 from trainctl.store.checkpoints.info import CheckpointInfo, PruneOutcome, read_info
-from trainctl.store.checkpoints.manifests import MANIFEST_FILE, verify_manifest
-from trainctl.store.checkpoints.storage import Entry, Files, Reader, Storage
+from trainctl.store.checkpoints.manifests import MANIFEST_FILE, is_complete
+from trainctl.store.checkpoints.storage import Entry, Reader, Storage
 from trainctl.store.checkpoints.writer import CheckpointWriter
 from trainctl.store.exceptions import (
     CheckpointCorrupt,
@@ -52,14 +52,6 @@ IN_USE = "in use by a queued or running run"
 
 def _spared(protected: Protection) -> Protected:
     return protected() if callable(protected) else protected
-
-
-def _is_complete(files: Files) -> bool:
-    try:
-        verify_manifest(files, deep=False)
-    except CheckpointCorrupt:
-        return False
-    return True
 
 
 _reported: dict[str, tuple[float | None, str]] = {}
@@ -138,7 +130,7 @@ class CheckpointStore:
         """
         if experiment is not None:
             validate_name("experiment", experiment)
-        return self.storage.cleanup(experiment, _is_complete)
+        return self.storage.cleanup(experiment, is_complete)
 
     # --- reading ---
 

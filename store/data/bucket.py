@@ -26,9 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from trainctl.store.checkpoints.manifests import read_manifest
+from trainctl.store.checkpoints.manifests import is_complete, read_manifest
 from trainctl.store.checkpoints.storage import Entry, Storage
-from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.checkpoints.writer import CheckpointWriter
 from trainctl.store.data.contents import TokenArrays
 from trainctl.store.data.datasets import (
@@ -99,7 +98,7 @@ class BucketDatasets:
         """What prepares killed mid-upload left (files no manifest names, unfinished
         multipart uploads), swept as the checkpoint store sweeps its own: at start, before
         workers run. Returns (experiment, the storage's name for it), as that does."""
-        return CheckpointStore(self.storage).cleanup(DATASETS)
+        return self.storage.cleanup(DATASETS, is_complete)
 
     def publish(self, folder: Path, name: str) -> None:
         """Upload the finished dataset in `folder` as `name`, its manifest last; FileExistsError
