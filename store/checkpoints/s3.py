@@ -295,6 +295,27 @@ class S3Storage:
             cached, lambda out: self._download(key, out), listed(committed.data, name)
         )
 
+    def url(self, experiment: str, tag: str, name: str, expires: int) -> str | None:
+        """A presigned GET of the file in the generation the tag's manifest names (pinned
+        under `reading`, as `open`'s): a replace meanwhile removes that generation, so the
+        URL then answers 404, never another save's bytes. The manifest itself is served by
+        the caller (its key is overwritten by every replace). Signing is local: no request."""
+        validate_name("experiment", experiment)
+        validate_name("tag", tag)
+        validate_name("file", name)
+        if name == MANIFEST_FILE:
+            return None
+        committed = self._manifest(experiment, tag)
+        if not committed.generation:
+            raise FileNotFoundError(f"{self.describe(experiment, tag)}: a manifest of no save")
+        key = self.key(experiment, tag, "." + committed.generation, name)
+        params = {"Bucket": self.bucket, "Key": key}
+        url: str = self.call(
+            "generate_presigned_url", key, ClientMethod="get_object", Params=params,
+            ExpiresIn=expires,
+        )  # fmt: skip
+        return url
+
     def _download(self, key: str, out: BinaryIO) -> None:
         """Object `key` into `out`, in parallel ranges when it is large."""
         from boto3.s3.transfer import TransferConfig

@@ -1,0 +1,138 @@
+"""Downloads answered by a redirect to a presigned URL of the bucket (TRAINCTL_DOWNLOADS=
+redirect, docs/operations.md "Checkpoints in a bucket"): the app served by uvicorn on a real
+S3 server, followed by the real `curl -L` and by the SDK, neither taking the bearer token to
+the bucket's host."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.s3server import S3Server
+from tests.service.fakes import save_checkpoint
+from tests.service.serving import serve
+from trainctl.service.app import create_app
+from trainctl.service.sdk.client import TrainctlClient
+from trainctl.service.settings import Settings
+from trainctl.store.checkpoints.manifests import MANIFEST_FILE, MODEL_FILE
+from trainctl.store.checkpoints.store import CheckpointStore
+
+TOKEN = "redirect-test-token-0123456789"
+WEIGHTS = os.urandom(3 * 1024 * 1024 + 17)
+
+
+@dataclass
+class Service:
+    url: str
+    checkpoints: CheckpointStore
+    exports: CheckpointStore
+
+
+@pytest.fixture
+def service(
+    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Service]:
+    """The service on a bucket of its own, downloads by redirect, a token required; exp's
+    step_10 saved as a checkpoint and as an export."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    settings = Settings(
+        data_dir=tmp_path, workers=0, storage_url=f"s3://{s3_server.new_bucket()}/node",
+        downloads="redirect", download_url_seconds=60, api_token=TOKEN,
+    )  # fmt: skip
+    app = create_app(settings)
+    with serve(app) as url:
+        found = Service(url, app.state.checkpoints, app.state.exports)
+        for store in (found.checkpoints, found.exports):
+            save_checkpoint(store, "exp", step=10, weights=WEIGHTS)
+        yield found
+
+
+class Recording(httpx.HTTPTransport):
+    """The real transport, noting each request's port and whether it carried a token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[int | None, bool]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append((request.url.port, "authorization" in request.headers))
+        return super().handle_request(request)
+
+
+def listed_sha256(store: CheckpointStore, name: str) -> str:
+    return str(next(f["sha256"] for f in store.get("exp", "step_10").files if f["name"] == name))
+
+
+def port_of(url: str) -> int | None:
+    return httpx.URL(url).port
+
+
+@pytest.mark.parametrize("kind", ["checkpoints", "exports"])
+def test_the_sdk_follows_the_redirect_without_its_token(
+    service: Service, tmp_path: Path, kind: str
+) -> None:
+    transport = Recording()
+    with TrainctlClient(service.url, TOKEN, transport=transport) as api:
+        download = api.download_file if kind == "checkpoints" else api.download_export_file
+        path = download("exp", "step_10", MODEL_FILE, tmp_path)
+
+    assert path.read_bytes() == WEIGHTS
+    store = service.checkpoints if kind == "checkpoints" else service.exports
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == listed_sha256(store, MODEL_FILE)
+    service_port = port_of(service.url)
+    assert transport.sent[-2:] == [(service_port, True), (transport.sent[-1][0], False)]
+    assert transport.sent[-1][0] != service_port  # the file came from the bucket
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl binary")
+def test_curl_follows_the_redirect_without_the_token(service: Service, tmp_path: Path) -> None:
+    out = tmp_path / "model.safetensors"
+    done = subprocess.run(
+        ["curl", "-sS", "-v", "-L", "--fail", "-H", f"Authorization: Bearer {TOKEN}",
+         "-o", str(out), f"{service.url}/checkpoints/exp/step_10/files/{MODEL_FILE}"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == WEIGHTS
+    sha = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert sha == listed_sha256(service.checkpoints, MODEL_FILE)
+    # curl -v prints each request's headers as "> Name: value" lines, a request per "> GET".
+    requests = [block for block in done.stderr.split("> GET ")[1:]]
+    assert len(requests) == 2, done.stderr
+    assert f"Bearer {TOKEN}" in requests[0]
+    assert "authorization" not in requests[1].lower(), requests[1]
+
+
+def test_a_redirect_names_the_save_of_the_manifest_and_whole_checkpoints_still_stream(
+    service: Service,
+) -> None:
+    base = f"{service.url}/checkpoints/exp/step_10"
+    with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        moved = http.get(f"{base}/files/{MODEL_FILE}")
+        assert moved.status_code == 307
+        assert moved.headers["cache-control"] == "no-store"
+        assert moved.headers["etag"] == f'"{listed_sha256(service.checkpoints, MODEL_FILE)}"'
+        unchanged = http.get(
+            f"{base}/files/{MODEL_FILE}", headers={"If-None-Match": moved.headers["etag"]}
+        )
+        assert unchanged.status_code == 304
+        # What cannot be one object of the bucket is served by the service itself.
+        assert http.get(f"{base}/files/{MANIFEST_FILE}").status_code == 200
+        assert http.get(f"{base}/archive").status_code == 200
+
+        # A replace of the tag removes the save the URL names: the URL then fails, and never
+        # serves the new save's bytes in place of the ones it was given for.
+        save_checkpoint(service.checkpoints, "exp", step=10, weights=b"other weights")
+        assert httpx.get(moved.headers["location"]).status_code == 404
