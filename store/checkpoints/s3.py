@@ -69,6 +69,7 @@ PART_BYTES = 8 * 1024 * 1024
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 """A manifest object larger than this is not ours (the store reads 4 MiB of it at most)."""
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+_EXISTS = {"412", "PreconditionFailed"}
 _REFUSED = {
     "403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
     "InvalidToken", "ExpiredToken", "AccountProblem",
@@ -180,6 +181,8 @@ class S3Storage:
             code = str(exc.response.get("Error", {}).get("Code", "?"))
             if code in _NOT_FOUND:
                 raise FileNotFoundError(f"{where}: no such object") from None
+            if code in _EXISTS:  # only a conditional write is refused so (`commit`)
+                raise FileExistsError(f"{where}: written by another process first") from None
             if code == "NoSuchBucket":
                 raise StorageUnavailable(
                     f"bucket {self.bucket!r} does not exist at {self.client.meta.endpoint_url}"
@@ -383,9 +386,14 @@ class S3Storage:
                 stage.abort()
             else:
                 metadata = {GENERATION_META: stage.generation, COMMITTED_META: repr(self.clock())}
+                # The head above is no lock across nodes: without `replace`, S3's conditional
+                # write (If-None-Match: *) lets only the first of two PUTs of the manifest
+                # succeed, and the other is FileExistsError (SeaweedFS honours it, as AWS
+                # has since 2024; a server that ignores it leaves the last PUT the winner).
+                only_new = {} if replace else {"IfNoneMatch": "*"}
                 self.call(
                     "put_object", key, Bucket=self.bucket, Key=key, Body=manifest,
-                    Metadata=metadata, ContentType="application/json",
+                    Metadata=metadata, ContentType="application/json", **only_new,
                 )  # fmt: skip
                 self.forget(stage)
             if old is not None and old[0] and old[0] != stage.generation:
