@@ -327,10 +327,6 @@ class Settings(BaseSettings):
         return self.layout.datasets
 
     @property
-    def exports_dir(self) -> Path:
-        return self.layout.exports
-
-    @property
     def tensorboard_dir(self) -> Path:
         return self.layout.tensorboard
 

@@ -50,6 +50,7 @@ def submit_run(
     settings: Settings,
     runs: RunStore,
     ckpts: CheckpointStore,
+    exports: CheckpointStore,
     submitter: Principal | None = None,
     idempotency_key: str | None = None,
 ) -> Run:
@@ -57,7 +58,7 @@ def submit_run(
     name = submitter.name if submitter else None
     if idempotency_key and (existing := runs.replay(idempotency_key, kind, digest, name)):
         return existing  # an idempotent retry gets its run, even if resolving now would differ
-    run = plan_run(kind, request, settings, runs, submit_context(settings, runs, ckpts))
+    run = plan_run(kind, request, settings, runs, submit_context(settings, runs, ckpts, exports))
     return enqueue_pinned([run], settings, runs, ckpts, idempotency_key, digest, name)[0]
 
 
@@ -67,6 +68,7 @@ def submit_sweep(
     settings: Settings,
     runs: RunStore,
     ckpts: CheckpointStore,
+    exports: CheckpointStore,
     submitter: Principal | None = None,
     idempotency_key: str | None = None,
 ) -> list[Run]:
@@ -78,7 +80,7 @@ def submit_sweep(
         existing := runs.replay_all(idempotency_key, "train", digest, name, len(sweep.variants))
     ):
         return existing  # the same body: the same number of runs, all queued together
-    context = submit_context(settings, runs, ckpts)
+    context = submit_context(settings, runs, ckpts, exports)
     queue = []
     for i, fork in enumerate(sweep.forks()):
         try:
@@ -134,12 +136,14 @@ def enqueue_pinned(
     )
 
 
-def submit_context(settings: Settings, runs: RunStore, ckpts: CheckpointStore) -> SubmitContext:
+def submit_context(
+    settings: Settings, runs: RunStore, ckpts: CheckpointStore, exports: CheckpointStore
+) -> SubmitContext:
     return SubmitContext(
         data_roots=settings.data_roots,
         datasets_dir=settings.datasets_dir,
-        exports_dir=settings.exports_dir,
         checkpoints=ckpts,
+        exports=exports,
         runs=runs,
         cuda=partial(cuda_available, runs, settings.lease_seconds),
         default_trackers=settings.trackers,

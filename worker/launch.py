@@ -420,9 +420,10 @@ def train_rank(
     stop = AgreedStop(rank_stop(ctx, workdir / STOP_FILE), device or torch.device("cpu"))
     cache = job.get("cache_dir")
     layout = DataLayout(Path(job["data_dir"]), job.get("storage_url"), cache and Path(cache))
-    store = open_stores(layout, runs).checkpoints
+    stores = open_stores(layout, runs)
+    store = stores.checkpoints
     policy = ProtectionPolicy(runs, store)
-    evals = CheckpointEvals(plan, ctx, store, layout) if ctx else None
+    evals = CheckpointEvals(plan, ctx, stores) if ctx else None
     trainer = RankTrainer(
         plan,
         store,

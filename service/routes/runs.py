@@ -14,6 +14,7 @@ from trainctl.service import history, sse
 from trainctl.service.deps import (
     CheckpointsDep,
     EventFeedDep,
+    ExportsDep,
     RunId,
     RunsDep,
     SettingsDep,
@@ -113,11 +114,13 @@ def _submit_route(kind: str, body: type[Request], summary: str) -> None:
         settings: SettingsDep,
         runs: RunsDep,
         ckpts: CheckpointsDep,
+        exports: ExportsDep,
         submitter: Submitter,
         idempotency_key: IdempotencyKey = None,
     ) -> RunPublic:
         run = submit_run(kind, request, settings=settings, runs=runs, ckpts=ckpts,
-                         submitter=submitter, idempotency_key=idempotency_key)  # fmt: skip
+                         exports=exports, submitter=submitter,
+                         idempotency_key=idempotency_key)  # fmt: skip
         return _accepted(run, response, runs, settings)
 
     create.__annotations__["request"] = body  # the body schema FastAPI reads and publishes
@@ -142,12 +145,13 @@ def create_fork_sweep(
     settings: SettingsDep,
     runs: RunsDep,
     ckpts: CheckpointsDep,
+    exports: ExportsDep,
     submitter: Submitter,
     idempotency_key: IdempotencyKey = None,
 ) -> ForkSweepPublic:
     """Queue several forks of one checkpoint (a sweep): all of them, or none."""
-    queued = submit_sweep(sweep, settings=settings, runs=runs, ckpts=ckpts, submitter=submitter,
-                          idempotency_key=idempotency_key)  # fmt: skip
+    queued = submit_sweep(sweep, settings=settings, runs=runs, ckpts=ckpts, exports=exports,
+                          submitter=submitter, idempotency_key=idempotency_key)  # fmt: skip
     return ForkSweepPublic(items=public_runs(runs, settings.lease_seconds, queued))
 
 

@@ -88,6 +88,13 @@ class CheckpointStore:
             self.storage, validate_name("experiment", experiment), validate_name("tag", tag)
         )
 
+    def taken(self, experiment: str, tag: str) -> bool:
+        """Whether an entry is committed under `tag`, complete or not: a tag that a new
+        entry of that name (an export) may not be written to."""
+        return self.storage.exists(
+            validate_name("experiment", experiment), validate_name("tag", tag)
+        )
+
     def experiments(self) -> list[str]:
         """Names of experiments, sorted (they may hold no complete checkpoint yet)."""
         return self.storage.experiments()

@@ -1,7 +1,8 @@
-"""Downloads answered by a redirect to a presigned URL of the bucket (TRAINCTL_DOWNLOADS=
-redirect, docs/operations.md "Checkpoints in a bucket"): the app served by uvicorn on a real
-S3 server, followed by the real `curl -L` and by the SDK, neither taking the bearer token to
-the bucket's host."""
+"""Checkpoints and exports in a bucket through the API (docs/operations.md, "Checkpoints in a
+bucket"): downloads answered by a redirect to a presigned URL (TRAINCTL_DOWNLOADS=redirect),
+the app served by uvicorn on a real S3 server, followed by the real `curl -L` and by the SDK,
+neither taking the bearer token to the bucket's host; an export request for a checkpoint whose
+export is in the bucket is refused at submit."""
 
 from __future__ import annotations
 
@@ -136,3 +137,19 @@ def test_a_redirect_names_the_save_of_the_manifest_and_whole_checkpoints_still_s
         # serves the new save's bytes in place of the ones it was given for.
         save_checkpoint(service.checkpoints, "exp", step=10, weights=b"other weights")
         assert httpx.get(moved.headers["location"]).status_code == 404
+
+
+def test_an_export_already_in_the_bucket_is_refused_at_submit(service: Service) -> None:
+    """Where an export goes is the exports store's question, not a local folder's."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    save_checkpoint(service.checkpoints, "exp", step=20)
+    again = httpx.post(f"{service.url}/runs/export", json={"checkpoint": "exp/step_10"},
+                       headers=auth)  # fmt: skip
+    fresh = httpx.post(f"{service.url}/runs/export", json={"checkpoint": "exp/step_20"},
+                       headers=auth)  # fmt: skip
+
+    assert again.status_code == 409 and "already exported" in again.json()["detail"]
+    assert fresh.status_code == 202, fresh.text
+    assert httpx.get(f"{service.url}/runs/{fresh.json()['id']}", headers=auth).json()["spec"][
+        "output"
+    ] == service.exports.describe("exp", "step_20")

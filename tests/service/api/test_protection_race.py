@@ -17,7 +17,7 @@ import pytest
 
 from tests.s3server import S3Server
 from tests.service.fakes import save_checkpoint
-from tests.stores import s3_store
+from tests.stores import posix_store, s3_store
 from trainctl.service.settings import Settings
 from trainctl.service.submit import submit_run
 from trainctl.store.checkpoints.protection import ProtectionPolicy
@@ -54,6 +54,10 @@ def in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
     return thread, out
 
 
+def exports_of(settings: Settings) -> CheckpointStore:
+    return posix_store(settings.layout.exports)  # a validate run's submit never reads it
+
+
 @pytest.fixture(params=["posix", "s3"])
 def sides(
     request: pytest.FixtureRequest, ckpts: CheckpointStore, runs: RunStore, tmp_path: Path
@@ -86,7 +90,14 @@ def test_retention_waits_for_a_run_being_queued_and_spares_its_checkpoint(
     monkeypatch.setattr(runs, "enqueue_all", enqueue)
     request = ValidateRequest(checkpoint="exp/step_10", num_batches=1)
     submitter, submitted = in_thread(
-        lambda: submit_run("validate", request, settings=settings, runs=runs, ckpts=ckpts)
+        lambda: submit_run(
+            "validate",
+            request,
+            settings=settings,
+            runs=runs,
+            ckpts=ckpts,
+            exports=exports_of(settings),
+        )
     )
     assert enqueue.inside.wait(30)  # checked step_10, about to queue the run
 
@@ -118,7 +129,14 @@ def test_a_run_queued_while_retention_runs_finds_its_checkpoint_gone_not_half_th
 
     request = ValidateRequest(checkpoint="exp/step_10", num_batches=1)
     submitter, submitted = in_thread(
-        lambda: submit_run("validate", request, settings=settings, runs=runs, ckpts=ckpts)
+        lambda: submit_run(
+            "validate",
+            request,
+            settings=settings,
+            runs=runs,
+            ckpts=ckpts,
+            exports=exports_of(settings),
+        )
     )
     submitter.join(0.5)
     assert submitter.is_alive(), "the submit did not wait for retention"
