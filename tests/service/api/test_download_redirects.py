@@ -14,13 +14,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
 from tests.s3server import S3Server
+from tests.service.cli.invoke import trainctl
 from tests.service.fakes import save_checkpoint
 from tests.service.serving import serve
 from trainctl.service.app import create_app
+from trainctl.service.sdk.async_client import AsyncTrainctlClient
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE, MODEL_FILE
@@ -94,6 +97,45 @@ def test_the_sdk_follows_the_redirect_without_its_token(
     service_port = port_of(service.url)
     assert transport.sent[-2:] == [(service_port, True), (transport.sent[-1][0], False)]
     assert transport.sent[-1][0] != service_port  # the file came from the bucket
+
+
+class AsyncRecording(httpx.AsyncHTTPTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[int | None, bool]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append((request.url.port, "authorization" in request.headers))
+        return await super().handle_async_request(request)
+
+
+def test_the_async_sdk_follows_the_redirect_without_its_token(
+    service: Service, tmp_path: Path
+) -> None:
+    transport = AsyncRecording()
+
+    async def main() -> Path:
+        async with AsyncTrainctlClient(service.url, TOKEN, transport=transport) as api:
+            return await api.download_file("exp", "step_10", MODEL_FILE, tmp_path)
+
+    assert anyio.run(main).read_bytes() == WEIGHTS
+    assert [has_token for _, has_token in transport.sent[-2:]] == [True, False]
+    assert transport.sent[-1][0] != port_of(service.url)
+
+
+def test_the_cli_downloads_a_checkpoint_from_the_bucket(service: Service, tmp_path: Path) -> None:
+    """Every file: the manifest streamed by the service, the others by redirect."""
+    out = tmp_path / "out"
+    code, _, err = trainctl(
+        service, "checkpoints", "download", "exp", "step_10", "-o", out,
+        env={"TRAINCTL_API_TOKEN": TOKEN},
+    )  # fmt: skip
+
+    assert code == 0, err
+    assert (out / MODEL_FILE).read_bytes() == WEIGHTS
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [f["name"] for f in service.checkpoints.get("exp", "step_10").files] + [MANIFEST_FILE]
+    )
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl binary")
