@@ -93,6 +93,9 @@ def build_client() -> Any:
     config = Config(
         retries={"max_attempts": 5, "mode": "standard"},
         max_pool_connections=32,
+        # presigned URLs (`url`) in SigV4 as every request is: botocore presigns S3 in the
+        # deprecated SigV2 otherwise, which AWS's newer regions refuse
+        signature_version="s3v4",
         # the checksums boto3 1.36 sends by default are not every S3-compatible server's
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",

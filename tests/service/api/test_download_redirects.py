@@ -7,6 +7,7 @@ export is in the bucket is refused at submit."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 from tests.s3server import S3Server
 from tests.service.cli.invoke import trainctl
@@ -159,8 +161,9 @@ def test_curl_follows_the_redirect_without_the_token(service: Service, tmp_path:
 
 
 def test_a_redirect_names_the_save_of_the_manifest_and_whole_checkpoints_still_stream(
-    service: Service,
+    service: Service, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO)  # the service's level (botocore's DEBUG prints signatures)
     base = f"{service.url}/checkpoints/exp/step_10"
     with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
         moved = http.get(f"{base}/files/{MODEL_FILE}")
@@ -179,6 +182,22 @@ def test_a_redirect_names_the_save_of_the_manifest_and_whole_checkpoints_still_s
         # serves the new save's bytes in place of the ones it was given for.
         save_checkpoint(service.checkpoints, "exp", step=10, weights=b"other weights")
         assert httpx.get(moved.headers["location"]).status_code == 404
+    # The URL is a credential until it expires: in the answer only, in no log line of the
+    # service (the access log's included). This test's own httpx logs each URL it requests.
+    signature = httpx.URL(moved.headers["location"]).params["X-Amz-Signature"]
+    logged = [r.getMessage() for r in caplog.records if r.name != "httpx"]
+    assert any("307" in line for line in logged)  # the access log line is there
+    assert not any(signature in line for line in logged)
+
+
+def test_a_storage_that_cannot_redirect_streams(tmp_path: Path) -> None:
+    """On local disk `Storage.url` is None: TRAINCTL_DOWNLOADS=redirect changes nothing."""
+    app = create_app(Settings(data_dir=tmp_path, workers=0, downloads="redirect"))
+    with TestClient(app, base_url="http://localhost") as client:
+        save_checkpoint(app.state.checkpoints, "exp", step=10, weights=WEIGHTS)
+        got = client.get(f"/checkpoints/exp/step_10/files/{MODEL_FILE}")
+
+    assert got.status_code == 200 and got.content == WEIGHTS
 
 
 def test_an_export_already_in_the_bucket_is_refused_at_submit(service: Service) -> None:
