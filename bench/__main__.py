@@ -20,6 +20,7 @@ MODULES = [
     "model_step",
     "time_to_quality",
     "checkpoint_io",
+    "s3_checkpoint",
     "sharded_checkpoint",
     "data_loader",
     "api_load",

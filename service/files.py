@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from trainctl.service.archive import CHUNK, checkpoint_tar, reader_chunks
 from trainctl.store.checkpoints.consolidate import ConsolidatedModel
+from trainctl.store.checkpoints.info import CheckpointInfo
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE, MODEL_FILE, sha256_of
 from trainctl.store.checkpoints.storage import Reader
 from trainctl.store.checkpoints.store import CheckpointStore
@@ -62,6 +63,9 @@ FILE_RESPONSES: dict[int | str, dict[str, Any]] = {
           "content": {"application/octet-stream": {}, "application/json": {}}},
     206: {"description": "The requested byte range."},
     304: {"description": "If-None-Match matched the ETag (the file's sha256)."},
+    307: {"description": "TRAINCTL_DOWNLOADS=redirect and a bucket: the file at a short-lived "
+                         "presigned URL (Location) of the save the manifest names; follow it "
+                         "without this service's Authorization header."},
     416: {"description": "The range is outside the file."},
 }  # fmt: skip
 ARCHIVE_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -70,22 +74,33 @@ ARCHIVE_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def checkpoint_file_response(
-    ckpts: CheckpointStore, experiment: str, tag: str, name: str, if_none_match: str | None
+    ckpts: CheckpointStore,
+    experiment: str,
+    tag: str,
+    name: str,
+    if_none_match: str | None,
+    redirect_seconds: int | None = None,
 ) -> Response:
     """The file, or 304 when the client holds it already. The ETag is the file's sha256.
 
     FileResponse answers Range (206, or 416 for a range past the end) and If-Range against
     this ETag; a sha256 ETag stays valid across copies of the store, unlike mtime-based ones.
+    With `redirect_seconds` (Settings.redirect_seconds), a storage that can serve the file
+    itself (a bucket) gets the client sent there instead: `redirect_response`.
     """
     if name == MODEL_FILE and (model := ckpts.consolidated(experiment, tag)) is not None:
         return consolidated_response(model, if_none_match)
+    if redirect_seconds is not None and name != MANIFEST_FILE:
+        info, url = ckpts.file_url(experiment, tag, name, redirect_seconds)
+        if url is not None:
+            return redirect_response(url, f'"{listed_sha256(info, name)}"', if_none_match)
     info, reader = ckpts.open_file(experiment, tag, name)
     try:
         if name == MANIFEST_FILE:
             # The manifest does not list itself; it is small.
             sha = sha256_of(ckpts.entry(experiment, tag), name)
         else:
-            sha = next(f["sha256"] for f in info.files if f["name"] == name)
+            sha = listed_sha256(info, name)
         etag = f'"{sha}"'
         if if_none_match is not None and _matches(if_none_match, etag):
             reader.close()
@@ -102,6 +117,21 @@ def checkpoint_file_response(
     except BaseException:
         reader.close()
         raise
+
+
+def listed_sha256(info: CheckpointInfo, name: str) -> str:
+    return str(next(f["sha256"] for f in info.files if f["name"] == name))
+
+
+def redirect_response(url: str, etag: str, if_none_match: str | None) -> Response:
+    """307 to the presigned URL (GET stays GET, Range goes along), or 304 as a streamed
+    answer's. The URL is a credential until it expires: it goes in this answer alone (no
+    log line, no cache: no-store), and clients drop our bearer token on the way (httpx and
+    curl do so on a redirect to another origin)."""
+    if if_none_match is not None and _matches(if_none_match, etag):
+        return Response(status_code=304, headers={"ETag": etag})
+    headers = {"Location": url, "ETag": etag, "Cache-Control": "no-store"}
+    return Response(status_code=307, headers=headers)
 
 
 def consolidated_response(model: ConsolidatedModel, if_none_match: str | None) -> Response:

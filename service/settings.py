@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -47,6 +47,14 @@ class Settings(BaseSettings):
     )
     cache_dir: Path | None = Field(
         None, description="Local copies of files read from the bucket; default data_dir/cache."
+    )
+    downloads: Literal["stream", "redirect"] = Field(
+        "stream",
+        description="File downloads of checkpoints and exports: stream through the service, or "
+        "redirect (307) to a short-lived presigned URL of the bucket where storage_url has one.",
+    )
+    download_url_seconds: int = Field(
+        300, ge=1, le=7 * 24 * 3600, description="How long a redirect's presigned URL is valid."
     )
     workers: int | None = Field(
         None, ge=0, le=64, description="Local worker processes; default one per GPU, one on CPU."
@@ -302,6 +310,11 @@ class Settings(BaseSettings):
         return DataLayout(self.data_dir, self.storage_url, self.cache_dir)
 
     @property
+    def redirect_seconds(self) -> int | None:
+        """How long a download's presigned URL lives (service.files); None: downloads stream."""
+        return self.download_url_seconds if self.downloads == "redirect" else None
+
+    @property
     def db_url(self) -> str:
         return self.database_url or self.layout.sqlite_url
 
@@ -312,10 +325,6 @@ class Settings(BaseSettings):
     @property
     def datasets_dir(self) -> Path:
         return self.layout.datasets
-
-    @property
-    def exports_dir(self) -> Path:
-        return self.layout.exports
 
     @property
     def tensorboard_dir(self) -> Path:

@@ -51,6 +51,7 @@ def submit_run(
     settings: Settings,
     runs: RunStore,
     ckpts: CheckpointStore,
+    exports: CheckpointStore,
     datasets: BucketDatasets | None = None,
     submitter: Principal | None = None,
     idempotency_key: str | None = None,
@@ -59,7 +60,7 @@ def submit_run(
     name = submitter.name if submitter else None
     if idempotency_key and (existing := runs.replay(idempotency_key, kind, digest, name)):
         return existing  # an idempotent retry gets its run, even if resolving now would differ
-    context = submit_context(settings, runs, ckpts, datasets)
+    context = submit_context(settings, runs, ckpts, exports, datasets)
     run = plan_run(kind, request, settings, runs, context)
     return enqueue_pinned([run], settings, runs, ckpts, idempotency_key, digest, name)[0]
 
@@ -70,6 +71,7 @@ def submit_sweep(
     settings: Settings,
     runs: RunStore,
     ckpts: CheckpointStore,
+    exports: CheckpointStore,
     datasets: BucketDatasets | None = None,
     submitter: Principal | None = None,
     idempotency_key: str | None = None,
@@ -82,7 +84,7 @@ def submit_sweep(
         existing := runs.replay_all(idempotency_key, "train", digest, name, len(sweep.variants))
     ):
         return existing  # the same body: the same number of runs, all queued together
-    context = submit_context(settings, runs, ckpts, datasets)
+    context = submit_context(settings, runs, ckpts, exports, datasets)
     queue = []
     for i, fork in enumerate(sweep.forks()):
         try:
@@ -142,6 +144,7 @@ def submit_context(
     settings: Settings,
     runs: RunStore,
     ckpts: CheckpointStore,
+    exports: CheckpointStore,
     datasets: BucketDatasets | None = None,
 ) -> SubmitContext:
     """Where a request's names are looked up: the data roots, the stores, and the datasets
@@ -149,8 +152,8 @@ def submit_context(
     return SubmitContext(
         data_roots=settings.data_roots,
         datasets_dir=settings.datasets_dir,
-        exports_dir=settings.exports_dir,
         checkpoints=ckpts,
+        exports=exports,
         runs=runs,
         cuda=partial(cuda_available, runs, settings.lease_seconds),
         default_trackers=settings.trackers,

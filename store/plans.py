@@ -259,7 +259,10 @@ class SamplePlan(ReadsCheckpoint):
 class ExportPlan(ReadsCheckpoint):
     format: Literal["hf"] = Field(description="hf: a Hugging Face transformers folder.")
     dtype: ExportDtype = Field(description="The exported weights' dtype.")
-    output: str = Field(description="The export's folder: <data dir>/exports/<experiment>/<tag>.")
+    output: str = Field(
+        description="Where the export goes, in the exports store's words: its folder "
+        "(<data dir>/exports/<experiment>/<tag>) or its place in the bucket (s3://...)."
+    )
 
 
 class Plan(Protocol):

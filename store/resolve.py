@@ -381,10 +381,11 @@ def resolve_sample(
 
 
 def resolve_export(
-    request: ExportRequest, *, checkpoints: CheckpointStore, exports_dir: Path
+    request: ExportRequest, *, checkpoints: CheckpointStore, exports: CheckpointStore
 ) -> ExportPlan:
-    """Pins the checkpoint, refuses a model that the format cannot express, and names the new
-    folder, which must not exist yet (an export is never overwritten)."""
+    """Pins the checkpoint, refuses a model that the format cannot express, and names the
+    export's place in the exports store (a folder, or a prefix of the bucket), which must not
+    be taken yet (an export is never overwritten)."""
     info = chosen_checkpoint(checkpoints, request, "export")
     config = info.require_model_config()
     if isinstance(config, PluginModelConfig):
@@ -394,8 +395,7 @@ def resolve_export(
         )
     if not isinstance(config, HfModelConfig):  # a transformers model exports as it is
         check_exportable(config)
-    output = Path(os.path.realpath(exports_dir)) / info.experiment / info.tag
-    if os.path.lexists(output):
+    if exports.taken(info.experiment, info.tag):
         raise ExportExists(
             f"checkpoint {info.experiment}/{info.tag} is already exported (GET /exports/"
             f"{info.experiment}/{info.tag}); delete that export first to export it again"
@@ -405,7 +405,7 @@ def resolve_export(
         model=config,
         format=request.format,
         dtype=request.dtype,
-        output=str(output),
+        output=exports.describe(info.experiment, info.tag),
     )
 
 
@@ -881,8 +881,9 @@ class SubmitContext:
 
     data_roots: list[Path]
     datasets_dir: Path
-    exports_dir: Path
     checkpoints: CheckpointStore
+    exports: CheckpointStore
+    """Where exports go: an export request is refused when its checkpoint's is there."""
     runs: RunStore
     cuda: Callable[[], bool]
     """Whether runs can get a CUDA device; asked only by kinds that run a model, once."""
@@ -937,7 +938,7 @@ def plan_sample(request: SampleRequest, ctx: SubmitContext) -> SamplePlan:
 
 
 def plan_export(request: ExportRequest, ctx: SubmitContext) -> ExportPlan:
-    plan = resolve_export(request, checkpoints=ctx.checkpoints, exports_dir=ctx.exports_dir)
+    plan = resolve_export(request, checkpoints=ctx.checkpoints, exports=ctx.exports)
     refuse_a_second_export(ctx.runs, plan)
     return plan
 

@@ -17,10 +17,9 @@ plan is built in one place. What differs from a client's submit:
 
 from __future__ import annotations
 
-from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.checkpoints.factory import Stores
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.evals import EvaluateRequest
-from trainctl.store.layout import DataLayout
 from trainctl.store.plans import Device
 from trainctl.store.queueing import enqueue_pinned, resolve_run
 from trainctl.store.resolve import SubmitContext
@@ -41,8 +40,7 @@ def queue_checkpoint_eval(
     device: Device,
     *,
     runs: RunStore,
-    checkpoints: CheckpointStore,
-    layout: DataLayout,
+    stores: Stores,
 ) -> Run:
     """Queue the evaluate run of checkpoint `tag` of `train`'s experiment, just committed,
     on the train run's device; raises what a POST /runs/evaluate of it would."""
@@ -56,12 +54,12 @@ def queue_checkpoint_eval(
     # An evaluate request reads no data roots: a worker's context has none to give.
     context = SubmitContext(
         data_roots=[],
-        datasets_dir=layout.datasets,
-        exports_dir=layout.exports,
-        checkpoints=checkpoints,
+        datasets_dir=stores.layout.datasets,
+        checkpoints=stores.checkpoints,
+        exports=stores.exports,
         runs=runs,
         cuda=lambda: device == "cuda",
     )
     queued = resolve_run(EVALUATE, request, context, max_attempts=train.max_attempts)
-    [run] = enqueue_pinned([queued], runs, checkpoints, submitted_by=train.submitted_by)
+    [run] = enqueue_pinned([queued], runs, stores.checkpoints, submitted_by=train.submitted_by)
     return run

@@ -9,6 +9,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -59,7 +60,7 @@ class S3Server:
 
 def weed() -> str | None:
     return shutil.which("weed") or next(
-        (str(p) for p in [Path(os.sys.executable).parent / "weed"] if p.exists()), None
+        (str(p) for p in [Path(sys.executable).parent / "weed"] if p.exists()), None
     )
 
 

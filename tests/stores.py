@@ -82,3 +82,33 @@ def entry_at(path: Path) -> Entry:
     """The files of the checkpoint folder `path` (<checkpoints>/<experiment>/<tag>), read as
     the POSIX store reads them."""
     return posix_store(path.parent.parent).entry(path.parent.name, path.name)
+
+
+def race_commits(
+    server: tuple[str, str, str],
+    bucket: str,
+    cache: Path,
+    who: str,
+    rounds: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """One of two processes committing the same new tags at once (`replace` False): each
+    round stages step_<n> with weights of its own, meets the other at `barrier`, commits, and
+    puts (who, n, "won" or "exists") on `results`. Run in a process of its own (spawn)."""
+    from trainctl.store.checkpoints.manifests import METADATA_FILE, MODEL_FILE
+    from trainctl.store.names import step_tag
+
+    # An hour, as in service: the other process's stage of this very round is in flight.
+    store = s3_store(S3Server(*server), bucket, cache, stale_after=3600.0)
+    for n in range(rounds):
+        with store.stage("race", step_tag(n)) as staged:
+            staged.write(MODEL_FILE, f"{who} {n}".encode())
+            staged.write(METADATA_FILE, json.dumps({"step": n, "run_id": who}).encode())
+            barrier.wait()
+            try:
+                staged.commit(replace=False)
+            except FileExistsError:
+                results.put((who, n, "exists"))
+            else:
+                results.put((who, n, "won"))

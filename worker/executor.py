@@ -149,7 +149,7 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
         assert launched is not None  # a single node's launch has rank 0
         result = launched
     else:
-        evals = CheckpointEvals(plan, ctx, store, env.stores.layout)
+        evals = CheckpointEvals(plan, ctx, env.stores)
         trainer = Trainer(
             plan,
             store,

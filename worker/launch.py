@@ -423,7 +423,7 @@ def train_rank(
     stores = open_stores(layout, runs)
     store = stores.checkpoints
     policy = ProtectionPolicy(runs, store)
-    evals = CheckpointEvals(plan, ctx, store, layout) if ctx else None
+    evals = CheckpointEvals(plan, ctx, stores) if ctx else None
     trainer = RankTrainer(
         plan,
         store,

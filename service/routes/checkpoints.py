@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response
 
 from trainctl.service import files
-from trainctl.service.deps import STORE_SLOT, CheckpointsDep, ProtectionDep, requires
+from trainctl.service.deps import STORE_SLOT, CheckpointsDep, ProtectionDep, SettingsDep, requires
 from trainctl.service.errors import error_responses
 from trainctl.service.routing import ApiRoute, name_in_path
 from trainctl.service.schemas import CheckpointPublic, CheckpointsPublic, PruneRequest, PruneResult
@@ -98,10 +98,13 @@ def download_checkpoint_file(
     tag: Tag,
     name: FileName,
     ckpts: CheckpointsDep,
+    settings: SettingsDep,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
-    """Download one file of a checkpoint (Range requests; ETag = sha256)."""
-    return files.checkpoint_file_response(ckpts, experiment, tag, name, if_none_match)
+    """Download one file of a checkpoint (Range requests; ETag = sha256), or a redirect to it."""
+    return files.checkpoint_file_response(
+        ckpts, experiment, tag, name, if_none_match, settings.redirect_seconds
+    )
 
 
 @router.get(

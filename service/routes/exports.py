@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Response
 
 from trainctl.service import files
-from trainctl.service.deps import STORE_SLOT, ExportsDep, requires
+from trainctl.service.deps import STORE_SLOT, ExportsDep, SettingsDep, requires
 from trainctl.service.errors import error_responses
 from trainctl.service.routes.checkpoints import ExperimentFilter
 from trainctl.service.routing import ApiRoute, name_in_path
@@ -58,10 +58,13 @@ def download_export_file(
     tag: Tag,
     name: FileName,
     exports: ExportsDep,
+    settings: SettingsDep,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
-    """Download one file of an export (Range requests; ETag = sha256)."""
-    return files.checkpoint_file_response(exports, experiment, tag, name, if_none_match)
+    """Download one file of an export (Range requests; ETag = sha256), or a redirect to it."""
+    return files.checkpoint_file_response(
+        exports, experiment, tag, name, if_none_match, settings.redirect_seconds
+    )
 
 
 @router.get(

@@ -15,6 +15,7 @@ from trainctl.service.deps import (
     CheckpointsDep,
     DatasetsDep,
     EventFeedDep,
+    ExportsDep,
     RunId,
     RunsDep,
     SettingsDep,
@@ -114,12 +115,13 @@ def _submit_route(kind: str, body: type[Request], summary: str) -> None:
         settings: SettingsDep,
         runs: RunsDep,
         ckpts: CheckpointsDep,
+        exports: ExportsDep,
         datasets: DatasetsDep,
         submitter: Submitter,
         idempotency_key: IdempotencyKey = None,
     ) -> RunPublic:
         run = submit_run(kind, request, settings=settings, runs=runs, ckpts=ckpts,
-                         datasets=datasets, submitter=submitter,
+                         exports=exports, datasets=datasets, submitter=submitter,
                          idempotency_key=idempotency_key)  # fmt: skip
         return _accepted(run, response, runs, settings)
 
@@ -145,12 +147,14 @@ def create_fork_sweep(
     settings: SettingsDep,
     runs: RunsDep,
     ckpts: CheckpointsDep,
+    exports: ExportsDep,
     datasets: DatasetsDep,
     submitter: Submitter,
     idempotency_key: IdempotencyKey = None,
 ) -> ForkSweepPublic:
     """Queue several forks of one checkpoint (a sweep): all of them, or none."""
-    queued = submit_sweep(sweep, settings=settings, runs=runs, ckpts=ckpts, datasets=datasets,
+    queued = submit_sweep(sweep, settings=settings, runs=runs, ckpts=ckpts, exports=exports,
+                          datasets=datasets,
                           submitter=submitter, idempotency_key=idempotency_key)  # fmt: skip
     return ForkSweepPublic(items=public_runs(runs, settings.lease_seconds, queued))
 

@@ -343,10 +343,15 @@ class AsyncTrainctlClient:
     async def _perform(self, step: Step, stream: _Stream) -> Any:
         match step:
             case Send(request, stream=True, lines=lines):
-                response = await self._http.send(request.build(self._http), stream=True)
+                response = await self._http.send(
+                    request.build(self._http), stream=True,
+                    follow_redirects=request.follow_redirects,
+                )  # fmt: skip
                 return await stream.open(response, lines)
             case Send(request):
-                return await self._http.send(request.build(self._http))
+                return await self._http.send(
+                    request.build(self._http), follow_redirects=request.follow_redirects
+                )
             case Read():
                 return await stream.read()
             case Sleep(seconds):

@@ -231,7 +231,8 @@ def download_file(
     stored = yield from ask(get_stored(store, experiment, tag))
     download = Download(stored, name, Path(dest), on_progress)
     url = f"/{store}/{experiment}/{tag}/files/{name}"
-    response = yield from open_stream(Request("GET", url, headers=download.request_headers()))
+    request = Request("GET", url, headers=download.request_headers(), follow_redirects=True)
+    response = yield from open_stream(request)
     with download.open(resumed=response.status_code == 206) as out:
         while (chunk := (yield from read_bytes())) is not None:
             download.write(out, chunk)

@@ -375,9 +375,15 @@ class TrainctlClient:
     def _perform(self, step: Step, stream: _Stream) -> Any:
         match step:
             case Send(request, stream=True, lines=lines):
-                return stream.open(self._http.send(request.build(self._http), stream=True), lines)
+                sent = self._http.send(
+                    request.build(self._http), stream=True,
+                    follow_redirects=request.follow_redirects,
+                )  # fmt: skip
+                return stream.open(sent, lines)
             case Send(request):
-                return self._http.send(request.build(self._http))
+                return self._http.send(
+                    request.build(self._http), follow_redirects=request.follow_redirects
+                )
             case Read():
                 return stream.read()
             case Sleep(seconds):

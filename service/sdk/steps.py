@@ -115,6 +115,10 @@ class Request:
     params: dict[str, Any] = field(default_factory=dict)
     json: Any = None
     headers: dict[str, str] = field(default_factory=dict)
+    follow_redirects: bool = False
+    """Follow a redirect: a file download may be sent to a presigned URL of the bucket
+    (TRAINCTL_DOWNLOADS=redirect). httpx drops the Authorization header on a redirect to
+    another origin, so the bearer token never reaches that host."""
 
     def build(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
         return http.build_request(

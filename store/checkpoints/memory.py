@@ -162,6 +162,9 @@ class MemoryStorage:
         with self._lock:
             yield
 
+    def url(self, experiment: str, tag: str, name: str, expires: int) -> str | None:
+        return None  # nothing outside this process can read it
+
     def committed_at(self, experiment: str, tag: str) -> float | None:
         entry = self._entry(experiment, tag)
         return entry.committed_at if entry is not None else None

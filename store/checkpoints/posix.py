@@ -410,6 +410,9 @@ class PosixStorage:
         with _renames_locked(self.path_of(experiment), exclusive=False):
             yield
 
+    def url(self, experiment: str, tag: str, name: str, expires: int) -> str | None:
+        return None  # a local file is served by the service itself (Range, ETag)
+
     def committed_at(self, experiment: str, tag: str) -> float | None:
         try:
             return os.lstat(self.path_of(experiment, tag) / self.marker).st_mtime

@@ -69,6 +69,7 @@ PART_BYTES = 8 * 1024 * 1024
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 """A manifest object larger than this is not ours (the store reads 4 MiB of it at most)."""
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+_EXISTS = {"412", "PreconditionFailed"}
 _REFUSED = {
     "403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
     "InvalidToken", "ExpiredToken", "AccountProblem",
@@ -92,6 +93,9 @@ def build_client() -> Any:
     config = Config(
         retries={"max_attempts": 5, "mode": "standard"},
         max_pool_connections=32,
+        # presigned URLs (`url`) in SigV4 as every request is: botocore presigns S3 in the
+        # deprecated SigV2 otherwise, which AWS's newer regions refuse
+        signature_version="s3v4",
         # the checksums boto3 1.36 sends by default are not every S3-compatible server's
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
@@ -180,6 +184,8 @@ class S3Storage:
             code = str(exc.response.get("Error", {}).get("Code", "?"))
             if code in _NOT_FOUND:
                 raise FileNotFoundError(f"{where}: no such object") from None
+            if code in _EXISTS:  # only a conditional write is refused so (`commit`)
+                raise FileExistsError(f"{where}: written by another process first") from None
             if code == "NoSuchBucket":
                 raise StorageUnavailable(
                     f"bucket {self.bucket!r} does not exist at {self.client.meta.endpoint_url}"
@@ -295,6 +301,27 @@ class S3Storage:
             cached, lambda out: self._download(key, out), listed(committed.data, name)
         )
 
+    def url(self, experiment: str, tag: str, name: str, expires: int) -> str | None:
+        """A presigned GET of the file in the generation the tag's manifest names (pinned
+        under `reading`, as `open`'s): a replace meanwhile removes that generation, so the
+        URL then answers 404, never another save's bytes. The manifest itself is served by
+        the caller (its key is overwritten by every replace). Signing is local: no request."""
+        validate_name("experiment", experiment)
+        validate_name("tag", tag)
+        validate_name("file", name)
+        if name == MANIFEST_FILE:
+            return None
+        committed = self._manifest(experiment, tag)
+        if not committed.generation:
+            raise FileNotFoundError(f"{self.describe(experiment, tag)}: a manifest of no save")
+        key = self.key(experiment, tag, "." + committed.generation, name)
+        params = {"Bucket": self.bucket, "Key": key}
+        url: str = self.call(
+            "generate_presigned_url", key, ClientMethod="get_object", Params=params,
+            ExpiresIn=expires,
+        )  # fmt: skip
+        return url
+
     def _download(self, key: str, out: BinaryIO) -> None:
         """Object `key` into `out`, in parallel ranges when it is large."""
         from boto3.s3.transfer import TransferConfig
@@ -362,9 +389,14 @@ class S3Storage:
                 stage.abort()
             else:
                 metadata = {GENERATION_META: stage.generation, COMMITTED_META: repr(self.clock())}
+                # The head above is no lock across nodes: without `replace`, S3's conditional
+                # write (If-None-Match: *) lets only the first of two PUTs of the manifest
+                # succeed, and the other is FileExistsError (SeaweedFS honours it, as AWS
+                # has since 2024; a server that ignores it leaves the last PUT the winner).
+                only_new = {} if replace else {"IfNoneMatch": "*"}
                 self.call(
                     "put_object", key, Bucket=self.bucket, Key=key, Body=manifest,
-                    Metadata=metadata, ContentType="application/json",
+                    Metadata=metadata, ContentType="application/json", **only_new,
                 )  # fmt: skip
                 self.forget(stage)
             if old is not None and old[0] and old[0] != stage.generation:

@@ -173,6 +173,14 @@ class Storage(Protocol):
         what it removed or restored: (experiment, the storage's own name for it)."""
         ...
 
+    def url(self, experiment: str, tag: str, name: str, expires: int) -> str | None:
+        """A URL that serves the file of a committed entry to whoever holds it, for
+        `expires` seconds, straight from where it lives (S3: a presigned GET of the very
+        object the entry's manifest names, so a replace meanwhile cannot mix two saves);
+        None where the storage serves no file itself (POSIX, memory): read it. The URL is a
+        credential for its lifetime: never log it."""
+        ...
+
     def guard(self, experiment: str) -> AbstractContextManager[None]:
         """The experiment's guard (docs/architecture.md, "Protection"): exclusive across the
         processes and nodes that share the storage, re-entrant within a thread."""

@@ -80,6 +80,13 @@ class CheckpointStore:
             self.storage, validate_name("experiment", experiment), validate_name("tag", tag)
         )
 
+    def taken(self, experiment: str, tag: str) -> bool:
+        """Whether an entry is committed under `tag`, complete or not: a tag that a new
+        entry of that name (an export) may not be written to."""
+        return self.storage.exists(
+            validate_name("experiment", experiment), validate_name("tag", tag)
+        )
+
     def experiments(self) -> list[str]:
         """Names of experiments, sorted (they may hold no complete checkpoint yet)."""
         return self.storage.experiments()
@@ -296,6 +303,34 @@ class CheckpointStore:
         following a link, so a planted symlink is refused, and what is served is the file
         that was checked: the caller reads the reader, never a path of its own.
         """
+        info = self._servable(experiment, tag, name)
+        try:
+            return info, self.storage.open(experiment, tag, name)
+        except FileNotFoundError:
+            raise CheckpointNotFound(
+                f"file {name!r} of checkpoint {tag!r} in experiment {experiment!r} "
+                "is not a regular file inside the store"
+            ) from None
+
+    def file_url(
+        self, experiment: str, tag: str, name: str, expires: int
+    ) -> tuple[CheckpointInfo, str | None]:
+        """The checkpoint and a URL that serves one of its files for `expires` seconds
+        straight from the storage (`Storage.url`: the save its manifest names, read under
+        one `reading`, so the URL and the info are of one save); None where the storage
+        cannot, or for the manifest: `open_file` then. Servable names as `open_file`'s."""
+        with self.storage.reading(experiment):
+            info = self._servable(experiment, tag, name)
+            try:
+                return info, self.storage.url(experiment, tag, name, expires)
+            except FileNotFoundError:
+                raise CheckpointNotFound(
+                    f"no complete checkpoint {tag!r} in experiment {experiment!r}"
+                ) from None
+
+    def _servable(self, experiment: str, tag: str, name: str) -> CheckpointInfo:
+        """The checkpoint, when `name` is the manifest or a file it lists, matched exactly;
+        user text is never joined to a path before that match."""
         if not isinstance(name, str) or not name or any(c in name for c in "/\\\x00"):
             raise InvalidName(f"invalid file name {name!r}: give a bare file name, no path")
         info = self.get(experiment, tag)
@@ -305,13 +340,7 @@ class CheckpointStore:
                 f"checkpoint {tag!r} of experiment {experiment!r} has no file {name!r}; "
                 f"it has: {', '.join(allowed)}"
             )
-        try:
-            return info, self.storage.open(experiment, tag, name)
-        except FileNotFoundError:
-            raise CheckpointNotFound(
-                f"file {name!r} of checkpoint {tag!r} in experiment {experiment!r} "
-                "is not a regular file inside the store"
-            ) from None
+        return info
 
     def consolidated(self, experiment: str, tag: str) -> ConsolidatedModel | None:
         """The one model file of a sharded checkpoint, stitched from its shards as it is

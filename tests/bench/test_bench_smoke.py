@@ -121,3 +121,15 @@ def test_the_event_streams_measurement_runs_at_toy_sizes() -> None:
 
     assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
     assert "event streams: 20 open / none" in [f.name for f in figures]
+
+
+def test_the_object_storage_measurement_runs_at_toy_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its own SeaweedFS, both uploads (ours and rclone's, from the bench extra, which the
+    dev extra installs) and both resumes."""
+    from bench import s3_checkpoint
+
+    monkeypatch.setattr(s3_checkpoint, "QUICK", dict(preset="tiny", n_layers=1, rounds=1))
+    figures = s3_checkpoint.run(quick=True)
+
+    assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
+    assert "s3: trainctl upload / rclone copy" in [f.name for f in figures]

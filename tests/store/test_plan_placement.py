@@ -90,7 +90,9 @@ def test_the_other_kinds_ask_for_one_gpu_on_cuda_and_prepare_and_export_for_one_
     )
     assert placement_of(sample) == Placement(gpus_per_node=1)
     export = resolve_export(
-        ExportRequest(checkpoint="exp/step_3"), checkpoints=ckpts, exports_dir=tmp_path / "exports"
+        ExportRequest(checkpoint="exp/step_3"),
+        checkpoints=ckpts,
+        exports=posix_store(tmp_path / "exports"),
     )
     assert placement_of(export) == Placement()
     (tmp_path / "corpus.txt").write_text("text")

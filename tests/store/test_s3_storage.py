@@ -6,6 +6,7 @@ tests run on it too (tests/store/test_checkpoints.py)."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import threading
@@ -16,7 +17,7 @@ import pytest
 
 from tests.s3server import S3Server
 from tests.soak import rounds as soak_rounds
-from tests.stores import rewrite, s3_store
+from tests.stores import race_commits, rewrite, s3_store
 from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.checkpoints.manifests import (
     MANIFEST_FILE,
@@ -361,3 +362,40 @@ def test_the_manifest_object_is_what_the_store_wrote(store: CheckpointStore) -> 
     with store.entry("exp", "step_1").open(MANIFEST_FILE) as reader:
         manifest = json.loads(reader.read())
     assert [f["name"] for f in manifest["files"]] == [MODEL_FILE, OPTIMIZER_FILE, METADATA_FILE]
+
+
+def test_two_processes_committing_one_new_tag_at_once_are_refused_one_against_the_other(
+    s3_server: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    """S3's conditional write decides (`S3Storage.commit`): each round exactly one process
+    wins, the other gets FileExistsError, the winner's files are whole, the loser's gone."""
+    rounds = soak_rounds(12)
+    spawn = multiprocessing.get_context("spawn")
+    barrier, results = spawn.Barrier(2), spawn.Queue()
+    server = (s3_server.endpoint, s3_server.access_key, s3_server.secret_key)
+    racers = [
+        spawn.Process(
+            target=race_commits,
+            args=(server, bucket, tmp_path / who, who, rounds, barrier, results),
+        )
+        for who in ("a", "b")
+    ]
+    for racer in racers:
+        racer.start()
+    outcomes = [results.get(timeout=120) for _ in range(2 * rounds)]
+    for racer in racers:
+        racer.join(timeout=60)
+        assert racer.exitcode == 0
+
+    store = s3_store(s3_server, bucket, tmp_path / "reader")
+    found = keys(s3_server, bucket)
+    for n in range(rounds):
+        these = sorted((how, who) for who, m, how in outcomes if m == n)
+        assert [how for how, _ in these] == ["exists", "won"], these
+        winner = these[1][1]
+        tag = step_tag(n)
+        verify_manifest(store.entry("race", tag))
+        with store.entry("race", tag).open(MODEL_FILE) as reader:
+            assert reader.read() == f"{winner} {n}".encode()
+        generations = {k.split("/")[3] for k in found if k.startswith(f"ckpt/race/{tag}/.")}
+        assert len(generations) == 1, generations  # the loser's save is gone

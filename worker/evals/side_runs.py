@@ -13,9 +13,8 @@ read as a POST /runs/evaluate reads them) and one transaction, never for the eva
 
 from __future__ import annotations
 
-from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.checkpoints.factory import Stores
 from trainctl.store.exceptions import TrainctlError
-from trainctl.store.layout import DataLayout
 from trainctl.store.names import parse_step
 from trainctl.store.plans import TrainPlan
 from trainctl.store.side_evals import queue_checkpoint_eval
@@ -25,10 +24,8 @@ from trainctl.worker.context import RunContext
 class CheckpointEvals:
     """Queues the evaluate runs of a train run's checkpoints; `queued` has their ids."""
 
-    def __init__(
-        self, plan: TrainPlan, ctx: RunContext, store: CheckpointStore, layout: DataLayout
-    ) -> None:
-        self.plan, self.ctx, self.store, self.layout = plan, ctx, store, layout
+    def __init__(self, plan: TrainPlan, ctx: RunContext, stores: Stores) -> None:
+        self.plan, self.ctx, self.stores = plan, ctx, stores
         self.queued: list[str] = []
 
     def __call__(self, tag: str, step: int) -> None:
@@ -44,8 +41,7 @@ class CheckpointEvals:
                 tag,
                 self.plan.device,
                 runs=self.ctx.runs,
-                checkpoints=self.store,
-                layout=self.layout,
+                stores=self.stores,
             )
         except TrainctlError as exc:
             # What a POST /runs/evaluate would be refused for: training goes on without it.

@@ -290,7 +290,8 @@ def test_a_client_generated_from_the_schema_lists_runs_with_a_token(
     settings = Settings(data_dir=tmp_path / "data", workers=0, api_token=TOKEN)
     app = create_app(settings)
     with serve(app) as url:
-        stores = {"runs": app.state.runs, "ckpts": app.state.checkpoints}
+        stores = {"runs": app.state.runs, "ckpts": app.state.checkpoints,
+                  "exports": app.state.exports}  # fmt: skip
         submitted = [
             submit_run("benchmark", BenchmarkRequest(steps=n), settings=settings, **stores).id
             for n in range(1, 6)

@@ -17,13 +17,13 @@ import pytest
 
 from tests.s3server import S3Server
 from tests.service.fakes import save_checkpoint
-from tests.stores import s3_store
+from tests.stores import posix_store, s3_store
 from trainctl.service.settings import Settings
 from trainctl.service.submit import submit_run
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.guards import GuardLeases
-from trainctl.store.db.runs import RunStore
+from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import CheckpointNotFound
 from trainctl.store.specs import ValidateRequest
 
@@ -52,6 +52,14 @@ def in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     return thread, out
+
+
+def submit_validate(settings: Settings, runs: RunStore, ckpts: CheckpointStore) -> Run:
+    """Submit a validate run of exp/step_10 (its submit never reads the exports store)."""
+    request = ValidateRequest(checkpoint="exp/step_10", num_batches=1)
+    exports = posix_store(settings.layout.exports)
+    return submit_run("validate", request, settings=settings, runs=runs, ckpts=ckpts,
+                      exports=exports)  # fmt: skip
 
 
 @pytest.fixture(params=["posix", "s3"])
@@ -84,10 +92,7 @@ def test_retention_waits_for_a_run_being_queued_and_spares_its_checkpoint(
     ckpts, worker = sides
     enqueue = Paused(runs.enqueue_all)  # what submit queues through, one run or a sweep's
     monkeypatch.setattr(runs, "enqueue_all", enqueue)
-    request = ValidateRequest(checkpoint="exp/step_10", num_batches=1)
-    submitter, submitted = in_thread(
-        lambda: submit_run("validate", request, settings=settings, runs=runs, ckpts=ckpts)
-    )
+    submitter, submitted = in_thread(lambda: submit_validate(settings, runs, ckpts))
     assert enqueue.inside.wait(30)  # checked step_10, about to queue the run
 
     # What a worker's retention does after a save: keep 1 step, spare what runs need.
@@ -116,10 +121,7 @@ def test_a_run_queued_while_retention_runs_finds_its_checkpoint_gone_not_half_th
     retention, retained = in_thread(lambda: ProtectionPolicy(runs, worker).retain("exp", 1))
     assert protected.inside.wait(30)  # retention holds the guard, about to read the runs
 
-    request = ValidateRequest(checkpoint="exp/step_10", num_batches=1)
-    submitter, submitted = in_thread(
-        lambda: submit_run("validate", request, settings=settings, runs=runs, ckpts=ckpts)
-    )
+    submitter, submitted = in_thread(lambda: submit_validate(settings, runs, ckpts))
     submitter.join(0.5)
     assert submitter.is_alive(), "the submit did not wait for retention"
     protected.release.set()
