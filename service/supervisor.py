@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from trainctl.service.devices import gpu_count
 from trainctl.service.settings import Settings
 from trainctl.store.db.runs import RunStore
-from trainctl.store.processes import isolated_env, python_command
+from trainctl.store.processes import DRAINED_EXIT_CODE, isolated_env, python_command
 
 if TYPE_CHECKING:
     from trainctl.service.metrics import ServiceMetrics
@@ -56,6 +56,8 @@ class WorkerSlot:
     start; emptied when a worker lives longer."""
     given_up: str | None = None
     """Why the slot is no longer restarted; None while it is."""
+    drained: bool = False
+    """Its worker was drained on purpose (it exited with DRAINED_EXIT_CODE): not restarted."""
     oom_kills_at_start: int = 0
     """The cgroup's OOM-kill count when the worker started: more at its SIGKILL means the
     kernel ended it for memory, not an operator's kill -9."""
@@ -198,7 +200,7 @@ class Supervisor:
                 log.exception("supervisor tick failed")
 
     def _check(self, slot: WorkerSlot) -> None:
-        if self._stop.is_set() or slot.given_up:
+        if self._stop.is_set() or slot.given_up or slot.drained:
             return
         if slot.process is None:
             if time.monotonic() >= slot.next_start:
@@ -208,6 +210,9 @@ class Supervisor:
         if code is None:
             return
         lived = time.monotonic() - slot.started_at
+        if code == DRAINED_EXIT_CODE:
+            self._drained(slot)
+            return
         out_of_memory = code == -signal.SIGKILL and oom_kills() > slot.oom_kills_at_start
         if out_of_memory:
             reason = (
@@ -222,6 +227,17 @@ class Supervisor:
         self.runs.deregister_worker(slot.worker_id)
         slot.process = None
         self._schedule_restart(slot, code, lived)
+
+    def _drained(self, slot: WorkerSlot) -> None:
+        """A drained worker handed its run back and exits: an operator's choice, so its slot
+        stays empty until the service restarts. What it left running (a run it could not
+        hand back) is recovered as for any worker that is gone."""
+        reason = f"worker process {slot.worker_id} was drained"
+        for run in self.runs.fail_worker_runs(slot.worker_id, reason):
+            log.warning("%s; run %s is now %s", reason, run.id, run.state)
+        self.runs.deregister_worker(slot.worker_id)
+        slot.process, slot.drained = None, True
+        log.info("worker %s (slot %d) drained; not restarted", slot.worker_id, slot.index)
 
     def _schedule_restart(self, slot: WorkerSlot, code: int, lived: float) -> None:
         """After a crash: restart at once, after a backoff, or never (`_give_up`)."""
@@ -306,6 +322,7 @@ class Supervisor:
                 "quick_crashes": len(s.quick_exit_codes),
                 "given_up": s.given_up is not None,
                 "given_up_reason": s.given_up,
+                "drained": s.drained,
             }
             for s in self.slots
         ]
