@@ -235,6 +235,8 @@ class Worker:
         self.shutdown = Shutdown(config.drain_seconds)
         self.drained = False
         """Asked to drain: it exits with DRAINED_EXIT_CODE once its run is handed back."""
+        self.abandoned_save = False
+        """A drain gave up on a save whose write may still hang (see `main`)."""
 
     def register(self) -> None:
         device, info = self.device, self.info
@@ -382,6 +384,8 @@ class Worker:
 
     def report(self, ctx: RunContext, outcome: Outcome) -> None:
         run_id, wid, attempt = ctx.run.id, self.config.worker_id, ctx.attempt
+        if outcome.result and (outcome.result.get("drain") or {}).get("abandoned"):
+            self.abandoned_save = True
         try:
             if outcome.state == "requeue":
                 self.runs.requeue(run_id, wid, attempt, outcome.reason)
@@ -440,4 +444,11 @@ def main(argv: list[str] | None = None) -> int:
         worker.serve_forever()
     finally:
         worker.runs.close()
-    return DRAINED_EXIT_CODE if worker.drained else 0
+    code = DRAINED_EXIT_CODE if worker.drained else 0
+    if worker.abandoned_save:
+        # The abandoned write may hang in an upload to a store that stopped answering, on a
+        # pool thread the interpreter would join at exit; it can never commit (worker.
+        # async_checkpoint), so it must not hold the node's exit either.
+        logging.shutdown()
+        os._exit(code)
+    return code
