@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 DRAIN_SECONDS = 30.0
+HANDBACK_GRACE_SECONDS = 1.0
+"""After the deadline, how long a run that stops by itself (a train run, at its deadline) has
+to hand back before the worker's `DeadlineWatch` does it for the run."""
+POLL_SECONDS = 0.1
 
 
 class Shutdown(threading.Event):
@@ -47,3 +52,36 @@ class Shutdown(threading.Event):
 def as_shutdown(event: threading.Event) -> Shutdown | None:
     """`event` if it carries a deadline; None for a plain Event (tests, scripts)."""
     return event if isinstance(event, Shutdown) else None
+
+
+class DeadlineWatch:
+    """Hands the run back at the deadline if it has not stopped by then.
+
+    A train run stops at a step and hands back by itself; a run with no step to stop at (a
+    validate, an export) or one stuck (a synchronous save to a store that stopped answering)
+    would hold the node past its preemption. `hand_back` runs on this thread, once the
+    deadline and the grace have passed with the run still going: it requeues the run (fenced,
+    so a run that handed back meanwhile is left alone) and ends the process.
+    """
+
+    def __init__(self, shutdown: Shutdown, hand_back: Callable[[], None]) -> None:
+        self.shutdown, self.hand_back = shutdown, hand_back
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="trainctl-drain", daemon=True)
+
+    def _watch(self) -> None:
+        while not self.shutdown.is_set():
+            if self.done.wait(POLL_SECONDS):
+                return
+        deadline = self.shutdown.deadline
+        assert deadline is not None  # set with the shutdown
+        late = deadline + HANDBACK_GRACE_SECONDS - time.monotonic()
+        if not self.done.wait(max(0.0, late)):
+            self.hand_back()
+
+    def __enter__(self) -> DeadlineWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()

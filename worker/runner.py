@@ -33,7 +33,7 @@ from trainctl.store.layout import HEARTBEAT_SECONDS, LEASE_SECONDS, POLL_SECONDS
 from trainctl.store.memory import host_memory_bytes
 from trainctl.store.processes import DRAINED_EXIT_CODE
 from trainctl.worker.context import Heartbeat, RunContext
-from trainctl.worker.drain import DRAIN_SECONDS, Shutdown
+from trainctl.worker.drain import DRAIN_SECONDS, DeadlineWatch, Shutdown
 from trainctl.worker.executor import Outcome, WorkerEnv, execute
 from trainctl.worker.launch import PeerLost
 from trainctl.worker.logs import configure_logging, running
@@ -342,7 +342,10 @@ class Worker:
         )
         ctx.log(f"started on worker {self.config.worker_id} (attempt {run.attempt})")
         try:
-            with Heartbeat(ctx, self.config.heartbeat_seconds, self.config.lease_seconds):
+            with (
+                Heartbeat(ctx, self.config.heartbeat_seconds, self.config.lease_seconds),
+                DeadlineWatch(self.shutdown, lambda: self.hand_back_late(ctx)),
+            ):
                 outcome = execute(ctx, self.env)
         except PeerLost as exc:
             self.give_up(ctx, exc)
@@ -357,6 +360,21 @@ class Worker:
             self.fail(ctx, exc)
             return
         self.report(ctx, outcome)
+
+    def hand_back_late(self, ctx: RunContext) -> None:
+        """The drain's deadline passed with the run still going (DeadlineWatch): requeue it,
+        as its own stop would have, and end the process, which nothing else may hold up.
+        What the run goes on doing until then is fenced out: it is no longer its attempt's."""
+        reason = f"the worker stopped; the run did not stop within {self.shutdown.seconds:g} s"
+        try:
+            self.runs.requeue(ctx.run.id, self.config.worker_id, ctx.attempt, reason)
+        except LeaseLost:
+            return  # it handed back (or was reaped) meanwhile: the worker ends as usual
+        log.warning("run %s: %s; handed back", ctx.run.id, reason)
+        self.drained = self.drained or self.drain_requested()
+        self.runs.deregister_worker(self.config.worker_id)
+        logging.shutdown()
+        os._exit(DRAINED_EXIT_CODE if self.drained else 0)
 
     def give_up(self, ctx: RunContext, exc: PeerLost) -> None:
         """A gang member went away: requeue the run as a new attempt, on any N workers.

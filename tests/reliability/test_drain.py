@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
+from tests.plans import enqueue, validate_plan
 from tests.polling import poll
 from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
 from tests.s3server import S3Server, running_s3_server
 from tests.stores import posix_store, s3_store
 from trainctl.store.db.runs import Run, RunStore
 
-STEPS = 300
+STEPS = 100
 """Long enough that SIGTERM lands mid-run (a tiny step takes milliseconds), short enough that
 the second worker finishes it in seconds."""
 
@@ -67,6 +68,24 @@ def test_sigterm_saves_at_the_step_reached_and_a_second_worker_finishes_the_run(
     done = wait_finished(runs, run)
     assert (done.state, done.attempt) == ("succeeded", 1), done.error
     assert resumed_from(runs, run, saved.tag)
+
+
+@pytest.mark.slow
+def test_a_run_with_no_step_to_stop_at_is_handed_back_at_the_deadline(
+    runs: RunStore, workers: Workers, tmp_path: Path
+) -> None:
+    trained = enqueue_tiny_train(runs, "v", 1, checkpoint_every=1)
+    worker = workers.start("w", {**os.environ, "TRAINCTL_DRAIN_SECONDS": "1"})
+    assert wait_finished(runs, trained).state == "succeeded"
+    validate = validate_plan(tmp_path / "checkpoints", checkpoint="v/step_1", num_batches=100_000)
+    run = enqueue(runs, validate)
+    poll(lambda: runs.get(run.id).state == "running", what="the validate run to start")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=120) == 0, workers.logs()
+
+    requeued = runs.get(run.id)
+    assert (requeued.state, requeued.attempt) == ("queued", 1)
+    assert "did not stop within 1 s" in runs.events(run.id, type="state")[-1].data["reason"]
 
 
 def bucket_env(server: S3Server, bucket: str) -> dict[str, str]:
