@@ -33,6 +33,7 @@ MODULES = [
     "sharded_muon",
     "fsdp_vs_ddp",
     "evals_throughput",
+    "drain",
 ]
 
 

@@ -505,12 +505,14 @@ class Trainer:
         return self.checkpointer.wait()
 
     def drain_report(self, stopped_at: float) -> dict[str, Any]:
-        """How the drain's save went, in seconds from the signal: to the ranks stopped (the
-        state staged), and to the commit (None: abandoned at the deadline)."""
+        """How the drain's save went, in seconds from the signal: to the step boundary it
+        stopped at, to the ranks stopped (the state staged), and to the commit (None:
+        abandoned at the deadline)."""
         assert self.drain is not None and self.drain.since is not None
         since, committed = self.drain.since, self.drained.get("committed_at")
         return {
             "deadline_seconds": self.drain.seconds,
+            "step_boundary_seconds": self.drained["seen_at"] - since,
             "stopped_seconds": stopped_at - since,
             "committed_seconds": None if committed is None else committed - since,
             "abandoned": self.drained.get("abandoned"),
@@ -596,6 +598,8 @@ class Trainer:
                     self.report(metrics, interval)
                     interval = Interval()
                 stopped = not final and self.should_stop()
+                if stopped:
+                    self.drained["seen_at"] = time.monotonic()  # the step boundary it stops at
                 if stopped and not logged:
                     self.report(metrics, interval)  # the last step is always written
                 if self.maybe_validate(final):
