@@ -35,6 +35,9 @@ log = logging.getLogger("trainctl.supervisor")
 # Isolated (store/processes.py): a worker imports neither from the service's working folder
 # nor from its PYTHONPATH, only what is installed, plug-ins included.
 WORKER_COMMAND = tuple(python_command("trainctl.worker"))
+STOP_MARGIN_SECONDS = 30.0
+"""Beyond the drain's deadline, how long a stopping worker may take to exit (its run is
+handed back by then: a worker's DeadlineWatch sees to it)."""
 LOG_TAIL_LINES = 10
 LOG_TAIL_BYTES = 16384  # enough for LOG_TAIL_LINES lines of JSON log records
 
@@ -176,6 +179,7 @@ class Supervisor:
             "TRAINCTL_WORKER_ID": slot.worker_id,
             "TRAINCTL_LEASE_SECONDS": str(self.settings.lease_seconds),
             "TRAINCTL_HEARTBEAT_SECONDS": str(self.settings.heartbeat_seconds),
+            "TRAINCTL_DRAIN_SECONDS": str(self.settings.drain_seconds),
             "TRAINCTL_WORKER_NICE": str(self.settings.worker_nice),
         }
         if slot.gpus or self.node_has_gpus:
@@ -290,8 +294,10 @@ class Supervisor:
         if self.metrics is not None:
             self.metrics.worker_slots_given_up.inc()
 
-    def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM every worker (a train run checkpoints and is requeued), then wait."""
+    def stop(self, timeout: float | None = None) -> None:
+        """SIGTERM every worker (a train run checkpoints and is requeued), then wait: by
+        default the drain's deadline and a margin for the worker's own exit."""
+        timeout = self.settings.drain_seconds + STOP_MARGIN_SECONDS if timeout is None else timeout
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)

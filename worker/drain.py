@@ -3,7 +3,7 @@
 
 SIGTERM, SIGINT and a drain request (POST /workers/{id}/drain, read by the heartbeat) all set
 one `Shutdown`. The moment it is first set starts the deadline, `TRAINCTL_DRAIN_SECONDS`
-later (30 s by default, the warning GCP gives; AWS gives two minutes): a train run stops at
+later (store.layout.DRAIN_SECONDS by default): a train run stops at
 the next step boundary, stages its state to host memory and stops its ranks, and the write
 goes on in the background until the deadline. A save that cannot commit by then is
 abandoned: the checkpoint before it stays the latest, and nothing of it is listed.
@@ -15,7 +15,8 @@ import threading
 import time
 from collections.abc import Callable
 
-DRAIN_SECONDS = 30.0
+from trainctl.store.layout import DRAIN_SECONDS
+
 HANDBACK_GRACE_SECONDS = 1.0
 """After the deadline, how long a run that stops by itself (a train run, at its deadline) has
 to hand back before the worker's `DeadlineWatch` does it for the run."""

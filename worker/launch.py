@@ -52,12 +52,12 @@ from trainctl.store.checkpoints.manifests import DCP_LAYOUT
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost
-from trainctl.store.layout import DataLayout
+from trainctl.store.layout import DRAIN_SECONDS, DataLayout
 from trainctl.store.parallelism import PARALLEL_STRATEGIES
 from trainctl.store.plans import TrainPlan
 from trainctl.store.processes import isolated_env, python_command
 from trainctl.worker.context import RunContext
-from trainctl.worker.drain import DRAIN_SECONDS, Shutdown, as_shutdown
+from trainctl.worker.drain import Shutdown, as_shutdown
 from trainctl.worker.evals.side_runs import CheckpointEvals
 from trainctl.worker.parallel import AgreedStop, RankSampler
 from trainctl.worker.rendezvous import LOOPBACK, host_store, rank_store, socket_env

@@ -29,11 +29,17 @@ from trainctl.store.db.queue import GANG_RESERVE_SECONDS
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import LeaseLost, WorkerNotFound
 from trainctl.store.hf_catalog import causal_lm_types
-from trainctl.store.layout import HEARTBEAT_SECONDS, LEASE_SECONDS, POLL_SECONDS, DataLayout
+from trainctl.store.layout import (
+    DRAIN_SECONDS,
+    HEARTBEAT_SECONDS,
+    LEASE_SECONDS,
+    POLL_SECONDS,
+    DataLayout,
+)
 from trainctl.store.memory import host_memory_bytes
 from trainctl.store.processes import DRAINED_EXIT_CODE
 from trainctl.worker.context import Heartbeat, RunContext
-from trainctl.worker.drain import DRAIN_SECONDS, DeadlineWatch, Shutdown
+from trainctl.worker.drain import DeadlineWatch, Shutdown
 from trainctl.worker.executor import Outcome, WorkerEnv, execute
 from trainctl.worker.launch import PeerLost
 from trainctl.worker.logs import configure_logging, running
