@@ -34,6 +34,7 @@ MODULES = [
     "sharded_muon",
     "fsdp_vs_ddp",
     "evals_throughput",
+    "drain",
 ]
 
 

@@ -77,6 +77,7 @@ def public_worker(worker: Worker, lease_seconds: float) -> WorkerPublic:
         gpu_model=str(model) if model is not None else None,
         gpu_memory_bytes=memory if isinstance(memory, int) else None,
         alive=is_live(worker, lease_seconds),
+        draining=worker.drain_requested_at is not None,
     )
 
 

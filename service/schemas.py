@@ -304,6 +304,12 @@ class WorkerPublic(Public):
     last_seen_at: datetime
     current_run_id: str | None
     alive: bool = Field(description="Seen within the lease period.")
+    drain_requested_at: datetime | None = Field(
+        description="When it was asked to drain (POST /workers/{id}/drain); null: it was not."
+    )
+    draining: bool = Field(
+        description="Asked to drain: it hands back its run, claims nothing more and exits."
+    )
 
 
 class WorkersPublic(BaseModel):

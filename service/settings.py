@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trainctl.service.webhooks.targets import HostPolicy
 from trainctl.store.checkpoints.s3 import parse_url
-from trainctl.store.layout import HEARTBEAT_SECONDS, LEASE_SECONDS, DataLayout
+from trainctl.store.layout import DRAIN_SECONDS, HEARTBEAT_SECONDS, LEASE_SECONDS, DataLayout
 from trainctl.store.memory import LARGEST_GPU_MEMORY_BYTES
 from trainctl.store.specs import MLFLOW_SETTING, Tracker
 
@@ -122,6 +122,14 @@ class Settings(BaseSettings):
         HEARTBEAT_SECONDS, gt=0, le=600, description="Worker heartbeat period."
     )
     reap_seconds: float = Field(2.0, gt=0, le=600, description="How often leases are checked.")
+    drain_seconds: float = Field(
+        DRAIN_SECONDS,
+        gt=0,
+        le=3600,
+        description="How long a run has, from SIGTERM or a drain request, to save its "
+        "checkpoint and go back to the queue; the service's stop waits this long for its "
+        "workers.",
+    )
     max_attempts: int = Field(
         3, ge=1, le=100, description="Attempts per run before it fails, unless it names its own."
     )

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from trainctl.service.devices import gpu_count
 from trainctl.service.settings import Settings
 from trainctl.store.db.runs import RunStore
-from trainctl.store.processes import isolated_env, python_command
+from trainctl.store.processes import DRAINED_EXIT_CODE, isolated_env, python_command
 
 if TYPE_CHECKING:
     from trainctl.service.metrics import ServiceMetrics
@@ -35,6 +35,9 @@ log = logging.getLogger("trainctl.supervisor")
 # Isolated (store/processes.py): a worker imports neither from the service's working folder
 # nor from its PYTHONPATH, only what is installed, plug-ins included.
 WORKER_COMMAND = tuple(python_command("trainctl.worker"))
+STOP_MARGIN_SECONDS = 30.0
+"""Beyond the drain's deadline, how long a stopping worker may take to exit (its run is
+handed back by then: a worker's DeadlineWatch sees to it)."""
 LOG_TAIL_LINES = 10
 LOG_TAIL_BYTES = 16384  # enough for LOG_TAIL_LINES lines of JSON log records
 
@@ -56,6 +59,8 @@ class WorkerSlot:
     start; emptied when a worker lives longer."""
     given_up: str | None = None
     """Why the slot is no longer restarted; None while it is."""
+    drained: bool = False
+    """Its worker was drained on purpose (it exited with DRAINED_EXIT_CODE): not restarted."""
     oom_kills_at_start: int = 0
     """The cgroup's OOM-kill count when the worker started: more at its SIGKILL means the
     kernel ended it for memory, not an operator's kill -9."""
@@ -174,6 +179,7 @@ class Supervisor:
             "TRAINCTL_WORKER_ID": slot.worker_id,
             "TRAINCTL_LEASE_SECONDS": str(self.settings.lease_seconds),
             "TRAINCTL_HEARTBEAT_SECONDS": str(self.settings.heartbeat_seconds),
+            "TRAINCTL_DRAIN_SECONDS": str(self.settings.drain_seconds),
             "TRAINCTL_WORKER_NICE": str(self.settings.worker_nice),
         }
         if slot.gpus or self.node_has_gpus:
@@ -198,7 +204,7 @@ class Supervisor:
                 log.exception("supervisor tick failed")
 
     def _check(self, slot: WorkerSlot) -> None:
-        if self._stop.is_set() or slot.given_up:
+        if self._stop.is_set() or slot.given_up or slot.drained:
             return
         if slot.process is None:
             if time.monotonic() >= slot.next_start:
@@ -208,6 +214,9 @@ class Supervisor:
         if code is None:
             return
         lived = time.monotonic() - slot.started_at
+        if code == DRAINED_EXIT_CODE:
+            self._drained(slot)
+            return
         out_of_memory = code == -signal.SIGKILL and oom_kills() > slot.oom_kills_at_start
         if out_of_memory:
             reason = (
@@ -222,6 +231,17 @@ class Supervisor:
         self.runs.deregister_worker(slot.worker_id)
         slot.process = None
         self._schedule_restart(slot, code, lived)
+
+    def _drained(self, slot: WorkerSlot) -> None:
+        """A drained worker handed its run back and exits: an operator's choice, so its slot
+        stays empty until the service restarts. What it left running (a run it could not
+        hand back) is recovered as for any worker that is gone."""
+        reason = f"worker process {slot.worker_id} was drained"
+        for run in self.runs.fail_worker_runs(slot.worker_id, reason):
+            log.warning("%s; run %s is now %s", reason, run.id, run.state)
+        self.runs.deregister_worker(slot.worker_id)
+        slot.process, slot.drained = None, True
+        log.info("worker %s (slot %d) drained; not restarted", slot.worker_id, slot.index)
 
     def _schedule_restart(self, slot: WorkerSlot, code: int, lived: float) -> None:
         """After a crash: restart at once, after a backoff, or never (`_give_up`)."""
@@ -274,8 +294,10 @@ class Supervisor:
         if self.metrics is not None:
             self.metrics.worker_slots_given_up.inc()
 
-    def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM every worker (a train run checkpoints and is requeued), then wait."""
+    def stop(self, timeout: float | None = None) -> None:
+        """SIGTERM every worker (a train run checkpoints and is requeued), then wait: by
+        default the drain's deadline and a margin for the worker's own exit."""
+        timeout = self.settings.drain_seconds + STOP_MARGIN_SECONDS if timeout is None else timeout
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
@@ -306,6 +328,7 @@ class Supervisor:
                 "quick_crashes": len(s.quick_exit_codes),
                 "given_up": s.given_up is not None,
                 "given_up_reason": s.given_up,
+                "drained": s.drained,
             }
             for s in self.slots
         ]

@@ -105,8 +105,8 @@ class LeaseLost(TrainctlError):
 class WorkerNotFound(NotFound):
     """A worker reported in under an id that is not registered (it was deregistered)."""
 
-    def __init__(self, worker_id: str) -> None:
-        super().__init__(f"worker {worker_id!r} is not registered; register it again")
+    def __init__(self, worker_id: str, hint: str = "register it again") -> None:
+        super().__init__(f"worker {worker_id!r} is not registered; {hint}")
 
 
 class InVariant(TrainctlError):

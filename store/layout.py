@@ -25,6 +25,9 @@ HEARTBEAT_SECONDS = 5.0
 """How often a worker extends its lease and says it is alive."""
 POLL_SECONDS = 0.5
 """How often an idle worker asks the queue for a run."""
+DRAIN_SECONDS = 30.0
+"""How long a run has, from SIGTERM or a drain request, to save and hand back (worker.drain):
+the warning GCP gives a preempted VM; AWS gives two minutes."""
 
 
 @dataclass(frozen=True)

@@ -56,3 +56,9 @@ def drop_working_folder() -> None:
     before it imports anything else; a no-op under `-P` or `-I`, or for a console script."""
     if not sys.flags.safe_path and sys.path and sys.path[0] in (os.getcwd(), ""):
         del sys.path[0]
+
+
+DRAINED_EXIT_CODE = 75
+"""A worker's exit code after it was drained on purpose (POST /workers/{id}/drain): its
+supervisor does not start it again. 75 is EX_TEMPFAIL of <sysexits.h>: the node is going
+away, not broken."""

@@ -26,6 +26,8 @@ class S3Server:
     endpoint: str
     access_key: str
     secret_key: str
+    pid: int | None = None
+    """The server's process, for a test that freezes it (SIGSTOP) on a server of its own."""
     _clients: dict[str | None, Any] = field(default_factory=dict)
 
     def client(self, *, secret_key: str | None = None) -> Any:
@@ -100,6 +102,7 @@ def running_s3_server(root: Path) -> Iterator[S3Server]:
     ]  # fmt: skip
     log = (root / "weed.log").open("wb")
     proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    server.pid = proc.pid
     try:
         _wait_until_serving(server, proc, root)
         yield server

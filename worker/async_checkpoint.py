@@ -13,11 +13,18 @@ lands in the store is the same, byte for byte, and becomes visible only complete
 At most one save is in flight: a new save first waits for the previous one (and with it for
 its buffers). A failed write is re-raised on the training thread at the next `save`, `poll`
 or `wait`, never swallowed.
+
+A drain (worker.drain) waits for the save only until its deadline (`wait(until=...)`). A write
+that has not reached its commit by then is abandoned: `commit_gate`, which the write runs
+just before its commit, refuses it from then on, so the checkpoint never becomes visible,
+however long the write thread stays stuck (in an upload to a store that stopped answering).
+A write that reached its commit first is waited for: one rename or one PUT of a manifest.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +35,14 @@ from trainctl.worker.checkpoint import CheckpointState
 
 Write = Callable[[CheckpointState], str]
 """Writes and commits a state; returns where it went, in words (`write_checkpoint`)."""
+
+
+class SaveAbandoned(RuntimeError):
+    """A background save did not reach its commit by the drain's deadline: it never will."""
+
+
+_writing = threading.local()
+"""The PendingSave a writer thread writes (`commit_gate` reads it)."""
 
 
 @dataclass
@@ -91,6 +106,18 @@ class PendingSave:
     thread: threading.Thread | None = None
     where: str | None = None
     error: BaseException | None = None
+    gate: threading.Lock = field(default_factory=threading.Lock)
+    """Held while `abandoned` or `committing` is decided: one of them wins, never both."""
+    abandoned: bool = False
+    committing: bool = False
+    committed_at: float | None = None
+    """`time.monotonic()` when the commit was done."""
+
+    def abandon(self) -> bool:
+        """Refuse the commit from now on; False if the write reached it first."""
+        with self.gate:
+            self.abandoned = not self.committing
+            return self.abandoned
 
 
 @dataclass
@@ -130,12 +157,27 @@ class AsyncCheckpointer:
 
     @staticmethod
     def _write(pending: PendingSave, write: Write) -> None:
+        _writing.pending = pending
         try:
             for event in pending.copied:
                 event.synchronize()  # the GPU's copies into the buffers are complete
             pending.where = write(pending.state)
+            pending.committed_at = time.monotonic()
         except BaseException as exc:  # re-raised on the training thread by wait()
             pending.error = exc
+
+    @staticmethod
+    def commit_gate() -> None:
+        """Run by a write just before its commit (`before_commit`), on the writer thread:
+        raises SaveAbandoned once the training thread gave up on this save; after it
+        returns, the training thread waits for the commit instead."""
+        pending: PendingSave | None = getattr(_writing, "pending", None)
+        if pending is None:  # a synchronous save: nobody abandons it
+            return
+        with pending.gate:
+            if pending.abandoned:
+                raise SaveAbandoned("the drain's deadline passed before this save committed")
+            pending.committing = True
 
     @property
     def in_flight(self) -> bool:
@@ -148,13 +190,21 @@ class AsyncCheckpointer:
             return []
         return self.wait()
 
-    def wait(self) -> list[dict]:
-        """Block until the save in flight is committed; raise its error if it failed."""
+    def wait(self, until: float | None = None) -> list[dict]:
+        """Block until the save in flight is committed; raise its error if it failed.
+        With `until` (`time.monotonic()`), abandon it if it has not reached its commit by
+        then, and raise SaveAbandoned; its thread may go on writing, but never commits."""
         p, self._pending = self._pending, None
         if p is None:
             return []
         if p.thread is not None:
-            p.thread.join()
+            p.thread.join(None if until is None else max(0.0, until - time.monotonic()))
+            if p.thread.is_alive() and p.abandon():
+                raise SaveAbandoned(
+                    f"checkpoint {p.state.experiment}/{p.state.tag} did not commit by the "
+                    "drain's deadline; it was abandoned, and the previous one stays the latest"
+                )
+            p.thread.join()  # it reached its commit first: one rename or PUT to wait for
         if p.error is not None:
             raise p.error
-        return [{**p.info, "path": p.where}]
+        return [{**p.info, "path": p.where, "committed_at": p.committed_at}]

@@ -144,7 +144,8 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             try:
                 self.ctx.heartbeat(self.lease_seconds)
-                self.ctx.runs.worker_heartbeat(self.ctx.worker_id)
+                if self.ctx.runs.worker_heartbeat(self.ctx.worker_id):
+                    self.ctx.shutdown.set()  # asked to drain: stop as on SIGTERM (worker.drain)
                 if self.ctx.run.gang is not None:
                     # A gang's members may be all the workers there are, and a busy worker
                     # reaps nothing: each member watches the others' leases itself, so a

@@ -42,6 +42,7 @@ from trainctl.worker.benchmark import run_benchmark
 from trainctl.worker.checkpoint import load_checkpoint
 from trainctl.worker.context import RunContext
 from trainctl.worker.data import SyntheticSampler, TokenSampler
+from trainctl.worker.drain import as_shutdown
 from trainctl.worker.evals.run import run_evaluate
 from trainctl.worker.evals.side_runs import CheckpointEvals
 from trainctl.worker.export import export_hf
@@ -162,15 +163,32 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
             protected=ProtectionPolicy(ctx.runs, store).asker(plan.experiment),
             before_commit=ctx.confirm_lease,
             after_commit=evals,
+            drain=as_shutdown(ctx.shutdown),
         )
         result = trainer.run()
         if plan.evals is not None:
             result["evaluate_runs"] = evals.queued
-    latest = store.latest_or_none(plan.experiment)
     result["experiment"] = plan.experiment
-    result["checkpoint"] = latest.tag if latest else None
+    if "drain" in result:
+        # Not the store's latest: a drain hands back at once, and the store may be what
+        # held its save up (an object store that stopped answering).
+        maybe_log_drain(ctx, result["drain"])
+    else:
+        latest = store.latest_or_none(plan.experiment)
+        result["checkpoint"] = latest.tag if latest else None
     ctx.progress(result["step"], plan.steps, force=True)
     return stopped_outcome(ctx, result) if result["stopped"] else Outcome("succeeded", result)
+
+
+def maybe_log_drain(ctx: RunContext, drain: dict[str, Any]) -> None:
+    """Say how the drain's save went, in seconds from the signal (the run's events)."""
+    stopped = f"stopped {drain['stopped_seconds']:.2f} s after the signal"
+    if drain["abandoned"]:
+        ctx.log(f"drain: {stopped}; {drain['abandoned']}", level="warning", drain=drain)
+    else:
+        committed = drain["committed_seconds"]
+        saved = "" if committed is None else f", its checkpoint committed at {committed:.2f} s"
+        ctx.log(f"drain: {stopped}{saved}", drain=drain)
 
 
 def execute_benchmark(ctx: RunContext, env: WorkerEnv) -> Outcome:

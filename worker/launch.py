@@ -38,12 +38,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -53,11 +52,12 @@ from trainctl.store.checkpoints.manifests import DCP_LAYOUT
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost
-from trainctl.store.layout import DataLayout
+from trainctl.store.layout import DRAIN_SECONDS, DataLayout
 from trainctl.store.parallelism import PARALLEL_STRATEGIES
 from trainctl.store.plans import TrainPlan
 from trainctl.store.processes import isolated_env, python_command
 from trainctl.worker.context import RunContext
+from trainctl.worker.drain import Shutdown, as_shutdown
 from trainctl.worker.evals.side_runs import CheckpointEvals
 from trainctl.worker.parallel import AgreedStop, RankSampler
 from trainctl.worker.rendezvous import LOOPBACK, host_store, rank_store, socket_env
@@ -69,6 +69,9 @@ if TYPE_CHECKING:
 
 POLL_SECONDS = 0.2
 RESULT_FILE, STOP_FILE, ERROR_FILE = "result.json", "stop", "error.json"
+DRAIN_FILE = "drain"
+"""When the worker's stop began (`time.monotonic()`, shared by the node's processes): the
+ranks' drain deadline counts from it, not from when they read the stop file."""
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 RENDEZVOUS_JOIN_SECONDS = 120
 """How long a gang member waits for the others at the rendezvous before giving up."""
@@ -121,6 +124,7 @@ def launch_train(
                 "worker_id": ctx.worker_id,
                 "attempt": ctx.attempt,
                 "lease_seconds": ctx.lease_seconds,
+                "drain_seconds": getattr(as_shutdown(ctx.shutdown), "seconds", DRAIN_SECONDS),
             }
         job_file.write_text(json.dumps(job))
         command = python_command("trainctl.worker.launch", "launch", str(job_file))
@@ -208,11 +212,19 @@ def watch(proc: subprocess.Popen[bytes], workdir: Path, ctx: RunContext | None) 
             reason = "lease_lost" if ctx.lease_lost.is_set() else None
             reason = reason or ("shutdown" if ctx.shutdown.is_set() else None)
             if reason and not stop.exists():
+                maybe_write_drain(workdir, ctx)
                 stop.write_text(reason)
             if reason == "lease_lost":
                 lost_at = lost_at or time.monotonic()
                 if time.monotonic() - lost_at > STOP_GRACE_SECONDS:
                     proc.terminate()  # torchrun stops its ranks
+
+
+def maybe_write_drain(workdir: Path, ctx: RunContext) -> None:
+    """Before the stop file: the moment the worker's stop began, for the ranks' deadline."""
+    shutdown = as_shutdown(ctx.shutdown)
+    if shutdown is not None and shutdown.since is not None:
+        (workdir / DRAIN_FILE).write_text(repr(shutdown.since))
 
 
 def read_result(workdir: Path, code: int, *, gang: bool = False) -> dict[str, Any] | None:
@@ -351,7 +363,8 @@ def rank_context(job: dict[str, Any], runs: RunStore) -> RunContext:
     # The attempt the worker claimed, not the row's current one: if the run has moved on,
     # the fenced writes must fail.
     run = dataclasses.replace(runs.get(info["id"]), attempt=info["attempt"])
-    shutdown = threading.Event()  # set once the worker asks to stop (see rank_stop)
+    # Set once the worker asks to stop (see rank_stop), with the worker's deadline.
+    shutdown = Shutdown(info.get("drain_seconds", DRAIN_SECONDS))
     return RunContext(run, runs, info["worker_id"], shutdown, info["lease_seconds"])
 
 
@@ -364,7 +377,9 @@ def rank_stop(ctx: RunContext | None, stop_file: Path) -> Callable[[], str | Non
         if ctx is None:
             return asked
         if asked == "shutdown":
-            ctx.shutdown.set()
+            drain = stop_file.parent / DRAIN_FILE
+            since = float(drain.read_text()) if drain.exists() else None
+            cast(Shutdown, ctx.shutdown).set(since)
         return ctx.stop_reason() or asked
 
     return reason
@@ -439,6 +454,7 @@ def train_rank(
         before_commit=ctx.confirm_lease if ctx else None,
         after_commit=evals,
         datasets=stores.datasets,
+        drain=as_shutdown(ctx.shutdown) if ctx else None,
     )
     result = trainer.run() | {"stop_reason": stop.reason}
     if evals is not None and plan.evals is not None:

@@ -2,7 +2,9 @@
 
 Started by the service's supervisor (one per GPU) or by hand on another node
 (`python -m trainctl.worker`) against the same database and checkpoint storage. SIGTERM stops it
-gracefully: a train run checkpoints at the next step boundary and goes back to the queue.
+gracefully: a train run checkpoints at the next step boundary and goes back to the queue. A
+drain request (POST /workers/{id}/drain), which its heartbeat reads, does the same, and then
+the worker exits with DRAINED_EXIT_CODE, which its supervisor does not restart (worker.drain).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import re
 import signal
 import socket
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -28,9 +29,17 @@ from trainctl.store.db.queue import GANG_RESERVE_SECONDS
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import LeaseLost, WorkerNotFound
 from trainctl.store.hf_catalog import causal_lm_types
-from trainctl.store.layout import HEARTBEAT_SECONDS, LEASE_SECONDS, POLL_SECONDS, DataLayout
+from trainctl.store.layout import (
+    DRAIN_SECONDS,
+    HEARTBEAT_SECONDS,
+    LEASE_SECONDS,
+    POLL_SECONDS,
+    DataLayout,
+)
 from trainctl.store.memory import host_memory_bytes
+from trainctl.store.processes import DRAINED_EXIT_CODE
 from trainctl.worker.context import Heartbeat, RunContext
+from trainctl.worker.drain import DeadlineWatch, Shutdown
 from trainctl.worker.executor import Outcome, WorkerEnv, execute
 from trainctl.worker.launch import PeerLost
 from trainctl.worker.logs import configure_logging, running
@@ -62,6 +71,9 @@ class WorkerConfig:
     memory_bytes: int | None = None
     """TRAINCTL_WORKER_MEMORY_BYTES: the most memory this worker's runs may use, below what
     the device has; None: the device's own."""
+    drain_seconds: float = DRAIN_SECONDS
+    """TRAINCTL_DRAIN_SECONDS: how long a run has, from SIGTERM or a drain request, to save
+    and hand back (worker.drain)."""
 
     @property
     def layout(self) -> DataLayout:
@@ -129,11 +141,19 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
         default=env("TRAINCTL_WORKER_MEMORY_BYTES"),
         help="the most memory this worker's runs may use (default: the GPU's, or the host's)",
     )
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=env("TRAINCTL_DRAIN_SECONDS", str(DRAIN_SECONDS)),
+        help="how long a run has, from SIGTERM or a drain request, to save and hand back",
+    )
     p.add_argument("--storage-url", default=env("TRAINCTL_STORAGE_URL"))
     p.add_argument("--cache-dir", default=env("TRAINCTL_CACHE_DIR"))
     args = p.parse_args(argv)
     if not 0 <= args.nice <= 19:
         p.error(f"--nice must be between 0 and 19, got {args.nice}")
+    if not args.drain_seconds > 0:
+        p.error(f"--drain-seconds must be above 0, got {args.drain_seconds}")
     data_dir = Path(args.data_dir).resolve()
     url = args.database_url or DataLayout(data_dir).sqlite_url
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -156,6 +176,7 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
         args.storage_url,
         Path(args.cache_dir) if args.cache_dir else None,
         args.memory_bytes,
+        args.drain_seconds,
     )
 
 
@@ -217,7 +238,11 @@ class Worker:
             config.address,
             memory if isinstance(memory, int) else None,
         )
-        self.shutdown = threading.Event()
+        self.shutdown = Shutdown(config.drain_seconds)
+        self.drained = False
+        """Asked to drain: it exits with DRAINED_EXIT_CODE once its run is handed back."""
+        self.abandoned_save = False
+        """A drain gave up on a save whose write may still hang (see `main`)."""
 
     def register(self) -> None:
         device, info = self.device, self.info
@@ -242,7 +267,11 @@ class Worker:
 
     def install_signal_handlers(self) -> None:
         def stop(signum: int, frame: FrameType | None) -> None:
-            log.info("signal %d: finishing the current step, then stopping", signum)
+            log.info(
+                "signal %d: saving at the next step and handing the run back within %g s",
+                signum,
+                self.shutdown.seconds,
+            )
             self.shutdown.set()
 
         signal.signal(signal.SIGTERM, stop)
@@ -259,14 +288,15 @@ class Worker:
                 next_beat = time.monotonic() + self.config.heartbeat_seconds
                 self.beat()
                 self.reap()
-            run = self.claim()
+            run = None if self.shutdown.is_set() else self.claim()
             if run is not None:
                 self.run_one(run)
                 continue
             if self.shutdown.wait(self.config.poll_seconds):
                 break
+        self.drained = self.drained or self.drain_requested()
         self.runs.deregister_worker(self.config.worker_id)
-        log.info("worker %s stopped", self.config.worker_id)
+        log.info("worker %s %s", self.config.worker_id, "drained" if self.drained else "stopped")
 
     def claim(self) -> Run | None:
         return self.runs.claim(
@@ -278,9 +308,18 @@ class Worker:
 
     def beat(self) -> None:
         try:
-            self.runs.worker_heartbeat(self.config.worker_id)
+            if self.runs.worker_heartbeat(self.config.worker_id):
+                self.drained = True
+                self.shutdown.set()
         except WorkerNotFound:
             self.register()  # declared dead while idle (e.g. a long GC pause): come back
+
+    def drain_requested(self) -> bool:
+        """Whether it was asked to drain (a busy worker's heartbeat thread heard it first)."""
+        try:
+            return self.runs.worker_heartbeat(self.config.worker_id)
+        except WorkerNotFound:
+            return False
 
     def reap(self) -> None:
         """Requeue the runs of workers that stopped heartbeating (on any host).
@@ -309,7 +348,10 @@ class Worker:
         )
         ctx.log(f"started on worker {self.config.worker_id} (attempt {run.attempt})")
         try:
-            with Heartbeat(ctx, self.config.heartbeat_seconds, self.config.lease_seconds):
+            with (
+                Heartbeat(ctx, self.config.heartbeat_seconds, self.config.lease_seconds),
+                DeadlineWatch(self.shutdown, lambda: self.hand_back_late(ctx)),
+            ):
                 outcome = execute(ctx, self.env)
         except PeerLost as exc:
             self.give_up(ctx, exc)
@@ -324,6 +366,21 @@ class Worker:
             self.fail(ctx, exc)
             return
         self.report(ctx, outcome)
+
+    def hand_back_late(self, ctx: RunContext) -> None:
+        """The drain's deadline passed with the run still going (DeadlineWatch): requeue it,
+        as its own stop would have, and end the process, which nothing else may hold up.
+        What the run goes on doing until then is fenced out: it is no longer its attempt's."""
+        reason = f"the worker stopped; the run did not stop within {self.shutdown.seconds:g} s"
+        try:
+            self.runs.requeue(ctx.run.id, self.config.worker_id, ctx.attempt, reason)
+        except LeaseLost:
+            return  # it handed back (or was reaped) meanwhile: the worker ends as usual
+        log.warning("run %s: %s; handed back", ctx.run.id, reason)
+        self.drained = self.drained or self.drain_requested()
+        self.runs.deregister_worker(self.config.worker_id)
+        logging.shutdown()
+        os._exit(DRAINED_EXIT_CODE if self.drained else 0)
 
     def give_up(self, ctx: RunContext, exc: PeerLost) -> None:
         """A gang member went away: requeue the run as a new attempt, on any N workers.
@@ -351,6 +408,8 @@ class Worker:
 
     def report(self, ctx: RunContext, outcome: Outcome) -> None:
         run_id, wid, attempt = ctx.run.id, self.config.worker_id, ctx.attempt
+        if outcome.result and (outcome.result.get("drain") or {}).get("abandoned"):
+            self.abandoned_save = True
         try:
             if outcome.state == "requeue":
                 self.runs.requeue(run_id, wid, attempt, outcome.reason)
@@ -409,4 +468,11 @@ def main(argv: list[str] | None = None) -> int:
         worker.serve_forever()
     finally:
         worker.runs.close()
-    return 0
+    code = DRAINED_EXIT_CODE if worker.drained else 0
+    if worker.abandoned_save:
+        # The abandoned write may hang in an upload to a store that stopped answering, on a
+        # pool thread the interpreter would join at exit; it can never commit (worker.
+        # async_checkpoint), so it must not hold the node's exit either.
+        logging.shutdown()
+        os._exit(code)
+    return code

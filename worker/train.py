@@ -38,7 +38,7 @@ from trainctl.store.mixtures import (
 from trainctl.store.names import BEST_TAG
 from trainctl.store.plans import BatchPlan, DatasetPin, StepPlan, TrainPlan, bytes_per_token
 from trainctl.store.specs import DataSpec
-from trainctl.worker.async_checkpoint import AsyncCheckpointer
+from trainctl.worker.async_checkpoint import AsyncCheckpointer, SaveAbandoned
 from trainctl.worker.checkpoint import (
     CheckpointState,
     capture_checkpoint,
@@ -61,6 +61,7 @@ from trainctl.worker.data import (
     stdlib_source_files,
 )
 from trainctl.worker.datasets import build_data_record, dataset_arrays, open_dataset
+from trainctl.worker.drain import Shutdown
 from trainctl.worker.exceptions import NonFiniteLoss
 from trainctl.worker.mixture import MixtureSampler, source_seed
 from trainctl.worker.model import GPT
@@ -369,8 +370,13 @@ class Trainer:
         after_commit: Callable[[str, int], None] | None = None,
         ranks: Ranks | None = None,
         datasets: BucketDatasets | None = None,
+        drain: Shutdown | None = None,
     ) -> None:
         self.plan, self.run_id = plan, run_id
+        # Set by SIGTERM or a drain request: the stop's save takes the async path and gets
+        # until its deadline to commit (worker.drain).
+        self.drain = drain
+        self.drained: dict[str, Any] = {}
         self.before_commit = before_commit
         # (tag, step) of a checkpoint just committed, before the retention that follows it,
         # in the thread that wrote it (worker.side_evals queues its evaluate run there).
@@ -437,16 +443,31 @@ class Trainer:
         `save_seconds` are added once it is committed)."""
         return {"experiment": self.plan.experiment, "tag": tag, "step": self.state.step}
 
+    def draining(self) -> bool:
+        return self.drain is not None and self.drain.is_set()
+
+    def gate_and_confirm(self) -> None:
+        """What a write runs just before its commit: a drain that gave up on the save refuses
+        it (worker.async_checkpoint), then `before_commit` (the lease check)."""
+        AsyncCheckpointer.commit_gate()
+        if self.before_commit is not None:
+            self.before_commit()
+
     def write(self, state: CheckpointState) -> None:
         """Write and commit a captured state, here or in the background; report it."""
         info = self.saved_info(state.tag)
+        if self.async_checkpointer is None and self.draining():
+            # The fastest path a stopping run has: stage to host memory now, let the ranks
+            # stop, and write until the drain's deadline (finish_saves).
+            self.async_checkpointer = AsyncCheckpointer()
+            self.checkpointer = self.checkpointer or self.async_checkpointer
 
         def write(state: CheckpointState) -> str:
             # `protected` is asked under the store's guard, after the commit: a run queued
             # meanwhile that depends on an older checkpoint keeps it.
             store, protected, started = self.store, self.protected, time.perf_counter()
             where = write_checkpoint(
-                state, store, self.plan.max_keep, protected, self.before_commit,
+                state, store, self.plan.max_keep, protected, self.gate_and_confirm,
                 self.committed(info),
             )  # fmt: skip
             info["save_seconds"] = time.perf_counter() - started  # reported with the commit
@@ -476,12 +497,36 @@ class Trainer:
         if self.checkpointer is None:
             return
         try:
-            for done in self.checkpointer.wait():
+            for done in self.wait_saves():
+                self.drained["committed_at"] = done.get("committed_at")
                 self.on_checkpoint(done)
+        except SaveAbandoned as exc:  # the run hands back from the checkpoint before it
+            self.drained["abandoned"] = str(exc)
         except Exception as exc:
             if failing is None:
                 raise
             failing.add_note(f"and the checkpoint being saved in the background failed: {exc}")
+
+    def wait_saves(self) -> list[dict[str, Any]]:
+        """The saves in flight, committed: a draining run's only until its deadline."""
+        assert self.checkpointer is not None
+        if self.drain is not None and self.draining() and self.async_checkpointer is not None:
+            return self.async_checkpointer.wait(until=self.drain.deadline)
+        return self.checkpointer.wait()
+
+    def drain_report(self, stopped_at: float) -> dict[str, Any]:
+        """How the drain's save went, in seconds from the signal: to the step boundary it
+        stopped at, to the ranks stopped (the state staged), and to the commit (None:
+        abandoned at the deadline)."""
+        assert self.drain is not None and self.drain.since is not None
+        since, committed = self.drain.since, self.drained.get("committed_at")
+        return {
+            "deadline_seconds": self.drain.seconds,
+            "step_boundary_seconds": self.drained["seen_at"] - since,
+            "stopped_seconds": stopped_at - since,
+            "committed_seconds": None if committed is None else committed - since,
+            "abandoned": self.drained.get("abandoned"),
+        }
 
     def maybe_validate(self, final: bool) -> bool:
         """Validate when due and report it; True when the loss is the best so far."""
@@ -563,6 +608,8 @@ class Trainer:
                     self.report(metrics, interval)
                     interval = Interval()
                 stopped = not final and self.should_stop()
+                if stopped:
+                    self.drained["seen_at"] = time.monotonic()  # the step boundary it stops at
                 if stopped and not logged:
                     self.report(metrics, interval)  # the last step is always written
                 if self.maybe_validate(final):
@@ -579,6 +626,7 @@ class Trainer:
             raise
         finally:
             loader.close()
+        stopped_at = time.monotonic()  # the ranks stop here; the save may still be writing
         self.finish_saves()
         if saved_at != s.step and s.step > 0 and self.store.latest_or_none(plan.experiment) is None:
             self.save()  # a resumed run that had nothing left to do still leaves its checkpoint
@@ -596,6 +644,8 @@ class Trainer:
         }
         if s.sources:
             result["source_tokens"] = source_tokens(s.sources)
+        if stopped and self.draining():
+            result["drain"] = self.drain_report(stopped_at)
         if s.last_val_loss is not None and self.bytes_per_token is not None:
             result["final_val_bits_per_byte"] = bits_per_byte(s.last_val_loss, self.bytes_per_token)
         return result

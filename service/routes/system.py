@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 
-from trainctl.service.deps import RunsDep, SettingsDep
+from trainctl.service.deps import RunsDep, SettingsDep, requires
 from trainctl.service.devices import live_workers
 from trainctl.service.errors import error_responses
 from trainctl.service.presenters import public_worker
 from trainctl.service.routing import ApiRoute
-from trainctl.service.schemas import HealthPublic, ReadinessPublic, WorkersPublic
+from trainctl.service.schemas import HealthPublic, ReadinessPublic, WorkerPublic, WorkersPublic
 
 # Liveness stays open (no token) so that probes and load balancers need no secret; it says
 # nothing about the runs.
 public_router = APIRouter(route_class=ApiRoute, tags=["system"])
 router = APIRouter(route_class=ApiRoute, tags=["system"], responses=error_responses(503))
+WorkerId = Annotated[str, Path(description="The worker's id (GET /workers)", max_length=100)]
 
 
 # `async def`: it needs no thread, so it answers even while every thread of the pool is busy.
@@ -39,3 +40,15 @@ def list_workers(settings: SettingsDep, runs: RunsDep) -> WorkersPublic:
     return WorkersPublic(
         items=[public_worker(w, settings.lease_seconds) for w in runs.list_workers()]
     )
+
+
+@router.post(
+    "/workers/{worker_id}/drain",
+    response_model=WorkerPublic,
+    dependencies=[requires("admin")],
+    responses=error_responses(403, 404),
+)
+def drain_worker(worker_id: WorkerId, settings: SettingsDep, runs: RunsDep) -> WorkerPublic:
+    """Drain a worker: its run saves and is requeued, within TRAINCTL_DRAIN_SECONDS, then it
+    exits and is not restarted."""
+    return public_worker(runs.drain_worker(worker_id), settings.lease_seconds)

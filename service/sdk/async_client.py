@@ -261,6 +261,10 @@ class AsyncTrainctlClient:
     async def workers(self) -> list[WorkerPublic]:
         return await self._call(calls.workers())
 
+    async def drain_worker(self, worker_id: str) -> WorkerPublic:
+        """Drain a worker (admin): its run saves and is requeued, then it exits."""
+        return await self._call(calls.drain_worker(worker_id))
+
     async def models(self) -> ModelsPublic:
         """The models a request may name: presets, live workers' plug-ins, transformers types."""
         return await self._call(calls.models())

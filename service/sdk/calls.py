@@ -279,6 +279,13 @@ def workers() -> Call[list[WorkerPublic]]:
     )
 
 
+def drain_worker(worker_id: str) -> Call[WorkerPublic]:
+    return Call(
+        Request("POST", f"/workers/{worker_id}/drain"),
+        WorkerPublic.model_validate_json,
+    )
+
+
 def models() -> Call[ModelsPublic]:
     return Call(Request("GET", "/models"), ModelsPublic.model_validate_json)
 

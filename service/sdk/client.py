@@ -298,6 +298,10 @@ class TrainctlClient:
     def workers(self) -> list[WorkerPublic]:
         return self._call(calls.workers())
 
+    def drain_worker(self, worker_id: str) -> WorkerPublic:
+        """Drain a worker (admin): its run saves and is requeued, then it exits."""
+        return self._call(calls.drain_worker(worker_id))
+
     def models(self) -> ModelsPublic:
         """The models a request may name: presets, live workers' plug-ins, transformers types."""
         return self._call(calls.models())

@@ -103,6 +103,7 @@ def idle_peers(
     query = (
         select(workers)
         .where(workers.c.id != me, workers.c.run_id.is_(None), _live(now, lease_seconds), fits)
+        .where(workers.c.drain_requested_at.is_(None))  # a draining worker joins nothing
         .order_by(workers.c.node_name, workers.c.id)
         .with_for_update(skip_locked=True)
     )

@@ -185,6 +185,8 @@ class Worker:
     """The plug-in models installed where it runs (store/plugin_model.py)."""
     hf_model_types: tuple[str, ...] = ()
     """The transformers model types it builds (those of the transformers installed there)."""
+    drain_requested_at: datetime | None = None
+    """When it was asked to drain (`drain_worker`); None: it was not."""
 
     @property
     def capacity(self) -> Capacity:
@@ -193,6 +195,7 @@ class Worker:
         )
 
 
+LIST_WORKERS = "GET /workers (trainctl workers) lists those that are"
 QUEUE_RETRY_SECONDS = 30
 """What a client refused for a full queue is told to wait (Retry-After)."""
 
@@ -554,6 +557,8 @@ class RunStore:
             me = conn.execute(
                 select(workers).where(workers.c.id == worker_id).with_for_update()
             ).one_or_none()
+            if me is not None and me.drain_requested_at is not None:
+                return None  # draining: it hands back what it has and takes nothing more
             if me is not None and me.run_id is not None:
                 placed = self._given_place(conn, worker_id)
                 if placed is not None:
@@ -891,6 +896,7 @@ class RunStore:
         now = _utcnow()
         values = {"host": host, "pid": pid, "device": device, "info": storable_json(_as_json(info))}
         values |= {"started_at": now, "last_seen_at": now, "run_id": None}
+        values["drain_requested_at"] = None  # a restart under the same id starts afresh
         values |= {"node_name": node_name or host, "gpus": gpus, "cpus": cpus, "address": address}
         values["model_plugins"] = sorted(model_plugins)
         values["hf_model_types"] = sorted(hf_model_types)
@@ -901,12 +907,41 @@ class RunStore:
             if updated.rowcount == 0:
                 conn.execute(insert(workers).values(id=worker_id, **values))
 
-    def worker_heartbeat(self, worker_id: str) -> None:
-        """Mark the worker alive now; raises `WorkerNotFound` if it was deregistered."""
-        statement = update(workers).where(workers.c.id == worker_id).values(last_seen_at=_utcnow())
+    def worker_heartbeat(self, worker_id: str) -> bool:
+        """Mark the worker alive now; return whether it was asked to drain (`drain_worker`).
+        Raises `WorkerNotFound` if it was deregistered."""
+        statement = (
+            update(workers)
+            .where(workers.c.id == worker_id)
+            .values(last_seen_at=_utcnow())
+            .returning(workers.c.drain_requested_at)
+        )
+        with write_transaction(self.engine) as conn:
+            row = conn.execute(statement).one_or_none()
+        if row is None:
+            raise WorkerNotFound(worker_id)
+        return row.drain_requested_at is not None
+
+    def drain_worker(self, worker_id: str) -> Worker:
+        """Ask a worker to drain: its running run saves and goes back to the queue, and the
+        worker claims nothing more and exits (docs/operations.md, "Preemption and drain").
+        Asking again keeps the first request's time. Raises `WorkerNotFound`."""
+        statement = (
+            update(workers)
+            .where(workers.c.id == worker_id)
+            .values(
+                drain_requested_at=func.coalesce(
+                    workers.c.drain_requested_at, literal(_utcnow(), UTCDateTime())
+                )
+            )
+        )
         with write_transaction(self.engine) as conn:
             if conn.execute(statement).rowcount == 0:
-                raise WorkerNotFound(worker_id)
+                raise WorkerNotFound(worker_id, LIST_WORKERS)
+        found = [w for w in self.list_workers() if w.id == worker_id]
+        if not found:  # it exited between the two transactions
+            raise WorkerNotFound(worker_id, LIST_WORKERS)
+        return found[0]
 
     def list_workers(self) -> list[Worker]:
         running = select(runs.c.worker_id, runs.c.id).where(runs.c.state == "running")
@@ -1038,6 +1073,7 @@ def _worker_from_row(row: Row[Any], current_run_id: str | None) -> Worker:
         reader.text("address", row.address),
         tuple(sorted(plugins_of(row.model_plugins))),
         tuple(sorted(plugins_of(row.hf_model_types))),  # a list of names, read alike
+        row.drain_requested_at,
     )
 
 

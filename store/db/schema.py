@@ -200,6 +200,9 @@ workers = Table(
     # assigns it a place, cleared by the worker itself when it is done: an idle worker (None)
     # is one a gang may take.
     Column("run_id", String(32), nullable=True),
+    # When an operator asked it to drain (POST /workers/{id}/drain); None: not asked. Its
+    # heartbeat reads it and stops the worker as SIGTERM does; a draining worker claims nothing.
+    Column("drain_requested_at", UTCDateTime, nullable=True),
 )
 
 # The members of a running gang (a run with nnodes > 1), one row per node rank, for the

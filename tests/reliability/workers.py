@@ -117,10 +117,12 @@ def enqueue_tiny_train(
     *,
     checkpoint_every: int,
     max_attempts: int = 3,
+    nproc_per_node: int = 1,
 ) -> Run:
     """A CPU train run that takes well under a second per few steps: the tiny preset on
     synthetic tokens, validating (and so saving ``best``) only at the end."""
     plan = train_plan(
+        nproc_per_node=nproc_per_node,
         experiment=experiment,
         steps=steps,
         model={"preset": "tiny"},

@@ -25,6 +25,7 @@ from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.settings import Settings
 from trainctl.service.supervisor import Supervisor, gpu_groups, restart_delay
 from trainctl.store.db.runs import RunStore
+from trainctl.store.processes import DRAINED_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -135,6 +136,7 @@ CLAIMS_THEN_CRASHES = """
 import os, sys
 sys.path.insert(0, sys.argv[1])
 from trainctl.store.db.runs import RunStore
+from trainctl.store.processes import DRAINED_EXIT_CODE
 store, worker_id = RunStore(os.environ["TRAINCTL_DATABASE_URL"]), os.environ["TRAINCTL_WORKER_ID"]
 store.register_worker(worker_id, host="test", pid=os.getpid(), device="cpu", info={})
 run = store.claim(worker_id, lease_seconds=3600)
@@ -322,3 +324,27 @@ def test_a_worker_killed_for_memory_fails_its_run_without_retrying_it(
         assert (recovered.error or "").endswith("not retried")
     else:  # an operator's kill -9: the run goes back to the queue, as any lost worker's
         assert recovered.state == "queued" and recovered.attempt == 2
+
+
+# Exits as a drained worker does (worker/runner.py), after writing its start time.
+DRAINED = CRASHER.replace(
+    'print("boom: this worker cannot start", file=sys.stderr)\nsys.exit(3)',
+    f"sys.exit({DRAINED_EXIT_CODE})",
+)
+
+
+def test_a_worker_drained_on_purpose_is_not_restarted(
+    crash_settings: Settings, store: RunStore, tmp_path: Path
+) -> None:
+    starts = tmp_path / "starts"
+    with supervising(crash_settings, store, DRAINED, starts) as supervisor:
+        status = poll(
+            lambda: (s := supervisor.status()[0])["drained"] and s, timeout=60, what="drained"
+        )
+        # A crash would be restarted within the 0.2 s backoff.
+        holds_throughout(
+            lambda: len(start_times(starts)) == 1 and supervisor.slots[0].process is None,
+            seconds=1.0,
+            what="a drained worker is not restarted",
+        )
+    assert status["restarts"] == 0 and status["given_up"] is False

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from tests.databases import fresh_database
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.db.schema import read_transaction, run_slots, workers
-from trainctl.store.exceptions import InvalidRequest, LeaseLost
+from trainctl.store.exceptions import InvalidRequest, LeaseLost, WorkerNotFound
 from trainctl.store.placement import ONE_NODE, Capacity, Placement, choose_gang, why_waiting
 
 GPU1 = Placement(gpus_per_node=1)
@@ -350,3 +350,36 @@ def test_racing_claimers_never_put_a_worker_in_two_runs(pg: RunStore) -> None:
         assert pg.get(row[0]).state == "running"
     busy = [w.current_run_id for w in pg.list_workers() if w.current_run_id]
     assert sorted(busy) == sorted(run_id for ids in held.values() for run_id in ids)
+
+
+# ---- drain (POST /workers/{id}/drain) ---------------------------------------------------------
+
+
+def test_a_draining_worker_hears_it_at_its_heartbeat_and_claims_nothing(store: RunStore) -> None:
+    register(store, "w")
+    enqueue(store)
+    assert store.worker_heartbeat("w") is False
+    drained = store.drain_worker("w")
+    assert drained.drain_requested_at is not None
+    assert store.drain_worker("w").drain_requested_at == drained.drain_requested_at  # the first
+    assert store.worker_heartbeat("w") is True
+    assert claim(store, "w") is None
+    register(store, "w")  # a restart under the same id starts afresh
+    assert store.worker_heartbeat("w") is False and claim(store, "w") is not None
+
+
+def test_draining_an_unknown_worker_names_it(store: RunStore) -> None:
+    with pytest.raises(WorkerNotFound, match=r"worker 'nobody' is not registered; GET /workers"):
+        store.drain_worker("nobody")
+
+
+def test_a_draining_worker_is_never_taken_into_a_gang(pg: RunStore) -> None:
+    gang = enqueue(pg, TWO_NODES)
+    register(pg, "leader")
+    register(pg, "leaving")
+    pg.drain_worker("leaving")
+    assert claim(pg, "leader") is None and slots(pg) == []
+    register(pg, "other")
+    run = claim(pg, "leader")
+    assert run is not None and run.id == gang.id
+    assert [s[2] for s in slots(pg)] == ["leader", "other"]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from tests.stores import entry_at, posix_store
 from tests.worker.checkpoints import tensors
 from tests.worker.train_script import run_script
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE, verify_manifest
-from trainctl.worker.async_checkpoint import AsyncCheckpointer
+from trainctl.worker.async_checkpoint import AsyncCheckpointer, SaveAbandoned
 from trainctl.worker.checkpoint import CheckpointState, capture_checkpoint, write_checkpoint
 from trainctl.worker.exceptions import CheckpointWriteFailed
 from trainctl.worker.model import build_model
@@ -210,3 +211,42 @@ def test_on_cuda_the_state_is_staged_in_pinned_buffers_and_saved_as_it_was(
     # copies: same values, not the same bytes.
     opt = torch.load(Path(done["path"]) / OPTIMIZER_FILE, weights_only=True)
     assert all(torch.equal(a, b) for a, b in zip(tensors(opt), moments, strict=True))
+
+
+def test_a_save_abandoned_at_the_deadline_never_commits_however_late_its_write_ends(
+    tmp_path: Path,
+) -> None:
+    _, state = captured()
+    store, release, ended = posix_store(tmp_path), threading.Event(), threading.Event()
+
+    def stuck_write(s: CheckpointState) -> str:
+        try:
+            release.wait(timeout=60)  # a store that stopped answering, until the test lets go
+            return write_checkpoint(s, store, before_commit=AsyncCheckpointer.commit_gate)
+        finally:
+            ended.set()
+
+    saver = AsyncCheckpointer()
+    saver.save(state, stuck_write, {"step": 1})
+    with pytest.raises(SaveAbandoned, match="did not commit by the drain's deadline"):
+        saver.wait(until=time.monotonic())
+    release.set()
+    assert ended.wait(timeout=60)
+    assert store.latest_or_none("exp") is None and store.list_checkpoints("exp") == []
+
+
+def test_a_save_that_reached_its_commit_is_waited_for_past_the_deadline(tmp_path: Path) -> None:
+    _, state = captured()
+    store, committing, release = posix_store(tmp_path), threading.Event(), threading.Event()
+
+    def gate_then_stall() -> None:
+        AsyncCheckpointer.commit_gate()
+        committing.set()
+        release.wait(timeout=60)  # the commit's rename, slow
+
+    saver = AsyncCheckpointer()
+    saver.save(state, lambda s: write_checkpoint(s, store, before_commit=gate_then_stall), {})
+    assert committing.wait(timeout=60)
+    threading.Timer(0.5, release.set).start()  # after wait() finds it committing
+    [done] = saver.wait(until=time.monotonic())
+    assert store.latest("exp").tag == state.tag and done["committed_at"] is not None

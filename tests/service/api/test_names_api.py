@@ -51,6 +51,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict
         hook = client.post("/webhooks", json={"url": "http://hooks.example/a"}).json()
         values = {"run_id": run["id"], "experiment": "exp", "tag": "step_10"}
         values |= {"webhook_id": str(hook["id"]), "file": METADATA_FILE, "token": "reader"}
+        values["worker_id"] = "a-worker"  # none is registered: a drain of it is a 404
         yield url, values
 
 

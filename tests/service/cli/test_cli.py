@@ -215,6 +215,9 @@ def test_workers_lists_the_service_worker(service: Service) -> None:
     assert code == 0 and any(
         w["alive"] and w["device"] and w["node_name"] and w["cpus"] >= 1 for w in json.loads(out)
     )
+    # `workers drain ID` (the module's worker must live on: an unknown id, refused).
+    code, out, err = trainctl(service, "workers", "drain", "nobody")
+    assert code == 1 and out == "" and "worker 'nobody' is not registered" in err
 
 
 @pytest.mark.slow
