@@ -81,6 +81,8 @@ def stopped_outcome(ctx: RunContext, result: dict[str, Any]) -> Outcome:
         return Outcome("cancelled", result, "cancelled at the user's request")
     if reason == "shutdown":
         return Outcome("requeue", result, "worker shutting down; the run continues later")
+    if reason == "lease_expired":
+        return Outcome("abandoned", result, "the lease ran out while the database was away")
     return Outcome("abandoned", result, "lease lost")
 
 

@@ -206,10 +206,11 @@ def watch(proc: subprocess.Popen[bytes], workdir: Path, ctx: RunContext | None) 
             if ctx is None:
                 continue
             reason = "lease_lost" if ctx.lease_lost.is_set() else None
+            reason = reason or ("lease_expired" if ctx.lease_expired() else None)
             reason = reason or ("shutdown" if ctx.shutdown.is_set() else None)
             if reason and not stop.exists():
                 stop.write_text(reason)
-            if reason == "lease_lost":
+            if reason in ("lease_lost", "lease_expired"):
                 lost_at = lost_at or time.monotonic()
                 if time.monotonic() - lost_at > STOP_GRACE_SECONDS:
                     proc.terminate()  # torchrun stops its ranks
