@@ -197,14 +197,13 @@ class RunContext:
             else:
                 if left <= 0:
                     raise TimeoutError(f"no renewal for {self.lease_seconds:.0f} s")
-                within(left, renew, f"run {self.run.id}: confirming the lease")
+                within(left, renew, "confirming the lease")
         except LeaseLost:
             self.lease_lost.set()
             raise
         except TimeoutError as exc:
             raise LeaseExpired(
-                f"run {self.run.id}: the lease ran out while the run database did not answer "
-                f"({exc}); not saving"
+                f"the lease ran out while the run database did not answer ({exc}); not saving"
             ) from None
         self._renewed(started)
 
