@@ -439,7 +439,13 @@ def train_rank(
         before_commit=ctx.confirm_lease if ctx else None,
         after_commit=evals,
     )
-    result = trainer.run() | {"stop_reason": stop.reason}
+    if ctx is not None:
+        ctx.reporter.start()  # rank 0 never waits on the database for a report either
+    try:
+        result = trainer.run() | {"stop_reason": stop.reason}
+    finally:
+        if ctx is not None:  # its reports before its result, which the worker records
+            ctx.reporter.close(keep=not ctx.lease_lost.is_set())
     if evals is not None and plan.evals is not None:
         result["evaluate_runs"] = evals.queued
     return {"result": result if ctx else {**result, "metrics": metrics}}

@@ -340,6 +340,10 @@ class Worker:
                     # half-written when it stalled.)
                     log.warning("run %s: %s; leaving it to its new owner", run.id, exc)
                     return
+                if isinstance(exc, UNAVAILABLE):  # the database's fault, not the run's
+                    reason = f"the run database did not answer ({type(exc).__name__}); requeued"
+                    self.report(ctx, Outcome("requeue", reason=reason))
+                    return
                 self.fail(ctx, exc)
                 return
             self.report(ctx, outcome)

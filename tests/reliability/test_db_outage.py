@@ -28,7 +28,12 @@ from fastapi.testclient import TestClient
 from tests.pg import PostgresServer
 from tests.plans import enqueue, enqueue_vanished_resume, train_plan
 from tests.polling import poll
-from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
+from tests.reliability.workers import (
+    Workers,
+    checkpoint_manifests,
+    enqueue_tiny_train,
+    wait_finished,
+)
 from tests.stores import folder, posix_store
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
@@ -87,15 +92,6 @@ def messages(runs: RunStore, run: Run) -> list[str]:
     return [e.data["message"] for e in runs.events(run.id, type="log", limit=100_000)]
 
 
-def manifests(root: Path, experiment: str) -> dict[str, str]:
-    """Tag -> manifest text of every complete checkpoint: any new or rewritten one shows."""
-    store = posix_store(root)
-    return {
-        c.tag: (folder(store, experiment, c.tag) / "manifest.json").read_text()
-        for c in store.list_checkpoints(experiment)
-    }
-
-
 def test_a_pause_shorter_than_the_lease_neither_stops_nor_repeats_the_run(
     server: PostgresServer, runs: RunStore, workers: Workers
 ) -> None:
@@ -125,6 +121,7 @@ def test_a_pause_shorter_than_the_lease_neither_stops_nor_repeats_the_run(
 def test_a_pause_longer_than_the_lease_stops_the_run_and_resumes_it_once(
     tmp_path: Path, server: PostgresServer, runs: RunStore, workers: Workers
 ) -> None:
+    root = tmp_path / "checkpoints"
     run = enqueue_tiny_train(runs, "long", 300, checkpoint_every=25)
     workers.start("w", extra_args=LEASE)
     wait_step(runs, run, past=26)  # step_25 is committed: a checkpoint to resume from
@@ -133,9 +130,9 @@ def test_a_pause_longer_than_the_lease_stops_the_run_and_resumes_it_once(
     try:
         # It stops at a step, or at a save that cannot confirm the lease: both commit nothing.
         poll(lambda: "leaving it to its new owner" in workers.log("w"), what="the run to stop")
-        saved = manifests(tmp_path / "checkpoints", "long")
+        saved = checkpoint_manifests(root, "long")
         time.sleep(2)  # the outage goes on: nothing more may be committed
-        assert manifests(tmp_path / "checkpoints", "long") == saved, "a save during the outage"
+        assert checkpoint_manifests(root, "long") == saved, "a save during the outage"
     finally:
         server.resume()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tests.plans import enqueue, train_plan
 from tests.polling import poll
+from tests.stores import folder, posix_store
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES
 
@@ -130,3 +131,12 @@ def wait_finished(runs: RunStore, run: Run) -> Run:
     return poll(
         lambda: (r := runs.get(run.id)).state in TERMINAL_STATES and r, what=f"run {run.id}"
     )
+
+
+def checkpoint_manifests(root: Path, experiment: str) -> dict[str, str]:
+    """Tag -> manifest text of every complete checkpoint: any new or rewritten one shows."""
+    store = posix_store(root)
+    return {
+        c.tag: (folder(store, experiment, c.tag) / "manifest.json").read_text()
+        for c in store.list_checkpoints(experiment)
+    }
