@@ -17,6 +17,7 @@ Leases of 6 s with heartbeats every 0.5 s keep the outages short.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -39,6 +40,8 @@ from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import LeaseLost
+from trainctl.worker.context import RunContext
+from trainctl.worker.reporter import Reporter
 
 LEASE = ["--lease-seconds", "6"]
 SHORTER_THAN_THE_LEASE = 3.0
@@ -250,3 +253,26 @@ def test_the_api_answers_503_while_the_database_is_down_and_serves_again_after(
         assert (down.status_code, down.headers.get("retry-after")) == (503, "5"), down.text
         assert "run database" in down.json()["detail"]
         poll(lambda: client.get("/runs").status_code == 200, what="the API to serve again")
+
+
+def test_reports_wait_for_the_database_in_order_and_in_bounded_memory(
+    server: PostgresServer, runs: RunStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    enqueue(runs, train_plan(experiment="held", steps=5))
+    run = runs.claim("w", lease_seconds=60)
+    assert run is not None
+    ctx = RunContext(run, runs, "w", threading.Event(), lease_seconds=60)
+    ctx.reporter = Reporter(ctx, max_held=3)
+    with ctx:
+        server.pause()
+        try:
+            for step in range(1, 6):  # none of these waits for the paused database
+                ctx.metrics({"step": step, "total_steps": 5})
+        finally:
+            server.resume()
+        ctx.reporter.flush()
+
+    steps = [e.data["step"] for e in runs.events(run.id, type="metrics")]
+    assert steps in ([1, 2, 3], [1, 2, 3, 4]), "in order, and no more than the bound held"
+    assert "dropping new ones until it answers" in caplog.text
+    assert runs.get(run.id).progress["step"] == 5  # progress is a value: the newest wins
