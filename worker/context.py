@@ -47,7 +47,7 @@ class RunContext:
         that renewed it); None where this process does not watch the lease (a rank of a
         torchrun launch: its worker does)."""
         self.reporter = Reporter(self)
-        self._expiry_told = False
+        self._expired = self._expiry_told = False
         self._cancelled = False
         self._last_cancel_check = 0.0
         self._last_progress = 0.0
@@ -70,8 +70,11 @@ class RunContext:
         return self.renewed_at + self.lease_seconds - time.monotonic()
 
     def lease_expired(self) -> bool:
+        """Whether the lease ran out unrenewed; once seen, for good: the run is stopping, and
+        a renewal the database answers late must not start it again."""
         left = self.lease_left()
-        return left is not None and left <= 0
+        self._expired = self._expired or (left is not None and left <= 0)
+        return self._expired
 
     def lease_gone(self) -> bool:
         return self.lease_lost.is_set() or self.lease_expired()
@@ -172,7 +175,7 @@ class RunContext:
     def _renewed(self, started: float) -> None:
         # The store dates the new lease from a moment after `started`: counting from
         # `started` errs on the safe side. Renewals answered out of order never go back.
-        if self.renewed_at is not None and not self.lease_lost.is_set():
+        if self.renewed_at is not None and not self.lease_gone():
             self.renewed_at = max(self.renewed_at, started)
 
     def confirm_lease(self) -> None:
@@ -195,7 +198,7 @@ class RunContext:
             if left is None:
                 renew()
             else:
-                if left <= 0:
+                if self.lease_expired():
                     raise TimeoutError(f"no renewal for {self.lease_seconds:.0f} s")
                 within(left, renew, "confirming the lease")
         except LeaseLost:

@@ -340,9 +340,8 @@ class Worker:
                     # half-written when it stalled.)
                     log.warning("run %s: %s; leaving it to its new owner", run.id, exc)
                     return
-                if isinstance(exc, UNAVAILABLE):  # the database's fault, not the run's
-                    reason = f"the run database did not answer ({type(exc).__name__}); requeued"
-                    self.report(ctx, Outcome("requeue", reason=reason))
+                if isinstance(exc, UNAVAILABLE):
+                    self.retry(ctx, exc)
                     return
                 self.fail(ctx, exc)
                 return
@@ -362,6 +361,21 @@ class Worker:
             log.warning("run %s: gang member lost; the run is now %s", run.id, run.state)
         except LeaseLost:
             log.info("run %s: another member or a reaper already ended this attempt", ctx.run.id)
+
+    def retry(self, ctx: RunContext, exc: Exception) -> None:
+        """The run broke on the database's absence, not on a fault of its own: a new attempt
+        while attempts remain (as if its worker had died), else failed. An attempt is spent
+        all the same, so that a database error that never passes cannot loop the run."""
+        log.warning("run %s: the run database did not answer", ctx.run.id, exc_info=exc)
+        ctx.reporter.flush()
+        reason = f"the run database did not answer ({type(exc).__name__})"
+        give_up = lambda: self.runs.give_up(  # noqa: E731
+            ctx.run.id, self.config.worker_id, ctx.attempt, reason
+        )
+        try:
+            until_answered(give_up, f"run {ctx.run.id}: giving it back", log)
+        except LeaseLost:
+            log.info("run %s: a reaper already ended this attempt", ctx.run.id)
 
     def fail(self, ctx: RunContext, exc: Exception) -> None:
         log.error("run %s failed: %s", ctx.run.id, exc, exc_info=exc)

@@ -766,9 +766,9 @@ class RunStore:
             return self._transition(conn, row, "queued", reason, worker_id=None, **fence)
 
     def give_up(self, run_id: str, worker_id: str, attempt: int, reason: str) -> Run:
-        """A gang member lost its peers: requeue the run as a new attempt (or fail it when
-        none remain), as a reaper would. Raises `LeaseLost` when another member or a reaper
-        did so first."""
+        """A gang member lost its peers, or a run broke on the database's absence: requeue
+        the run as a new attempt (or fail it when none remain), as a reaper would. Raises
+        `LeaseLost` when another member or a reaper did so first."""
         with write_transaction(self.engine) as conn:
             row = _require_owned(conn, run_id, worker_id, attempt)
             return self._recover(conn, row, requeue_cause=reason, fail_cause=reason, now=_utcnow())

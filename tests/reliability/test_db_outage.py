@@ -214,7 +214,6 @@ def test_a_success_reported_after_a_reap_counts_only_while_nobody_has_claimed_th
     assert (runs.get(taken.id).state, runs.get(taken.id).worker_id) == ("running", "e")
 
 
-@pytest.mark.slow
 def test_attempts_never_reset_a_run_failing_every_time_stops_at_max_attempts(
     runs: RunStore, workers: Workers
 ) -> None:
