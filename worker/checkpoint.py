@@ -297,8 +297,7 @@ def write_checkpoint(
         except UNAVAILABLE as exc:
             # What is protected lives in the run database: without it nothing is deleted,
             # and the next save's retention deletes what this one would have.
-            log.warning("%s/%s: retention skipped, the run database does not answer: %s",
-                        experiment, tag, exc)  # fmt: skip
+            log.warning("retention after %s/%s waits: no run database (%s)", experiment, tag, exc)
     return store.describe(experiment, tag)
 
 

@@ -267,8 +267,8 @@ class Worker:
                 run = self.claim()
             except UNAVAILABLE as exc:  # an outage: wait it out, then serve again
                 if not outage:
-                    log.warning("worker %s: the run database does not answer (%s); waiting",
-                                self.config.worker_id, exc)  # fmt: skip
+                    worker = self.config.worker_id
+                    log.warning("worker %s: the run database does not answer (%s)", worker, exc)
                 outage, run = True, None
             else:
                 if outage:
