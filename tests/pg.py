@@ -9,6 +9,7 @@ trusts local connections (nothing else can reach it) and trades durability for s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -153,12 +154,15 @@ class PostgresServer:
         """SIGSTOP the whole server, the postmaster first (it starts no backend then): its
         kernel still accepts connections and acknowledges what clients send, and nothing
         answers, as a frozen VM or a stalled disk looks to clients."""
-        for pid in self._processes():
-            os.kill(pid, signal.SIGSTOP)
+        self._signal(signal.SIGSTOP)
 
     def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, signum: int) -> None:
         for pid in self._processes():
-            os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # a backend that ended meanwhile
+                os.kill(pid, signum)
 
     def _processes(self) -> list[int]:
         """The postmaster, then every process it started (backends, checkpointer, ...)."""

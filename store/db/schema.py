@@ -343,7 +343,9 @@ def build_engine(url: str, **kwargs: Any) -> Engine:
     is not UTF-8 as lone surrogates, rather than failing the query that holds it: one bad row
     never hides the others (store/db/rows.py)."""
     kwargs.setdefault("json_deserializer", read_json)
-    if make_url(url).get_backend_name() == "postgresql":
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+        # connect_args would override the URL's own ?connect_timeout=, which therefore wins.
         kwargs.setdefault("connect_args", {"connect_timeout": CONNECT_TIMEOUT_SECONDS})
     engine = create_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":
