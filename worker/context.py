@@ -15,8 +15,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
+from trainctl.store.checkpoints.store import Protected
 from trainctl.store.db.outages import within
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import LeaseLost
@@ -177,6 +179,17 @@ class RunContext:
         # `started` errs on the safe side. Renewals answered out of order never go back.
         if self.renewed_at is not None and not self.lease_gone():
             self.renewed_at = max(self.renewed_at, started)
+
+    def while_owned(self, protected: Callable[[], Protected]) -> Callable[[], Protected]:
+        """`protected` for the retention after a save, asked only after `confirm_lease`: a
+        worker that was stalled between its commit and its retention, and fenced out
+        meanwhile, deletes nothing of what the run's next attempt works with."""
+
+        def ask() -> Protected:
+            self.confirm_lease()
+            return protected()
+
+        return ask
 
     def confirm_lease(self) -> None:
         """Raise LeaseLost unless this worker still owns the run, and extend the lease.

@@ -160,7 +160,7 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
             on_progress=ctx.progress,
             on_sample=ctx.sample,
             should_stop=ctx.should_stop,
-            protected=ProtectionPolicy(ctx.runs, store).asker(plan.experiment),
+            protected=ctx.while_owned(ProtectionPolicy(ctx.runs, store).asker(plan.experiment)),
             before_commit=ctx.confirm_lease,
             after_commit=evals,
         )

@@ -422,7 +422,7 @@ def train_rank(
     cache = job.get("cache_dir")
     layout = DataLayout(Path(job["data_dir"]), job.get("storage_url"), cache and Path(cache))
     store = open_stores(layout, runs).checkpoints
-    policy = ProtectionPolicy(runs, store)
+    protected = ProtectionPolicy(runs, store).asker(plan.experiment)
     evals = CheckpointEvals(plan, ctx, store, layout) if ctx else None
     trainer = RankTrainer(
         plan,
@@ -435,7 +435,7 @@ def train_rank(
         on_progress=ctx.progress if ctx else None,
         on_sample=ctx.sample if ctx else None,
         should_stop=stop,
-        protected=policy.asker(plan.experiment),
+        protected=ctx.while_owned(protected) if ctx else protected,
         before_commit=ctx.confirm_lease if ctx else None,
         after_commit=evals,
     )
