@@ -34,6 +34,8 @@ SLOW_WRITE_SECONDS = 1.0
 
 
 class Reporter:
+    """One run's reports on their way to the database; `cancelled` as last read there."""
+
     def __init__(self, ctx: RunContext, max_held: int = MAX_HELD_EVENTS) -> None:
         self.ctx, self.max_held = ctx, max_held
         self.cancelled = False
@@ -67,6 +69,9 @@ class Reporter:
                         len(self._held),
                     )
                 return
+            if self._dropped:
+                log.warning("run %s: %d events were dropped", self.ctx.run.id, self._dropped)
+                self._dropped = 0
             self._held.append((type, data))
             self._changed.notify()
 
