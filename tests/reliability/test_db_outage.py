@@ -125,7 +125,7 @@ def test_a_pause_longer_than_the_lease_stops_the_run_and_resumes_it_once(
     tmp_path: Path, server: PostgresServer, runs: RunStore, workers: Workers
 ) -> None:
     root = tmp_path / "checkpoints"
-    run = enqueue_tiny_train(runs, "long", 300, checkpoint_every=25)
+    run = enqueue_tiny_train(runs, "long", 100, checkpoint_every=25)
     workers.start("w", extra_args=LEASE)
     wait_step(runs, run, past=26)  # step_25 is committed: a checkpoint to resume from
 
