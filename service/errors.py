@@ -18,12 +18,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import iter_route_contexts
 from pydantic import ValidationError
-from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from trainctl.service.middleware import REQUEST_ID_HEADER, body_too_large
 from trainctl.service.schemas import ErrorPublic, ValidationErrorPublic
+from trainctl.store.db.outages import UNAVAILABLE
 from trainctl.store.db.runs import QUEUE_RETRY_SECONDS
 from trainctl.store.exceptions import (
     CheckpointCorrupt,
@@ -244,7 +244,8 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, handle_request_validation)
     app.add_exception_handler(ValidationError, handle_pydantic_validation)
     app.add_exception_handler(TrainctlError, handle_domain_error)
-    app.add_exception_handler(OperationalError, handle_database_unavailable)
+    for unavailable in UNAVAILABLE:  # refused, cut off, or no pooled connection in time
+        app.add_exception_handler(unavailable, handle_database_unavailable)
     app.add_exception_handler(Overloaded, handle_overloaded)
     app.add_exception_handler(StarletteHTTPException, handle_http_error)
     # Exception (any other error): Starlette's ServerErrorMiddleware answers with this.

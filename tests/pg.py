@@ -9,9 +9,11 @@ trusts local connections (nothing else can reach it) and trades durability for s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -126,6 +128,10 @@ class PostgresServer:
             ),
             "initdb",
         )  # fmt: skip
+        self.start_server()
+
+    def start_server(self) -> None:
+        """Start the initialised server (again, after `stop_server`)."""
         options = [f"-c {name}={value}" for name, value in SERVER_OPTIONS.items()]
         options += [f"-p {self.port}", "-h 127.0.0.1", f"-k {self.socket_dir}"]
         self._check(
@@ -136,8 +142,44 @@ class PostgresServer:
             "pg_ctl start",
         )  # fmt: skip
 
+    def stop_server(self) -> None:
+        """Stop the server as an operator's restart does (fast: open sessions are ended),
+        keeping its data for `start_server`."""
+        self._check(
+            self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop"),
+            "pg_ctl stop",
+        )
+
+    def pause(self) -> None:
+        """SIGSTOP the whole server, the postmaster first (it starts no backend then): its
+        kernel still accepts connections and acknowledges what clients send, and nothing
+        answers, as a frozen VM or a stalled disk looks to clients."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, signum: int) -> None:
+        for pid in self._processes():
+            with contextlib.suppress(ProcessLookupError):  # a backend that ended meanwhile
+                os.kill(pid, signum)
+
+    def _processes(self) -> list[int]:
+        """The postmaster, then every process it started (backends, checkpointer, ...)."""
+        postmaster = int((self.data_dir / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # it exited meanwhile
+            if int(fields[1]) == postmaster:
+                children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
     def stop(self) -> None:
         if (self.data_dir / "postmaster.pid").exists():
+            self.resume()  # a paused server would not hear pg_ctl
             self._run("pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "-w", "stop")
         shutil.rmtree(self.root, ignore_errors=True)
 

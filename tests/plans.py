@@ -8,7 +8,7 @@ from typing import Any
 from tests.stores import posix_store
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.kinds import kind_of_plan, placement_of
-from trainctl.store.plans import BenchmarkPlan, TrainPlan, ValidatePlan
+from trainctl.store.plans import BenchmarkPlan, CheckpointRef, TrainPlan, ValidatePlan
 from trainctl.store.resolve import resolve_benchmark, resolve_train, resolve_validate
 from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
 
@@ -44,6 +44,14 @@ def enqueue(runs: RunStore, plan: TrainPlan | BenchmarkPlan | ValidatePlan, **kw
     depends_on = [(ref.experiment, ref.tag)] if ref is not None else []
     return runs.enqueue(
         kind, plan.filed_under, plan.model_dump(mode="json"), depends_on=depends_on, **kw
+    )
+
+
+def enqueue_vanished_resume(runs: RunStore) -> Run:
+    """A run pinned to a checkpoint that is gone by the time it starts: it must fail."""
+    missing = CheckpointRef(experiment="x", tag="step_999")
+    return enqueue(
+        runs, train_plan(experiment="x", steps=5).model_copy(update={"resume_from": missing})
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import errno
 import json
+import logging
 import pickle
 import platform
 from collections.abc import Callable
@@ -45,6 +46,7 @@ from trainctl.store.checkpoints.manifests import (
 from trainctl.store.checkpoints.storage import Files
 from trainctl.store.checkpoints.store import CheckpointStore, Protection
 from trainctl.store.checkpoints.writer import CheckpointWriter
+from trainctl.store.db.outages import UNAVAILABLE
 from trainctl.store.hf_config import HfModelConfig, model_config_from_dict
 from trainctl.store.names import step_tag
 from trainctl.store.plugin_model import PluginModelConfig
@@ -55,6 +57,7 @@ from trainctl.worker.optim import Optimizers
 from trainctl.worker.safetensors_stream import write_safetensors
 from trainctl.worker.schedule import WSDScheduler
 
+log = logging.getLogger("trainctl.worker")
 FORMAT_VERSION = 1
 
 
@@ -289,7 +292,12 @@ def write_checkpoint(
     if after_commit is not None:
         after_commit()
     if max_keep is not None:
-        store.retain(experiment, max_keep, protected=protected)
+        try:
+            store.retain(experiment, max_keep, protected=protected)
+        except UNAVAILABLE as exc:
+            # What is protected lives in the run database: without it nothing is deleted,
+            # and the next save's retention deletes what this one would have.
+            log.warning("retention after %s/%s waits: no run database (%s)", experiment, tag, exc)
     return store.describe(experiment, tag)
 
 

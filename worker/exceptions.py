@@ -1,6 +1,11 @@
 """Errors the training core raises on purpose, with messages a user can act on."""
 
-from trainctl.store.exceptions import CheckpointCorrupt, CheckpointMismatch, TrainctlError
+from trainctl.store.exceptions import (
+    CheckpointCorrupt,
+    CheckpointMismatch,
+    LeaseLost,
+    TrainctlError,
+)
 
 
 class CheckpointWriteFailed(TrainctlError):
@@ -9,6 +14,12 @@ class CheckpointWriteFailed(TrainctlError):
 
 class DoesNotFit(TrainctlError):
     """The model, counted when built at claim, needs more memory than this worker has."""
+
+
+class LeaseExpired(LeaseLost):
+    """The lease ran out while the run database did not answer: the run may be reaped at any
+    moment, so it stops without saving or reporting (docs/architecture.md, "Database
+    outages")."""
 
 
 class NonFiniteLoss(TrainctlError):
@@ -20,5 +31,6 @@ __all__ = [
     "CheckpointMismatch",
     "CheckpointWriteFailed",
     "DoesNotFit",
+    "LeaseExpired",
     "NonFiniteLoss",
 ]

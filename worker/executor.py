@@ -83,6 +83,8 @@ def stopped_outcome(ctx: RunContext, result: dict[str, Any]) -> Outcome:
         return Outcome("cancelled", result, "cancelled at the user's request")
     if reason == "shutdown":
         return Outcome("requeue", result, "worker shutting down; the run continues later")
+    if reason == "lease_expired":
+        return Outcome("abandoned", result, "the lease ran out while the database was away")
     return Outcome("abandoned", result, "lease lost")
 
 
@@ -160,7 +162,7 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
             on_progress=ctx.progress,
             on_sample=ctx.sample,
             should_stop=ctx.should_stop,
-            protected=ProtectionPolicy(ctx.runs, store).asker(plan.experiment),
+            protected=ctx.while_owned(ProtectionPolicy(ctx.runs, store).asker(plan.experiment)),
             before_commit=ctx.confirm_lease,
             after_commit=evals,
             drain=as_shutdown(ctx.shutdown),

@@ -210,11 +210,12 @@ def watch(proc: subprocess.Popen[bytes], workdir: Path, ctx: RunContext | None) 
             if ctx is None:
                 continue
             reason = "lease_lost" if ctx.lease_lost.is_set() else None
+            reason = reason or ("lease_expired" if ctx.lease_expired() else None)
             reason = reason or ("shutdown" if ctx.shutdown.is_set() else None)
             if reason and not stop.exists():
                 maybe_write_drain(workdir, ctx)
                 stop.write_text(reason)
-            if reason == "lease_lost":
+            if reason in ("lease_lost", "lease_expired"):
                 lost_at = lost_at or time.monotonic()
                 if time.monotonic() - lost_at > STOP_GRACE_SECONDS:
                     proc.terminate()  # torchrun stops its ranks
@@ -437,7 +438,7 @@ def train_rank(
     layout = DataLayout(Path(job["data_dir"]), job.get("storage_url"), cache and Path(cache))
     stores = open_stores(layout, runs)
     store = stores.checkpoints
-    policy = ProtectionPolicy(runs, store)
+    protected = ProtectionPolicy(runs, store).asker(plan.experiment)
     evals = CheckpointEvals(plan, ctx, stores) if ctx else None
     trainer = RankTrainer(
         plan,
@@ -450,13 +451,19 @@ def train_rank(
         on_progress=ctx.progress if ctx else None,
         on_sample=ctx.sample if ctx else None,
         should_stop=stop,
-        protected=policy.asker(plan.experiment),
+        protected=ctx.while_owned(protected) if ctx else protected,
         before_commit=ctx.confirm_lease if ctx else None,
         after_commit=evals,
         datasets=stores.datasets,
         drain=as_shutdown(ctx.shutdown) if ctx else None,
     )
-    result = trainer.run() | {"stop_reason": stop.reason}
+    if ctx is not None:
+        ctx.reporter.start()  # rank 0 never waits on the database for a report either
+    try:
+        result = trainer.run() | {"stop_reason": stop.reason}
+    finally:
+        if ctx is not None:  # its reports before its result, which the worker records
+            ctx.reporter.close(keep=not ctx.lease_lost.is_set())
     if evals is not None and plan.evals is not None:
         result["evaluate_runs"] = evals.queued
     return {"result": result if ctx else {**result, "metrics": metrics}}

@@ -30,8 +30,9 @@ from trainctl.worker.checkpoint import LocalState, StateAccess
 from trainctl.worker.data import Batch, Sampler
 from trainctl.worker.model import GPT
 
-STOP_CODES = {"shutdown": 1, "cancel": 2, "lease_lost": 3}
-"""A rank's reason to stop, as the all-reduce (MAX) agrees on one: a lost lease wins."""
+STOP_CODES = {"shutdown": 1, "cancel": 2, "lease_lost": 3, "lease_expired": 4}
+"""A rank's reason to stop, as the all-reduce (MAX) agrees on one: a lost lease wins, and
+one that ran out unconfirmed (worker/context.py) most of all."""
 
 
 class DataParallel(StateAccess, Protocol):

@@ -25,6 +25,7 @@ from types import FrameType
 import torch
 
 from trainctl.store.checkpoints.factory import open_stores
+from trainctl.store.db.outages import UNAVAILABLE, until_answered
 from trainctl.store.db.queue import GANG_RESERVE_SECONDS
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import LeaseLost, WorkerNotFound
@@ -243,6 +244,8 @@ class Worker:
         """Asked to drain: it exits with DRAINED_EXIT_CODE once its run is handed back."""
         self.abandoned_save = False
         """A drain gave up on a save whose write may still hang (see `main`)."""
+        self.claimed_at = time.monotonic()
+        """When the last claim began: the lease it gave starts no earlier (RunContext)."""
 
     def register(self) -> None:
         device, info = self.device, self.info
@@ -283,12 +286,23 @@ class Worker:
         self.config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         log.info("worker %s ready (%s)", self.config.worker_id, self.redacted_url())
         next_beat = time.monotonic() + self.config.heartbeat_seconds
+        outage = False
         while not self.shutdown.is_set():
-            if time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + self.config.heartbeat_seconds
-                self.beat()
-                self.reap()
-            run = None if self.shutdown.is_set() else self.claim()
+            try:
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.config.heartbeat_seconds
+                    self.beat()
+                    self.reap()
+                run = None if self.shutdown.is_set() else self.claim()
+            except UNAVAILABLE as exc:  # an outage: wait it out, then serve again
+                if not outage:
+                    worker = self.config.worker_id
+                    log.warning("worker %s: the run database does not answer (%s)", worker, exc)
+                outage, run = True, None
+            else:
+                if outage:
+                    log.warning("worker %s: the run database answers again", self.config.worker_id)
+                outage = False
             if run is not None:
                 self.run_one(run)
                 continue
@@ -299,6 +313,7 @@ class Worker:
         log.info("worker %s %s", self.config.worker_id, "drained" if self.drained else "stopped")
 
     def claim(self) -> Run | None:
+        self.claimed_at = time.monotonic()
         return self.runs.claim(
             self.config.worker_id,
             self.config.lease_seconds,
@@ -340,32 +355,39 @@ class Worker:
                 self._run_one(run)
             finally:
                 # Idle again: a gang may take this worker (it claims for itself anyway).
-                self.runs.release_worker(self.config.worker_id)
+                release = lambda: self.runs.release_worker(self.config.worker_id)  # noqa: E731
+                until_answered(release, f"worker {self.config.worker_id}", log)
 
     def _run_one(self, run: Run) -> None:
+        config = self.config
         ctx = RunContext(
-            run, self.runs, self.config.worker_id, self.shutdown, self.config.lease_seconds
+            run, self.runs, config.worker_id, self.shutdown, config.lease_seconds, self.claimed_at
         )
-        ctx.log(f"started on worker {self.config.worker_id} (attempt {run.attempt})")
-        try:
-            with (
-                Heartbeat(ctx, self.config.heartbeat_seconds, self.config.lease_seconds),
-                DeadlineWatch(self.shutdown, lambda: self.hand_back_late(ctx)),
-            ):
-                outcome = execute(ctx, self.env)
-        except PeerLost as exc:
-            self.give_up(ctx, exc)
-            return
-        except Exception as exc:
-            if isinstance(exc, LeaseLost) or ctx.lease_lost.is_set():
-                # Not a failure of the run: it belongs to another attempt now, which reports
-                # it. (What broke here may be that attempt's doing: it sweeps the save this
-                # worker left half-written when it stalled.)
-                log.warning("run %s: %s; leaving it to its new owner", run.id, exc)
+        with ctx:  # its reporter thread: training never waits on the database
+            ctx.log(f"started on worker {config.worker_id} (attempt {run.attempt})")
+            try:
+                with (
+                    Heartbeat(ctx, config.heartbeat_seconds, config.lease_seconds),
+                    DeadlineWatch(self.shutdown, lambda: self.hand_back_late(ctx)),
+                ):
+                    outcome = execute(ctx, self.env)
+            except PeerLost as exc:
+                self.give_up(ctx, exc)
                 return
-            self.fail(ctx, exc)
-            return
-        self.report(ctx, outcome)
+            except Exception as exc:
+                if isinstance(exc, LeaseLost) or ctx.lease_gone():
+                    # Not a failure of the run: it belongs to another attempt now (or will,
+                    # once the reaper sees the lease ran out), which reports it. (What broke
+                    # here may be that attempt's doing: it sweeps the save this worker left
+                    # half-written when it stalled.)
+                    log.warning("run %s: %s; leaving it to its new owner", run.id, exc)
+                    return
+                if isinstance(exc, UNAVAILABLE):
+                    self.retry(ctx, exc)
+                    return
+                self.fail(ctx, exc)
+                return
+            self.report(ctx, outcome)
 
     def hand_back_late(self, ctx: RunContext) -> None:
         """The drain's deadline passed with the run still going (DeadlineWatch): requeue it,
@@ -397,24 +419,52 @@ class Worker:
         except LeaseLost:
             log.info("run %s: another member or a reaper already ended this attempt", ctx.run.id)
 
+    def retry(self, ctx: RunContext, exc: Exception) -> None:
+        """The run broke on the database's absence, not on a fault of its own: a new attempt
+        while attempts remain (as if its worker had died), else failed. An attempt is spent
+        all the same, so that a database error that never passes cannot loop the run."""
+        log.warning("run %s: the run database did not answer", ctx.run.id, exc_info=exc)
+        ctx.reporter.flush()
+        reason = f"the run database did not answer ({type(exc).__name__})"
+        give_up = lambda: self.runs.give_up(  # noqa: E731
+            ctx.run.id, self.config.worker_id, ctx.attempt, reason
+        )
+        try:
+            until_answered(give_up, f"run {ctx.run.id}: giving it back", log)
+        except LeaseLost:
+            log.info("run %s: a reaper already ended this attempt", ctx.run.id)
+
     def fail(self, ctx: RunContext, exc: Exception) -> None:
         log.error("run %s failed: %s", ctx.run.id, exc, exc_info=exc)
         error = public_error(exc, self.config)
         ctx.log(f"failed: {type(exc).__name__}: {error}", level="error")
+        ctx.reporter.flush()
+        finish = lambda: self.runs.finish(  # noqa: E731
+            ctx.run.id, self.config.worker_id, ctx.attempt, "failed", error=error
+        )
         try:
-            self.runs.finish(ctx.run.id, self.config.worker_id, ctx.attempt, "failed", error=error)
+            until_answered(finish, f"run {ctx.run.id}: recording its failure", log)
         except LeaseLost:
             log.warning("run %s failed after its lease was lost; not recorded", ctx.run.id)
 
     def report(self, ctx: RunContext, outcome: Outcome) -> None:
+        """Record the outcome, waiting out a database outage however long it lasts: a run
+        that succeeded meanwhile keeps its success (store.db.runs `finish`)."""
         run_id, wid, attempt = ctx.run.id, self.config.worker_id, ctx.attempt
         if outcome.result and (outcome.result.get("drain") or {}).get("abandoned"):
             self.abandoned_save = True
+        what = f"run {run_id}: recording that it is {outcome.state}"
+        if outcome.state in ("requeue", "succeeded", "cancelled"):
+            ctx.reporter.flush()  # its events before its end
         try:
             if outcome.state == "requeue":
-                self.runs.requeue(run_id, wid, attempt, outcome.reason)
+                requeue = lambda: self.runs.requeue(run_id, wid, attempt, outcome.reason)  # noqa: E731
+                until_answered(requeue, what, log)
             elif outcome.state in ("succeeded", "cancelled"):
-                self.runs.finish(run_id, wid, attempt, outcome.state, result=outcome.result)
+                finish = lambda: self.runs.finish(  # noqa: E731
+                    run_id, wid, attempt, outcome.state, result=outcome.result
+                )
+                until_answered(finish, what, log)
             elif outcome.state == "member":
                 log.info("run %s: this member's part ended; %s", run_id, outcome.reason)
             else:

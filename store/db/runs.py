@@ -716,16 +716,37 @@ class RunStore:
         result: dict[str, Any] | None = None,
         error: str | None = None,
     ) -> Run:
-        """Record how the run ended; raises `LeaseLost` when it is no longer this worker's."""
+        """Record how the run ended; raises `LeaseLost` when it is no longer this worker's.
+
+        A success still counts after the run's lease was reaped, as long as nobody has claimed
+        it since (`_reaped_unclaimed`): its last checkpoint was committed under the lease, so
+        running it again would only redo finished work ("Runs", "Fencing").
+        """
         if state not in TERMINAL_STATES:
             raise ValueError(f"a run finishes as one of {sorted(TERMINAL_STATES)}, not {state!r}")
+        values = {
+            "state": state,
+            "result": None if result is None else storable_json(_as_json(result)),
+            "error": None if error is None else column_text(error),
+            "finished_at": _utcnow(),
+            "lease_expires_at": None,
+        }
         with write_transaction(self.engine) as conn:
-            row = _fenced_update(
-                conn, run_id, worker_id, attempt,
-                state=state, result=None if result is None else storable_json(_as_json(result)),
-                error=None if error is None else column_text(error),
-                finished_at=_utcnow(), lease_expires_at=None,
-            )  # fmt: skip
+            try:
+                row = _fenced_update(conn, run_id, worker_id, attempt, **values)
+            except LeaseLost:
+                if state != "succeeded" or not _reaped_unclaimed(conn, run_id, worker_id, attempt):
+                    raise
+                row = conn.execute(
+                    update(runs).where(runs.c.id == run_id, runs.c.state == "queued")
+                    .values(worker_id=worker_id, **values).returning(*runs.c)
+                ).one()  # fmt: skip
+                reason = (
+                    f"succeeded in attempt {attempt} on {worker_id}, reported after its lease "
+                    f"was reaped and before anyone claimed the run again"
+                )
+                _insert_event(conn, run_id, "state", _state_data(row, "queued", reason))
+                return _run_from_row(row)
             leave_gang(conn, run_id)
             reason = error or f"finished by {worker_id}"
             _insert_event(conn, run_id, "state", _state_data(row, "running", reason))
@@ -750,9 +771,9 @@ class RunStore:
             return self._transition(conn, row, "queued", reason, worker_id=None, **fence)
 
     def give_up(self, run_id: str, worker_id: str, attempt: int, reason: str) -> Run:
-        """A gang member lost its peers: requeue the run as a new attempt (or fail it when
-        none remain), as a reaper would. Raises `LeaseLost` when another member or a reaper
-        did so first."""
+        """A gang member lost its peers, or a run broke on the database's absence: requeue
+        the run as a new attempt (or fail it when none remain), as a reaper would. Raises
+        `LeaseLost` when another member or a reaper did so first."""
         with write_transaction(self.engine) as conn:
             row = _require_owned(conn, run_id, worker_id, attempt)
             return self._recover(conn, row, requeue_cause=reason, fail_cause=reason, now=_utcnow())
@@ -1260,6 +1281,32 @@ def _require_owned(conn: Connection, run_id: str, worker_id: str, attempt: int) 
     if row is None:
         raise _lease_lost(conn, run_id, worker_id, attempt)
     return row
+
+
+def _reaped_unclaimed(conn: Connection, run_id: str, worker_id: str, attempt: int) -> bool:
+    """Whether the run is queued because `attempt`, which `worker_id` claimed, was reaped,
+    and nobody has claimed it since: its last two state events are that claim and the
+    requeue with the next attempt (every claim and move appends one). One node's runs only:
+    a gang's members report on their own and may still be stopping. The row is locked, so a
+    claimer waits for this transaction and then finds the run no longer queued."""
+    row = _require_row(conn, run_id, lock=True)
+    if row.state != "queued" or row.attempt != attempt + 1 or row.nnodes != 1:
+        return False
+    last_two = conn.execute(
+        select(run_events.c.data)
+        .where(run_events.c.run_id == run_id, run_events.c.type == "state")
+        .order_by(run_events.c.id.desc())
+        .limit(2)
+    ).scalars().all()  # fmt: skip
+    if len(last_two) != 2 or not all(isinstance(data, dict) for data in last_two):
+        return False
+    requeued, claimed = last_two
+    return (
+        (claimed.get("state"), claimed.get("worker_id"), claimed.get("attempt"))
+        == ("running", worker_id, attempt)
+        and (requeued.get("state"), requeued.get("previous")) == ("queued", "running")
+        and requeued.get("attempt") == attempt + 1
+    )
 
 
 def _lease_lost(conn: Connection, run_id: str, worker_id: str, attempt: int) -> Exception:

@@ -37,7 +37,7 @@ from sqlalchemy import (
     event,
     func,
 )
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeDecorator
 
@@ -45,6 +45,10 @@ from trainctl.store.db.rows import read_json, sqlite_text
 from trainctl.store.vocabulary import ACTIVE_STATES
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+CONNECT_TIMEOUT_SECONDS = 10
+"""How long opening a PostgreSQL connection may take: a server that is stopped (SIGSTOP, a
+frozen VM) accepts the TCP connection and never answers, and without a deadline the caller
+would wait for it forever (store/db/outages.py)."""
 """How long a SQLite connection waits for another process's write lock before giving up."""
 
 # Execution option read by the SQLite `begin` listener: which kind of BEGIN to emit.
@@ -342,6 +346,10 @@ def build_engine(url: str, **kwargs: Any) -> Engine:
     is not UTF-8 as lone surrogates, rather than failing the query that holds it: one bad row
     never hides the others (store/db/rows.py)."""
     kwargs.setdefault("json_deserializer", read_json)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+        # connect_args would override the URL's own ?connect_timeout=, which therefore wins.
+        kwargs.setdefault("connect_args", {"connect_timeout": CONNECT_TIMEOUT_SECONDS})
     engine = create_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine)

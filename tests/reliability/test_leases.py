@@ -13,8 +13,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from tests.polling import poll
-from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
-from tests.stores import folder, posix_store
+from tests.reliability.workers import (
+    Workers,
+    checkpoint_manifests,
+    enqueue_tiny_train,
+    wait_finished,
+)
 from trainctl.store.db.runs import Run, RunStore
 
 PAST_THE_LEASE = timedelta(minutes=5)
@@ -32,15 +36,6 @@ def wait_running(runs: RunStore, run: Run, worker_id: str, past_step: int) -> Ru
 
 def reap(runs: RunStore) -> list[Run]:
     return runs.reap_expired(now=datetime.now(UTC) + PAST_THE_LEASE)
-
-
-def checkpoints(root: Path, experiment: str) -> dict[str, str]:
-    """Tag -> manifest text of every complete checkpoint: any new or rewritten one shows."""
-    store = posix_store(root)
-    return {
-        c.tag: (folder(store, experiment, c.tag) / "manifest.json").read_text()
-        for c in store.list_checkpoints(experiment)
-    }
 
 
 def test_a_stalled_worker_loses_its_run_to_the_reaper_and_is_fenced_when_it_returns(
@@ -68,7 +63,7 @@ def test_a_stalled_worker_loses_its_run_to_the_reaper_and_is_fenced_when_it_retu
     assert "no attempts remain" in (failed.error or "")
 
     reap_mark = runs.events(run.id)[-1].id
-    saved = checkpoints(root, "lease")
+    saved = checkpoint_manifests(root, "lease")
     workers.resume("worker-a")
     workers.resume("worker-b")
     for worker_id in ("worker-a", "worker-b"):
@@ -80,7 +75,7 @@ def test_a_stalled_worker_loses_its_run_to_the_reaper_and_is_fenced_when_it_retu
     assert (after.state, after.error, after.attempt) == ("failed", failed.error, 2)
     assert after.progress == failed.progress and after.result is None
     assert runs.events(run.id, after_id=reap_mark) == [], "a fenced worker wrote an event"
-    assert checkpoints(root, "lease") == saved, "a fenced worker published a checkpoint"
+    assert checkpoint_manifests(root, "lease") == saved, "a fenced worker published a checkpoint"
 
     # Both come back to serve: B leaves (SIGTERM, graceful), and A takes the next run.
     workers.procs["worker-b"].send_signal(signal.SIGTERM)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from tests.plans import enqueue, train_plan
 from tests.polling import poll
+from tests.stores import folder, posix_store
+from trainctl.store.checkpoints.posix import STAGING_PREFIX
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES
 
@@ -74,19 +76,27 @@ class Workers:
         return self.log_path(worker_id).read_text(errors="replace")
 
     def stall(self, worker_id: str) -> None:
-        """SIGSTOP the worker, at a moment it does not hold SQLite's write lock.
+        """SIGSTOP the worker, at a moment it does not hold SQLite's write lock, nor is
+        between confirming its lease and publishing a checkpoint.
 
         A process stopped inside a write transaction would block every writer, the reaper
-        included: a property of SQLite (one writer at a time), not of leases.
+        included: a property of SQLite (one writer at a time), not of leases. One stopped in
+        a commit (its manifest staged, its lease just confirmed) publishes on resume a
+        checkpoint it saved under a live lease; the tests reap at once, without waiting the
+        lease out, which would make that look like a fenced worker's save.
         """
         proc = self.procs[worker_id]
         for _ in range(100):
             os.kill(proc.pid, signal.SIGSTOP)
-            if self._write_lock_is_free():
+            if self._write_lock_is_free() and not self._committing():
                 return
             os.kill(proc.pid, signal.SIGCONT)
             time.sleep(0.01)
         raise AssertionError(f"{worker_id} always held the database write lock")
+
+    def _committing(self) -> bool:
+        """Whether a checkpoint's manifest is staged and not yet published (posix store)."""
+        return any((self.data_dir / "checkpoints").glob(f"*/{STAGING_PREFIX}*/manifest.json"))
 
     def _write_lock_is_free(self) -> bool:
         conn = sqlite3.connect(self.data_dir / "trainctl.db", timeout=0.2, isolation_level=None)
@@ -139,3 +149,12 @@ def wait_finished(runs: RunStore, run: Run) -> Run:
     return poll(
         lambda: (r := runs.get(run.id)).state in TERMINAL_STATES and r, what=f"run {run.id}"
     )
+
+
+def checkpoint_manifests(root: Path, experiment: str) -> dict[str, str]:
+    """Tag -> manifest text of every complete checkpoint: any new or rewritten one shows."""
+    store = posix_store(root)
+    return {
+        c.tag: (folder(store, experiment, c.tag) / "manifest.json").read_text()
+        for c in store.list_checkpoints(experiment)
+    }

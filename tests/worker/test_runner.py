@@ -14,13 +14,18 @@ from typing import Any
 
 import pytest
 
-from tests.plans import benchmark_plan, enqueue, train_plan, validate_plan
+from tests.plans import (
+    benchmark_plan,
+    enqueue,
+    enqueue_vanished_resume,
+    train_plan,
+    validate_plan,
+)
 from tests.polling import poll
 from tests.rows import SURROGATE_SPEC, Poison
 from tests.s3server import S3Server
 from tests.stores import posix_store, s3_store
 from trainctl.store.db.runs import Run, RunStore
-from trainctl.store.plans import CheckpointRef
 from trainctl.store.resolve import resolve_validate
 from trainctl.store.specs import ValidateRequest
 from trainctl.store.vocabulary import TERMINAL_STATES
@@ -64,14 +69,6 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[byte
 
 def enqueue_train(runs: RunStore, **kw: Any) -> Run:
     return enqueue(runs, train_plan(**kw))
-
-
-def enqueue_vanished_resume(runs: RunStore) -> Run:
-    """A run pinned to a checkpoint that is gone by the time it starts: it must fail."""
-    missing = CheckpointRef(experiment="x", tag="step_999")
-    return enqueue(
-        runs, train_plan(experiment="x", steps=5).model_copy(update={"resume_from": missing})
-    )
 
 
 def wait_state(runs: RunStore, run: Run, states: tuple[str, ...] = TERMINAL) -> Run:
