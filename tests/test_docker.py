@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fnmatch
 import importlib.util
-import inspect
 import json
 import os
 import re
@@ -24,7 +23,8 @@ from typing import Any
 import pytest
 
 from trainctl.service.__main__ import GRACEFUL_SHUTDOWN_SECONDS
-from trainctl.service.supervisor import Supervisor
+from trainctl.service.supervisor import STOP_MARGIN_SECONDS
+from trainctl.store.layout import DRAIN_SECONDS
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
@@ -191,12 +191,9 @@ def test_compose_reads_with_nothing_set_as_on_a_worker_only_node() -> None:
 def test_the_gpu_services_stop_gracefully_after_the_workers_checkpoint() -> None:
     config = compose_config({"TRAINCTL_API_TOKEN": TOKEN}, "worker")
     # uvicorn's bounded wait for open streams, the supervisor's join of its thread (10 s),
-    # then its wait for workers to checkpoint and exit.
-    needed = (
-        GRACEFUL_SHUTDOWN_SECONDS
-        + 10
-        + inspect.signature(Supervisor.stop).parameters["timeout"].default
-    )
+    # then its wait for workers to checkpoint and exit: the drain's default deadline and the
+    # margin the supervisor gives a worker's own exit (Supervisor.stop).
+    needed = GRACEFUL_SHUTDOWN_SECONDS + 10 + DRAIN_SECONDS + STOP_MARGIN_SECONDS
 
     for name in ["trainctl", "worker"]:
         service = config["services"][name]
