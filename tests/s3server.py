@@ -54,6 +54,16 @@ class S3Server:
             aws_secret_access_key=secret_key or self.secret_key,
         )
 
+    def environ(self, *, secret_key: str | None = None) -> dict[str, str]:
+        """The AWS environment a trainctl process (or the app in a test) reaches this server
+        with: what a node's operator sets (docs/operations.md, "Checkpoints in a bucket")."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": secret_key or self.secret_key,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
     def new_bucket(self) -> str:
         name = f"t-{uuid.uuid4().hex[:20]}"
         self.client().create_bucket(Bucket=name)

@@ -44,10 +44,7 @@ class Fleet:
         self.root, self.database_url = root, database_url
         self.env = {
             "TRAINCTL_STORAGE_URL": f"s3://{bucket}/{PREFIX}",
-            "AWS_ENDPOINT_URL": server.endpoint,
-            "AWS_ACCESS_KEY_ID": server.access_key,
-            "AWS_SECRET_ACCESS_KEY": server.secret_key,
-            "AWS_DEFAULT_REGION": "us-east-1",
+            **server.environ(),
         }
         (root / "service").mkdir()
         self.service = Service(root / "service", workers=0)

@@ -92,10 +92,7 @@ def bucket_env(server: S3Server, bucket: str) -> dict[str, str]:
     return {
         **os.environ,
         "TRAINCTL_STORAGE_URL": f"s3://{bucket}/fleet",
-        "AWS_ENDPOINT_URL": server.endpoint,
-        "AWS_ACCESS_KEY_ID": server.access_key,
-        "AWS_SECRET_ACCESS_KEY": server.secret_key,
-        "AWS_DEFAULT_REGION": "us-east-1",
+        **server.environ(),
         "TRAINCTL_DRAIN_SECONDS": "2",
     }
 

@@ -275,12 +275,7 @@ def test_the_storage_url_selects_the_bucket_and_unset_keeps_the_folders(
     s3_server: S3Server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert isinstance(open_stores(DataLayout(tmp_path)).checkpoints.storage, PosixStorage)
-    for name, value in {
-        "AWS_ENDPOINT_URL": s3_server.endpoint,
-        "AWS_ACCESS_KEY_ID": s3_server.access_key,
-        "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
+    for name, value in s3_server.environ().items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     stores = open_stores(DataLayout(tmp_path, f"s3://{bucket}/team/a", tmp_path / "cache"))

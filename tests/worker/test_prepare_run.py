@@ -185,12 +185,7 @@ def test_a_prepare_into_a_bucket_uploads_its_dataset_and_a_retry_reports_it(
     s3_server: S3Server,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name, value in {
-        "AWS_ENDPOINT_URL": s3_server.endpoint,
-        "AWS_ACCESS_KEY_ID": s3_server.access_key,
-        "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
+    for name, value in s3_server.environ().items():
         monkeypatch.setenv(name, value)
     url = f"s3://{s3_server.new_bucket()}/fleet"
     env = WorkerEnv(open_stores(DataLayout(tmp_path / "data", url, tmp_path / "cache")))

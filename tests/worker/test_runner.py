@@ -313,10 +313,7 @@ def test_a_worker_trains_and_validates_with_its_checkpoints_in_a_bucket(
     start_worker(
         {
             "TRAINCTL_STORAGE_URL": f"s3://{bucket}/fleet",
-            "AWS_ENDPOINT_URL": s3_server.endpoint,
-            "AWS_ACCESS_KEY_ID": s3_server.access_key,
-            "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
-            "AWS_DEFAULT_REGION": "us-east-1",
+            **s3_server.environ(),
         }
     )
     run = enqueue_train(runs, experiment="remote", steps=4, checkpoint_every=2)

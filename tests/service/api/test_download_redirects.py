@@ -48,10 +48,8 @@ def service(
 ) -> Iterator[Service]:
     """The service on a bucket of its own, downloads by redirect, a token required; exp's
     step_10 saved as a checkpoint and as an export."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for name, value in s3_server.environ().items():
+        monkeypatch.setenv(name, value)
     settings = Settings(
         data_dir=tmp_path, workers=0, storage_url=f"s3://{s3_server.new_bucket()}/node",
         downloads="redirect", download_url_seconds=60, api_token=TOKEN,

@@ -18,10 +18,8 @@ from trainctl.service.settings import Settings
 def bucket_service(
     s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[TestClient, str]]:
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for name, value in s3_server.environ().items():
+        monkeypatch.setenv(name, value)
     bucket = s3_server.new_bucket()
     settings = Settings(data_dir=tmp_path, workers=0, storage_url=f"s3://{bucket}/node")
     with TestClient(create_app(settings), base_url="http://localhost") as client:
@@ -53,10 +51,8 @@ def test_wrong_credentials_are_a_503_that_never_shows_the_secret(
 ) -> None:
     bucket = s3_server.new_bucket()
     wrong = "w" * 40
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for name, value in s3_server.environ(secret_key=wrong).items():
+        monkeypatch.setenv(name, value)
     settings = Settings(data_dir=tmp_path, workers=0, storage_url=f"s3://{bucket}/node")
     with TestClient(create_app(settings), base_url="http://localhost") as client:
         response = client.get("/checkpoints")
