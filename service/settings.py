@@ -13,7 +13,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trainctl.service.webhooks.targets import HostPolicy
 from trainctl.store.checkpoints.s3 import parse_url
-from trainctl.store.layout import DRAIN_SECONDS, HEARTBEAT_SECONDS, LEASE_SECONDS, DataLayout
+from trainctl.store.layout import (
+    CACHE_BYTES,
+    DRAIN_SECONDS,
+    HEARTBEAT_SECONDS,
+    LEASE_SECONDS,
+    DataLayout,
+)
 from trainctl.store.memory import LARGEST_GPU_MEMORY_BYTES
 from trainctl.store.specs import MLFLOW_SETTING, Tracker
 
@@ -47,6 +53,11 @@ class Settings(BaseSettings):
     )
     cache_dir: Path | None = Field(
         None, description="Local copies of files read from the bucket; default data_dir/cache."
+    )
+    cache_bytes: int = Field(
+        CACHE_BYTES,
+        ge=1,
+        description="The most cache_dir holds: past it, the least recently used files go.",
     )
     downloads: Literal["stream", "redirect"] = Field(
         "stream",
@@ -315,7 +326,7 @@ class Settings(BaseSettings):
 
     @property
     def layout(self) -> DataLayout:
-        return DataLayout(self.data_dir, self.storage_url, self.cache_dir)
+        return DataLayout(self.data_dir, self.storage_url, self.cache_dir, self.cache_bytes)
 
     @property
     def redirect_seconds(self) -> int | None:

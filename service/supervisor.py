@@ -181,6 +181,20 @@ class Supervisor:
             "TRAINCTL_HEARTBEAT_SECONDS": str(self.settings.heartbeat_seconds),
             "TRAINCTL_DRAIN_SECONDS": str(self.settings.drain_seconds),
             "TRAINCTL_WORKER_NICE": str(self.settings.worker_nice),
+            # The stores as the service opens them (Settings.layout), whatever the settings
+            # came from: an unset one is left out, and the worker's default is the same.
+            **{
+                name: str(value)
+                for name, value in (
+                    ("TRAINCTL_STORAGE_URL", self.settings.storage_url),
+                    (
+                        "TRAINCTL_CACHE_DIR",
+                        self.settings.cache_dir and self.settings.cache_dir.resolve(),
+                    ),
+                    ("TRAINCTL_CACHE_BYTES", self.settings.cache_bytes),
+                )
+                if value is not None
+            },
         }
         if slot.gpus or self.node_has_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, slot.gpus))

@@ -25,6 +25,9 @@ HEARTBEAT_SECONDS = 5.0
 """How often a worker extends its lease and says it is alive."""
 POLL_SECONDS = 0.5
 """How often an idle worker asks the queue for a run."""
+CACHE_BYTES = 50 * 1024**3
+"""The most a node's cache of files read from a bucket holds (TRAINCTL_CACHE_BYTES): past
+it, the least recently used files go (store.checkpoints.s3_cache)."""
 DRAIN_SECONDS = 30.0
 """How long a run has, from SIGTERM or a drain request, to save and hand back (worker.drain):
 the warning GCP gives a preempted VM; AWS gives two minutes."""
@@ -43,6 +46,10 @@ class DataLayout:
     cache_dir: Path | None = None
     """TRAINCTL_CACHE_DIR: where files read from a bucket are kept locally; None:
     ``<data dir>/cache``."""
+
+    cache_bytes: int = CACHE_BYTES
+    """TRAINCTL_CACHE_BYTES: the most that cache holds, for every store of the bucket and
+    every worker that shares the cache dir together."""
 
     @property
     def cache(self) -> Path:

@@ -114,6 +114,7 @@ def launch_train(
             "data_dir": str(layout.root),
             "storage_url": layout.storage_url,
             "cache_dir": None if layout.cache_dir is None else str(layout.cache_dir),
+            "cache_bytes": layout.cache_bytes,
             "torchrun": torchrun_args(plan, ctx, local_addr, job_file),
             # host:port; hosted: the launcher serves the store there (one node, a gang's leader)
             "rendezvous": {"endpoint": rendezvous, "hosted": hosted},
@@ -435,7 +436,9 @@ def train_rank(
         on_metrics = lambda m: None  # noqa: E731
     stop = AgreedStop(rank_stop(ctx, workdir / STOP_FILE), device or torch.device("cpu"))
     cache = job.get("cache_dir")
-    layout = DataLayout(Path(job["data_dir"]), job.get("storage_url"), cache and Path(cache))
+    layout = DataLayout(
+        Path(job["data_dir"]), job.get("storage_url"), cache and Path(cache), job["cache_bytes"]
+    )
     stores = open_stores(layout, runs)
     store = stores.checkpoints
     protected = ProtectionPolicy(runs, store).asker(plan.experiment)

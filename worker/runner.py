@@ -31,6 +31,7 @@ from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import LeaseLost, WorkerNotFound
 from trainctl.store.hf_catalog import causal_lm_types
 from trainctl.store.layout import (
+    CACHE_BYTES,
     DRAIN_SECONDS,
     HEARTBEAT_SECONDS,
     LEASE_SECONDS,
@@ -69,6 +70,7 @@ class WorkerConfig:
     storage_url: str | None = None
     """TRAINCTL_STORAGE_URL, as the service has it (`DataLayout.storage_url`)."""
     cache_dir: Path | None = None
+    """TRAINCTL_CACHE_DIR and TRAINCTL_CACHE_BYTES (`DataLayout.cache_dir`, `cache_bytes`)."""
     memory_bytes: int | None = None
     """TRAINCTL_WORKER_MEMORY_BYTES: the most memory this worker's runs may use, below what
     the device has; None: the device's own."""
@@ -76,9 +78,11 @@ class WorkerConfig:
     """TRAINCTL_DRAIN_SECONDS: how long a run has, from SIGTERM or a drain request, to save
     and hand back (worker.drain)."""
 
+    cache_bytes: int = CACHE_BYTES
+
     @property
     def layout(self) -> DataLayout:
-        return DataLayout(self.data_dir, self.storage_url, self.cache_dir)
+        return DataLayout(self.data_dir, self.storage_url, self.cache_dir, self.cache_bytes)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -150,9 +154,17 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     )
     p.add_argument("--storage-url", default=env("TRAINCTL_STORAGE_URL"))
     p.add_argument("--cache-dir", default=env("TRAINCTL_CACHE_DIR"))
+    p.add_argument(
+        "--cache-bytes",
+        type=int,
+        default=env("TRAINCTL_CACHE_BYTES", str(CACHE_BYTES)),
+        help="the most the cache dir holds of files read from the bucket",
+    )
     args = p.parse_args(argv)
     if not 0 <= args.nice <= 19:
         p.error(f"--nice must be between 0 and 19, got {args.nice}")
+    if not args.cache_bytes > 0:
+        p.error(f"--cache-bytes must be above 0, got {args.cache_bytes}")
     if not args.drain_seconds > 0:
         p.error(f"--drain-seconds must be above 0, got {args.drain_seconds}")
     data_dir = Path(args.data_dir).resolve()
@@ -178,6 +190,7 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
         Path(args.cache_dir) if args.cache_dir else None,
         args.memory_bytes,
         args.drain_seconds,
+        args.cache_bytes,
     )
 
 

@@ -50,12 +50,16 @@ def open_stores(layout: DataLayout, runs: RunStore | None = None) -> Stores:
     client = build_client()  # one connection pool for both stores
     leases = GuardLeases(runs.engine) if runs is not None else None
 
-    def in_bucket(name: str) -> CheckpointStore:
-        where = f"{prefix}/{name}".lstrip("/")
-        return CheckpointStore(
-            S3Storage(bucket, where, cache_dir=layout.cache, client=client, leases=leases)
-        )
+    def in_bucket(where: str, leases: GuardLeases | None) -> S3Storage:
+        return S3Storage(
+            bucket, where, cache_dir=layout.cache, client=client, leases=leases,
+            max_cache_bytes=layout.cache_bytes,
+        )  # fmt: skip
 
+    checkpoints, exports = (
+        CheckpointStore(in_bucket(f"{prefix}/{name}".lstrip("/"), leases))
+        for name in ("checkpoints", "exports")
+    )
     # Datasets are published once and never replaced: no guard to take, so no lease.
-    datasets = BucketDatasets(S3Storage(bucket, prefix, cache_dir=layout.cache, client=client))
-    return Stores(layout, in_bucket("checkpoints"), in_bucket("exports"), datasets)
+    datasets = BucketDatasets(in_bucket(prefix, None))
+    return Stores(layout, checkpoints, exports, datasets)

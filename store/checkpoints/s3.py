@@ -22,7 +22,7 @@ and `cleanup` sweeps them with unfinished multipart uploads (this process's at o
 
 Reading downloads a file into a local cache (`cache_dir`, `s3_cache.DownloadCache`), keyed
 by generation, checked against the manifest, the least recently used evicted past
-`max_cache_bytes`.
+`max_cache_bytes` in all the cache dir's stores together (TRAINCTL_CACHE_BYTES).
 
 The guard is a lease per experiment in the run database (`store.db.guards`), taken under a
 lock of this process; a storage opened without the database (a tool, a test) has the lock
@@ -35,7 +35,6 @@ Credentials come from the AWS environment or profile (boto3's chain), the server
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import re
@@ -53,6 +52,7 @@ from trainctl.store.checkpoints.s3_cache import CachedReader, DownloadCache, lis
 from trainctl.store.checkpoints.s3_upload import S3Stage
 from trainctl.store.checkpoints.storage import Complete
 from trainctl.store.exceptions import StorageUnavailable
+from trainctl.store.layout import CACHE_BYTES
 from trainctl.store.names import validate_name
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ class S3Storage:
         client: Any = None,
         clock: Callable[[], float] = time.time,
         stale_after: float = 3600.0,
-        max_cache_bytes: int = 50 * 1024**3,
+        max_cache_bytes: int = CACHE_BYTES,
         part_bytes: int = PART_BYTES,
         max_concurrency: int = 8,
         leases: GuardLeases | None = None,
@@ -141,10 +141,8 @@ class S3Storage:
         self.clock = clock
         self.stale_after = stale_after
         self.part_bytes, self.max_concurrency = part_bytes, max_concurrency
-        place = f"{self.client.meta.endpoint_url}|{bucket}|{self.prefix}".encode()
-        self.cache = DownloadCache(
-            Path(cache_dir) / hashlib.sha256(place).hexdigest()[:16], max_cache_bytes
-        )
+        place = f"{self.client.meta.endpoint_url}|{bucket}|{self.prefix}"
+        self.cache = DownloadCache(Path(cache_dir), place, max_cache_bytes)
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="trainctl-s3")
         self._lock = threading.RLock()  # this process's commits and deletes, and `reading`
         self._guards: dict[str, threading.RLock] = {}

@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,12 @@ from typing import BinaryIO
 from trainctl.store.files import descriptor_path
 
 DOWNLOAD_PREFIX = ".download-"
+PLACE_FOLDER = re.compile(r"[0-9a-f]{16}")
+
+
+def place_folder(place: str) -> str:
+    """The cache dir's folder for one place (server, bucket and prefix of a storage)."""
+    return hashlib.sha256(place.encode()).hexdigest()[:16]
 
 
 class CachedReader(io.BufferedReader):
@@ -38,10 +45,13 @@ class CachedReader(io.BufferedReader):
 
 
 class DownloadCache:
-    """Files under `root`, at most `max_bytes` of them (the one just downloaded stays)."""
+    """Files under `root`, a folder of the cache dir `shared` named by `place_folder`; at
+    most `max_bytes` in all of that cache dir's such folders (the one just downloaded stays):
+    the stores of one bucket, and the workers of a node, share one budget."""
 
-    def __init__(self, root: Path, max_bytes: int) -> None:
-        self.root, self.max_bytes = root, max_bytes
+    def __init__(self, shared: Path, place: str, max_bytes: int) -> None:
+        self.shared, self.max_bytes = shared, max_bytes
+        self.root = shared / place_folder(place)
 
     def path(self, *parts: str) -> Path:
         return self.root.joinpath(*parts)
@@ -80,10 +90,17 @@ class DownloadCache:
         self.evict(keep=path)
         return CachedReader(path)
 
+    def folders(self) -> list[Path]:
+        """This cache dir's folders of places, ours among them; nothing else that lives in
+        the folder an operator named is ever counted or evicted."""
+        with contextlib.suppress(FileNotFoundError):
+            return [p for p in self.shared.iterdir() if PLACE_FOLDER.fullmatch(p.name)]
+        return []
+
     def evict(self, keep: Path) -> None:
-        """The least recently used files out until the cache fits `max_bytes`."""
+        """The least recently used files out until the cache dir fits `max_bytes`."""
         files = []
-        for path in self.root.rglob("*"):
+        for path in (p for folder in self.folders() for p in folder.rglob("*")):
             with contextlib.suppress(FileNotFoundError):  # another thread evicted it
                 if path.is_file() and not path.name.startswith(DOWNLOAD_PREFIX):
                     stat = path.stat()

@@ -348,3 +348,20 @@ def test_a_worker_drained_on_purpose_is_not_restarted(
             what="a drained worker is not restarted",
         )
     assert status["restarts"] == 0 and status["given_up"] is False
+
+
+def test_local_workers_open_the_stores_the_service_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bucket, the cache dir and its budget reach a local worker whatever the service's
+    settings came from (here: arguments, not the environment it inherits)."""
+    for name in ("TRAINCTL_STORAGE_URL", "TRAINCTL_CACHE_DIR", "TRAINCTL_CACHE_BYTES"):
+        monkeypatch.delenv(name, raising=False)
+    stores = {"storage_url": "s3://b/team", "cache_dir": tmp_path / "c", "cache_bytes": 12345}
+    [env] = spawned_envs(tmp_path, monkeypatch, gpus=0, **stores)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    from trainctl.worker.runner import parse_config  # the worker's own reading of them
+
+    assert parse_config([]).layout == Settings(data_dir=tmp_path, **stores).layout

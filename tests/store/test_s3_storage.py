@@ -246,6 +246,41 @@ def test_the_cache_evicts_the_least_recently_used_files(
     assert left == ["step_2", "step_3"]
 
 
+def test_the_stores_of_a_cache_dir_share_one_budget_and_leave_other_files_alone(
+    s3_server: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    """TRAINCTL_CACHE_BYTES bounds the whole cache dir: checkpoints and exports (two places)
+    evict each other's files, least recently used first; a file of the operator's in that
+    folder is neither counted nor removed."""
+    cache = tmp_path / "scratch"
+    (cache / "notes").mkdir(parents=True)
+    (cache / "notes" / "keep.bin").write_bytes(b"n" * 10_000)
+    ckpts, exports = (
+        s3_store(s3_server, bucket, cache, prefix=name, max_cache_bytes=2500)
+        for name in ("checkpoints", "exports")
+    )
+    for store, step in ((ckpts, 1), (exports, 2), (ckpts, 3)):
+        save(store, "exp", step, weights=bytes([step]) * 1000)
+        with store.entry("exp", step_tag(step)).open(MODEL_FILE) as reader:
+            assert reader.read() == bytes([step]) * 1000
+    left = sorted(p.parent.parent.name for p in cache.rglob(MODEL_FILE))
+    assert left == ["step_2", "step_3"]  # step_1's was the oldest, of the other store
+    assert (cache / "notes" / "keep.bin").stat().st_size == 10_000
+
+
+def test_the_cache_budget_reaches_every_store_from_the_settings(
+    s3_server: S3Server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in s3_server.environ().items():
+        monkeypatch.setenv(name, value)
+    layout = DataLayout(tmp_path, f"s3://{bucket}/team", tmp_path / "cache", cache_bytes=12345)
+    stores = open_stores(layout)
+    assert stores.datasets is not None
+    for storage in (stores.checkpoints.storage, stores.exports.storage, stores.datasets.storage):
+        assert isinstance(storage, S3Storage)
+        assert storage.cache.max_bytes == 12345 and storage.cache.shared == tmp_path / "cache"
+
+
 def test_wrong_credentials_name_the_bucket_never_the_secret(
     s3_server: S3Server, bucket: str, tmp_path: Path
 ) -> None:
