@@ -86,7 +86,7 @@ class Settings(BaseSettings):
         None,
         ge=1,
         description="The most memory a local worker's runs may use, below its GPU's or the "
-        "host's (local workers read it from the environment; a worker elsewhere takes "
+        "host's (local workers get it from the service; a worker elsewhere takes "
         "--memory-bytes). Workers report it as their memory, and a transformers or "
         "plug-in model is admitted against it at claim with its real parameter count.",
     )

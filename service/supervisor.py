@@ -181,8 +181,9 @@ class Supervisor:
             "TRAINCTL_HEARTBEAT_SECONDS": str(self.settings.heartbeat_seconds),
             "TRAINCTL_DRAIN_SECONDS": str(self.settings.drain_seconds),
             "TRAINCTL_WORKER_NICE": str(self.settings.worker_nice),
-            # The stores as the service opens them (Settings.layout), whatever the settings
-            # came from: an unset one is left out, and the worker's default is the same.
+            # The stores as the service opens them (Settings.layout), and the memory its
+            # workers may use, whatever the settings came from: an unset one is left out,
+            # and the worker's default is the same.
             **{
                 name: str(value)
                 for name, value in (
@@ -192,6 +193,7 @@ class Supervisor:
                         self.settings.cache_dir and self.settings.cache_dir.resolve(),
                     ),
                     ("TRAINCTL_CACHE_BYTES", self.settings.cache_bytes),
+                    ("TRAINCTL_WORKER_MEMORY_BYTES", self.settings.worker_memory_bytes),
                 )
                 if value is not None
             },

@@ -353,10 +353,11 @@ def test_a_worker_drained_on_purpose_is_not_restarted(
 def test_local_workers_open_the_stores_the_service_opens(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The bucket, the cache dir and its budget reach a local worker whatever the service's
-    settings came from (here: arguments, not the environment it inherits)."""
-    for name in ("TRAINCTL_STORAGE_URL", "TRAINCTL_CACHE_DIR", "TRAINCTL_CACHE_BYTES"):
-        monkeypatch.delenv(name, raising=False)
+    """The bucket, the cache dir and its budget, and the memory a worker may use, reach a
+    local worker whatever the service's settings came from (here: arguments, not the
+    environment it inherits)."""
+    for name in ("STORAGE_URL", "CACHE_DIR", "CACHE_BYTES", "WORKER_MEMORY_BYTES"):
+        monkeypatch.delenv(f"TRAINCTL_{name}", raising=False)
     stores = {"storage_url": "s3://b/team", "cache_dir": tmp_path / "c", "cache_bytes": 12345}
     [env] = spawned_envs(tmp_path, monkeypatch, gpus=0, **stores)
     for name, value in env.items():
@@ -364,4 +365,9 @@ def test_local_workers_open_the_stores_the_service_opens(
 
     from trainctl.worker.runner import parse_config  # the worker's own reading of them
 
-    assert parse_config([]).layout == Settings(data_dir=tmp_path, **stores).layout
+    config = parse_config([])
+    assert config.layout == Settings(data_dir=tmp_path, **stores).layout
+
+    [env] = spawned_envs(tmp_path, monkeypatch, gpus=0, worker_memory_bytes=2**30)
+    monkeypatch.setenv("TRAINCTL_WORKER_MEMORY_BYTES", env["TRAINCTL_WORKER_MEMORY_BYTES"])
+    assert parse_config([]).memory_bytes == 2**30
