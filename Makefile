@@ -31,7 +31,7 @@ serve: install
 	$(VENV)/bin/trainctl serve
 
 benchmark: install
-	$(PY) -m trainctl.worker.benchmark --steps 100
+	$(PY) -m trainctl.worker.kinds.benchmark --steps 100
 
 # Side-by-side performance figures against the peers (docs/performance.md); the HF peer comes
 # from the `bench` extra. torch is pinned to what is installed so pip never swaps it.
@@ -76,12 +76,12 @@ FAST_LANE := -m "not slow and not gpu" --ignore=tests/e2e --ignore=tests/reliabi
 test-fast: install
 	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(FAST_LANE)
 
-# What make test leaves out, the tests marked soak (tests/soak.py says which and why), and the
+# What make test leaves out, the tests marked soak (tests/support/soak.py says which and why), and the
 # long fault rounds at 300: kill -9 during saves, prune racing saves, gang faults, the bucket's
 # readers racing a save; the API fuzzer at ten times make test's examples (100, not 10).
 soak: install
 	TRAINCTL_SOAK_ROUNDS=300 $(VENV)/bin/pytest -q tests/reliability
-	TRAINCTL_SOAK_ROUNDS=300 $(VENV)/bin/pytest -q tests/store/test_s3_storage.py -k readers
+	TRAINCTL_SOAK_ROUNDS=300 $(VENV)/bin/pytest -q tests/store/checkpoints/test_s3_storage.py -k readers
 	TRAINCTL_SOAK_ROUNDS=1 $(VENV)/bin/pytest -q -m soak --ignore=tests/reliability
 	TRAINCTL_SOAK_ROUNDS=1 $(VENV)/bin/pytest -q tests/service/api/test_fuzz.py
 

@@ -35,7 +35,7 @@ from trainctl.store.data.shards import read_shard, stdlib_source_files
 from trainctl.store.data.tokenizer import train_tokenizer
 from trainctl.store.resolve import resolve_train
 from trainctl.store.specs import TrainRequest
-from trainctl.worker.train import Trainer
+from trainctl.worker.training.loop import Trainer
 
 FULL: dict[str, Any] = dict(seconds=240.0, calibrate=10, files=None, vocab=4096, B=16, T=256,
                             val_batches=16)  # fmt: skip

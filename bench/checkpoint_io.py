@@ -24,10 +24,10 @@ from safetensors.torch import save_file
 from bench.common import Figure, alternate, median, paired_ratio
 from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.worker.async_checkpoint import AsyncCheckpointer
-from trainctl.worker.checkpoint import CheckpointState, capture_checkpoint, write_checkpoint
-from trainctl.worker.model import build_model
-from trainctl.worker.optim import build_optimizers
+from trainctl.worker.checkpoints.async_save import AsyncCheckpointer
+from trainctl.worker.checkpoints.state import CheckpointState, capture_checkpoint, write_checkpoint
+from trainctl.worker.models.gpt import build_model
+from trainctl.worker.training.optim import build_optimizers
 
 # `small` with 4 layers: 62 M parameters, about 0.75 GB of weights and optimizer state.
 FULL: dict[str, Any] = dict(preset="small", n_layers=4, rounds=7)

@@ -2,9 +2,9 @@
 and how many runs/s 8 workers claim from a deep queue, on PostgreSQL.
 
 Everything runs against a real PostgreSQL 15 server, started for the measurement by
-`tests.pg.PostgresServer` (initdb in a temp dir, loopback only, fsync off: the same throwaway
-server the tests use; the bench has no server of its own to start). Every worker is a separate
-process (`python -m bench.claims worker ...`) with its own `RunStore`, as real workers are;
+`tests.support.pg.PostgresServer` (initdb in a temp dir, loopback only, fsync off: the same
+throwaway server the tests use; the bench has no server of its own to start). Every worker is a
+separate process (`python -m bench.claims worker ...`) with its own `RunStore`, as real workers are;
 the parent enqueues, as the service does, and drives the workers over their stdin/stdout.
 
 - Claim latency. Two idle registered workers (`lead`, `member`, on two node names). A round
@@ -48,12 +48,12 @@ import numpy as np
 from sqlalchemy import func, select
 
 from bench.common import REPO, Figure, free_port
+from trainctl.store.db.placement import Placement
 from trainctl.store.db.runs import RunStore
 from trainctl.store.db.schema import read_transaction, runs
-from trainctl.store.placement import Placement
 
 if TYPE_CHECKING:
-    from tests.pg import PostgresServer
+    from tests.support.pg import PostgresServer
 
 FULL: dict[str, Any] = dict(rounds=50, depths=(1_000, 10_000), workers=8)
 QUICK: dict[str, Any] = dict(rounds=10, depths=(100, 1_000), workers=8)
@@ -314,7 +314,7 @@ def throughput(server: PostgresServer, depth: int, workers: int) -> tuple[float,
 
 
 def run(quick: bool) -> list[Figure]:
-    from tests.pg import PostgresServer  # the tests' throwaway server; see the docstring
+    from tests.support.pg import PostgresServer  # the tests' throwaway server; see the docstring
 
     size = QUICK if quick else FULL
     server = PostgresServer().start()

@@ -15,10 +15,10 @@ from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.resolve import resolve_train
 from trainctl.store.specs import DataSpec, TrainRequest
-from trainctl.worker.data import AsyncDataLoader, TokenSampler
-from trainctl.worker.model import build_model
-from trainctl.worker.optim import build_optimizers
-from trainctl.worker.train import build_token_arrays, train
+from trainctl.worker.data.loader import AsyncDataLoader, TokenSampler
+from trainctl.worker.models.gpt import build_model
+from trainctl.worker.training.loop import build_token_arrays, train
+from trainctl.worker.training.optim import build_optimizers
 
 # The loader at the CUDA train profile's geometry (small: B=16, T=1024); the step on `small`
 # (all 12 layers; 1 in --quick) at a CPU-sized batch.

@@ -29,7 +29,7 @@ from typing import Any
 
 from bench.common import REPO, Figure, median
 from trainctl.store.db.runs import Run, RunStore
-from trainctl.store.kinds import kind_of_plan, placement_of
+from trainctl.store.kinds.registry import kind_of_plan, placement_of
 from trainctl.store.resolve import resolve_train
 from trainctl.store.specs import TrainRequest
 

@@ -41,7 +41,7 @@ def build(size: dict[str, Any], folder: Path) -> tuple[Any, Any, Any]:
     from trainctl.store.data.codec import TextCodec
     from trainctl.store.data.shards import stdlib_source_files
     from trainctl.store.data.tokenizer import EOT, train_tokenizer
-    from trainctl.store.hf_config import HfModelConfig
+    from trainctl.store.models.hf_config import HfModelConfig
     from trainctl.worker.models import build_model
 
     tokenizer_file = train_tokenizer(stdlib_source_files()[:3], folder, 512)
@@ -63,7 +63,7 @@ def build(size: dict[str, Any], folder: Path) -> tuple[Any, Any, Any]:
 def run(quick: bool = False) -> list[Figure]:
     from lm_eval.api.instance import Instance
 
-    from trainctl.store.evals import get_task
+    from trainctl.store.evals.tasks import get_task
     from trainctl.worker.evals.fewshot import build_contexts
     from trainctl.worker.evals.scorer import score_items
     from trainctl.worker.evals.tasks import TARGET_DELIMITER, read_items

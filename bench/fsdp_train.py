@@ -3,7 +3,7 @@
 
 Resolves a train request as submit does (`store.resolve.resolve_train`: the device profile,
 the batch split across the ranks), asks the store's memory estimate whether it fits the
-GPUs (`store.memory.train_need`; exit 3 with the numbers when it does not, which gpu.sh
+GPUs (`store.training.memory.train_need`; exit 3 with the numbers when it does not, which gpu.sh
 reports as a skip), then runs it with `worker.launch.launch_train` on `--nproc` local ranks,
 without a service. Writes one JSON object (`--json PATH`): the estimate, the losses, tokens/s
 and step time of the logged steps, and the wall time.
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.store.layout import DataLayout
-from trainctl.store.memory import gib, node_bytes, train_need
 from trainctl.store.resolve import resolve_train
 from trainctl.store.specs import TrainRequest
+from trainctl.store.training.memory import gib, node_bytes, train_need
 
 DOES_NOT_FIT = 3
 

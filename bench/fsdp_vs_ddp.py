@@ -1,8 +1,8 @@
 """Issue 25, the sharded strategy against the replicated one, on CPU with gloo ranks: what a
 rank holds, and its step time.
 
-Each rank builds its part of a train run as the worker does (`worker.train.build_training`
-with `worker.strategies.Ranks`: the plan's strategy, Muon + AdamW over its parameters, the
+Each rank builds its part of a train run as the worker does (`worker.training.loop.build_training`
+with `worker.training.parallelism.Ranks`: the plan's strategy, Muon + AdamW over its parameters, the
 rank's share of the batches) and steps it with the loop's own `train_step`.
 
 - **Memory per rank**, at 2 and 4 ranks, one launch per strategy: the bytes of the
@@ -33,9 +33,15 @@ from torch.distributed.tensor import DTensor
 from bench.common import Figure, alternate, step_time_figures
 from trainctl.store.resolve import resolve_train
 from trainctl.store.specs import TrainRequest
-from trainctl.worker.parallel import RankSampler
-from trainctl.worker.strategies import Ranks
-from trainctl.worker.train import TrainParts, build_data, build_training, data_loader, train_step
+from trainctl.worker.training.loop import (
+    TrainParts,
+    build_data,
+    build_training,
+    data_loader,
+    train_step,
+)
+from trainctl.worker.training.parallel import RankSampler
+from trainctl.worker.training.parallelism import Ranks
 
 # `small`'s shape at a width a CPU steps in about a second (Muon's bf16 Newton-Schulz on
 # 768-wide matrices takes tens of seconds a step here).

@@ -1,10 +1,11 @@
 """Issue 15: generation tokens/s on CPU, greedy, every side decoding the same prompts to
 exactly `new_tokens` new tokens (no end-of-text stop), in one process with the same threads,
 alternated round by round. Sides:
-  cache       trainctl's decoder (worker.generate.generate_tokens) with the KV cache
+  cache       trainctl's decoder (worker.models.generation.generate_tokens) with the KV cache
   recompute   the same decoder recomputing the whole prefix every step: what the cache saves
   peer        transformers' `generate` (use_cache=True) on the export of the same weights
-              (worker.export.export_hf: Qwen3), when worker.export is there
+              (worker.checkpoints.exports.export_hf: Qwen3), when worker.checkpoints.exports is
+              there
 Tokens/s count the new tokens of every row; the prompt's prefill is inside the time.
 """
 
@@ -20,14 +21,14 @@ import torch
 
 from bench.common import Figure, alternate, median, paired_ratio
 from trainctl.store.checkpoints.factory import open_stores
-from trainctl.store.generation import GenerationSettings
 from trainctl.store.layout import DataLayout
-from trainctl.store.presets import ModelConfig, get_preset
-from trainctl.worker.checkpoint import capture_checkpoint, write_checkpoint
-from trainctl.worker.generate import generate_tokens
-from trainctl.worker.model import GPT, build_model
-from trainctl.worker.optim import build_optimizers
-from trainctl.worker.schedule import build_scheduler
+from trainctl.store.models.generation import GenerationSettings
+from trainctl.store.models.presets import ModelConfig, get_preset
+from trainctl.worker.checkpoints.state import capture_checkpoint, write_checkpoint
+from trainctl.worker.models.generation import generate_tokens
+from trainctl.worker.models.gpt import GPT, build_model
+from trainctl.worker.training.optim import build_optimizers
+from trainctl.worker.training.schedule import build_scheduler
 
 # `tiny` as it is, and a model 30 times its size with a BPE-sized vocabulary: still small
 # enough that recomputing 256 positions a step at batch 8 takes a minute on two cores.
@@ -72,9 +73,9 @@ def trainctl_side(
 
 def exported(model: GPT, root: Path) -> Any:
     """The model as transformers loads it after trainctl's export (Qwen3), or None when this
-    checkout has no worker.export."""
+    checkout has no worker.checkpoints.exports."""
     try:
-        from trainctl.worker.export import export_hf
+        from trainctl.worker.checkpoints.exports import export_hf
     except ImportError:
         return None
     from transformers import AutoModelForCausalLM
@@ -171,7 +172,10 @@ def run(quick: bool = False) -> list[Figure]:
         with tempfile.TemporaryDirectory(prefix="trainctl-bench-generate-") as tmp:
             hf = exported(model, Path(tmp))
             if hf is None:
-                print("generate: this checkout has no worker.export; no transformers peer")
+                print(
+                    "generate: this checkout has no worker.checkpoints.exports; "
+                    "no transformers peer"
+                )
             for batch in p["batches"]:
                 figures += measure(size, batch, p, hf, model)
     return figures

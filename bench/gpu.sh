@@ -9,7 +9,7 @@
 # next one runs. GPU_STEPS="name ..." runs only those (a rerun of what did not finish).
 #   env             versions: python, torch, CUDA, the GPU, cores, disk
 #   pytest_gpu      pytest -m gpu, over the test files that hold gpu tests
-#   bench_trainctl  python -m trainctl.worker.benchmark: base, micro-batch 4 x 8, seq 4096,
+#   bench_trainctl  python -m trainctl.worker.kinds.benchmark: base, micro-batch 4 x 8, seq 4096,
 #                   torch.compile reduce-overhead, bf16, per-layer activation checkpointing
 #   bench_trainctl_default  only if bench_trainctl failed: the same in compile mode default
 #   bench_peer      python -m bench.gpu_peer: HF LlamaForCausalLM, same dims, batch, bf16, compile
@@ -156,7 +156,7 @@ else
     fi
     BENCH_ARGS=""  # the CUDA benchmark profile: base, 4 x 8, seq 4096, compile, bf16
     LLAMA_ARGS=""  # the same profile's batch and compile
-    LLAMA=$(llama_of 1024 24 16 4 3840 64000 4096)  # base's shape (store/presets.py)
+    LLAMA=$(llama_of 1024 24 16 4 3840 64000 4096)  # base's shape (store/models/presets.py)
     TRAIN_ARGS="--device cuda --preset base --steps 50 --resume-steps 10 --seq-len 4096"
     CHECKPOINT_ARGS=""
     FSDP_ARGS="--device cuda --steps 20 --seq-len 4096 --micro-batch-size 1"
@@ -211,7 +211,7 @@ bench_trainctl() {  # bench_trainctl NAME [ARG ...]: the worker's benchmark, JSO
     local name=$1
     shift
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
-    "$PY" -m trainctl.worker.benchmark --steps "$BENCH_STEPS" --warmup-steps "$BENCH_WARMUP" \
+    "$PY" -m trainctl.worker.kinds.benchmark --steps "$BENCH_STEPS" --warmup-steps "$BENCH_WARMUP" \
         $BENCH_ARGS "$@" --json >"$STEPS_DIR/$name.json" || return
     cat "$STEPS_DIR/$name.json"
 }
@@ -266,7 +266,7 @@ step_fsdp_8b() {
 step_llama_base() {
     # A transformers llama of base's shape (docs/models.md) through the same benchmark.
     # shellcheck disable=SC2086  # LLAMA_ARGS is a list of flags
-    "$PY" -m trainctl.worker.benchmark --steps "$BENCH_STEPS" --warmup-steps "$BENCH_WARMUP" \
+    "$PY" -m trainctl.worker.kinds.benchmark --steps "$BENCH_STEPS" --warmup-steps "$BENCH_WARMUP" \
         $LLAMA_ARGS --hf "$LLAMA" --json >"$STEPS_DIR/llama_base.json" || return
     cat "$STEPS_DIR/llama_base.json"
 }

@@ -1,4 +1,4 @@
-"""The HF peer at the configuration of `python -m trainctl.worker.benchmark`, with the same
+"""The HF peer at the configuration of `python -m trainctl.worker.kinds.benchmark`, with the same
 flags: on CUDA by default preset base, micro-batch 4 x grad-accum 8, seq 4096, bf16 autocast,
 torch.compile, activation checkpointing, fused AdamW. Prints one JSON object with the
 benchmark's fields (tokens/s, MFU, step-time p50/p95, peak memory).
@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from bench.hf_peer import build_adamw, build_llama, llama_loss
-from trainctl.store.presets import ModelConfig
-from trainctl.worker.benchmark import (
+from trainctl.store.models.presets import ModelConfig
+from trainctl.worker.kinds.benchmark import (
     arg_parser,
     flops_per_token,
     peak_flops,

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainctl.store.presets import ModelConfig
+from trainctl.store.models.presets import ModelConfig
 
 
 def llama_config(cfg: ModelConfig, seq_len: int) -> Any:

@@ -1,4 +1,4 @@
-"""Issue 24, first measurement: trainctl's train loop (`worker.train.train`) training a
+"""Issue 24, first measurement: trainctl's train loop (`worker.training.loop.train`) training a
 transformers llama config, against a plain PyTorch loop over the same transformers model
 (built by the same `build_training`), the same optimizers (Muon + AdamW as trainctl builds
 them), the same schedule and the same batches from the same loader, on CPU.
@@ -9,7 +9,7 @@ checkpoint_every past the end). Each side's figure is the median step's tokens/s
 first WARMUP steps; rounds alternate the sides.
 
 The third side is issue 24's third measurement: a benchmark run of the same model and batch
-geometry (`worker.benchmark.run_benchmark`, synthetic tokens) runs the same step code as a
+geometry (`worker.kinds.benchmark.run_benchmark`, synthetic tokens) runs the same step code as a
 train run, so its tokens/s should equal trainctl's train loop's within noise.
 """
 
@@ -27,8 +27,8 @@ from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.resolve import resolve_benchmark, resolve_train
 from trainctl.store.specs import BenchmarkRequest, TrainRequest
-from trainctl.worker.benchmark import run_benchmark
-from trainctl.worker.train import build_data, build_training, data_loader, train
+from trainctl.worker.kinds.benchmark import run_benchmark
+from trainctl.worker.training.loop import build_data, build_training, data_loader, train
 
 # A llama of width 256, 4 layers, byte-level: a step of about a second on two cores; 16 steps
 # and 7 rounds a side, since 8 and 5 were noise-bound (docs/performance.md, item 11a).

@@ -25,7 +25,7 @@ from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.resolve import resolve_train
 from trainctl.store.specs import TrainRequest
-from trainctl.worker.train import train
+from trainctl.worker.training.loop import train
 
 FULL: dict[str, Any] = dict(width=128, layers=4, batch=8, seq=128, steps=300, val_every=25,
             rounds=2)  # fmt: skip

@@ -18,10 +18,10 @@ import torch
 
 from bench.common import Figure, alternate, median, paired_ratio
 from bench.hf_peer import build_adamw, build_llama, llama_loss
-from trainctl.store.presets import ModelConfig, get_preset
+from trainctl.store.models.presets import ModelConfig, get_preset
 from trainctl.store.specs import OptimizerSpec
-from trainctl.worker.model import build_model
-from trainctl.worker.optim import build_optimizers
+from trainctl.worker.models.gpt import build_model
+from trainctl.worker.training.optim import build_optimizers
 
 # `small`'s widths, vocab and heads, with 4 of its 12 layers so a step takes seconds on two
 # cores; the vocab (64,000) stays, since the head is where the two models differ most.

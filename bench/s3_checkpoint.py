@@ -1,5 +1,5 @@
 """Item 15: checkpoints in object storage (issue 26). A real S3 server on loopback (SeaweedFS,
-started as the tests start it: tests/s3server.py) takes the same checkpoint files two ways:
+started as the tests start it: tests/support/s3server.py) takes the same checkpoint files two ways:
 
 - upload: `S3Storage` (a stage written as the worker writes one, both files at once, each
   hashed on the way, multipart in parallel, the manifest last) against `rclone copy` of the
@@ -28,14 +28,14 @@ import torch
 
 from bench.checkpoint_io import DEVICE, trained_state
 from bench.common import Figure, alternate, median, paired_ratio
-from tests.s3server import S3Server, running_s3_server
+from tests.support.s3server import S3Server, running_s3_server
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE
 from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.s3 import S3Storage
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.worker.checkpoint import capture_checkpoint, load_checkpoint, write_checkpoint
-from trainctl.worker.model import build_model
-from trainctl.worker.optim import build_optimizers
+from trainctl.worker.checkpoints.state import capture_checkpoint, load_checkpoint, write_checkpoint
+from trainctl.worker.models.gpt import build_model
+from trainctl.worker.training.optim import build_optimizers
 
 FULL: dict[str, Any] = dict(preset="small", n_layers=4, rounds=5)
 QUICK: dict[str, Any] = dict(preset="small", n_layers=1, rounds=2)

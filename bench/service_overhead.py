@@ -1,4 +1,4 @@
-"""Item 1: a benchmark run submitted over the API against `python -m trainctl.worker.benchmark
+"""Item 1: a benchmark run submitted over the API against `python -m trainctl.worker.kinds.benchmark
 --json` with the same resolved config, alternated pair by pair."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def direct(spec: dict[str, Any]) -> dict[str, Any]:
         "--json",
     ]  # fmt: skip
     out = subprocess.run(
-        [sys.executable, "-m", "trainctl.worker.benchmark", *args],
+        [sys.executable, "-m", "trainctl.worker.kinds.benchmark", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -88,7 +88,7 @@ def run(quick: bool = False) -> list[Figure]:
     return [
         Figure("service overhead: API benchmark tokens/s", median(tps["api"]), "tok/s", note=note),
         Figure(
-            "service overhead: python -m trainctl.worker.benchmark tokens/s",
+            "service overhead: python -m trainctl.worker.kinds.benchmark tokens/s",
             median(tps["cli"]),
             "tok/s",
         ),

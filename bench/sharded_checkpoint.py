@@ -46,11 +46,15 @@ def rank_main(rank: int, port: int, size: dict[str, Any], root: str, out: str) -
 
     from trainctl.store.checkpoints.posix import PosixStorage
     from trainctl.store.checkpoints.store import CheckpointStore
-    from trainctl.worker.async_sharded_checkpoint import AsyncShardedCheckpointer
-    from trainctl.worker.checkpoint import CheckpointState, checkpoint_metadata, write_checkpoint
-    from trainctl.worker.model import build_model
-    from trainctl.worker.optim import build_optimizers
-    from trainctl.worker.sharded_checkpoint import capture_sharded, write_sharded
+    from trainctl.worker.checkpoints.async_sharded import AsyncShardedCheckpointer
+    from trainctl.worker.checkpoints.sharded import capture_sharded, write_sharded
+    from trainctl.worker.checkpoints.state import (
+        CheckpointState,
+        checkpoint_metadata,
+        write_checkpoint,
+    )
+    from trainctl.worker.models.gpt import build_model
+    from trainctl.worker.training.optim import build_optimizers
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,

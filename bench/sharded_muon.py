@@ -1,4 +1,4 @@
-"""Issue 25, Muon on shards: a step of `ShardedMuon` (worker/sharded_muon.py) against
+"""Issue 25, Muon on shards: a step of `ShardedMuon` (worker/training/sharded_muon.py) against
 `torch.optim.Muon` on the same FSDP2 parameters, 2 gloo ranks on the CPU: step time as a paired
 ratio over alternated rounds, and the collectives each issues per step (CommDebugMode).
 
@@ -28,8 +28,8 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 from bench.common import Figure, alternate, step_time_figures
 from trainctl.store.specs import OptimizerSpec
-from trainctl.worker.optim import muon_settings
-from trainctl.worker.sharded_muon import ShardedMuon
+from trainctl.worker.training.optim import muon_settings
+from trainctl.worker.training.sharded_muon import ShardedMuon
 
 FULL: dict[str, Any] = dict(width=256, blocks=4, rounds=7)
 QUICK: dict[str, Any] = dict(width=32, blocks=1, rounds=1)

@@ -20,13 +20,13 @@ import torch
 
 from bench.common import Figure
 from bench.hf_peer import build_adamw, build_llama, llama_loss
-from trainctl.store.presets import ModelConfig
+from trainctl.store.models.presets import ModelConfig
 from trainctl.store.specs import DataSpec, OptimizerSpec
-from trainctl.worker.data import TokenSampler
-from trainctl.worker.model import build_model
-from trainctl.worker.optim import build_optimizers
-from trainctl.worker.schedule import build_scheduler
-from trainctl.worker.train import build_token_arrays
+from trainctl.worker.data.loader import TokenSampler
+from trainctl.worker.models.gpt import build_model
+from trainctl.worker.training.loop import build_token_arrays
+from trainctl.worker.training.optim import build_optimizers
+from trainctl.worker.training.schedule import build_scheduler
 
 CONFIG = ModelConfig(
     vocab_size=256, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=384,

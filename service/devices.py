@@ -10,7 +10,7 @@ import subprocess
 from datetime import UTC, datetime, timedelta
 
 from trainctl.store.db.runs import RunStore, Worker
-from trainctl.store.memory import MemoryLimit, host_memory_bytes
+from trainctl.store.training.memory import MemoryLimit, host_memory_bytes
 
 
 def gpu_count() -> int:

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from trainctl.store.db.runs import Event, RunStore
-from trainctl.store.optimizers import current_metric_names
+from trainctl.store.training.optim import current_metric_names
 
 PAGE = 1000
 """Events fetched per query; a long run has one metrics event per step."""

@@ -20,15 +20,15 @@ from trainctl.service.schemas import (
     RunPublic,
     WorkerPublic,
 )
+from trainctl.store.db.lineage import Lineage, LineageNode
+from trainctl.store.db.placement import why_waiting
 from trainctl.store.db.runs import Run, RunStore, Worker
-from trainctl.store.hf_catalog import causal_lm_types
-from trainctl.store.lineage import Lineage, LineageNode
-from trainctl.store.placement import why_waiting
-from trainctl.store.presets import PRESETS
+from trainctl.store.models.hf_catalog import causal_lm_types
+from trainctl.store.models.presets import PRESETS
 
 
 def waiting_reason(run: Run, live: Sequence[Worker]) -> str | None:
-    """Why a queued run waits, in words, when no `live` worker could take it (store.placement);
+    """Why a queued run waits, in words, when no `live` worker could take it (store.db.placement);
     None for a run that waits only for a worker to be free, and for any run not queued."""
     if run.state != "queued":
         return None

@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from trainctl.service.webhooks.targets import MAX_URL_LENGTH, URL_PATTERN, URL_RULE, check_url
-from trainctl.store.kinds import ServedKindName
+from trainctl.store.db.placement import Spread
+from trainctl.store.kinds.registry import ServedKindName
 from trainctl.store.names import ExperimentName, Name
-from trainctl.store.placement import Spread
 from trainctl.store.text import TextChecked
 from trainctl.store.vocabulary import (
     METRIC_KINDS_TEXT,
@@ -64,6 +64,8 @@ class ProgressPublic(Public):
 
 
 class PlacementPublic(Public):
+    # The docstring is the API schema's description, kept as it was published: Placement lives
+    # in store/db/placement.py.
     """What the workers that take a run must have (store.placement.Placement)."""
 
     nnodes: int = Field(description="Workers (nodes) that take the run together.")

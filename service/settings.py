@@ -20,8 +20,8 @@ from trainctl.store.layout import (
     LEASE_SECONDS,
     DataLayout,
 )
-from trainctl.store.memory import LARGEST_GPU_MEMORY_BYTES
 from trainctl.store.specs import MLFLOW_SETTING, Tracker
+from trainctl.store.training.memory import LARGEST_GPU_MEMORY_BYTES
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 

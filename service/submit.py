@@ -1,8 +1,8 @@
 """Submitting runs: resolve the request into a plan, admit it, enqueue it
 (docs/architecture.md, "Run kinds" and "Admission and access").
 
-Everything a run needs is decided at submit time by its kind's resolver (store.kinds), so a bad
-request is a 422 now rather than a failed run later. A plan that reads a checkpoint (a resume,
+Everything a run needs is decided at submit time by its kind's resolver (store.kinds.registry), so a
+bad request is a 422 now rather than a failed run later. A plan that reads a checkpoint (a resume,
 a validation) is enqueued under the protection policy's pin, so the checkpoint cannot be
 deleted between resolving and enqueueing.
 
@@ -25,17 +25,17 @@ from trainctl.service.devices import cuda_available, memory_limit
 from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.bucket import BucketDatasets
+from trainctl.store.db.placement import Placement
 from trainctl.store.db.runs import QueueLimits, Run, RunStore, RunToQueue
 from trainctl.store.db.tokens import Principal
 from trainctl.store.exceptions import InvalidRequest, InVariant, TrainctlError
-from trainctl.store.kinds import RUN_KINDS
-from trainctl.store.memory import admit
-from trainctl.store.placement import Placement
+from trainctl.store.kinds.registry import RUN_KINDS
+from trainctl.store.kinds.sweeps import SWEEP_NAME, ForkSweepRequest
 from trainctl.store.queueing import enqueue_pinned as queue_pinned
 from trainctl.store.queueing import resolve_run
 from trainctl.store.resolve import SubmitContext
 from trainctl.store.specs import Request
-from trainctl.store.sweeps import SWEEP_NAME, ForkSweepRequest
+from trainctl.store.training.memory import admit
 
 
 def request_digest(kind: str, request: BaseModel) -> str:

@@ -15,11 +15,11 @@ from pydantic import Discriminator, Field, StrictInt, Tag
 from trainctl.store.checkpoints.info import (
     TokenizerId,
 )
-from trainctl.store.generation import GenerationSettings
-from trainctl.store.hf_config import HfModelConfig, model_tag
+from trainctl.store.models.generation import GenerationSettings
+from trainctl.store.models.hf_config import HfModelConfig, model_tag
+from trainctl.store.models.plugin import PluginModelConfig
+from trainctl.store.models.presets import ModelConfig
 from trainctl.store.names import Name
-from trainctl.store.plugin_model import PluginModelConfig
-from trainctl.store.presets import ModelConfig
 from trainctl.store.specs import (
     BenchmarkOptions,
     DataSpec,
@@ -266,7 +266,7 @@ class ExportPlan(ReadsCheckpoint):
 
 
 class Plan(Protocol):
-    """What every kind's plan has (store.kinds): where its run is listed, the checkpoint it
+    """What every kind's plan has (store.kinds.registry): where its run is listed, the checkpoint it
     pins, and its stored form."""
 
     @property

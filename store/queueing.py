@@ -1,6 +1,6 @@
 """Queueing a run from its request, wherever the request comes from (docs/architecture.md,
 "Run kinds", "Protection"): a client's submit (`service.submit`), or a train run's worker
-queueing the evaluate runs of its checkpoints (`store.side_evals`).
+queueing the evaluate runs of its checkpoints (`store.evals.side_runs`).
 
 Either way the kind's record resolves the request into its plan, the plan says where it runs
 and what it pins, and the run is enqueued under the protection policy's pin of the
@@ -17,9 +17,9 @@ from typing import Any
 
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.db.placement import Placement
 from trainctl.store.db.runs import Run, RunStore, RunToQueue
-from trainctl.store.kinds import RUN_KINDS, placement_of
-from trainctl.store.placement import Placement
+from trainctl.store.kinds.registry import RUN_KINDS, placement_of
 from trainctl.store.plans import Plan
 from trainctl.store.resolve import SubmitContext
 from trainctl.store.specs import Request

@@ -44,6 +44,7 @@ from trainctl.store.data.datasets import (
     read_dataset,
     read_tokenizer_file,
 )
+from trainctl.store.data.mixtures import check_distinct_names
 from trainctl.store.data.paths import (
     confine_dataset,
     confine_path,
@@ -53,7 +54,7 @@ from trainctl.store.data.paths import (
 )
 from trainctl.store.data.shards import DataError
 from trainctl.store.db.runs import RunStore
-from trainctl.store.evals import check_train_evals
+from trainctl.store.evals.tasks import check_train_evals
 from trainctl.store.exceptions import (
     CheckpointNotFound,
     DatasetExists,
@@ -61,9 +62,9 @@ from trainctl.store.exceptions import (
     InvalidRequest,
     TrainctlError,
 )
-from trainctl.store.generation import check_context
-from trainctl.store.hf_config import AnyModelConfig, HfModelConfig
-from trainctl.store.mixtures import check_distinct_names
+from trainctl.store.models.generation import check_context
+from trainctl.store.models.hf_config import AnyModelConfig, HfModelConfig
+from trainctl.store.models.plugin import PluginModelConfig
 from trainctl.store.names import BEST_TAG, LATEST_REF, MAX_NAME_LENGTH, NAME_RULE, is_valid_name
 from trainctl.store.plans import (
     BatchPlan,
@@ -81,7 +82,6 @@ from trainctl.store.plans import (
     ValidatePlan,
     data_tokenizer,
 )
-from trainctl.store.plugin_model import PluginModelConfig
 from trainctl.store.specs import (
     BYTES_TOKENIZER,
     MLFLOW_SETTING,
@@ -728,8 +728,8 @@ def _pin_bucket_dataset(
 
 
 def _file_arrays(data: DataSpec) -> TokenArrays | None:
-    """What `worker.train.build_token_arrays` makes of text or shard files: a shard an array,
-    the text files one array (and the val files another), at most `max_bytes` each."""
+    """What `worker.training.loop.build_token_arrays` makes of text or shard files: a shard an
+    array, the text files one array (and the val files another), at most `max_bytes` each."""
     train, val = [Path(p) for p in data.paths], [Path(p) for p in data.val_paths]
     if data.source == "shards":
         return TokenArrays(shard_lengths(train, "data.paths"), shard_lengths(val, "data.val_paths"))
@@ -871,13 +871,14 @@ def chosen_checkpoint(
         raise InvalidRequest(f"checkpoint: {exc}; nothing to {purpose}") from None
 
 
-# --- submit: each kind's resolver, as the run-kind records (store.kinds) name them ----------
+# --- submit: each kind's resolver, as the run-kind records (store.kinds.registry) name them
+# ----------
 
 
 @dataclass
 class SubmitContext:
     """What resolving a request may read: the service's settings and stores (or a train run's
-    worker's, for the evaluate runs of its checkpoints: store.side_evals)."""
+    worker's, for the evaluate runs of its checkpoints: store.evals.side_runs)."""
 
     data_roots: list[Path]
     datasets_dir: Path

@@ -22,9 +22,11 @@ from pydantic import (
 )
 
 from trainctl.store.checkpoints.manifests import FULL_LAYOUT
+from trainctl.store.db.placement import Spread
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.generation import GenerationSettings
-from trainctl.store.hf import check_hf_fields
+from trainctl.store.models.generation import GenerationSettings
+from trainctl.store.models.hf import check_hf_fields
+from trainctl.store.models.presets import BOUNDS, PRESETS, ModelConfig, get_preset
 from trainctl.store.names import (
     BEST_TAG,
     EXPERIMENT_RULE,
@@ -37,23 +39,21 @@ from trainctl.store.names import (
     is_valid_experiment,
     is_valid_name,
 )
-from trainctl.store.optimizers import (
+from trainctl.store.text import TextChecked
+from trainctl.store.training.optim import (
     BUILT_IN_KINDS,
     DEFAULT_OPTIMIZER_KIND,
     OptimizerKindName,
 )
-from trainctl.store.optimizers import fields_read as optimizer_fields
-from trainctl.store.parallelism import (
+from trainctl.store.training.optim import fields_read as optimizer_fields
+from trainctl.store.training.parallelism import (
     BUILT_IN_STRATEGIES,
     DEFAULT_STRATEGY,
     PARALLEL_STRATEGIES,
     StrategyName,
 )
-from trainctl.store.parallelism import fields_read as strategy_fields
-from trainctl.store.placement import Spread
-from trainctl.store.presets import BOUNDS, PRESETS, ModelConfig, get_preset
-from trainctl.store.schedule import SchedulePhases
-from trainctl.store.text import TextChecked
+from trainctl.store.training.parallelism import fields_read as strategy_fields
+from trainctl.store.training.schedule import SchedulePhases
 
 MAX_STEPS = 10_000_000
 TARGET_TOKENS = 8_310_000_000  # the seed's pre-training budget: 8.31 B tokens
@@ -62,14 +62,15 @@ TARGET_TOKENS = 8_310_000_000  # the seed's pre-training budget: 8.31 B tokens
 MAX_MODEL_PARAMS = 20_000_000_000
 # The most GPUs one node has today (and CPU ranks beyond this only contend for cores).
 MAX_NPROC_PER_NODE = 16
-# Nodes one gang run may span (store.placement): each is one worker, claimed together.
+# Nodes one gang run may span (store.db.placement): each is one worker, claimed together.
 MAX_NNODES = 64
 # A run's priority: claims take the highest first, then the oldest (store.db.runs).
 MAX_PRIORITY = 1000
 MAX_RUN_ATTEMPTS = 100
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
-# The dtypes an export writes its weights in (store.checkpoints.exports, worker.export).
+# The dtypes an export writes its weights in (store.checkpoints.exports,
+# worker.checkpoints.exports).
 ExportDtype = Literal["float32", "bfloat16"]
 EXPORT_DTYPES: tuple[ExportDtype, ...] = get_args(ExportDtype)
 # What a validation reads; the pattern cannot bound each name's length, so a validator does.
@@ -97,7 +98,7 @@ MAX_PROMPTS = 64
 MAX_TRAIN_PROMPTS = 8
 # A prompt is checked against the model's context at submit; this bounds the request itself.
 MAX_PROMPT_CHARS = 1 << 20
-MAX_PROMPT_TOKENS = 131_072  # the longest context (store.presets.BOUNDS)
+MAX_PROMPT_TOKENS = 131_072  # the longest context (store.models.presets.BOUNDS)
 TokenId = Annotated[StrictInt, Field(ge=0, lt=int(BOUNDS["vocab_size"][1]))]
 """A token id: below the largest vocabulary (the model's own is checked at submit)."""
 # Where the service can mirror a train run's metrics (docs/architecture.md, "Metrics sinks").
@@ -207,8 +208,8 @@ class ModelSpec(Spec):
     @field_validator("plugin")
     @classmethod
     def _plugin_by_name(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        # Imported here: store.plugin_model's config is a Spec of this module.
-        from trainctl.store.plugin_model import check_plugin_request
+        # Imported here: store.models.plugin's config is a Spec of this module.
+        from trainctl.store.models.plugin import check_plugin_request
 
         return None if v is None else check_plugin_request(v)
 
@@ -253,7 +254,8 @@ class BatchSpec(Spec):
 
 
 # The one definition of a run's optimizer settings: the worker builds its optimizers from
-# these (worker.optim), the store estimates their memory (store.memory, store.optimizers).
+# these (worker.training.optim), the store estimates their memory (store.training.memory,
+# store.training.optim).
 class OptimizerSpec(Spec):
     """The optimizer kind, and the settings of its optimizers."""
 
@@ -301,6 +303,8 @@ class OptimizerSpec(Spec):
 
 
 class ParallelismSpec(Spec):
+    # The docstring is the API schema's description, kept as it was published: the records it
+    # names live in store/training/parallelism.py.
     """How the ranks of a multi-process run share the model (store.parallelism)."""
 
     strategy: StrategyName = Field(
@@ -554,7 +558,8 @@ class CheckpointChoice(Spec):
 
 
 # --- downstream evaluations: what an evaluate run and a train run's `evals` ask alike --------
-# The task catalog that the names are checked against at submit is store.evals (docs/evals.md).
+# The task catalog that the names are checked against at submit is store.evals.tasks
+# (docs/evals.md).
 
 MAX_FEWSHOT = 25
 """The most few-shot examples a request may ask for (the harness's largest, ARC's 25)."""
@@ -565,7 +570,7 @@ FEWSHOT_SEED = 1234
 """The harness's default fewshot_random_seed."""
 MAX_TASK_NAME = 64
 MAX_EVAL_TASKS = 64
-"""The most tasks one evaluation names, each once: more than the catalog has (store.evals)."""
+"""The most tasks one evaluation names, each once: more than the catalog has (store.evals.tasks)."""
 MAX_EVAL_BATCH_SIZE = 1024
 EveryCheckpoint = Literal["checkpoint"]
 EVERY_CHECKPOINT: EveryCheckpoint = "checkpoint"

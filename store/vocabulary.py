@@ -1,5 +1,5 @@
 """The words of the run life cycle and of access (docs/architecture.md, "Runs"), defined once
-(the run kinds are records of their own: store.kinds).
+(the run kinds are records of their own: store.kinds.registry).
 
 The store checks writes against them, the API publishes them as enums, and the SDK waits for
 the terminal states. This module imports nothing, so the light clients can use it too.

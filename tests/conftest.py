@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.databases import BACKENDS, fresh_database
-from tests.mlflow_server import MlflowServer
-from tests.pg import PostgresServer, PostgresUnavailable
-from tests.s3server import S3Server, running_s3_server
-from tests.soak import SKIP_REASON, SOAK
+from tests.support.databases import BACKENDS, fresh_database
+from tests.support.mlflow_server import MlflowServer
+from tests.support.pg import PostgresServer, PostgresUnavailable
+from tests.support.s3server import S3Server, running_s3_server
+from tests.support.soak import SKIP_REASON, SOAK
 from trainctl.store.db.runs import RunStore
 from trainctl.store.layout import DataLayout
 

@@ -180,13 +180,13 @@ def test_imported_test_modules_are_found_however_they_are_imported() -> None:
     script = (
         "from tests.service.sdk.clients import CPU_TRAIN\n"
         "from tests.e2e import test_service_e2e as flows\n"
-        "    from tests.worker.test_checkpoint import make_parts  # in a script\n"
+        "    from tests.worker.checkpoints.test_checkpoint import make_parts  # in a script\n"
         "import tests.service.conftest\n"
         "from tests.service.cli import (\n    invoke,\n    test_cli,\n)\n"
     )
     assert imported_test_modules(script) == [
         "tests.e2e.test_service_e2e",
-        "tests.worker.test_checkpoint",
+        "tests.worker.checkpoints.test_checkpoint",
         "tests.service.conftest",
         "tests.service.cli.test_cli",
     ]

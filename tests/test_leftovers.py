@@ -1,6 +1,7 @@
-"""The finalizer that keeps one failing test from holding a shared worker (tests/leftovers.py)
-cancels exactly the runs its test tracked and left active, against the real served app, and
-a failing test's tracked run is cancelled by its conftest's fixture (a pytest of its own)."""
+"""The finalizer that keeps one failing test from holding a shared worker
+(tests/support/leftovers.py) cancels exactly the runs its test tracked and left active, against the
+real served app, and a failing test's tracked run is cancelled by its conftest's fixture (a pytest
+of its own)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.leftovers import RunsToStop
 from tests.service.serving import serve
+from tests.support.leftovers import RunsToStop
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
 
@@ -36,7 +37,7 @@ def test_stop_cancels_the_tracked_runs_still_active_and_nothing_else(tmp_path: P
 
 FAILING_TEST = """
 import httpx, os, pytest
-from tests.leftovers import RunsToStop
+from tests.support.leftovers import RunsToStop
 
 @pytest.fixture
 def stop_runs():

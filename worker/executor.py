@@ -22,8 +22,8 @@ from trainctl.store.data.bucket import BucketDatasets
 from trainctl.store.data.prepare import PrepareStopped
 from trainctl.store.db.rows import UNREADABLE
 from trainctl.store.db.scores import checkpoint_results
-from trainctl.store.evals import EvaluatePlan
-from trainctl.store.kinds import RUN_KINDS
+from trainctl.store.evals.tasks import EvaluatePlan
+from trainctl.store.kinds.registry import RUN_KINDS
 from trainctl.store.plans import (
     BenchmarkPlan,
     CheckpointRef,
@@ -37,21 +37,21 @@ from trainctl.store.plans import (
 )
 from trainctl.store.registry import Registry
 from trainctl.store.specs import Spec
-from trainctl.worker.admission import admit_at_claim
-from trainctl.worker.benchmark import run_benchmark
-from trainctl.worker.checkpoint import load_checkpoint
+from trainctl.worker.checkpoints.exports import export_hf
+from trainctl.worker.checkpoints.state import load_checkpoint
 from trainctl.worker.context import RunContext
-from trainctl.worker.data import SyntheticSampler, TokenSampler
+from trainctl.worker.data.loader import SyntheticSampler, TokenSampler
+from trainctl.worker.data.prepare import prepare
 from trainctl.worker.drain import as_shutdown
-from trainctl.worker.evals.run import run_evaluate
 from trainctl.worker.evals.side_runs import CheckpointEvals
-from trainctl.worker.export import export_hf
+from trainctl.worker.kinds.benchmark import run_benchmark
+from trainctl.worker.kinds.evaluate import run_evaluate
 from trainctl.worker.launch import launch_train
 from trainctl.worker.models import build_model
-from trainctl.worker.prepare import prepare
-from trainctl.worker.sampling import run_sample
-from trainctl.worker.train import Trainer, build_token_arrays, val_metrics
-from trainctl.worker.validation import compute_validation_loss, validate_forward_shape
+from trainctl.worker.models.sampling import run_sample
+from trainctl.worker.training.loop import Trainer, build_token_arrays, val_metrics
+from trainctl.worker.training.memory import admit_at_claim
+from trainctl.worker.training.validation import compute_validation_loss, validate_forward_shape
 
 P = TypeVar("P", bound=Spec)
 
@@ -66,7 +66,7 @@ class WorkerEnv:
     """Where gang members on other nodes reach this worker (torchrun's rendezvous)."""
     memory_bytes: int | None = None
     """The memory a run may use here (a GPU's, or the host's, or the worker's budget): a
-    transformers or plug-in model is admitted against it at claim (worker.admission)."""
+    transformers or plug-in model is admitted against it at claim (worker.training.memory)."""
 
 
 @dataclass
@@ -300,7 +300,7 @@ def execute_prepare(ctx: RunContext, env: WorkerEnv) -> Outcome:
 Executor = Callable[[RunContext, WorkerEnv], Outcome]
 EXECUTORS: Registry[Executor] = Registry("executor", group="trainctl.executors")
 """How a worker runs each kind of run, by the executor name its kind's record gives
-(store.kinds); a plug-in kind's executor is declared under the same entry-point group."""
+(store.kinds.registry); a plug-in kind's executor is declared under the same entry-point group."""
 for _name, _executor in {
     "train": execute_train,
     "benchmark": execute_benchmark,
@@ -315,10 +315,12 @@ for _name, _executor in {
 
 def execute(ctx: RunContext, env: WorkerEnv) -> Outcome:
     """Run `ctx.run` with the executor its kind names, once it is admitted: a kind whose
-    memory is estimated is counted again on the model it builds (worker.admission), before
+    memory is estimated is counted again on the model it builds (worker.training.memory), before
     any of its work, whatever the kind."""
     kind = RUN_KINDS.get(ctx.run.kind)
     if kind.memory is not None:
-        plan = cast(Plan, read_plan(ctx, kind.plan))  # a kind's plan is a Plan (store.kinds)
+        plan = cast(
+            Plan, read_plan(ctx, kind.plan)
+        )  # a kind's plan is a Plan (store.kinds.registry)
         maybe_log_params(ctx, admit_at_claim(plan, env.memory_bytes))
     return EXECUTORS.get(kind.executor)(ctx, env)

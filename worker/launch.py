@@ -13,12 +13,12 @@ checkpoint and requeue. The child dies with the worker (PR_SET_PDEATHSIG), and t
 then stops the ranks. Every store and connection of the run listens on one address only,
 loopback on one node (worker.rendezvous).
 
-How the ranks share the work is `worker.parallel`'s, by the plan's strategy (`worker.strategies`).
-Rank 0 alone talks to the run store (events, progress, cancel, the lease check before a
-checkpoint commits) and writes checkpoints. Under ddp every rank holds the full model and
-optimizer state, identical on all of them, so rank 0's checkpoint is everyone's; under fsdp the
-ranks gather the full state onto rank 0 for it (`worker.fsdp`). Resume loads the checkpoint on
-every rank.
+How the ranks share the work is `worker.training.parallel`'s, by the plan's strategy
+(`worker.training.parallelism`). Rank 0 alone talks to the run store (events, progress, cancel, the
+lease check before a checkpoint commits) and writes checkpoints. Under ddp every rank holds the full
+model and optimizer state, identical on all of them, so rank 0's checkpoint is everyone's; under
+fsdp the ranks gather the full state onto rank 0 for it (`worker.training.fsdp`). Resume loads the
+checkpoint on every rank.
 
 A gang run (nnodes > 1, docs/architecture.md "Placement and gangs") is the same program on
 several workers at once: each starts torchrun with `--nnodes N --node-rank k` and the c10d
@@ -53,19 +53,19 @@ from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost
 from trainctl.store.layout import DRAIN_SECONDS, DataLayout
-from trainctl.store.parallelism import PARALLEL_STRATEGIES
 from trainctl.store.plans import TrainPlan
 from trainctl.store.processes import isolated_env, python_command
+from trainctl.store.training.parallelism import PARALLEL_STRATEGIES
 from trainctl.worker.context import RunContext
 from trainctl.worker.drain import Shutdown, as_shutdown
 from trainctl.worker.evals.side_runs import CheckpointEvals
-from trainctl.worker.parallel import AgreedStop, RankSampler
 from trainctl.worker.rendezvous import LOOPBACK, host_store, rank_store, socket_env
-from trainctl.worker.strategies import Ranks
-from trainctl.worker.train import Trainer
+from trainctl.worker.training.loop import Trainer
+from trainctl.worker.training.parallel import AgreedStop, RankSampler
+from trainctl.worker.training.parallelism import Ranks
 
 if TYPE_CHECKING:
-    from trainctl.worker.async_sharded_checkpoint import AsyncShardedCheckpointer
+    from trainctl.worker.checkpoints.async_sharded import AsyncShardedCheckpointer
 
 POLL_SECONDS = 0.2
 RESULT_FILE, STOP_FILE, ERROR_FILE = "result.json", "stop", "error.json"
@@ -303,7 +303,7 @@ class RankTrainer(Trainer):
     """A Trainer of rank `rank` of `world`, built for the plan's strategy (`Ranks`, before the
     optimizers), reading its share of the batches; only rank 0 reports and samples.
 
-    Checkpoints take the strategy's layout (store.parallelism `checkpoint_layout`): a full
+    Checkpoints take the strategy's layout (store.training.parallelism `checkpoint_layout`): a full
     one is written by rank 0 alone from whole tensors (a replica's own, or gathered from the
     shards); a sharded one by every rank, its own shards, in parallel (worker.
     sharded_checkpoint), and in the background its copy of them is made while the next step's
@@ -320,7 +320,7 @@ class RankTrainer(Trainer):
         self.sharded = strategy.checkpoint_layout == DCP_LAYOUT
         if self.sharded and plan.async_checkpoint:
             # Built on every rank at once: it makes a process group of its own.
-            from trainctl.worker.async_sharded_checkpoint import AsyncShardedCheckpointer
+            from trainctl.worker.checkpoints.async_sharded import AsyncShardedCheckpointer
 
             self.sharded_saves = AsyncShardedCheckpointer(staging="background")
             self.checkpointer, self.before_update = (
@@ -337,7 +337,7 @@ class RankTrainer(Trainer):
             self.write(state)
 
     def save_sharded(self, tag: str | None) -> None:
-        from trainctl.worker.sharded_checkpoint import capture_sharded, write_sharded
+        from trainctl.worker.checkpoints.sharded import capture_sharded, write_sharded
 
         plan = self.plan
         state = capture_sharded(**self.checkpoint_fields(tag))

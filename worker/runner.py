@@ -29,7 +29,6 @@ from trainctl.store.db.outages import UNAVAILABLE, until_answered
 from trainctl.store.db.queue import GANG_RESERVE_SECONDS
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import LeaseLost, WorkerNotFound
-from trainctl.store.hf_catalog import causal_lm_types
 from trainctl.store.layout import (
     CACHE_BYTES,
     DRAIN_SECONDS,
@@ -38,8 +37,9 @@ from trainctl.store.layout import (
     POLL_SECONDS,
     DataLayout,
 )
-from trainctl.store.memory import host_memory_bytes
+from trainctl.store.models.hf_catalog import causal_lm_types
 from trainctl.store.processes import DRAINED_EXIT_CODE
+from trainctl.store.training.memory import host_memory_bytes
 from trainctl.worker.context import Heartbeat, RunContext
 from trainctl.worker.drain import DeadlineWatch, Shutdown
 from trainctl.worker.executor import Outcome, WorkerEnv, execute
@@ -196,7 +196,7 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
 
 def device_info(memory_bytes: int | None = None) -> tuple[str, dict[str, object]]:
     """The device runs get here, and its memory: what submit checks a run's estimate
-    against (store.memory). On a GPU node, the smallest GPU's, since a rank gets one;
+    against (store.training.memory). On a GPU node, the smallest GPU's, since a rank gets one;
     `memory_bytes`, the worker's budget, where it is lower."""
     device, info = _device_info()
     if memory_bytes is not None:

@@ -14,7 +14,7 @@ from rich.tree import Tree
 from trainctl.service.cli.common import client, console, err_console, print_json
 from trainctl.service.cli.watch import Samples, state_text, watch_to_end
 from trainctl.service.schemas import LineageNodePublic, LineageRunPublic, RunPublic
-from trainctl.store.kinds import RUN_KINDS
+from trainctl.store.kinds.registry import RUN_KINDS
 from trainctl.store.vocabulary import METRIC_KINDS_TEXT
 
 app = typer.Typer(no_args_is_help=True, help="List, inspect, cancel and follow runs.")

@@ -28,7 +28,7 @@ from trainctl.service.cli.watch import (
 )
 from trainctl.service.schemas import RunPublic
 from trainctl.service.sdk.client import SamplePiece, TrainctlClient
-from trainctl.store.generation import GenerationSettings
+from trainctl.store.models.generation import GenerationSettings
 
 # C0 and C1 control characters but newline and tab: what a barely trained byte-level model
 # writes can hold escape sequences, which a terminal would obey rather than show.

@@ -25,7 +25,7 @@ from trainctl.service.cli.common import console, err_console, fail, print_json
 from trainctl.service.cli.interrupts import exit_on_interrupt
 from trainctl.service.schemas import EventPublic, RunPublic
 from trainctl.service.sdk.client import TrainctlClient, TrainingSample
-from trainctl.store.kinds import RUN_KINDS
+from trainctl.store.kinds.registry import RUN_KINDS
 
 STEP_KINDS = ("train", "measure", "warmup")
 RECENT_STEPS = 20
@@ -38,8 +38,8 @@ Samples = Annotated[
 
 
 def counts_steps(run: RunPublic) -> bool:
-    """Whether the run's progress counts steps: its kind's record says (store.kinds); a kind
-    this client does not know (a plug-in of the server's) does when it reports a total."""
+    """Whether the run's progress counts steps: its kind's record says (store.kinds.registry); a
+    kind this client does not know (a plug-in of the server's) does when it reports a total."""
     if run.kind in RUN_KINDS:
         return RUN_KINDS.get(run.kind).has_steps
     return run.progress.total_steps is not None

@@ -7,7 +7,7 @@ from fastapi import APIRouter
 
 from trainctl.service.routing import ApiRoute
 from trainctl.service.schemas import EvalTaskPublic, EvalTasksPublic
-from trainctl.store.evals import EVAL_TASKS
+from trainctl.store.evals.tasks import EVAL_TASKS
 
 router = APIRouter(route_class=ApiRoute, prefix="/evals", tags=["evals"])
 

@@ -67,7 +67,7 @@ from trainctl.service.sdk.steps import (
     read_bytes,
     read_line,
 )
-from trainctl.store.sweeps import SWEEP_NAME
+from trainctl.store.kinds.sweeps import SWEEP_NAME
 from trainctl.store.vocabulary import TERMINAL_STATES, RunState, Scope
 
 Progress = Callable[[int, int | None], None]
@@ -78,7 +78,7 @@ transformers folders export runs write. Both answer the same models and the same
 and archive responses, so one definition of each call reads either."""
 FinishReason = Literal["eot", "stop", "length"]
 """Why a completion ended: the end-of-text token, a stop string, or max_new_tokens (as
-worker.generate says it; the SDK does not import the worker, which needs torch)."""
+worker.models.generation says it; the SDK does not import the worker, which needs torch)."""
 T = TypeVar("T")
 
 # --- runs ---

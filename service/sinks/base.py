@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from trainctl.store.db.runs import Event, Run
-from trainctl.store.optimizers import current_metric_names
+from trainctl.store.training.optim import current_metric_names
 
 METRIC_KINDS = ("train", "val", "eval")
 """The kinds of metrics event a train run's log holds (docs/architecture.md, "Shapes clients

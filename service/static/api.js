@@ -33,7 +33,7 @@ export function postJson(path, body) {
 export const runPath = (runId) => `/runs/${encodeURIComponent(runId)}`;
 
 // Metric names of event logs from before optimizers were named, and their names now
-// (store/optimizers.py, LEGACY_METRIC_NAMES). GET /runs/{id}/metrics renames them already;
+// (store/training/optim.py, LEGACY_METRIC_NAMES). GET /runs/{id}/metrics renames them already;
 // the event stream sends events as they were written.
 const LEGACY_METRIC_NAMES = { lr_muon: "lr/muon", lr_adamw: "lr/adamw" };
 

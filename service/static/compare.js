@@ -31,7 +31,7 @@ const SPEED_CHARTS = [
 // Between them, an "eval vs step" chart per task metric that any of the runs was scored on
 // (evals.js), points at the steps of the checkpoints scored, sorted; and a learning-rate chart
 // per optimizer that any of the runs has (`lr/<name>`: the runs' optimizer kinds decide,
-// store/optimizers.py), in the order they first appear.
+// store/training/optim.py), in the order they first appear.
 function chartsFor(curves) {
   const scores = [...new Set(curves.flatMap((c) => [...c.evals]))].sort();
   const evals = scores.map((key) => ({ id: evalId(key), title: `eval: ${evalLabel(key)}`,

@@ -1,6 +1,6 @@
 // Eval scores: an evaluate run records each score as a field `eval/<task>/<metric>` of a
 // metrics event of kind `eval`, at the step of the checkpoint it scored, on the train run that
-// wrote that checkpoint (store/evals.py, docs/evals.md). The run page shows a run's scores as
+// wrote that checkpoint (store/evals/tasks.py, docs/evals.md). The run page shows a run's scores as
 // a table per checkpoint step and an "eval vs step" chart per task metric; the compare view
 // overlays those curves across runs. A run without scores shows neither.
 

@@ -22,7 +22,7 @@ const ACTIVE = new Set(["queued", "running"]);
 const RESUMABLE = new Set(["failed", "cancelled"]);
 
 // The lr chart has a series per optimizer, `lr/<name>` in the metrics: which ones, the run's
-// optimizer kind decides (store/optimizers.py), so they are added as they first appear.
+// optimizer kind decides (store/training/optim.py), so they are added as they first appear.
 const LR_COLORS = ["#2f9e44", "#7048e8", "#e8590c", "#1098ad"];
 const CHARTS = [
   { id: "loss", title: "Loss", series: [["loss", "train loss", "#1f6feb"], ["val_loss", "val loss", "#d9480f"]] },

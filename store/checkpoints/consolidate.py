@@ -139,7 +139,7 @@ def consolidate(files: Files) -> ConsolidatedModel:
         _collect(files, name, tensors)
     if not tensors:
         raise CheckpointCorrupt(f"{files.describe()}: its shards hold no model weights")
-    # Wider elements first, then by name: the order `worker.safetensors_stream` writes.
+    # Wider elements first, then by name: the order `worker.checkpoints.safetensors_stream` writes.
     order = sorted(tensors, key=lambda n: (-_ITEM_SIZE[tensors[n]["dtype"]], n))
     header_doc: dict[str, Any] = {}
     pieces: list[Piece] = []

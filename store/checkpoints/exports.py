@@ -1,6 +1,6 @@
 """A checkpoint exported to Hugging Face transformers: what the folder holds and what it says,
-without torch (issue 15; the worker writes it in `worker.export`; docs/architecture.md, "Model
-output: samples, sample runs, exports", "Exports").
+without torch (issue 15; the worker writes it in `worker.checkpoints.exports`; docs/architecture.md,
+"Model output: samples, sample runs, exports", "Exports").
 
 ```
 <export>/
@@ -30,9 +30,9 @@ from importlib import metadata as importlib_metadata
 from typing import Any
 
 from trainctl.store.data.datasets import bits_per_byte
-from trainctl.store.evals import EvalResult
+from trainctl.store.evals.tasks import EvalResult
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.presets import ModelConfig
+from trainctl.store.models.presets import ModelConfig
 from trainctl.store.specs import ExportDtype
 
 HF_FORMAT = "hf"

@@ -19,9 +19,9 @@ from trainctl.store.checkpoints.manifests import (
     verify_manifest,
 )
 from trainctl.store.checkpoints.storage import Files
+from trainctl.store.data.mixtures import read_sources, source_tokens
 from trainctl.store.exceptions import CheckpointMismatch, InvalidRequest
-from trainctl.store.hf_config import AnyModelConfig, model_config_from_dict
-from trainctl.store.mixtures import read_sources, source_tokens
+from trainctl.store.models.hf_config import AnyModelConfig, model_config_from_dict
 from trainctl.store.names import parse_step
 
 
@@ -83,7 +83,7 @@ class CheckpointInfo:
 
     source_tokens: dict[str, int] | None = None
     """A data mixture's tokens trained on from each of its datasets, by name
-    (`store.mixtures`); None for a run of one source."""
+    (`store.data.mixtures`); None for a run of one source."""
 
     @property
     def sharded(self) -> bool:

@@ -4,8 +4,8 @@ protocol").
 
 The writer keeps the store's rule; the stage under it (`storage.StagedEntry`) keeps the
 mechanics. Each file's size is counted as it is written and its sha256 comes from whoever
-wrote it (the worker hashes its large files while writing them, `worker.hashed_file`) or is
-taken here for bytes written whole, so the manifest costs no second read.
+wrote it (the worker hashes its large files while writing them, `worker.checkpoints.hashed_file`) or
+is taken here for bytes written whole, so the manifest costs no second read.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 A byte-level model's tokens are the UTF-8 bytes of its text; a bpe one's come from the
 tokenizer.json its dataset was prepared with, which its checkpoints carry. No torch here: the
 API encodes prompts with it at submit (to refuse one that does not fit the model's context),
-and the worker decodes completions with it (`worker.generate`).
+and the worker decodes completions with it (`worker.models.generation`).
 """
 
 from __future__ import annotations

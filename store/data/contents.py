@@ -8,7 +8,7 @@ its token count: `shard_header`, the worker's own check), a text file's first 8,
 Parquet input's magic number, a tokenizer.json's parse. From the headers and sizes come the
 tokens each array will hold, and a run whose data cannot fill one sequence of `seq_len + 1`
 tokens, for training and for validation (after the held-out tail is split off, as
-`worker.data.split_holdout` does), is refused too. That token ids fit the model's vocabulary
+`worker.data.loader.split_holdout` does), is refused too. That token ids fit the model's vocabulary
 is checked by the worker: knowing it means reading every token.
 
 Files are opened non-blocking and checked with fstat before a byte is read: only a regular
@@ -42,7 +42,7 @@ INPUT_MAGIC = {
 
 @dataclass(frozen=True)
 class TokenArrays:
-    """How many tokens each array of a run's data holds: what `worker.train.build_token_arrays`
+    """How many tokens each array of a run's data holds: what `worker.training.loop.build_token_arrays`
     will build, counted from headers and sizes. `val` empty: the tail of each training array
     is held out."""
 
@@ -113,7 +113,7 @@ def text_length(paths: Sequence[Path], max_bytes: int, field: str) -> int:
 
 def dataset_arrays(dataset: Dataset, field: str) -> TokenArrays:
     """The tokens of each non-empty shard of a dataset's splits, each header checked against
-    the dtype its dataset.json names (as `worker.datasets.dataset_arrays` reads them)."""
+    the dtype its dataset.json names (as `worker.data.datasets.dataset_arrays` reads them)."""
     splits = [
         shard_lengths(dataset.shard_paths(split), field, dataset.token_dtype)
         for split in ("train", "val")

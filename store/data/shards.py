@@ -2,7 +2,7 @@
 text files read as byte-level tokens (docs/architecture.md, "Datasets").
 
 The CLI writes shards (`trainctl data prepare`) and the API checks data paths, neither of which
-may import torch; the worker reads the same formats through `worker.data`. Every file is
+may import torch; the worker reads the same formats through `worker.data.loader`. Every file is
 opened as `store.files.open_regular` opens it: a FIFO or a device put where a shard or a text
 file was at submit fails the run, naming it, instead of blocking it for good.
 """

@@ -26,8 +26,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, Row, and_, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
+from trainctl.store.db.placement import Capacity, Placement, choose_gang, could_serve
 from trainctl.store.db.schema import run_slots, runs, workers
-from trainctl.store.placement import Capacity, Placement, choose_gang, could_serve
 
 CANDIDATES = 32
 """Queued runs a claim looks at: a worker passes over runs that are locked or that it cannot

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from trainctl.store.db.migrations import upgrade_to_head
+from trainctl.store.db.placement import ONE_NODE, Capacity, Placement
 from trainctl.store.db.queue import (
     GANG_RESERVE_SECONDS,
     candidates,
@@ -66,8 +67,7 @@ from trainctl.store.exceptions import (
     RunNotFound,
     WorkerNotFound,
 )
-from trainctl.store.kinds import RUN_KINDS
-from trainctl.store.placement import ONE_NODE, Capacity, Placement
+from trainctl.store.kinds.registry import RUN_KINDS
 from trainctl.store.plans import ForkPoint
 from trainctl.store.text import column_text, unencodable
 from trainctl.store.vocabulary import (
@@ -182,7 +182,7 @@ class Worker:
     cpus: int = 1
     address: str | None = None
     model_plugins: tuple[str, ...] = ()
-    """The plug-in models installed where it runs (store/plugin_model.py)."""
+    """The plug-in models installed where it runs (store/models/plugin.py)."""
     hf_model_types: tuple[str, ...] = ()
     """The transformers model types it builds (those of the transformers installed there)."""
     drain_requested_at: datetime | None = None
@@ -911,7 +911,7 @@ class RunStore:
         model_plugins: Iterable[str] = (),
         hf_model_types: Iterable[str] = (),
     ) -> None:
-        """Record a worker process and what it has (store/placement.py), with the plug-in
+        """Record a worker process and what it has (store/db/placement.py), with the plug-in
         models installed where it runs and the transformers model types it builds;
         registering an id again replaces its record (a restart), idle."""
         now = _utcnow()

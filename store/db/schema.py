@@ -117,7 +117,7 @@ runs = Table(
     Column("finished_at", UTCDateTime, nullable=True),
     # The name of the API token the run was submitted with; None without token identities.
     Column("submitted_by", String(128), nullable=True),
-    # Scheduling (store/placement.py): claims take the highest priority first, then the
+    # Scheduling (store/db/placement.py): claims take the highest priority first, then the
     # oldest; a worker takes only runs whose nodes it can serve (GPUs per node, or cores for
     # a CPU run's processes); `nnodes` > 1 is a gang that N workers claim together.
     Column("priority", Integer, nullable=False, default=0, server_default="0"),
@@ -190,7 +190,7 @@ workers = Table(
     Column("info", JSON, nullable=False),
     Column("started_at", UTCDateTime, nullable=False),
     Column("last_seen_at", UTCDateTime, nullable=False),
-    # What the worker has (store/placement.py, Capacity); workers of one node share a name.
+    # What the worker has (store/db/placement.py, Capacity); workers of one node share a name.
     Column("node_name", String(255), nullable=False, default="", server_default=""),
     Column("gpus", Integer, nullable=False, default=0, server_default="0"),
     Column("cpus", Integer, nullable=False, default=1, server_default="1"),

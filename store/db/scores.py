@@ -2,7 +2,7 @@
 
 Two readers, one per question: what a run's log holds of each task's newest scores (the
 webhooks' payload), and which finished evaluations scored a checkpoint (an export's model
-card). Both read what the evaluate runs wrote (worker/evals/run.py): metrics events of kind
+card). Both read what the evaluate runs wrote (worker/kinds/evaluate.py): metrics events of kind
 `eval` on the evaluate run and on the train run that saved the checkpoint, and each evaluate
 run's result.
 """
@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from trainctl.store.db.runs import RunStore
 from trainctl.store.db.schema import read_transaction, run_events, runs
-from trainctl.store.evals import EVAL_KIND, EvalResult, TaskScores, split_metric_name
+from trainctl.store.evals.tasks import EVAL_KIND, EvalResult, TaskScores, split_metric_name
 
 
 def latest_scores(store: RunStore, run_id: str) -> dict[str, TaskScores]:

@@ -65,8 +65,8 @@ def canned(steps: Path) -> None:
     (steps / "env.json").write_text(json.dumps({"device": "NVIDIA H200", "torch": "2.11.0"}))
     (steps / "pytest_gpu.xml").write_text(
         '<testsuites><testsuite name="pytest" tests="2">'
-        '<testcase classname="tests.worker.test_model" name="test_a"/>'
-        '<testcase classname="tests.worker.test_data" name="test_b">'
+        '<testcase classname="tests.worker.models.test_model" name="test_a"/>'
+        '<testcase classname="tests.worker.data.test_data" name="test_b">'
         '<failure message="AssertionError: pinned">...</failure></testcase>'
         "</testsuite></testsuites>"
     )
@@ -111,7 +111,7 @@ def test_the_summary_puts_each_figure_against_its_goal(tmp_path: Path) -> None:
     assert (s["trainctl"]["compile"], s["peer"]["compile"]) == ("reduce-overhead", "default")
     assert s["train_resume"]["runs"][0]["last_loss"] == 4
     text = render(s)
-    assert "failed: tests.worker.test_data::test_b  AssertionError: pinned" in text
+    assert "failed: tests.worker.data.test_data::test_b  AssertionError: pinned" in text
     assert "45.0 %" in text and "NOT met" in text and "FSDP has not landed" in text
 
 
@@ -141,7 +141,7 @@ def test_what_the_service_and_the_worker_import_is_on_the_gpu_machine(tmp_path: 
     write_blocker(tmp_path)
     modules = [
         *("trainctl.service.app", "trainctl.service.__main__", "trainctl.service.cli"),
-        *("trainctl.worker.runner", "trainctl.worker.launch", "trainctl.worker.benchmark"),
+        *("trainctl.worker.runner", "trainctl.worker.launch", "trainctl.worker.kinds.benchmark"),
         *("bench.gpu_train", "bench.gpu_peer", "bench.checkpoint_io", "tests.conftest"),
     ]
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)"

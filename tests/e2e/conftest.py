@@ -1,4 +1,4 @@
-"""End-to-end fixtures: `service`, the real service (tests/service_process.py: `python -m
+"""End-to-end fixtures: `service`, the real service (tests/support/service_process.py: `python -m
 trainctl.service` on a free port, with its real worker process(es)) in the test's tmp_path, not
 yet started.
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.databases import fresh_database
-from tests.service_process import Service
+from tests.support.databases import fresh_database
+from tests.support.service_process import Service
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.polling import poll
+from tests.support.polling import poll
 from trainctl.service.schemas import RunPublic
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.store.vocabulary import TERMINAL_STATES

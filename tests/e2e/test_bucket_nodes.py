@@ -21,13 +21,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.databases import fresh_database
-from tests.datasets import stdlib_documents
-from tests.polling import poll
 from tests.reliability.workers import Workers
-from tests.s3server import S3Server
-from tests.service_process import Service, finished, submit
-from tests.stores import s3_store
+from tests.support.databases import fresh_database
+from tests.support.datasets import stdlib_documents
+from tests.support.polling import poll
+from tests.support.s3server import S3Server
+from tests.support.service_process import Service, finished, submit
+from tests.support.stores import s3_store
 from trainctl.store.checkpoints.manifests import read_metadata
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore

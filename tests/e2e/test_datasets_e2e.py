@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
-from tests.datasets import stdlib_documents
 from tests.e2e.runs import result_of, wait_done
-from tests.service_process import REPO, Service
+from tests.support.datasets import stdlib_documents
+from tests.support.service_process import REPO, Service
 from trainctl.service.cli import app
 from trainctl.service.sdk.client import InvalidRequest, TrainctlClient
 from trainctl.store.data.datasets import DATASET_FILE, TOKENIZER_FILE, read_dataset

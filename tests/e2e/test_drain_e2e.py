@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from tests.e2e.runs import wait_step
-from tests.polling import poll
-from tests.service_process import Service
+from tests.support.polling import poll
+from tests.support.service_process import Service
 from trainctl.service.sdk.client import TrainctlClient
 
 TOKEN = "drain-test-admin"

@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.polling import poll
-from tests.service_process import Service, finished, submit
-from tests.tensorboard_files import float32, tensorboard_rows
-from trainctl.store.evals import METRICS
+from tests.support.polling import poll
+from tests.support.service_process import Service, finished, submit
+from tests.support.tensorboard_files import float32, tensorboard_rows
+from trainctl.store.evals.tasks import METRICS
 
 # tbparse 0.0.9 sorts with pandas' `inplace=`, which pandas 3.1 deprecates; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:The inplace keyword:DeprecationWarning")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.databases import fresh_database
-from tests.plans import enqueue, until_cancelled
-from tests.polling import poll
 from tests.reliability.workers import Workers, wait_finished
-from tests.sockets import assert_listen_at, listening
+from tests.support.databases import fresh_database
+from tests.support.plans import enqueue, until_cancelled
+from tests.support.polling import poll
+from tests.support.sockets import assert_listen_at, listening
 from trainctl.store.db.runs import RunStore
 from trainctl.worker.rendezvous import interface_addresses
 

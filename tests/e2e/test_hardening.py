@@ -6,7 +6,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.service_process import Service
+from tests.support.service_process import Service
 from trainctl import Client
 
 TOKEN = "hardening-test-token"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service_process import REPO, Service
+from tests.support.service_process import REPO, Service
 from trainctl import Client
 
 TOKEN = "install-test-token"

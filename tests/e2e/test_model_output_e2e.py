@@ -16,11 +16,11 @@ import httpx
 import pytest
 import torch
 
-from tests.service_process import Service, finished, submit
-from tests.stores import posix_store
-from tests.worker.hf_archs import hf
-from trainctl.store.generation import GenerationSettings
-from trainctl.worker.generate import generate_tokens, load_for_generation
+from tests.support.hf_archs import hf
+from tests.support.service_process import Service, finished, submit
+from tests.support.stores import posix_store
+from trainctl.store.models.generation import GenerationSettings
+from trainctl.worker.models.generation import generate_tokens, load_for_generation
 
 # What these tests check is the plumbing (samples at their steps, a sample run, an export
 # that computes the same function), not how good the text is: forty steps show it as well
@@ -164,8 +164,9 @@ def download_export(service: Service, name: str, folder: Path) -> Path:
 def test_a_transformers_llama_trains_exports_and_samples_through_the_service(
     trained: tuple[Service, dict[str, Any]], tmp_path: Path
 ) -> None:
-    """Issue 24 through the real service: the in-process rounds (tests/worker/test_hf_models.py)
-    at the fewest steps that give a checkpoint, on the module's service so no start is paid."""
+    """Issue 24 through the real service: the in-process rounds
+    (tests/worker/models/test_hf_models.py) at the fewest steps that give a checkpoint, on the
+    module's service so no start is paid."""
     transformers = pytest.importorskip("transformers")
     service, _ = trained
     run = submit(

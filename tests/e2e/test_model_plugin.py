@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from tests.e2e.plugin_env import install_plugin, pyproject
-from tests.polling import poll
-from tests.service_process import Service
+from tests.support.polling import poll
+from tests.support.service_process import Service
 
 TINYLM = pyproject(
     "trainctl-tinylm", "trainctl_tinylm", {"trainctl.models": {"tiny_mlp": "trainctl_tinylm:MODEL"}}

@@ -34,17 +34,17 @@ import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import load_file
 
-from tests.databases import fresh_database
-from tests.plans import train_plan
-from tests.polling import poll
 from tests.reliability.workers import Workers
-from tests.service_process import Service
-from tests.stores import folder, posix_store
+from tests.support.databases import fresh_database
+from tests.support.plans import train_plan
+from tests.support.polling import poll
+from tests.support.service_process import Service
+from tests.support.stores import folder, posix_store
 from trainctl.store.db.runs import RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES
-from trainctl.worker.checkpoint import load_checkpoint
+from trainctl.worker.checkpoints.state import load_checkpoint
 from trainctl.worker.models import build_model
-from trainctl.worker.train import Trainer
+from trainctl.worker.training.loop import Trainer
 
 LOSS_RTOL, ROUNDING_STEPS = 1e-4, 20
 DRIFT_RTOL = 1e-2
@@ -181,7 +181,7 @@ def test_a_two_node_run_follows_one_process_with_the_same_global_batch(
 
 
 # make soak: over a minute on 2 cores; make test kills a gang rank mid-save
-# (tests/worker/test_sharded_checkpoint.py) and a lone worker mid-run (test_runner.py).
+# (tests/worker/checkpoints/test_sharded_checkpoint.py) and a lone worker mid-run (test_runner.py).
 @pytest.mark.soak
 def test_a_member_killed_mid_run_costs_one_attempt_and_changes_no_parameter(
     cluster: Cluster, uninterrupted: str

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.polling import poll
-from tests.service_process import REPO, Service
+from tests.support.polling import poll
+from tests.support.service_process import REPO, Service
 
 IN_WORKING_FOLDER = ("fastapi", "uvicorn", "starlette", "torch")
 ON_PYTHONPATH = ("torch",)

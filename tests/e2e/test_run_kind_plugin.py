@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from tests.e2e.plugin_env import install_plugin, pyproject
-from tests.polling import poll
-from tests.service_process import Service
+from tests.support.polling import poll
+from tests.support.service_process import Service
 
 ECHO = pyproject(
     "trainctl-echo",

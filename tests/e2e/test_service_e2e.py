@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.runs import result_of, wait_done, wait_step
-from tests.service_process import Service
+from tests.support.service_process import Service
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.store.db.runs import RunStore
 
@@ -95,7 +95,7 @@ def test_cancel_a_running_train_run_saves_a_checkpoint(service: Service) -> None
 
 # make soak: two runs through the service, a minute on 2 cores. make test holds its parts:
 # tests/worker/test_runner.py kills a worker mid-run and resumes the run from its own
-# checkpoint, tests/worker/test_train.py resumes bit for bit in a fresh process.
+# checkpoint, tests/worker/training/test_train.py resumes bit for bit in a fresh process.
 @pytest.mark.soak
 def test_kill_9_mid_run_resumes_exactly_like_an_uninterrupted_run(service: Service) -> None:
     """Exact resume through the service. The rule: a run killed mid-flight restarts from

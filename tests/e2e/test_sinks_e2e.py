@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from tbparse import SummaryReader
 
-from tests.mlflow_server import MlflowServer
-from tests.polling import poll
-from tests.service_process import Service
-from tests.tensorboard_files import float32, tensorboard_rows
+from tests.support.mlflow_server import MlflowServer
+from tests.support.polling import poll
+from tests.support.service_process import Service
+from tests.support.tensorboard_files import float32, tensorboard_rows
 from trainctl.service.schemas import EventPublic, RunPublic
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.service.sinks.base import scalars

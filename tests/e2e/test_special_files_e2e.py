@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
-from tests.polling import poll
-from tests.special_files import plant
+from tests.support.polling import poll
+from tests.support.special_files import plant
 
 TINY = {
     "model": {"preset": "tiny"},

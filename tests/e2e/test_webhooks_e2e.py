@@ -4,9 +4,9 @@ and the next run's notification comes, none twice."""
 
 from __future__ import annotations
 
-from tests.polling import poll
 from tests.service.webhooks.receiver import Receiver, signature_is_valid
-from tests.service_process import Service
+from tests.support.polling import poll
+from tests.support.service_process import Service
 from trainctl.service.schemas import DeliveryPublic, RunPublic
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.store.vocabulary import TERMINAL_STATES

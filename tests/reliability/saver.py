@@ -17,12 +17,12 @@ from multiprocessing.context import ForkServerContext
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
-from tests.worker.checkpoints import save_checkpoint
+from tests.support.checkpoints import save_checkpoint
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE
 from trainctl.store.names import BEST_TAG
-from trainctl.worker.model import GPT, build_model
-from trainctl.worker.optim import Optimizers, build_optimizers
-from trainctl.worker.schedule import WSDScheduler, build_scheduler
+from trainctl.worker.models.gpt import GPT, build_model
+from trainctl.worker.training.optim import Optimizers, build_optimizers
+from trainctl.worker.training.schedule import WSDScheduler, build_scheduler
 
 EXPERIMENT = "exp"
 MAX_KEEP = 3

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from tests.plans import train_plan
-from tests.stores import posix_store
-from trainctl.worker.train import train
+from tests.support.plans import train_plan
+from tests.support.stores import posix_store
+from trainctl.worker.training.loop import train
 
 STEPS, CHECKPOINT_AT = 20, 10
 # fp32 on the CPU. The compiled step computes the same loss in another order: inductor fuses
@@ -82,7 +82,8 @@ def deterministic() -> Iterator[None]:
     backward (an index_put with accumulate) to atomic adds across threads, whose order varies
     from run to run (two runs of the same compiled graph on the same batches parted at the
     third step by 3e-7 relative). In deterministic mode inductor keeps aten's index_put there,
-    so a resume can be checked bit for bit, as eager resumes are (tests/worker/test_train.py).
+    so a resume can be checked bit for bit, as eager resumes are
+    (tests/worker/training/test_train.py).
     """
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)

@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 
 from tests.reliability import saver
-from tests.soak import rounds
-from tests.stores import folder, posix_store
+from tests.support.soak import rounds
+from tests.support.stores import folder, posix_store
 from trainctl.store.checkpoints.info import CheckpointInfo
 from trainctl.store.checkpoints.manifests import verify_manifest
 from trainctl.store.checkpoints.posix import STAGING_PREFIX, TRASH_PREFIX
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.names import BEST_TAG, parse_step
-from trainctl.worker.checkpoint import load_checkpoint
+from trainctl.worker.checkpoints.state import load_checkpoint
 
 ROUNDS = rounds(20)
 SEED = int(os.environ.get("TRAINCTL_SOAK_SEED", "4"))

@@ -26,16 +26,16 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.pg import PostgresServer
-from tests.plans import enqueue, enqueue_vanished_resume, train_plan
-from tests.polling import poll
 from tests.reliability.workers import (
     Workers,
     checkpoint_manifests,
     enqueue_tiny_train,
     wait_finished,
 )
-from tests.stores import folder, posix_store
+from tests.support.pg import PostgresServer
+from tests.support.plans import enqueue, enqueue_vanished_resume, train_plan
+from tests.support.polling import poll
+from tests.support.stores import folder, posix_store
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
 from trainctl.store.db.runs import Run, RunStore

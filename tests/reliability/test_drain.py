@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from tests.plans import enqueue, validate_plan
-from tests.polling import poll
 from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
-from tests.s3server import S3Server, running_s3_server
-from tests.stores import posix_store, s3_store
+from tests.support.plans import enqueue, validate_plan
+from tests.support.polling import poll
+from tests.support.s3server import S3Server, running_s3_server
+from tests.support.stores import posix_store, s3_store
 from trainctl.store.db.runs import Run, RunStore
 
 STEPS = 100

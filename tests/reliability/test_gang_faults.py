@@ -30,12 +30,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.databases import fresh_database
-from tests.plans import enqueue, train_plan
-from tests.polling import poll
 from tests.reliability.workers import Workers, wait_finished
-from tests.soak import rounds
-from tests.stores import folder, posix_store
+from tests.support.databases import fresh_database
+from tests.support.plans import enqueue, train_plan
+from tests.support.polling import poll
+from tests.support.soak import rounds
+from tests.support.stores import folder, posix_store
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import Run, RunStore
 

@@ -12,13 +12,13 @@ import signal
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from tests.polling import poll
 from tests.reliability.workers import (
     Workers,
     checkpoint_manifests,
     enqueue_tiny_train,
     wait_finished,
 )
+from tests.support.polling import poll
 from trainctl.store.db.runs import Run, RunStore
 
 PAST_THE_LEASE = timedelta(minutes=5)

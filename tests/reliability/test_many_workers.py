@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.databases import BACKENDS, fresh_database
-from tests.plans import benchmark_plan
-from tests.polling import poll
 from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
+from tests.support.databases import BACKENDS, fresh_database
+from tests.support.plans import benchmark_plan
+from tests.support.polling import poll
 from trainctl.store.db.runs import Run, RunStore
 
 WORKERS = 4

@@ -1,7 +1,7 @@
 """The issue's three prepare runs at its own sizes (`make soak`): a 512 MB JSONL line in a
 .jsonl.gz of half a MB, a 512 MB Parquet value, and 1 GB of lines in a .jsonl.zst of a
 hundred KB. They grew the worker by 3, 4 and 2 GB; with the default max_document_bytes
-each now holds no more than its batches (tests/store/test_prepare_memory.py runs the same at
+each now holds no more than its batches (tests/store/data/test_prepare_memory.py runs the same at
 32 MB in `make test`)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile_corpora import (
+from tests.support.hostile_corpora import (
     MiB,
     gz_with_a_long_line,
     parquet_with_a_long_value,

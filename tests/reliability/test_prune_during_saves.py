@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.polling import poll
 from tests.reliability import saver
-from tests.soak import rounds
-from tests.stores import posix_store
+from tests.support.polling import poll
+from tests.support.soak import rounds
+from tests.support.stores import posix_store
 from trainctl.store.checkpoints.manifests import (
     METADATA_FILE,
     MODEL_FILE,

@@ -26,11 +26,11 @@ import pytest
 
 from tests.reliability import saver
 from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
-from tests.stores import folder, posix_store
+from tests.support.stores import folder, posix_store
 from trainctl.store.checkpoints.manifests import verify_manifest
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
-from trainctl.worker.checkpoint import load_checkpoint
+from trainctl.worker.checkpoints.state import load_checkpoint
 from trainctl.worker.exceptions import CheckpointWriteFailed
 
 FAULTS = Path(__file__).with_name("faults")

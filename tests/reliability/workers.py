@@ -12,9 +12,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.plans import enqueue, train_plan
-from tests.polling import poll
-from tests.stores import folder, posix_store
+from tests.support.plans import enqueue, train_plan
+from tests.support.polling import poll
+from tests.support.stores import folder, posix_store
 from trainctl.store.checkpoints.posix import STAGING_PREFIX
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES

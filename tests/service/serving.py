@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import uvicorn
 from fastapi import FastAPI
 
-from tests.polling import poll
+from tests.support.polling import poll
 
 
 @contextmanager

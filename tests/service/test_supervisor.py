@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import trainctl.service.supervisor as supervisor_module
-from tests.polling import poll
+from tests.support.polling import poll
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.settings import Settings
 from trainctl.service.supervisor import Supervisor, gpu_groups, restart_delay

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.special_files import plant, without_blocking
-from tests.stores import folder, manifest_of, posix_store, write_entry
+from tests.support.special_files import plant, without_blocking
+from tests.support.stores import folder, manifest_of, posix_store, write_entry
 from trainctl.store.checkpoints.manifests import (
     MANIFEST_FILE,
     METADATA_FILE,

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from tests.plans import benchmark_plan, train_plan, validate_plan
 from tests.service.fakes import save_checkpoint
-from tests.stores import posix_store
+from tests.support.plans import benchmark_plan, train_plan, validate_plan
+from tests.support.stores import posix_store
 from trainctl.store.plans import (
     BenchmarkPlan,
     ExportPlan,

@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 
-from tests.plans import (
+from tests.support.plans import (
     benchmark_plan,
     enqueue,
     enqueue_vanished_resume,
     train_plan,
     validate_plan,
 )
-from tests.polling import poll
-from tests.rows import SURROGATE_SPEC, Poison
-from tests.s3server import S3Server
-from tests.stores import posix_store, s3_store
+from tests.support.polling import poll
+from tests.support.rows import SURROGATE_SPEC, Poison
+from tests.support.s3server import S3Server
+from tests.support.stores import posix_store, s3_store
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.resolve import resolve_validate
 from trainctl.store.specs import ValidateRequest

@@ -9,21 +9,21 @@ from typing import Any
 
 import pytest
 
-from tests.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset
-from tests.special_files import plant, self_loops, without_blocking
-from tests.stores import posix_store
-from tests.worker.checkpoints import save_checkpoint
+from tests.support.checkpoints import save_checkpoint
+from tests.support.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset
+from tests.support.special_files import plant, self_loops, without_blocking
+from tests.support.stores import posix_store
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.shards import DataError, expand_paths, write_shard
 from trainctl.store.resolve import resolve_train
 from trainctl.store.specs import OptimizerSpec, TrainRequest
-from trainctl.worker.checkpoint import load_checkpoint
-from trainctl.worker.datasets import build_data_record
+from trainctl.worker.checkpoints.state import load_checkpoint
+from trainctl.worker.data.datasets import build_data_record
 from trainctl.worker.exceptions import CheckpointCorrupt
-from trainctl.worker.model import build_model
-from trainctl.worker.optim import build_optimizers
-from trainctl.worker.train import build_token_arrays
+from trainctl.worker.models.gpt import build_model
+from trainctl.worker.training.loop import build_token_arrays
+from trainctl.worker.training.optim import build_optimizers
 
 TEXTS = stdlib_texts(60_000)
 

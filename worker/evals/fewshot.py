@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from random import Random
 
-from trainctl.store.evals import EvalTask
+from trainctl.store.evals.tasks import EvalTask
 from trainctl.store.specs import FEWSHOT_SEED
 from trainctl.worker.evals.tasks import FEWSHOT_DELIMITER, TARGET_DELIMITER, Item
 

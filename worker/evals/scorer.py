@@ -31,8 +31,8 @@ import torch.nn.functional as F
 
 from trainctl.store.data.codec import TextCodec
 from trainctl.worker.evals.tasks import TARGET_DELIMITER, Item
-from trainctl.worker.generate import cache_dtype, step_mode
 from trainctl.worker.models import LanguageModel
+from trainctl.worker.models.generation import cache_dtype, step_mode
 
 Request = tuple[tuple[int, ...], tuple[int, ...]]
 """Context ids, continuation ids."""

@@ -14,10 +14,10 @@ read as a POST /runs/evaluate reads them) and one transaction, never for the eva
 from __future__ import annotations
 
 from trainctl.store.checkpoints.factory import Stores
+from trainctl.store.evals.side_runs import queue_checkpoint_eval
 from trainctl.store.exceptions import TrainctlError
 from trainctl.store.names import parse_step
 from trainctl.store.plans import TrainPlan
-from trainctl.store.side_evals import queue_checkpoint_eval
 from trainctl.worker.context import RunContext
 
 

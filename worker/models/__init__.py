@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainctl.store.hf_config import AnyModelConfig, HfModelConfig, model_config_from_dict
-from trainctl.store.plugin_model import PluginModelConfig
+from trainctl.store.models.hf_config import AnyModelConfig, HfModelConfig, model_config_from_dict
+from trainctl.store.models.plugin import PluginModelConfig
 from trainctl.store.registry import Registry
-from trainctl.worker import model as gpt
+from trainctl.worker.models import gpt
 from trainctl.worker.models.hf import HFCausalLM, build_hf_model
 from trainctl.worker.models.plugin import PluginModel, build_plugin_model
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainctl.store.hf_config import HfModelConfig
+from trainctl.store.models.hf_config import HfModelConfig
 
 CONFIG_FILE = "config.json"
 """The transformers config, saved with every checkpoint of a transformers model."""
@@ -108,7 +108,7 @@ class HFCausalLM(nn.Module):
         return self.inner
 
     def output_heads(self) -> list[nn.Module]:
-        """The output head: AdamW's, tied or not (worker.optim.muon_params)."""
+        """The output head: AdamW's, tied or not (worker.training.optim.muon_params)."""
         head = self.inner.get_output_embeddings()  # type: ignore[operator]
         return [head] if head is not None else []
 

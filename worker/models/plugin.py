@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainctl.store.plugin_model import PluginModelConfig
+from trainctl.store.models.plugin import PluginModelConfig
 from trainctl.store.registry import Registry
 from trainctl.worker.models.hf import ModelBuildError
 
@@ -36,7 +36,7 @@ class ModelPlugin:
     """The module of a config, initialised with the seed (None: the global RNG)."""
     muon_params: Callable[[nn.Module], Iterable[str]] | None = None
     """The names (as the module's `named_parameters` gives them) of the 2-D parameters Muon
-    trains; the rest go to AdamW. None: trainctl's one rule (worker.optim.muon_params)."""
+    trains; the rest go to AdamW. None: trainctl's one rule (worker.training.optim.muon_params)."""
     flops_per_token: Callable[[dict[str, Any], int], float] | None = None
     """Training FLOPs per token of (config, seq_len), for the benchmark's MFU. None: 6N of
     the counted parameters."""

@@ -14,9 +14,14 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset, write_byte_dataset
 from tests.service.api.submits import CPU_TRAIN, submit
 from tests.service.fakes import save_checkpoint
+from tests.support.datasets import (
+    stdlib_texts,
+    train_tokenizer,
+    write_bpe_dataset,
+    write_byte_dataset,
+)
 from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.datasets import DATASET_FILE, TOKENIZER_FILE, Dataset, read_dataset

@@ -20,10 +20,10 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.s3server import S3Server
 from tests.service.cli.invoke import trainctl
 from tests.service.fakes import save_checkpoint
 from tests.service.serving import serve
+from tests.support.s3server import S3Server
 from trainctl.service.app import create_app
 from trainctl.service.sdk.async_client import AsyncTrainctlClient
 from trainctl.service.sdk.client import TrainctlClient

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 
 from tests.service.fakes import save_checkpoint
 from tests.service.serving import serve
-from tests.service_process import Service
+from tests.support.service_process import Service
 from trainctl.service.app import create_app
 from trainctl.service.middleware import SECURITY_HEADERS
 from trainctl.service.settings import Settings

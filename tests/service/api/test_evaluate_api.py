@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from tests.service.fakes import save_checkpoint
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.evals import EVAL_TASKS
+from trainctl.store.evals.tasks import EVAL_TASKS
 from trainctl.store.specs import MAX_FEWSHOT, MAX_LIMIT
 
 BYTES = {"tokenizer": {"kind": "bytes", "sha256": None}}

@@ -15,8 +15,8 @@ from fastapi import FastAPI
 from pydantic import SecretStr
 from sqlalchemy import event
 
-from tests.polling import poll
 from tests.service.serving import serve
+from tests.support.polling import poll
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
 

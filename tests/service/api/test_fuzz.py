@@ -34,8 +34,8 @@ from schemathesis.checks import CHECKS, CheckContext, load_all_checks
 
 from tests.service.fakes import finish, save_checkpoint
 from tests.service.serving import serve
-from tests.soak import SOAK
-from tests.stores import posix_store
+from tests.support.soak import SOAK
+from tests.support.stores import posix_store
 from trainctl.service.app import create_app
 from trainctl.service.openapi import OPENAPI_FILE
 from trainctl.service.routes.runs import CURSOR_FORMAT
@@ -50,9 +50,9 @@ from trainctl.store.checkpoints.manifests import (
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import Conflict, NotFound
-from trainctl.store.kinds import RUN_KINDS
+from trainctl.store.kinds.registry import RUN_KINDS
+from trainctl.store.kinds.sweeps import SWEEP_NAME
 from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
-from trainctl.store.sweeps import SWEEP_NAME
 from trainctl.store.vocabulary import RunState
 
 # Four fuzzers of a few hundred requests each, a server each: minutes, not the edit loop's.

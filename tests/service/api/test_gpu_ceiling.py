@@ -1,6 +1,6 @@
 """A run that no GPU could hold is refused at submit even while no GPU worker is live: the
 ceiling is TRAINCTL_MAX_GPU_MEMORY_BYTES, by default the largest GPU sold (service/devices.py,
-store/memory.py)."""
+store/training/memory.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
-from trainctl.store.memory import LARGEST_GPU_MEMORY_BYTES
-from trainctl.store.presets import get_preset
+from trainctl.store.models.presets import get_preset
+from trainctl.store.training.memory import LARGEST_GPU_MEMORY_BYTES
 
 # Inside every documented bound, yet about 1.2 TiB of activations: no GPU there is holds it.
 HUGE = {"model": {"preset": "base"}, "batch": {"micro_batch_size": 4096, "seq_len": 256}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from tests.service.api.submits import CPU_TRAIN, submit
-from tests.worker.hf_archs import BASE
+from tests.support.hf_archs import BASE
 from trainctl.store.db.runs import RunStore
 
 TINY_MOE = {"model_type": "qwen3_moe", **BASE}

@@ -9,13 +9,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.service.fakes import save_checkpoint
-from tests.stores import folder, posix_store
+from tests.support.stores import folder, posix_store
 from trainctl.store.checkpoints.manifests import MODEL_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
 
 # One row per trick; each is tried as a file name, a tag and an experiment. A bare ".."
 # segment is resolved away by HTTP clients before it is sent; the store's own tests
-# (tests/store/test_checkpoints.py) refuse it where it would arrive.
+# (tests/store/checkpoints/test_checkpoints.py) refuse it where it would arrive.
 TRICKS = {
     "encoded dot-dot": "%2e%2e",
     "double-encoded dot-dot": "%252e%252e",

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.s3server import S3Server
 from tests.service.fakes import save_checkpoint
-from tests.stores import posix_store, s3_store
+from tests.support.s3server import S3Server
+from tests.support.stores import posix_store, s3_store
 from trainctl.service.settings import Settings
 from trainctl.service.submit import submit_run
 from trainctl.store.checkpoints.protection import ProtectionPolicy

@@ -20,7 +20,7 @@ from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
-from trainctl.store.presets import get_preset
+from trainctl.store.models.presets import get_preset
 
 # --- submit ---------------------------------------------------------------------------------
 

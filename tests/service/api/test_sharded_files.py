@@ -13,9 +13,9 @@ from safetensors.torch import load
 from trainctl.store.checkpoints.manifests import MODEL_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.specs import OptimizerSpec
-from trainctl.worker.model import build_model
-from trainctl.worker.optim import build_optimizers
-from trainctl.worker.sharded_checkpoint import capture_sharded, write_sharded
+from trainctl.worker.checkpoints.sharded import capture_sharded, write_sharded
+from trainctl.worker.models.gpt import build_model
+from trainctl.worker.training.optim import build_optimizers
 
 
 def test_the_model_file_of_a_sharded_checkpoint_is_served_and_archived_whole(

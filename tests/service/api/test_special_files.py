@@ -13,8 +13,8 @@ import pytest
 from fastapi import FastAPI
 
 from tests.service.serving import serve
-from tests.special_files import BLOCKED_AFTER_SECONDS, plant
-from tests.stores import folder, manifest_of, posix_store, write_entry
+from tests.support.special_files import BLOCKED_AFTER_SECONDS, plant
+from tests.support.stores import folder, manifest_of, posix_store, write_entry
 from trainctl.store.checkpoints.manifests import (
     MANIFEST_FILE,
     METADATA_FILE,
@@ -22,7 +22,7 @@ from trainctl.store.checkpoints.manifests import (
     OPTIMIZER_FILE,
 )
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.presets import get_preset
+from trainctl.store.models.presets import get_preset
 
 SECRET = b"the bytes of a file outside the store " * 40
 

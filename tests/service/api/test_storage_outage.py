@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.s3server import S3Server
+from tests.support.s3server import S3Server
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
 

@@ -17,10 +17,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from tests.polling import poll
 from tests.service.fakes import save_checkpoint
 from tests.service.serving import serve
-from tests.stores import folder
+from tests.support.polling import poll
+from tests.support.stores import folder
 from trainctl.service.app import create_app
 from trainctl.service.deps import get_checkpoints
 from trainctl.service.settings import Settings

@@ -20,7 +20,6 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from tests.databases import BACKENDS, fresh_database
 from tests.service.api.schema import (
     KEY,
     Slot,
@@ -31,9 +30,10 @@ from tests.service.api.schema import (
 )
 from tests.service.fakes import save_checkpoint
 from tests.service.serving import serve
+from tests.support.databases import BACKENDS, fresh_database
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
-from trainctl.store.kinds import RUN_KINDS
+from trainctl.store.kinds.registry import RUN_KINDS
 
 LONE_SURROGATE = "\ud800"
 # A body every operation accepts (given what `served` seeds): each case changes one string.

@@ -1,4 +1,4 @@
-"""A sweep over the API (`POST /runs/forks`, store/sweeps.py): several forks of one checkpoint
+"""A sweep over the API (`POST /runs/forks`, store/kinds/sweeps.py): several forks of one checkpoint
 queued in one request, all of them or none, under one idempotency key."""
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from tests.polling import poll
-from tests.ports import free_port
-from tests.service_process import Service
+from tests.support.polling import poll
+from tests.support.ports import free_port
+from tests.support.service_process import Service
 from trainctl.service.__main__ import main
 from trainctl.service.app import create_app
 from trainctl.service.deps import get_runs

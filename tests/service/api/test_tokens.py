@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.service.fakes import save_checkpoint
-from tests.stores import posix_store
+from tests.support.stores import posix_store
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
 

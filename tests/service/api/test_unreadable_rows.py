@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.rows import SURROGATE_SPEC, Poison
 from tests.service.serving import serve
+from tests.support.rows import SURROGATE_SPEC, Poison
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
 from trainctl.store.db.rows import UNREADABLE

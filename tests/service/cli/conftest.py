@@ -1,5 +1,5 @@
-"""Fixtures: the real service (tests/service_process.py) for the CLI to talk to, one per test
-module, started by one factory."""
+"""Fixtures: the real service (tests/support/service_process.py) for the CLI to talk to, one per
+test module, started by one factory."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.leftovers import RunsToStop
-from tests.service_process import Service, StartService
+from tests.support.leftovers import RunsToStop
+from tests.support.service_process import Service, StartService
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def service(start_service: StartService) -> Service:
 def stop_runs(service: Service) -> Iterator[RunsToStop]:
     """stop_runs.track(run_id): a run this test starts and means to stop; cancelled after the
     test if it is still active, so that a failure leaves the module's worker free
-    (tests/leftovers.py)."""
+    (tests/support/leftovers.py)."""
     runs = RunsToStop(service.url, service.extra_env.get("TRAINCTL_API_TOKEN"))
     yield runs
     runs.stop()

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from typer.testing import CliRunner
 
-from tests.service_process import REPO
+from tests.support.service_process import REPO
 from trainctl.service.cli import app
 
 NO_CONFIG = REPO / "tests" / "no-such-config-home"

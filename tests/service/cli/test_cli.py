@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.leftovers import RunsToStop
 from tests.service.cli.invoke import NO_CONFIG, trainctl
-from tests.service_process import REPO, Service, StartService
+from tests.support.leftovers import RunsToStop
+from tests.support.service_process import REPO, Service, StartService
 from trainctl.store.data.shards import write_shard
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(3000))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.service.cli import invoke
-from tests.service_process import Service, StartService
+from tests.support.service_process import Service, StartService
 
 TOKEN = "config-test-token"
 

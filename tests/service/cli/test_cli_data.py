@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.datasets import stdlib_files
-from tests.polling import poll
 from tests.service.cli.invoke import NO_CONFIG, trainctl
-from tests.service_process import REPO
+from tests.support.datasets import stdlib_files
+from tests.support.polling import poll
+from tests.support.service_process import REPO
 from trainctl.store.data.datasets import read_dataset
 
 

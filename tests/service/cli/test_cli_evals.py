@@ -10,9 +10,9 @@ import pytest
 
 from tests.service.cli.invoke import trainctl
 from tests.service.fakes import save_checkpoint
-from tests.service_process import Service
-from tests.stores import posix_store
-from trainctl.store.evals import EVAL_TASKS
+from tests.support.service_process import Service
+from tests.support.stores import posix_store
+from trainctl.store.evals.tasks import EVAL_TASKS
 
 
 @pytest.mark.slow

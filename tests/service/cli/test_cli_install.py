@@ -14,8 +14,8 @@ import pytest
 
 from tests.service.cli.invoke import NO_CONFIG
 from tests.service.fakes import save_checkpoint
-from tests.service_process import REPO, Service, StartService
-from tests.stores import posix_store
+from tests.support.service_process import REPO, Service, StartService
+from tests.support.stores import posix_store
 
 # What `pip install "trainctl[server]"` or `"trainctl[worker]"` brings, and the client lacks.
 HEAVY = (

@@ -15,7 +15,7 @@ from tests.service.serving import serve
 from trainctl.service.app import create_app
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.service.settings import Settings
-from trainctl.store.presets import PRESETS
+from trainctl.store.models.presets import PRESETS
 
 
 @dataclass(frozen=True)

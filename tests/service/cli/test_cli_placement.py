@@ -10,8 +10,8 @@ import pytest
 
 from tests.service.cli.invoke import trainctl
 from tests.service.fakes import save_checkpoint
-from tests.service_process import Service
-from tests.stores import posix_store
+from tests.support.service_process import Service
+from tests.support.stores import posix_store
 
 SUBMIT_COMMANDS = [
     ("submit", "train"),

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.service.cli.invoke import trainctl
-from tests.service_process import Service, StartService
+from tests.support.service_process import Service, StartService
 from trainctl.service.cli.sample import Transcript
 from trainctl.service.sdk.client import SamplePiece, TrainctlClient, TrainingSample
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.service.cli.invoke import NO_CONFIG, trainctl
-from tests.service_process import REPO, Service
+from tests.support.service_process import REPO, Service
 
 SPEC_YAML = """\
 # a train run, as a person would write it

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.special_files import plant, self_loops, without_blocking
+from tests.support.special_files import plant, self_loops, without_blocking
 from trainctl.service.cli import app
 from trainctl.store.data.datasets import read_dataset
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from tests.leftovers import RunsToStop
-from tests.polling import poll
 from tests.service.dashboard.pages import CHROMIUM, CHROMIUM_ARGS, TOKEN
 from tests.service.serving import serve
+from tests.support.leftovers import RunsToStop
+from tests.support.polling import poll
 from trainctl.service.app import create_app
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.service.settings import Settings
@@ -75,7 +75,7 @@ def open_page(browser: Any, base_url: str) -> Iterator[Any]:
 def stop_runs(base_url: str) -> Iterator[RunsToStop]:
     """stop_runs.track(run_id): a run this test starts and means to stop; cancelled after the
     test if it is still active, so that a failure leaves the module's one worker free
-    (tests/leftovers.py)."""
+    (tests/support/leftovers.py)."""
     runs = RunsToStop(base_url, TOKEN)
     yield runs
     runs.stop()

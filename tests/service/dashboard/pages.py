@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.polling import poll
+from tests.support.polling import poll
 
 TOKEN = "dashboard-secret"
 ARTIFACTS = Path(

@@ -14,8 +14,6 @@ from typing import Any
 
 import pytest
 
-from tests.leftovers import RunsToStop
-from tests.polling import poll
 from tests.service.dashboard.pages import (
     MEASURE,
     SMALL_RUN,
@@ -25,6 +23,8 @@ from tests.service.dashboard.pages import (
     fits,
     needs_chromium,
 )
+from tests.support.leftovers import RunsToStop
+from tests.support.polling import poll
 from trainctl.service.schemas import RunPublic
 from trainctl.service.sdk.client import TrainctlClient
 

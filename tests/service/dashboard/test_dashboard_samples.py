@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.polling import poll
 from tests.service.dashboard.pages import SMALL_RUN, WIDTHS, artifact, fits, needs_chromium
+from tests.support.polling import poll
 from trainctl.service.schemas import RunPublic
 from trainctl.service.sdk.client import TrainctlClient
 

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from tests.service.fakes import save_checkpoint
 from tests.service.sdk.clients import CPU_TRAIN, run_async
 from tests.service.serving import serve
-from tests.stores import folder
+from tests.support.stores import folder
 from trainctl.service.app import create_app
 from trainctl.service.schemas import ModelsPublic
 from trainctl.service.sdk.async_client import AsyncTrainctlClient
@@ -23,7 +23,7 @@ from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.manifests import MODEL_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
-from trainctl.store.presets import PRESETS
+from trainctl.store.models.presets import PRESETS
 
 
 def test_submit_get_and_list_round_trip(api: TrainctlClient) -> None:

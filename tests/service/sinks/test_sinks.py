@@ -17,10 +17,10 @@ import pytest
 from sqlalchemy import insert
 from tbparse import SummaryReader
 
-from tests.mlflow_server import MlflowServer
-from tests.ports import free_port
-from tests.stores import posix_store
-from tests.tensorboard_files import float32, tensorboard_rows
+from tests.support.mlflow_server import MlflowServer
+from tests.support.ports import free_port
+from tests.support.stores import posix_store
+from tests.support.tensorboard_files import float32, tensorboard_rows
 from trainctl.service.sinks.base import Sink, scalars
 from trainctl.service.sinks.mirror import BATCH_EVENTS, SinkMirror
 from trainctl.service.sinks.mlflow import MlflowSink
@@ -176,7 +176,7 @@ def test_a_restarted_mirror_goes_on_from_its_cursor_without_repeating_anything(
 
 def record_scores(store: RunStore, run: Run, step: int, acc: float) -> None:
     """What an evaluate run of the run's checkpoint at `step` records on it when it ends
-    (worker/evals/run.py): every score at the checkpoint's step."""
+    (worker/kinds/evaluate.py): every score at the checkpoint's step."""
     scores = {"kind": "eval", "step": step, "evaluate_run": f"eval-{step}",
               "eval/arc_easy/acc": acc, "eval/arc_easy/acc_norm": acc + 0.125,
               "eval/arc_easy/bits_per_byte": 1.5, "eval/mmlu_anatomy/acc": 0.25}  # fmt: skip

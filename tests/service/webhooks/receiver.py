@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 
 @dataclass

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.polling import poll
 from tests.service.serving import serve
+from tests.support.polling import poll
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
 from trainctl.service.webhooks.dispatcher import Slots

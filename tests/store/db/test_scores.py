@@ -1,0 +1,88 @@
+"""Eval scores read back from the run database (store/db/scores.py), on SQLite and on a real
+PostgreSQL server: the runs and events written as evaluate runs write them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.scores import checkpoint_results, latest_scores
+from trainctl.store.evals.tasks import EvalResult, TaskScores
+
+WORKER = "w"
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[RunStore]:
+    with RunStore(database_url) as run_store:
+        run_store.create_all()
+        yield run_store
+
+
+def claimed(store: RunStore, kind: str, spec: dict[str, Any]) -> Run:
+    store.enqueue(kind, "exp", spec)
+    run = store.claim(WORKER, lease_seconds=60)
+    assert run is not None
+    return run
+
+
+def evaluated(
+    store: RunStore, tag: str, step: int, source: str | None, state: str = "succeeded", **kw: Any
+) -> Run:
+    """An evaluate run of exp/`tag` that ended in `state`, with the result the worker gives."""
+    run = claimed(store, "evaluate", {"checkpoint": {"experiment": "exp", "tag": tag}})
+    result = {
+        "checkpoint": {"experiment": "exp", "tag": tag, "step": step},
+        "source_run": source,
+        "tasks": {"arc_easy": {"items": 8, "acc": 0.5, "acc_norm": 0.625, "bits_per_byte": 1.5}},
+        "num_fewshot": kw.get("num_fewshot", 0),
+        "limit": kw.get("limit"),
+        "seed": 1234,
+        "items_per_sec": 10.0,
+    }
+    return store.finish(run.id, WORKER, run.attempt, state, result=result)
+
+
+def test_the_latest_scores_are_each_tasks_at_the_newest_step_it_was_scored(
+    store: RunStore,
+) -> None:
+    run = claimed(store, "train", {"steps": 30})
+    for data in (
+        {"kind": "eval", "step": 20, "evaluate_run": "a", "eval/arc_easy/acc": 0.5,
+         "eval/mmlu_anatomy/acc": 0.25},
+        {"kind": "eval", "step": 10, "evaluate_run": "b", "eval/arc_easy/acc": 0.125},
+        {"kind": "train", "step": 25, "loss": 1.0},
+        {"kind": "eval", "step": 20, "evaluate_run": "c", "eval/arc_easy/acc": 0.75},
+    ):  # fmt: skip
+        store.append_event(run.id, "metrics", data, worker_id=WORKER, attempt=run.attempt)
+
+    assert latest_scores(store, run.id) == {
+        "arc_easy": TaskScores("arc_easy", 20, {"acc": 0.75}),  # step 20's newest, not 10's
+        "mmlu_anatomy": TaskScores("mmlu_anatomy", 20, {"acc": 0.25}),
+    }
+    assert latest_scores(store, claimed(store, "benchmark", {"steps": 1}).id) == {}
+
+
+def test_a_checkpoints_results_are_the_finished_evaluations_of_its_run_and_step(
+    store: RunStore,
+) -> None:
+    ok = evaluated(store, "step_20", 20, "train-1", num_fewshot=1, limit=8)
+    best = evaluated(store, "best", 20, "train-1")  # the same weights under another tag
+    evaluated(store, "best", 30, "train-1")  # `best` saved again since: other weights
+    evaluated(store, "step_20", 20, "train-2")  # another run's step 20
+    evaluated(store, "step_20", 20, "train-1", state="failed")
+
+    results = checkpoint_results(store, "exp", "step_20", 20, "train-1")
+
+    assert results[:3] == [
+        EvalResult("arc_easy", "acc", 0.5, 1, 8, ok.id),
+        EvalResult("arc_easy", "acc_norm", 0.625, 1, 8, ok.id),
+        EvalResult("arc_easy", "bits_per_byte", 1.5, 1, 8, ok.id),
+    ]
+    assert [r.evaluate_run for r in results[3:]] == [best.id] * 3
+    assert checkpoint_results(store, "exp", "step_40", 40, "train-1") == []
+    # A checkpoint that records no run is matched by its tag.
+    assert {r.evaluate_run for r in checkpoint_results(store, "exp", "best", 20, None)} == {best.id}

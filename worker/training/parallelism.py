@@ -1,0 +1,77 @@
+"""The worker's side of the data-parallel strategies (store.training.parallelism): a builder per
+strategy name, which turns a freshly built model into rank `rank`'s share of the run before
+the optimizers are built over its parameters (worker.training.loop.build_training).
+
+A new strategy is a record in store.training.parallelism and a builder here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from trainctl.store.registry import Registry
+from trainctl.store.specs import ParallelismSpec
+from trainctl.worker.models.gpt import GPT
+from trainctl.worker.training.parallel import DataParallel, DDPReplica
+
+
+@dataclass(frozen=True)
+class StrategyBuilder:
+    """How the worker runs one strategy."""
+
+    wrap: Callable[[nn.Module, torch.device, int, ParallelismSpec, Any], DataParallel]
+    """(model, device, world size, the plan's parallelism, its model config) -> this rank's
+    `DataParallel`; it may change the model in place (shard it)."""
+    model_runtime: dict[str, Any] = field(default_factory=dict)
+    """Switches the model is built with (worker.models.build_model): fsdp compiles each
+    block itself, so not the whole model."""
+
+
+STRATEGY_BUILDERS: Registry[StrategyBuilder] = Registry("parallel strategy builder")
+
+
+def _fsdp(
+    model: nn.Module, device: torch.device, world: int, spec: ParallelismSpec, config: Any
+) -> DataParallel:
+    # Imported here: torch.distributed.checkpoint costs every other run's import, and probes
+    # for optional modules the GPU image lacks.
+    from trainctl.worker.training.fsdp import FSDPShards
+
+    compiled = getattr(config, "use_compile", False)
+    return FSDPShards(
+        model,
+        device,
+        world,
+        reshard_after_forward=spec.reshard_after_forward,
+        compile_mode=getattr(config, "compile_mode", "default") if compiled else None,
+    )
+
+
+def _ddp(
+    model: nn.Module, device: torch.device, world: int, spec: ParallelismSpec, config: Any
+) -> DataParallel:
+    return DDPReplica(cast(GPT, model), device, world)
+
+
+STRATEGY_BUILDERS.register("ddp", StrategyBuilder(_ddp))
+STRATEGY_BUILDERS.register("fsdp", StrategyBuilder(_fsdp, {"use_compile": False}))
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The ranks a train run's model is built for: how many, and the plan's strategy."""
+
+    world: int
+    spec: ParallelismSpec
+
+    @property
+    def builder(self) -> StrategyBuilder:
+        return STRATEGY_BUILDERS.get(self.spec.strategy)
+
+    def wrap(self, model: nn.Module, device: torch.device, config: Any) -> DataParallel:
+        return self.builder.wrap(model, device, self.world, self.spec, config)
