@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainctl.store.layout import DataLayout
 from trainctl.store.resolve import resolve_train
 from trainctl.store.specs import TrainRequest
 from trainctl.store.training.memory import gib, node_bytes, train_need
+from trainctl.store.worker_settings import WorkerSettings
 
 DOES_NOT_FIT = 3
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 def launch(plan: Any, root: Path) -> dict[str, Any]:
     from trainctl.worker.launch import launch_train  # torch: only once the run fits
 
-    result = launch_train(plan, DataLayout(root), ctx=None)
+    result = launch_train(plan, WorkerSettings(data_dir=root), ctx=None)
     assert result is not None
     return result
 

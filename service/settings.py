@@ -1,4 +1,7 @@
-"""Service settings from the environment (TRAINCTL_ prefix), read once per process."""
+"""Service settings from the environment (TRAINCTL_ prefix), read once per process.
+
+The workers' settings are not declared here: `Settings` embeds the node's share of them
+(store.worker_settings `NodeSettings`), and the supervisor hands them to its local workers."""
 
 from __future__ import annotations
 
@@ -12,16 +15,9 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trainctl.service.webhooks.targets import HostPolicy
-from trainctl.store.checkpoints.s3 import parse_url
-from trainctl.store.layout import (
-    CACHE_BYTES,
-    DRAIN_SECONDS,
-    HEARTBEAT_SECONDS,
-    LEASE_SECONDS,
-    DataLayout,
-)
 from trainctl.store.specs import MLFLOW_SETTING, Tracker
 from trainctl.store.training.memory import LARGEST_GPU_MEMORY_BYTES
+from trainctl.store.worker_settings import NodeSettings, WorkerNice
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -35,30 +31,13 @@ def is_loopback(host: str) -> bool:
         return False  # a host name other than localhost may resolve anywhere
 
 
-class Settings(BaseSettings):
+class Settings(NodeSettings, BaseSettings):
     # An empty variable is unset: Compose and shell scripts write `TRAINCTL_WORKERS=` for "no
     # value", and a default beats failing to start on `int("")`.
     model_config = SettingsConfigDict(env_prefix="TRAINCTL_", extra="ignore", env_ignore_empty=True)
 
     host: str = Field("127.0.0.1", description="Address the API binds.")
     port: int = Field(8000, ge=0, le=65535, description="Port the API binds.")
-    data_dir: Path = Field(Path("data"), description="SQLite file, checkpoints and logs.")
-    database_url: str | None = Field(
-        None, description="SQLAlchemy URL of the run queue; default SQLite in data_dir."
-    )
-    storage_url: str | None = Field(
-        None,
-        description="s3://bucket/prefix: checkpoints and exports in that bucket (credentials "
-        "and AWS_ENDPOINT_URL from the AWS environment); default the data_dir's folders.",
-    )
-    cache_dir: Path | None = Field(
-        None, description="Local copies of files read from the bucket; default data_dir/cache."
-    )
-    cache_bytes: int = Field(
-        CACHE_BYTES,
-        ge=1,
-        description="The most cache_dir holds: past it, the least recently used files go.",
-    )
     downloads: Literal["stream", "redirect"] = Field(
         "stream",
         description="File downloads of checkpoints and exports: stream through the service, or "
@@ -76,20 +55,8 @@ class Settings(BaseSettings):
         le=64,
         description="GPUs each local worker sees: runs with nproc_per_node up to this many.",
     )
-    worker_nice: int = Field(
-        10,
-        ge=0,
-        le=19,
-        description="Niceness added to local workers: training yields the CPU to the API.",
-    )
-    worker_memory_bytes: int | None = Field(
-        None,
-        ge=1,
-        description="The most memory a local worker's runs may use, below its GPU's or the "
-        "host's (local workers get it from the service; a worker elsewhere takes "
-        "--memory-bytes). Workers report it as their memory, and a transformers or "
-        "plug-in model is admitted against it at claim with its real parameter count.",
-    )
+    # The service's own default: its local workers share the node with the API.
+    worker_nice: WorkerNice = 10
     worker_healthy_seconds: float = Field(
         60.0,
         gt=0,
@@ -128,19 +95,7 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Folders specs may read training data from (os.pathsep-separated).",
     )
-    lease_seconds: float = Field(LEASE_SECONDS, gt=0, le=3600, description="Run lease of a worker.")
-    heartbeat_seconds: float = Field(
-        HEARTBEAT_SECONDS, gt=0, le=600, description="Worker heartbeat period."
-    )
     reap_seconds: float = Field(2.0, gt=0, le=600, description="How often leases are checked.")
-    drain_seconds: float = Field(
-        DRAIN_SECONDS,
-        gt=0,
-        le=3600,
-        description="How long a run has, from SIGTERM or a drain request, to save its "
-        "checkpoint and go back to the queue; the service's stop waits this long for its "
-        "workers.",
-    )
     max_attempts: int = Field(
         3, ge=1, le=100, description="Attempts per run before it fails, unless it names its own."
     )
@@ -246,13 +201,6 @@ class Settings(BaseSettings):
         0.5, gt=0, le=60, description="How often the webhook dispatcher reads the event log."
     )
 
-    @field_validator("storage_url")
-    @classmethod
-    def _check_storage_url(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_url(v)  # a ValueError that names the URL and the form it must have
-        return v
-
     @field_validator("allowed_hosts", mode="before")
     @classmethod
     def _split_hosts(cls, v: object) -> object:
@@ -325,21 +273,9 @@ class Settings(BaseSettings):
         return v
 
     @property
-    def layout(self) -> DataLayout:
-        return DataLayout(self.data_dir, self.storage_url, self.cache_dir, self.cache_bytes)
-
-    @property
     def redirect_seconds(self) -> int | None:
         """How long a download's presigned URL lives (service.files); None: downloads stream."""
         return self.download_url_seconds if self.downloads == "redirect" else None
-
-    @property
-    def db_url(self) -> str:
-        return self.database_url or self.layout.sqlite_url
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.layout.checkpoints
 
     @property
     def datasets_dir(self) -> Path:

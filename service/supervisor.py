@@ -27,6 +27,7 @@ from trainctl.service.devices import gpu_count
 from trainctl.service.settings import Settings
 from trainctl.store.db.runs import RunStore
 from trainctl.store.processes import DRAINED_EXIT_CODE, isolated_env, python_command
+from trainctl.store.worker_settings import inherited
 
 if TYPE_CHECKING:
     from trainctl.service.metrics import ServiceMetrics
@@ -121,9 +122,10 @@ SERVICE_ONLY = (
 
 
 def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment a local worker starts with: the service's, less what only it needs
-    and less the variables that steer a Python interpreter (`PYTHONPATH`, ...)."""
-    return {k: v for k, v in isolated_env(environ).items() if k not in SERVICE_ONLY}
+    """The environment a local worker starts with: the service's, less what only it needs,
+    less the variables that steer a Python interpreter (`PYTHONPATH`, ...), and less the
+    worker settings, which it gets from the service's (`_spawn`)."""
+    return {k: v for k, v in inherited(isolated_env(environ)).items() if k not in SERVICE_ONLY}
 
 
 # The kernel counts the processes its OOM killer ended in the node's (or container's) cgroup.
@@ -172,32 +174,10 @@ class Supervisor:
     def _spawn(self, slot: WorkerSlot) -> None:
         slot.worker_id = f"{socket.gethostname()}-w{slot.index}-{uuid.uuid4().hex[:8]}"
         slot.oom_kills_at_start = oom_kills()
-        env = {
-            **worker_environment(os.environ),
-            "TRAINCTL_DATABASE_URL": self.settings.db_url,
-            "TRAINCTL_DATA_DIR": str(self.settings.data_dir.resolve()),
-            "TRAINCTL_WORKER_ID": slot.worker_id,
-            "TRAINCTL_LEASE_SECONDS": str(self.settings.lease_seconds),
-            "TRAINCTL_HEARTBEAT_SECONDS": str(self.settings.heartbeat_seconds),
-            "TRAINCTL_DRAIN_SECONDS": str(self.settings.drain_seconds),
-            "TRAINCTL_WORKER_NICE": str(self.settings.worker_nice),
-            # The stores as the service opens them (Settings.layout), and the memory its
-            # workers may use, whatever the settings came from: an unset one is left out,
-            # and the worker's default is the same.
-            **{
-                name: str(value)
-                for name, value in (
-                    ("TRAINCTL_STORAGE_URL", self.settings.storage_url),
-                    (
-                        "TRAINCTL_CACHE_DIR",
-                        self.settings.cache_dir and self.settings.cache_dir.resolve(),
-                    ),
-                    ("TRAINCTL_CACHE_BYTES", self.settings.cache_bytes),
-                    ("TRAINCTL_WORKER_MEMORY_BYTES", self.settings.worker_memory_bytes),
-                )
-                if value is not None
-            },
-        }
+        # Every worker setting as the service has it, whatever its settings came from (the
+        # environment, or arguments): none reaches a worker by inheritance alone.
+        settings = self.settings.worker_settings(slot.worker_id)
+        env = {**worker_environment(os.environ), **settings.environ()}
         if slot.gpus or self.node_has_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, slot.gpus))
         slot.log_path = self.settings.log_dir / f"worker-{slot.index}.log"

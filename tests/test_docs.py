@@ -18,6 +18,7 @@ import typer.main
 
 from trainctl.service.cli import app
 from trainctl.service.settings import Settings
+from trainctl.store.worker_settings import WorkerSettings
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -303,14 +304,17 @@ def test_a_command_or_option_that_does_not_exist_is_reported() -> None:
 
 
 def test_every_service_setting_is_in_the_operations_table_with_its_default() -> None:
+    """And every worker setting: the service's default where it has the setting too."""
     text = (DOCS / "operations.md").read_text(encoding="utf-8")
     rows = dict(re.findall(r"^\| `(TRAINCTL_\w+)` \| ([^|]+?) \|", text, re.MULTILINE))
     expected = {}
-    for name, field in Settings.model_fields.items():
+    for name, field in {**WorkerSettings.model_fields, **Settings.model_fields}.items():
         default = field.get_default(call_default_factory=True)
         if isinstance(default, float) and default.is_integer():
             default = int(default)
-        expected[f"TRAINCTL_{name.upper()}"] = "unset" if default in (None, []) else f"`{default}`"
+        expected[f"TRAINCTL_{name.upper()}"] = (
+            "unset" if default in (None, [], "") else f"`{default}`"
+        )
     differ = {k: (rows.get(k), expected.get(k)) for k in rows.keys() | expected.keys()}
     assert rows == expected, {k: pair for k, pair in differ.items() if pair[0] != pair[1]}
 

@@ -9,7 +9,7 @@ An `Outcome` is what the worker loop then writes to the store: succeeded, cancel
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
 import torch
@@ -37,6 +37,7 @@ from trainctl.store.plans import (
 )
 from trainctl.store.registry import Registry
 from trainctl.store.specs import Spec
+from trainctl.store.worker_settings import WorkerSettings
 from trainctl.worker.checkpoints.exports import export_hf
 from trainctl.worker.checkpoints.state import load_checkpoint
 from trainctl.worker.context import RunContext
@@ -67,6 +68,8 @@ class WorkerEnv:
     memory_bytes: int | None = None
     """The memory a run may use here (a GPU's, or the host's, or the worker's budget): a
     transformers or plug-in model is admitted against it at claim (worker.training.memory)."""
+    settings: WorkerSettings = field(default_factory=WorkerSettings)
+    """The worker's settings, which a multi-process run's ranks get (worker.launch)."""
 
 
 @dataclass
@@ -142,13 +145,13 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
             f"joining the gang as node {gang.node_rank} of {gang.nnodes} with "
             f"{plan.nproc_per_node} processes (torchrun, rendezvous {gang.rendezvous})"
         )
-        launched = launch_train(plan, env.stores.layout, ctx, address)
+        launched = launch_train(plan, env.settings, ctx, address)
         if launched is None:
             return Outcome("member", reason="the member holding rank 0 reports the run")
         result = launched
     elif plan.nproc_per_node > 1:
         ctx.log(f"launching {plan.nproc_per_node} data-parallel processes (torchrun)")
-        launched = launch_train(plan, env.stores.layout, ctx)
+        launched = launch_train(plan, env.settings, ctx)
         assert launched is not None  # a single node's launch has rank 0
         result = launched
     else:

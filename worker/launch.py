@@ -52,10 +52,10 @@ from trainctl.store.checkpoints.manifests import DCP_LAYOUT
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost
-from trainctl.store.layout import DRAIN_SECONDS, DataLayout
 from trainctl.store.plans import TrainPlan
 from trainctl.store.processes import isolated_env, python_command
 from trainctl.store.training.parallelism import PARALLEL_STRATEGIES
+from trainctl.store.worker_settings import WorkerSettings, inherited
 from trainctl.worker.context import RunContext
 from trainctl.worker.drain import Shutdown, as_shutdown
 from trainctl.worker.evals.side_runs import CheckpointEvals
@@ -89,7 +89,7 @@ class PeerLost(RuntimeError):
 
 def launch_train(
     plan: TrainPlan,
-    layout: DataLayout,
+    settings: WorkerSettings,
     ctx: RunContext | None,
     local_addr: str | None = None,
 ) -> dict[str, Any] | None:
@@ -99,40 +99,44 @@ def launch_train(
     With a `ctx`, rank 0 reports to the run store as this worker and attempt, and the ranks
     stop at the next step once the worker shuts down or loses the lease. Without one (tests,
     scripts), rank 0 returns the metrics in the result instead. `local_addr` is the address
-    the other members reach this node at. The ranks save into the checkpoint store of
-    `layout`'s data dir, which each opens itself (`store.checkpoints.factory.open_stores`).
+    the other members reach this node at. The ranks get the worker's `settings`, and with
+    them its stores, which each opens itself (`store.checkpoints.factory.open_stores`).
     """
     check_world(plan)
     gang = ctx.run.gang if ctx is not None else None
     with tempfile.TemporaryDirectory(prefix="trainctl-ddp-") as tmp:
         workdir = Path(tmp)
         job_file = workdir / "job.json"
-        rendezvous, hosted = rendezvous_of(ctx)
-        job: dict[str, Any] = {
-            "plan": plan.model_dump(mode="json"),
-            # Each rank opens the data dir's stores as the worker did (store.checkpoints.factory).
-            "data_dir": str(layout.root),
-            "storage_url": layout.storage_url,
-            "cache_dir": None if layout.cache_dir is None else str(layout.cache_dir),
-            "cache_bytes": layout.cache_bytes,
-            "torchrun": torchrun_args(plan, ctx, local_addr, job_file),
-            # host:port; hosted: the launcher serves the store there (one node, a gang's leader)
-            "rendezvous": {"endpoint": rendezvous, "hosted": hosted},
-        }
-        if ctx is not None:
-            job["run"] = {
-                "id": ctx.run.id,
-                "worker_id": ctx.worker_id,
-                "attempt": ctx.attempt,
-                "lease_seconds": ctx.lease_seconds,
-                "drain_seconds": getattr(as_shutdown(ctx.shutdown), "seconds", DRAIN_SECONDS),
-            }
+        job = build_job(plan, settings, ctx, local_addr, job_file)
         job_file.write_text(json.dumps(job))
         command = python_command("trainctl.worker.launch", "launch", str(job_file))
-        env = child_env(ctx, local_addr or LOOPBACK, gang=gang is not None)
+        env = child_env(settings, local_addr or LOOPBACK, gang=gang is not None)
         with subprocess.Popen(command, env=env) as proc:
             code = watch(proc, workdir, ctx)
         return read_result(workdir, code, gang=gang is not None)
+
+
+def build_job(
+    plan: TrainPlan,
+    settings: WorkerSettings,
+    ctx: RunContext | None,
+    local_addr: str | None,
+    job_file: Path,
+) -> dict[str, Any]:
+    """The job file the launcher and the ranks read (`run_launcher`, `run_rank`)."""
+    rendezvous, hosted = rendezvous_of(ctx)
+    job: dict[str, Any] = {
+        "plan": plan.model_dump(mode="json"),
+        # The worker's settings but its secrets (child_env): each rank opens the stores as
+        # the worker did (store.checkpoints.factory), and reports as it.
+        "settings": settings.job_values(),
+        "torchrun": torchrun_args(plan, ctx, local_addr, job_file),
+        # host:port; hosted: the launcher serves the store there (one node, a gang's leader)
+        "rendezvous": {"endpoint": rendezvous, "hosted": hosted},
+    }
+    if ctx is not None:
+        job["run"] = {"id": ctx.run.id, "attempt": ctx.attempt}
+    return job
 
 
 def rendezvous_of(ctx: RunContext | None) -> tuple[str, bool]:
@@ -187,15 +191,15 @@ def check_world(plan: TrainPlan) -> None:
         )
 
 
-def child_env(ctx: RunContext | None, local_addr: str, *, gang: bool) -> dict[str, str]:
+def child_env(settings: WorkerSettings, local_addr: str, *, gang: bool) -> dict[str, str]:
     """torchrun's environment, and so the ranks': isolated (store.processes), with no store
-    shared by torchrun and the interfaces gloo and NCCL may use (worker.rendezvous)."""
-    env = isolated_env(os.environ)
+    shared by torchrun and the interfaces gloo and NCCL may use (worker.rendezvous), and
+    the worker's secret settings (the database URL may hold a password), which the job file
+    leaves out; none inherited."""
+    env = inherited(isolated_env(os.environ))
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env.update(socket_env(local_addr, gang, os.environ))
-    if ctx is not None:
-        # Through the environment, not the job file: the URL may hold a password.
-        env["TRAINCTL_DATABASE_URL"] = ctx.runs.engine.url.render_as_string(hide_password=False)
+    env.update(settings.secrets())
     return env
 
 
@@ -361,13 +365,13 @@ class RankTrainer(Trainer):
 
 def rank_context(job: dict[str, Any], runs: RunStore) -> RunContext:
     """Rank 0's view of the run: the worker's identity and attempt, so its writes are fenced."""
-    info = job["run"]
+    info, settings = job["run"], WorkerSettings.from_job(job["settings"], os.environ)
     # The attempt the worker claimed, not the row's current one: if the run has moved on,
     # the fenced writes must fail.
     run = dataclasses.replace(runs.get(info["id"]), attempt=info["attempt"])
     # Set once the worker asks to stop (see rank_stop), with the worker's deadline.
-    shutdown = Shutdown(info.get("drain_seconds", DRAIN_SECONDS))
-    return RunContext(run, runs, info["worker_id"], shutdown, info["lease_seconds"])
+    shutdown = Shutdown(settings.drain_seconds)
+    return RunContext(run, runs, settings.worker_id, shutdown, settings.lease_seconds)
 
 
 def rank_stop(ctx: RunContext | None, stop_file: Path) -> Callable[[], str | None]:
@@ -435,10 +439,7 @@ def train_rank(
     if rank != 0:
         on_metrics = lambda m: None  # noqa: E731
     stop = AgreedStop(rank_stop(ctx, workdir / STOP_FILE), device or torch.device("cpu"))
-    cache = job.get("cache_dir")
-    layout = DataLayout(
-        Path(job["data_dir"]), job.get("storage_url"), cache and Path(cache), job["cache_bytes"]
-    )
+    layout = WorkerSettings.from_job(job["settings"], os.environ).layout
     stores = open_stores(layout, runs)
     store = stores.checkpoints
     protected = ProtectionPolicy(runs, store).asker(plan.experiment)

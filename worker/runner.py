@@ -9,7 +9,6 @@ the worker exits with DRAINED_EXIT_CODE, which its supervisor does not restart (
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import re
@@ -17,8 +16,6 @@ import signal
 import socket
 import sys
 import time
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -26,20 +23,12 @@ import torch
 
 from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.db.outages import UNAVAILABLE, until_answered
-from trainctl.store.db.queue import GANG_RESERVE_SECONDS
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import LeaseLost, WorkerNotFound
-from trainctl.store.layout import (
-    CACHE_BYTES,
-    DRAIN_SECONDS,
-    HEARTBEAT_SECONDS,
-    LEASE_SECONDS,
-    POLL_SECONDS,
-    DataLayout,
-)
 from trainctl.store.models.hf_catalog import causal_lm_types
 from trainctl.store.processes import DRAINED_EXIT_CODE
 from trainctl.store.training.memory import host_memory_bytes
+from trainctl.store.worker_settings import WorkerSettings
 from trainctl.worker.context import Heartbeat, RunContext
 from trainctl.worker.drain import DeadlineWatch, Shutdown
 from trainctl.worker.executor import Outcome, WorkerEnv, execute
@@ -49,149 +38,7 @@ from trainctl.worker.models.plugin import MODEL_PLUGINS
 from trainctl.worker.rendezvous import listener
 
 log = logging.getLogger("trainctl.worker")
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    database_url: str
-    data_dir: Path
-    worker_id: str
-    lease_seconds: float = LEASE_SECONDS
-    heartbeat_seconds: float = HEARTBEAT_SECONDS
-    poll_seconds: float = POLL_SECONDS
-    nice: int = 0
-    node_name: str = ""
-    """Workers of one node share it (placement keeps a gang on one node, or spreads it)."""
-    address: str | None = None
-    """Where gang members on other nodes reach this worker (torchrun's rendezvous)."""
-    rendezvous_port: int = 0
-    """The port a gang this worker leads meets on; 0: a free one, chosen at the claim."""
-    gang_reserve_seconds: float = GANG_RESERVE_SECONDS
-    storage_url: str | None = None
-    """TRAINCTL_STORAGE_URL, as the service has it (`DataLayout.storage_url`)."""
-    cache_dir: Path | None = None
-    """TRAINCTL_CACHE_DIR and TRAINCTL_CACHE_BYTES (`DataLayout.cache_dir`, `cache_bytes`)."""
-    memory_bytes: int | None = None
-    """TRAINCTL_WORKER_MEMORY_BYTES: the most memory this worker's runs may use, below what
-    the device has; None: the device's own."""
-    drain_seconds: float = DRAIN_SECONDS
-    """TRAINCTL_DRAIN_SECONDS: how long a run has, from SIGTERM or a drain request, to save
-    and hand back (worker.drain)."""
-
-    cache_bytes: int = CACHE_BYTES
-
-    @property
-    def layout(self) -> DataLayout:
-        return DataLayout(self.data_dir, self.storage_url, self.cache_dir, self.cache_bytes)
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return DataLayout(self.data_dir).checkpoints
-
-
-def env(name: str, default: str | None = None) -> str | None:
-    """A setting from the environment; empty counts as unset, as in the service's Settings
-    (compose and `docker run -e NAME=` pass empty strings)."""
-    return os.environ.get(name) or default
-
-
-def parse_config(argv: list[str] | None = None) -> WorkerConfig:
-    p = argparse.ArgumentParser(prog="python -m trainctl.worker", description=__doc__)
-    p.add_argument("--data-dir", default=env("TRAINCTL_DATA_DIR", "data"))
-    p.add_argument("--database-url", default=env("TRAINCTL_DATABASE_URL"))
-    p.add_argument("--worker-id", default=env("TRAINCTL_WORKER_ID"))
-    p.add_argument(
-        "--lease-seconds", type=float, default=env("TRAINCTL_LEASE_SECONDS", str(LEASE_SECONDS))
-    )
-    p.add_argument(
-        "--heartbeat-seconds",
-        type=float,
-        default=env("TRAINCTL_HEARTBEAT_SECONDS", str(HEARTBEAT_SECONDS)),
-    )
-    p.add_argument("--poll-seconds", type=float, default=POLL_SECONDS)
-    p.add_argument(
-        "--node-name",
-        default=env("TRAINCTL_NODE_NAME", socket.gethostname()),
-        help="the node this worker is on; workers of one node share it (default: host name)",
-    )
-    p.add_argument(
-        "--address",
-        default=env("TRAINCTL_WORKER_ADDRESS"),
-        help="the address gang members on other nodes reach this worker at (default: the "
-        "host's fully qualified name)",
-    )
-    p.add_argument(
-        "--rendezvous-port",
-        type=int,
-        default=env("TRAINCTL_RENDEZVOUS_PORT", "0"),
-        help="the TCP port a gang this worker leads meets on (torchrun's c10d rendezvous); "
-        "0: a free port each time. Fix it where a firewall must allow it",
-    )
-    p.add_argument(
-        "--gang-reserve-seconds",
-        type=float,
-        default=env("TRAINCTL_GANG_RESERVE_SECONDS", str(GANG_RESERVE_SECONDS)),
-        help="after a gang has waited this long, workers that could join it take no "
-        "smaller run behind it",
-    )
-    p.add_argument(
-        "--nice",
-        type=int,
-        default=env("TRAINCTL_WORKER_NICE", "0"),
-        help="raise this process's niceness by N (0-19) before any thread starts",
-    )
-    p.add_argument(
-        "--memory-bytes",
-        type=int,
-        default=env("TRAINCTL_WORKER_MEMORY_BYTES"),
-        help="the most memory this worker's runs may use (default: the GPU's, or the host's)",
-    )
-    p.add_argument(
-        "--drain-seconds",
-        type=float,
-        default=env("TRAINCTL_DRAIN_SECONDS", str(DRAIN_SECONDS)),
-        help="how long a run has, from SIGTERM or a drain request, to save and hand back",
-    )
-    p.add_argument("--storage-url", default=env("TRAINCTL_STORAGE_URL"))
-    p.add_argument("--cache-dir", default=env("TRAINCTL_CACHE_DIR"))
-    p.add_argument(
-        "--cache-bytes",
-        type=int,
-        default=env("TRAINCTL_CACHE_BYTES", str(CACHE_BYTES)),
-        help="the most the cache dir holds of files read from the bucket",
-    )
-    args = p.parse_args(argv)
-    if not 0 <= args.nice <= 19:
-        p.error(f"--nice must be between 0 and 19, got {args.nice}")
-    if not args.cache_bytes > 0:
-        p.error(f"--cache-bytes must be above 0, got {args.cache_bytes}")
-    if not args.drain_seconds > 0:
-        p.error(f"--drain-seconds must be above 0, got {args.drain_seconds}")
-    data_dir = Path(args.data_dir).resolve()
-    url = args.database_url or DataLayout(data_dir).sqlite_url
-    worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    if not 0 <= args.rendezvous_port < 65536:
-        p.error(
-            f"--rendezvous-port must be a TCP port (0: any free one), got {args.rendezvous_port}"
-        )
-    return WorkerConfig(
-        url,
-        data_dir,
-        worker_id,
-        args.lease_seconds,
-        args.heartbeat_seconds,
-        args.poll_seconds,
-        args.nice,
-        args.node_name,
-        args.address or socket.getfqdn(),
-        args.rendezvous_port,
-        args.gang_reserve_seconds,
-        args.storage_url,
-        Path(args.cache_dir) if args.cache_dir else None,
-        args.memory_bytes,
-        args.drain_seconds,
-        args.cache_bytes,
-    )
+PROG = "python -m trainctl.worker"
 
 
 def device_info(memory_bytes: int | None = None) -> tuple[str, dict[str, object]]:
@@ -241,16 +88,17 @@ def free_port(host: str) -> int:
 
 
 class Worker:
-    def __init__(self, config: WorkerConfig, runs: RunStore | None = None) -> None:
+    def __init__(self, config: WorkerSettings, runs: RunStore | None = None) -> None:
         self.config = config
-        self.runs = runs or RunStore(config.database_url)
-        device, info = device_info(config.memory_bytes)
+        self.runs = runs or RunStore(config.db_url)
+        device, info = device_info(config.worker_memory_bytes)
         self.device, self.info = device, info
         memory = info["memory_bytes"]
         self.env = WorkerEnv(
             open_stores(config.layout, self.runs),
-            config.address,
+            config.worker_address,
             memory if isinstance(memory, int) else None,
+            settings=config,
         )
         self.shutdown = Shutdown(config.drain_seconds)
         self.drained = False
@@ -271,14 +119,14 @@ class Worker:
             node_name=self.config.node_name or socket.gethostname(),
             gpus=torch.cuda.device_count() if device == "cuda" else 0,
             cpus=cpu_count(),
-            address=self.config.address,
+            address=self.config.worker_address,
             model_plugins=MODEL_PLUGINS.names(),
             hf_model_types=hf_model_types(),
         )
 
     def rendezvous(self) -> str:
         """host:port for a gang this worker leads."""
-        host = self.config.address or socket.getfqdn()
+        host = self.config.worker_address or socket.getfqdn()
         return f"{host}:{self.config.rendezvous_port or free_port(host)}"
 
     def install_signal_handlers(self) -> None:
@@ -491,7 +339,7 @@ class Worker:
 _ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
 
 
-def public_error(exc: BaseException, config: WorkerConfig) -> str:
+def public_error(exc: BaseException, config: WorkerSettings) -> str:
     """A run's error as its users read it: the message without terminal escape codes, and
     with this node's own folders named rather than spelled out (the full text stays in the
     worker's log)."""
@@ -520,11 +368,11 @@ def _whole_path(folder: str) -> re.Pattern[str]:
 
 def main(argv: list[str] | None = None) -> int:
     configure_logging()
-    config = parse_config(argv)
-    if config.nice:
+    config = WorkerSettings.from_args(argv, prog=PROG, description=__doc__)
+    if config.worker_nice:
         # Before torch starts its threads, which inherit it: training takes what CPU is left
         # while the API (at the service's niceness) answers at once.
-        os.nice(config.nice)
+        os.nice(config.worker_nice)
     worker = Worker(config)
     worker.install_signal_handlers()
     try:

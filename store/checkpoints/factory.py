@@ -1,7 +1,7 @@
 """The one place the folder stores are built from the settings (docs/architecture.md,
-"Checkpoint store", "Storage"): the service (`Settings.layout`) and the worker
-(`WorkerConfig.data_dir`, and each rank of a multi-process run) open the same stores here,
-so which storage backs them is decided once.
+"Checkpoint store", "Storage"): the service and the worker, and each rank of a
+multi-process run, open the same stores here from the same settings (the `layout` of
+store.worker_settings `NodeSettings`), so which storage backs them is decided once.
 """
 
 from __future__ import annotations

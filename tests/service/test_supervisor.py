@@ -8,7 +8,6 @@ only lower bounds on time: these machines are shared and slow at random.
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -21,11 +20,13 @@ import pytest
 
 import trainctl.service.supervisor as supervisor_module
 from tests.support.polling import poll
+from tests.support.supervisor import spawned_envs
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.settings import Settings
 from trainctl.service.supervisor import Supervisor, gpu_groups, restart_delay
 from trainctl.store.db.runs import RunStore
 from trainctl.store.processes import DRAINED_EXIT_CODE
+from trainctl.store.worker_settings import WorkerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,32 +46,6 @@ def test_gpu_groups(
     workers: int, gpus: int, per_worker: int, expected: list[tuple[int, ...]]
 ) -> None:
     assert gpu_groups(workers, gpus, per_worker) == expected
-
-
-def spawned_envs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int, **settings: Any
-) -> list[dict[str, str]]:
-    """The environments the supervisor starts its workers with, on a node with `gpus` GPUs."""
-    monkeypatch.setattr(supervisor_module, "gpu_count", lambda: gpus)
-    envs: list[dict[str, str]] = []
-
-    class FakePopen:
-        pid = 1
-
-        def __init__(self, args: list[str], env: dict[str, str], **kw: Any) -> None:
-            assert args[1] == "-I" and args[-1] == "trainctl.worker"  # isolated
-            envs.append(env)
-
-    monkeypatch.setattr(subprocess, "Popen", FakePopen)
-    runs = RunStore(f"sqlite:///{tmp_path / 'runs.db'}")
-    try:
-        sup = Supervisor(Settings(data_dir=tmp_path, **settings), runs)
-        sup.settings.log_dir.mkdir(parents=True, exist_ok=True)
-        for slot in sup.slots:
-            sup._spawn(slot)
-    finally:
-        runs.close()
-    return envs
 
 
 def test_each_worker_sees_its_group_of_gpus(
@@ -363,11 +338,9 @@ def test_local_workers_open_the_stores_the_service_opens(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
 
-    from trainctl.worker.runner import parse_config  # the worker's own reading of them
-
-    config = parse_config([])
+    config = WorkerSettings.from_args([])  # the worker's own reading of them
     assert config.layout == Settings(data_dir=tmp_path, **stores).layout
 
     [env] = spawned_envs(tmp_path, monkeypatch, gpus=0, worker_memory_bytes=2**30)
     monkeypatch.setenv("TRAINCTL_WORKER_MEMORY_BYTES", env["TRAINCTL_WORKER_MEMORY_BYTES"])
-    assert parse_config([]).memory_bytes == 2**30
+    assert WorkerSettings.from_args([]).worker_memory_bytes == 2**30

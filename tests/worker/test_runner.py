@@ -29,7 +29,8 @@ from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.resolve import resolve_validate
 from trainctl.store.specs import ValidateRequest
 from trainctl.store.vocabulary import TERMINAL_STATES
-from trainctl.worker.runner import WorkerConfig, parse_config, public_error
+from trainctl.store.worker_settings import WorkerSettings
+from trainctl.worker.runner import public_error
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = tuple(TERMINAL_STATES)
@@ -270,7 +271,9 @@ def test_a_run_error_names_a_folder_only_where_it_is_a_whole_path(
 ) -> None:
     """With HOME=/root, a data root under a folder named `roots` was shown as `~s/...`."""
     monkeypatch.setenv("HOME", "/root")
-    config = WorkerConfig("sqlite://", Path("/srv/node/data"), "w1")
+    config = WorkerSettings(
+        database_url="sqlite://", data_dir=Path("/srv/node/data"), worker_id="w1"
+    )
     message = RuntimeError(
         "no /roots/corpus.txt, /srv/root/x, /root.d/y or /srv/node/database; "
         "but /root/z, '/srv/node/data/q' and /srv/node/data"
@@ -283,7 +286,9 @@ def test_a_run_error_names_a_folder_only_where_it_is_a_whole_path(
 
 
 def test_a_run_error_carries_no_terminal_escape_codes() -> None:
-    config = WorkerConfig("sqlite://", Path("/srv/node/data"), "w1")
+    config = WorkerSettings(
+        database_url="sqlite://", data_dir=Path("/srv/node/data"), worker_id="w1"
+    )
     coloured = RuntimeError("\x1b[1;31mCUDA error\x1b[0m: out of memory\x07 in /srv/node/data/x")
 
     assert public_error(coloured, config) == "CUDA error: out of memory in <data>/x"
@@ -336,7 +341,7 @@ def test_empty_environment_variables_leave_the_worker_defaults(
     for name in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "WORKER_NICE", "DATABASE_URL"):
         monkeypatch.setenv(f"TRAINCTL_{name}", "")  # what `docker run -e NAME=` passes
 
-    config = parse_config([])
+    config = WorkerSettings.from_args([])
 
-    assert (config.lease_seconds, config.heartbeat_seconds, config.nice) == (30.0, 5.0, 0)
+    assert (config.lease_seconds, config.heartbeat_seconds, config.worker_nice) == (30.0, 5.0, 0)
     assert config.database_url.startswith("sqlite:///")

@@ -12,10 +12,11 @@ from tests.support.plans import enqueue, train_plan, validate_plan
 from tests.support.stores import posix_store
 from trainctl.store.db.runs import RunStore
 from trainctl.store.training.memory import GIB, train_need
+from trainctl.store.worker_settings import WorkerSettings
 from trainctl.worker.exceptions import DoesNotFit
 from trainctl.worker.models import build_model
 from trainctl.worker.models.plugin import MODEL_PLUGINS
-from trainctl.worker.runner import Worker, WorkerConfig
+from trainctl.worker.runner import Worker
 from trainctl.worker.training.loop import train
 from trainctl.worker.training.memory import admit_at_claim
 
@@ -34,7 +35,12 @@ def test_a_run_too_big_for_the_worker_fails_at_claim_naming_both_numbers_without
     runs = RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}")
     runs.create_all()
     # 1 GiB is the runtime alone (store.training.memory): no model fits.
-    config = WorkerConfig(runs.engine.url.render_as_string(), tmp_path, "w1", memory_bytes=GIB)
+    config = WorkerSettings(
+        database_url=runs.engine.url.render_as_string(),
+        data_dir=tmp_path,
+        worker_id="w1",
+        worker_memory_bytes=GIB,
+    )
     worker = Worker(config, runs)
     worker.register()
     assert runs.list_workers()[0].info["memory_bytes"] == GIB  # reported as its memory
@@ -73,7 +79,12 @@ def test_every_kind_that_builds_the_model_is_counted_at_claim_not_only_train(
 
     runs = RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}")
     runs.create_all()
-    config = WorkerConfig(runs.engine.url.render_as_string(), tmp_path, "w1", memory_bytes=GIB)
+    config = WorkerSettings(
+        database_url=runs.engine.url.render_as_string(),
+        data_dir=tmp_path,
+        worker_id="w1",
+        worker_memory_bytes=GIB,
+    )
     worker = Worker(config, runs)
     worker.register()
     queued = enqueue(runs, plan)
@@ -108,7 +119,12 @@ def test_a_worker_reports_the_transformers_model_types_it_builds(tmp_path: Path)
 
     runs = RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}")
     runs.create_all()
-    Worker(WorkerConfig(runs.engine.url.render_as_string(), tmp_path, "w1"), runs).register()
+    Worker(
+        WorkerSettings(
+            database_url=runs.engine.url.render_as_string(), data_dir=tmp_path, worker_id="w1"
+        ),
+        runs,
+    ).register()
     reported = runs.list_workers()[0].hf_model_types
     assert set(reported) == set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) and "qwen3_next" in reported
     runs.close()

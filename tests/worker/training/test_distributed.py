@@ -20,10 +20,10 @@ from tests.support.ranks import LOSS_RTOL, STEPS, tiny_plan, train_losses
 from tests.support.stores import folder, posix_store
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.layout import DataLayout
 from trainctl.store.plans import TrainPlan
+from trainctl.store.worker_settings import WorkerSettings
 from trainctl.worker.launch import check_world, launch_train
-from trainctl.worker.runner import Worker, WorkerConfig
+from trainctl.worker.runner import Worker
 from trainctl.worker.training.loop import Trainer
 from trainctl.worker.training.parallel import RankSampler
 
@@ -54,7 +54,9 @@ def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batch(tmp_path
     single: list[dict[str, Any]] = []
     Trainer(tiny_plan(), posix_store(tmp_path / "single"), on_metrics=single.append).run()
 
-    result = launch_train(tiny_plan(nproc_per_node=2), DataLayout(tmp_path / "ddp"), ctx=None)
+    result = launch_train(
+        tiny_plan(nproc_per_node=2), WorkerSettings(data_dir=tmp_path / "ddp"), ctx=None
+    )
 
     expected, got = train_losses(single), train_losses(result["metrics"])
     print(f"single: {expected}\n2 ranks: {got}")
@@ -67,7 +69,12 @@ def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batch(tmp_path
 @pytest.fixture
 def worker(runs: RunStore, tmp_path: Path) -> Worker:
     """The worker of the data dir `tmp_path`, as its process is (without its loop)."""
-    return Worker(WorkerConfig(runs.engine.url.render_as_string(), tmp_path, "w1"), runs)
+    return Worker(
+        WorkerSettings(
+            database_url=runs.engine.url.render_as_string(), data_dir=tmp_path, worker_id="w1"
+        ),
+        runs,
+    )
 
 
 def run_to_end(runs: RunStore, worker: Worker, plan: TrainPlan) -> Run:

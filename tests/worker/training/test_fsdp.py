@@ -28,7 +28,7 @@ from tests.support.hf_archs import hf
 from tests.support.ranks import LOSS_RTOL, STEPS, tiny_plan, train_losses
 from tests.support.stores import folder, posix_store
 from trainctl.store.checkpoints.manifests import DCP_LAYOUT
-from trainctl.store.layout import DataLayout
+from trainctl.store.worker_settings import WorkerSettings
 from trainctl.worker.checkpoints.state import load_checkpoint
 from trainctl.worker.launch import launch_train
 from trainctl.worker.models import build_model
@@ -92,7 +92,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # In the background: the same-world resume below (a synchronous save) is then bit-exact
     # only if the loop's copy of the shards was complete before the step that followed it.
     plan = fsdp_plan(nproc_per_node=2, async_checkpoint=True)
-    sharded = launch_train(plan, DataLayout(root), ctx=None)
+    sharded = launch_train(plan, WorkerSettings(data_dir=root), ctx=None)
     return {"root": root, "single": single, "sharded": sharded}
 
 
@@ -106,7 +106,7 @@ def resume_without_steps(root: Path, experiment: str, source: str, **changes: An
     step = posix_store(checkpoints).get(experiment, "best").step
     assert step is not None
     plan = tiny_plan(checkpoints, experiment=experiment, resume_from="best", **changes)
-    launch_train(plan.model_copy(update={"steps": step}), DataLayout(root), ctx=None)
+    launch_train(plan.model_copy(update={"steps": step}), WorkerSettings(data_dir=root), ctx=None)
 
 
 def train_sharded_like_one_process(root: Path, ranks: int, **changes: Any) -> None:
@@ -116,7 +116,7 @@ def train_sharded_like_one_process(root: Path, ranks: int, **changes: Any) -> No
     plan = tiny_plan(steps=3, **changes)
     Trainer(plan, posix_store(root / "single"), on_metrics=single.append).run()
     sharded = fsdp_plan(steps=3, nproc_per_node=ranks, **changes)
-    result = launch_train(sharded, DataLayout(root), ctx=None)
+    result = launch_train(sharded, WorkerSettings(data_dir=root), ctx=None)
     assert train_losses(result["metrics"]) == pytest.approx(train_losses(single), rel=LOSS_RTOL)
 
 
@@ -141,7 +141,7 @@ def test_an_fsdp_run_resumes_at_the_same_world_size_exactly(trained: dict[str, A
 
     resumed = launch_train(
         fsdp_plan(root / "checkpoints", nproc_per_node=2, resume_from="step_3"),
-        DataLayout(root),
+        WorkerSettings(data_dir=root),
         ctx=None,
     )
 
@@ -236,7 +236,7 @@ def test_compiled_checkpointed_blocks_train_sharded_like_one_eager_process(
     Trainer(plan, posix_store(tmp_path / "single"), on_metrics=eager.append).run()
     compiled = {**per_layer, "use_compile": True, "compile_mode": "default"}
     sharded = fsdp_plan(steps=3, nproc_per_node=2, model={"preset": "tiny", "overrides": compiled})
-    result = launch_train(sharded, DataLayout(tmp_path), ctx=None)
+    result = launch_train(sharded, WorkerSettings(data_dir=tmp_path), ctx=None)
     got, expected = train_losses(result["metrics"]), train_losses(eager)
     print(f"eager: {expected}\ncompiled fsdp x2: {got}")
     assert len(got) == 3 and got == pytest.approx(expected, rel=1e-3)
