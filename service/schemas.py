@@ -1,7 +1,7 @@
 """Response (and non-run request) models of the API: the only definition of its JSON
 (docs/architecture.md, "Shapes clients rely on").
 
-Run requests are the bodies of the submit routes and live in `store.specs`; everything here
+Run requests are the bodies of the submit routes and live in store/kinds/; everything here
 describes what the API sends back, so the OpenAPI schema documents it and FastAPI checks each
 response against it. The store returns plain records (`Run`, `Event`, `Worker`,
 `CheckpointInfo`); `Model.model_validate(record)` reads them by attribute

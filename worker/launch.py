@@ -52,8 +52,8 @@ from trainctl.store.checkpoints.manifests import DCP_LAYOUT
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost
+from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.layout import DRAIN_SECONDS, DataLayout
-from trainctl.store.plans import TrainPlan
 from trainctl.store.processes import isolated_env, python_command
 from trainctl.store.training.parallelism import PARALLEL_STRATEGIES
 from trainctl.worker.context import RunContext

@@ -19,16 +19,11 @@ from pydantic import BaseModel
 from trainctl.service.cli.common import build_spec, client, console, err_console, print_json
 from trainctl.service.cli.errors import BadInput
 from trainctl.service.cli.watch import Samples, state_text, watch_to_end
-from trainctl.store.specs import (
-    BatchSpec,
-    BenchmarkRequest,
-    DataSpec,
-    ModelSpec,
-    PrepareRequest,
-    Request,
-    TrainRequest,
-    ValidateRequest,
-)
+from trainctl.store.kinds.benchmark import BenchmarkRequest
+from trainctl.store.kinds.prepare import PrepareRequest
+from trainctl.store.kinds.train import TrainRequest
+from trainctl.store.kinds.validate import ValidateRequest
+from trainctl.store.specs import BatchSpec, DataSpec, ModelSpec, Request
 
 app = typer.Typer(
     no_args_is_help=True,

@@ -20,8 +20,8 @@ from tests.support.ranks import LOSS_RTOL, STEPS, tiny_plan, train_losses
 from tests.support.stores import folder, posix_store
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.layout import DataLayout
-from trainctl.store.plans import TrainPlan
 from trainctl.worker.launch import check_world, launch_train
 from trainctl.worker.runner import Worker, WorkerConfig
 from trainctl.worker.training.loop import Trainer
