@@ -33,7 +33,8 @@ F = TypeVar("F")
 
 class Ref(Generic[F]):
     """`module:attribute`, imported when first asked for: a record can name a function of a
-    module its readers need not load (a run kind's resolver, for the CLI)."""
+    module its readers need not load (a run kind's resolver, for the CLI), and a field the
+    registry its names are checked against (a run kind's name, for the SDK)."""
 
     def __init__(self, target: str) -> None:
         self.target = target
@@ -122,11 +123,16 @@ class RegisteredName:
 
     `check=False` publishes the same schema but accepts any name: for what a client reads
     from a server, which may have plug-ins the client has not (the SDK must not refuse a run
-    of a kind it does not know)."""
+    of a kind it does not know). `registry` may be a `Ref` to it, loaded when a name is
+    checked or the schema made: a model of the SDK names run kinds without importing them."""
 
-    def __init__(self, registry: Registry[Any], *, check: bool = True) -> None:
-        self.registry = registry
+    def __init__(self, registry: Registry[Any] | Ref[Registry[Any]], *, check: bool = True) -> None:
+        self._registry = registry
         self.check = check
+
+    @property
+    def registry(self) -> Registry[Any]:
+        return self._registry.load() if isinstance(self._registry, Ref) else self._registry
 
     def _check(self, value: str) -> str:
         if self.check and value not in self.registry:

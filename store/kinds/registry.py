@@ -34,9 +34,6 @@ for _kind in (TRAIN, VALIDATE, BENCHMARK, PREPARE, SAMPLE, EXPORT, EVALUATE):
 
 RunKindName = Annotated[str, RegisteredName(RUN_KINDS)]
 """A run kind's name: the registered ones, published in the schema as an enum."""
-ServedKindName = Annotated[str, RegisteredName(RUN_KINDS, check=False)]
-"""A run kind's name as the server answers it: the same schema, any name read (a client need
-not know the server's plug-ins)."""
 
 
 def kind_of_plan(plan: Plan) -> RunKind:

@@ -10,10 +10,6 @@ from trainctl.store.kinds.train import TrainRequest
 from trainctl.store.names import MAX_NAME_LENGTH
 from trainctl.store.specs import Spec
 
-SWEEP_NAME = "forks"
-"""A sweep's name among the submit routes (`POST /runs/forks`), and in its request's digest
-(service.submit.request_digest), where a kind's name is."""
-
 MAX_VARIANTS = 16
 """The most forks one sweep queues."""
 
