@@ -70,7 +70,7 @@ EXPORT_DTYPES: tuple[ExportDtype, ...] = get_args(ExportDtype)
 CHECKPOINT_REF_PATTERN = f"^(?:{LATEST_REF}|{BEST_TAG}|{NAME_REGEX}/{NAME_REGEX})$"
 # Filled in by the server when it resolves a request; older clients echoed them back.
 # `dataset`: a plan pins the dataset that data.dataset names (store.plans.DatasetPin).
-# `datasets`: a plan pins the datasets of data.mixture (store.plans.TrainPlan.datasets).
+# `datasets`: a plan pins the datasets of data.mixture (store.kinds.train.TrainPlan.datasets).
 SERVER_FILLED = ("model_config_resolved", "warnings", "dataset", "datasets")
 # data.dataset: a name or a folder; never a pattern (the wildcards of store.data.paths), a NUL
 # or a line break.

@@ -1,7 +1,7 @@
 """`trainctl submit train|validate|benchmark|prepare|forks|run KIND`: queue a run (or a sweep of
 forks), optionally watch it.
 
-The flags mirror the request models (`store.specs`) and take their help from the field
+The flags mirror the request models (store/kinds/) and take their help from the field
 descriptions; any other field, however nested, is reachable with `--set key.path=value`.
 A `--spec` file to start from is YAML (.yaml, .yml) or JSON (any other name). Sample and
 export runs have commands of their own: `trainctl sample`, `trainctl checkpoints export`.
