@@ -33,8 +33,7 @@ from trainctl.store.data.datasets import Dataset, bits_per_byte
 from trainctl.store.data.prepare import prepare_dataset
 from trainctl.store.data.shards import read_shard, stdlib_source_files
 from trainctl.store.data.tokenizer import train_tokenizer
-from trainctl.store.resolve import resolve_train
-from trainctl.store.specs import TrainRequest
+from trainctl.store.kinds.train import TrainRequest, resolve_train
 from trainctl.worker.training.loop import Trainer
 
 FULL: dict[str, Any] = dict(seconds=240.0, calibrate=10, files=None, vocab=4096, B=16, T=256,

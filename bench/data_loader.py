@@ -13,8 +13,8 @@ import torch
 from bench.common import Figure
 from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.resolve import resolve_train
-from trainctl.store.specs import DataSpec, TrainRequest
+from trainctl.store.kinds.train import TrainRequest, resolve_train
+from trainctl.store.specs import DataSpec
 from trainctl.worker.data.loader import AsyncDataLoader, TokenSampler
 from trainctl.worker.models.gpt import build_model
 from trainctl.worker.training.loop import build_token_arrays, train

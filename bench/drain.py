@@ -30,8 +30,7 @@ from typing import Any
 from bench.common import REPO, Figure, median
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.kinds.registry import kind_of_plan, placement_of
-from trainctl.store.resolve import resolve_train
-from trainctl.store.specs import TrainRequest
+from trainctl.store.kinds.train import TrainRequest, resolve_train
 
 # `small` with 4 layers: 62 M parameters, about 0.75 GB of weights and optimizer state (the
 # size bench/checkpoint_io.py saves); one layer for the quick run.

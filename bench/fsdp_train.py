@@ -1,9 +1,9 @@
 """A sharded train run (parallelism fsdp) through the worker's launcher: item `fsdp_1b` /
 `fsdp_8b` of the GPU session (bench/gpu.sh).
 
-Resolves a train request as submit does (`store.resolve.resolve_train`: the device profile,
-the batch split across the ranks), asks the store's memory estimate whether it fits the
-GPUs (`store.training.memory.train_need`; exit 3 with the numbers when it does not, which gpu.sh
+Resolves a train request as submit does (`store.kinds.train.resolve_train`: the device
+profile, the batch split across the ranks), asks the store's memory estimate whether it fits
+the GPUs (`store.kinds.train.train_need`; exit 3 with the numbers when it does not, which gpu.sh
 reports as a skip), then runs it with `worker.launch.launch_train` on `--nproc` local ranks,
 without a service. Writes one JSON object (`--json PATH`): the estimate, the losses, tokens/s
 and step time of the logged steps, and the wall time.
@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainctl.store.resolve import resolve_train
-from trainctl.store.specs import TrainRequest
-from trainctl.store.training.memory import gib, node_bytes, train_need
+from trainctl.store.kinds.train import TrainRequest, resolve_train, train_need
+from trainctl.store.training.memory import gib, node_bytes
 from trainctl.store.worker_settings import WorkerSettings
 
 DOES_NOT_FIT = 3

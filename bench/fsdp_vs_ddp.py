@@ -31,8 +31,7 @@ import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
 from bench.common import Figure, alternate, step_time_figures
-from trainctl.store.resolve import resolve_train
-from trainctl.store.specs import TrainRequest
+from trainctl.store.kinds.train import TrainRequest, resolve_train
 from trainctl.worker.training.loop import (
     TrainParts,
     build_data,

@@ -25,8 +25,8 @@ import torch
 from bench.common import Figure, alternate, median, paired_ratio
 from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.resolve import resolve_benchmark, resolve_train
-from trainctl.store.specs import BenchmarkRequest, TrainRequest
+from trainctl.store.kinds.benchmark import BenchmarkRequest, resolve_benchmark
+from trainctl.store.kinds.train import TrainRequest, resolve_train
 from trainctl.worker.kinds.benchmark import run_benchmark
 from trainctl.worker.training.loop import build_data, build_training, data_loader, train
 

@@ -23,8 +23,7 @@ import torch
 from bench.common import Figure, alternate, median, paired_ratio
 from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.resolve import resolve_train
-from trainctl.store.specs import TrainRequest
+from trainctl.store.kinds.train import TrainRequest, resolve_train
 from trainctl.worker.training.loop import train
 
 FULL: dict[str, Any] = dict(width=128, layers=4, batch=8, seq=128, steps=300, val_every=25,

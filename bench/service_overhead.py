@@ -20,8 +20,7 @@ from bench.common import (
     wait_run,
 )
 from trainctl.service.sdk.client import TrainctlClient
-from trainctl.store.resolve import resolve_benchmark
-from trainctl.store.specs import BenchmarkRequest
+from trainctl.store.kinds.benchmark import BenchmarkRequest, resolve_benchmark
 
 # The CPU benchmark profile (preset tiny, grad-accum 3, seq 512) at micro-batch 4 instead of
 # 16: a step of about a second keeps 3 pairs within minutes on a loaded 2-core machine, and

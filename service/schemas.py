@@ -1,7 +1,7 @@
 """Response (and non-run request) models of the API: the only definition of its JSON
 (docs/architecture.md, "Shapes clients rely on").
 
-Run requests are the bodies of the submit routes and live in `store.specs`; everything here
+Run requests are the bodies of the submit routes and live in store/kinds/; everything here
 describes what the API sends back, so the OpenAPI schema documents it and FastAPI checks each
 response against it. The store returns plain records (`Run`, `Event`, `Worker`,
 `CheckpointInfo`); `Model.model_validate(record)` reads them by attribute
@@ -17,8 +17,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
 
 from trainctl.service.webhooks.targets import MAX_URL_LENGTH, URL_PATTERN, URL_RULE, check_url
 from trainctl.store.db.placement import Spread
-from trainctl.store.kinds.registry import ServedKindName
 from trainctl.store.names import ExperimentName, Name
+from trainctl.store.registry import Ref, RegisteredName
 from trainctl.store.text import TextChecked
 from trainctl.store.vocabulary import (
     METRIC_KINDS_TEXT,
@@ -27,6 +27,13 @@ from trainctl.store.vocabulary import (
     RunState,
     Scope,
 )
+
+ServedKindName = Annotated[
+    str, RegisteredName(Ref("trainctl.store.kinds.registry:RUN_KINDS"), check=False)
+]
+"""A run kind's name as the server answers it: the schema of store.kinds.registry.RunKindName,
+any name read (a client need not know the server's plug-ins). The registry is named, not
+imported: the SDK reads these models without loading the run kinds."""
 
 
 class ErrorPublic(BaseModel):

@@ -30,12 +30,13 @@ from trainctl.store.db.runs import QueueLimits, Run, RunStore, RunToQueue
 from trainctl.store.db.tokens import Principal
 from trainctl.store.exceptions import InvalidRequest, InVariant, TrainctlError
 from trainctl.store.kinds.registry import RUN_KINDS
-from trainctl.store.kinds.sweeps import SWEEP_NAME, ForkSweepRequest
+from trainctl.store.kinds.sweeps import ForkSweepRequest
 from trainctl.store.queueing import enqueue_pinned as queue_pinned
 from trainctl.store.queueing import resolve_run
 from trainctl.store.resolve import SubmitContext
 from trainctl.store.specs import Request
 from trainctl.store.training.memory import admit
+from trainctl.store.vocabulary import SWEEP_NAME
 
 
 def request_digest(kind: str, request: BaseModel) -> str:

@@ -2,7 +2,9 @@
 plans").
 
 A plan is frozen and has no optional field the worker must default; the run row stores it and
-`GET /runs/{id}` shows it. `store.resolve` makes plans from requests at submit time.
+`GET /runs/{id}` shows it. Each kind's resolver makes its plans from its requests at submit
+time; each kind's plan is in its module of store/kinds/, and the parts several plans share
+are here.
 """
 
 from __future__ import annotations
@@ -12,32 +14,17 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 from pydantic import Discriminator, Field, StrictInt, Tag
 
-from trainctl.store.checkpoints.info import (
-    TokenizerId,
-)
-from trainctl.store.models.generation import GenerationSettings
+from trainctl.store.checkpoints.info import TokenizerId
 from trainctl.store.models.hf_config import HfModelConfig, model_tag
 from trainctl.store.models.plugin import PluginModelConfig
 from trainctl.store.models.presets import ModelConfig
 from trainctl.store.names import Name
-from trainctl.store.specs import (
-    BenchmarkOptions,
-    DataSpec,
-    ExportDtype,
-    PrepareOptions,
-    Spec,
-    StepOptions,
-    Tracker,
-    TrainOptions,
-    ValidateOptions,
-)
+from trainctl.store.specs import DataSpec, Spec, StepOptions
 
 if TYPE_CHECKING:  # datasets read shards with numpy, which the light client has not
     from trainctl.store.data.datasets import Dataset
 
 Device = Literal["cpu", "cuda"]
-BENCHMARK_EXPERIMENT = "benchmark"
-"""Benchmarks write no checkpoints; their runs are filed under this experiment name."""
 
 
 # Tagged by the shape of the value: a transformers config names its model_type, a
@@ -50,7 +37,7 @@ ConfigOfModel = Annotated[
 ]
 
 
-# --- the plans ------------------------------------------------------------------------------
+# --- the parts of plans ----------------------------------------------------------------------
 
 
 class ModelPlan(Spec):
@@ -159,56 +146,6 @@ class StepPlan(StepOptions):
     batch: BatchPlan
 
 
-class TrainPlan(TrainOptions, StepPlan):
-    # A plan from before trackers existed is mirrored nowhere, as it was then.
-    trackers: list[Tracker] = Field(
-        default_factory=list, description="The trackers the service mirrors the run to."
-    )
-    data: DataSpec = Field(description="Training data, paths expanded.")
-    dataset: DatasetPin | None = Field(description="The dataset data.dataset names, pinned.")
-    # Plans from before mixtures existed name none.
-    datasets: list[DatasetPin] = Field(
-        default_factory=list,
-        description="The datasets data.mixture names, pinned, in its order; [] for a run "
-        "of one source.",
-    )
-    checkpoint_every: StrictInt = Field(ge=1, description="Save step_<N> every this many steps.")
-    val_every: StrictInt = Field(ge=1, description="Validate every this many steps.")
-    resume_from: CheckpointRef | None = Field(description="The checkpoint the run continues.")
-    # Plans from before forks existed start from scratch or resume.
-    fork_from: ForkPoint | None = Field(
-        None,
-        description="A fork's starting point: the run starts from this checkpoint of another "
-        "experiment with the plan's own schedule, data, steps and batch.",
-    )
-
-    @property
-    def filed_under(self) -> str:
-        return self.experiment
-
-    @property
-    def depends_on(self) -> CheckpointRef | None:
-        return self.fork_from.checkpoint if self.fork_from else self.resume_from
-
-    @property
-    def tokenizer_dataset(self) -> DatasetPin | None:
-        """The dataset whose tokenizer the run's tokens are of: its one, or its mixture's
-        first (they share one, checked at submit)."""
-        return self.dataset or next(iter(self.datasets), None)
-
-
-class BenchmarkPlan(BenchmarkOptions, StepPlan):
-    warnings: list[str] = Field(description="What makes the figures less comparable.")
-
-    @property
-    def filed_under(self) -> str:
-        return BENCHMARK_EXPERIMENT
-
-    @property
-    def depends_on(self) -> CheckpointRef | None:
-        return None
-
-
 class ReadsCheckpoint(Spec):
     """A run that reads one checkpoint (validate, sample, export, evaluate): filed under its
     experiment, and protected from deletion while the run is queued or running."""
@@ -223,46 +160,6 @@ class ReadsCheckpoint(Spec):
     @property
     def depends_on(self) -> CheckpointRef | None:
         return self.checkpoint
-
-
-class ValidatePlan(ValidateOptions, ReadsCheckpoint):
-    dataset: DatasetPin | None = Field(description="The dataset data.dataset names, pinned.")
-    seq_len: StrictInt = Field(ge=1, description="Tokens per sequence.")
-    device: Device
-
-
-class PreparePlan(PrepareOptions):
-    name: Name = Field(description="The dataset's name.")
-    inputs: list[str] = Field(description="The input files, expanded and confined.")
-    tokenizer: str = Field(description="'bytes', or the real path of the tokenizer.json.")
-    output: str = Field(description="The dataset's folder: <data dir>/datasets/<name>.")
-
-    @property
-    def filed_under(self) -> str:
-        return self.name
-
-    @property
-    def depends_on(self) -> CheckpointRef | None:
-        return None
-
-
-class SamplePlan(ReadsCheckpoint):
-    tokenizer: TokenizerPin | None = Field(
-        description="The checkpoint's tokenizer; null where it records none (token ids only)."
-    )
-    prompts: list[str] | None = Field(description="The prompts as sent, if text.")
-    prompt_tokens: list[list[StrictInt]] = Field(description="Each prompt's token ids.")
-    generation: GenerationSettings = Field(description="How to sample, where to stop.")
-    device: Device
-
-
-class ExportPlan(ReadsCheckpoint):
-    format: Literal["hf"] = Field(description="hf: a Hugging Face transformers folder.")
-    dtype: ExportDtype = Field(description="The exported weights' dtype.")
-    output: str = Field(
-        description="Where the export goes, in the exports store's words: its folder "
-        "(<data dir>/exports/<experiment>/<tag>) or its place in the bucket (s3://...)."
-    )
 
 
 class Plan(Protocol):

@@ -62,7 +62,11 @@ def enqueue_pinned(
 ) -> list[Run]:
     """Enqueue the runs of one request (`RunStore.enqueue_all`, given `enqueue`) under the
     protection policy's pin of every checkpoint they read, so none can be deleted between
-    resolving and enqueueing."""
+    resolving and enqueueing. A run of a kind no record is registered for is refused here,
+    before anything is queued: the database stores a kind's name and knows nothing of kinds."""
+    for run in queue:
+        if run.kind not in RUN_KINDS:
+            raise ValueError(f"unknown run kind {run.kind!r}; expected one of {RUN_KINDS.names()}")
     policy = ProtectionPolicy(runs, checkpoints)
     with ExitStack() as pins:
         for experiment, tag in sorted({ref for run in queue for ref in run.depends_on}):

@@ -8,7 +8,8 @@ under its entry-point group (`[project.entry-points."trainctl.run_kinds"]` in th
 `pyproject.toml`) the first time it is read. `RegisteredName` is
 the pydantic type of a field naming a record: its JSON schema lists the registered names as
 an enum, read when the schema is made (after the plug-ins are loaded), not when the model is
-defined.
+defined. A `Ref` names a module's attribute without importing the module until it is asked
+for.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from importlib import import_module
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
@@ -26,6 +28,26 @@ from pydantic_core import PydanticCustomError, core_schema
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+F = TypeVar("F")
+
+
+class Ref(Generic[F]):
+    """`module:attribute`, imported when first asked for: a record can name a function of a
+    module its readers need not load (a run kind's resolver, for the CLI), and a field the
+    registry its names are checked against (a run kind's name, for the SDK)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._loaded: F | None = None
+
+    def load(self) -> F:
+        if self._loaded is None:
+            module, _, name = self.target.partition(":")
+            self._loaded = getattr(import_module(module), name)
+        return self._loaded
+
+    def __repr__(self) -> str:
+        return f"Ref({self.target!r})"
 
 
 class UnknownName(KeyError):
@@ -101,11 +123,16 @@ class RegisteredName:
 
     `check=False` publishes the same schema but accepts any name: for what a client reads
     from a server, which may have plug-ins the client has not (the SDK must not refuse a run
-    of a kind it does not know)."""
+    of a kind it does not know). `registry` may be a `Ref` to it, loaded when a name is
+    checked or the schema made: a model of the SDK names run kinds without importing them."""
 
-    def __init__(self, registry: Registry[Any], *, check: bool = True) -> None:
-        self.registry = registry
+    def __init__(self, registry: Registry[Any] | Ref[Registry[Any]], *, check: bool = True) -> None:
+        self._registry = registry
         self.check = check
+
+    @property
+    def registry(self) -> Registry[Any]:
+        return self._registry.load() if isinstance(self._registry, Ref) else self._registry
 
     def _check(self, value: str) -> str:
         if self.check and value not in self.registry:

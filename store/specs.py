@@ -1,10 +1,13 @@
-"""Run requests: what a client may send, with bounds (docs/architecture.md, "Requests and plans").
+"""Run requests: what a client may send, with bounds (docs/architecture.md, "Requests and plans");
+the parts the kinds' requests share.
 
 A request holds only what a client may ask for; a field left out (or null) means "the
-default", which `store.plans` decides when it turns the request into a plan. The API validates
-request bodies with these models and publishes them in its OpenAPI schema. The pieces that a
-request and its plan share (`OptimizerSpec`, `ScheduleSpec`, `DataSpec` and the `*Options`
-bases) are defined here once and used by both.
+default", which the kind's resolver decides when it turns the request into a plan. The API
+validates request bodies with these models and publishes them in its OpenAPI schema. Each
+kind's request is in its module of store/kinds/; the pieces that several requests, or a request
+and its plan, share (`Spec`, `Request`, `ModelSpec`, `OptimizerSpec`, `ScheduleSpec`,
+`DataSpec`, `CheckpointChoice` and the shared `*Options` bases) are defined here once and used
+by all.
 """
 
 from __future__ import annotations
@@ -21,12 +24,9 @@ from pydantic import (
     model_validator,
 )
 
-from trainctl.store.checkpoints.manifests import FULL_LAYOUT
-from trainctl.store.db.placement import Spread
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.models.generation import GenerationSettings
 from trainctl.store.models.hf import check_hf_fields
-from trainctl.store.models.presets import BOUNDS, PRESETS, ModelConfig, get_preset
+from trainctl.store.models.presets import PRESETS, ModelConfig, get_preset
 from trainctl.store.names import (
     BEST_TAG,
     EXPERIMENT_RULE,
@@ -35,7 +35,6 @@ from trainctl.store.names import (
     NAME_REGEX,
     NAME_RULE,
     ExperimentName,
-    Name,
     is_valid_experiment,
     is_valid_name,
 )
@@ -49,21 +48,15 @@ from trainctl.store.training.optim import fields_read as optimizer_fields
 from trainctl.store.training.parallelism import (
     BUILT_IN_STRATEGIES,
     DEFAULT_STRATEGY,
-    PARALLEL_STRATEGIES,
     StrategyName,
 )
 from trainctl.store.training.parallelism import fields_read as strategy_fields
 from trainctl.store.training.schedule import SchedulePhases
 
 MAX_STEPS = 10_000_000
-TARGET_TOKENS = 8_310_000_000  # the seed's pre-training budget: 8.31 B tokens
 # Larger models than this are not something one node of this service trains: a request
 # for one is a typo (or an attack), not a plan.
 MAX_MODEL_PARAMS = 20_000_000_000
-# The most GPUs one node has today (and CPU ranks beyond this only contend for cores).
-MAX_NPROC_PER_NODE = 16
-# Nodes one gang run may span (store.db.placement): each is one worker, claimed together.
-MAX_NNODES = 64
 # A run's priority: claims take the highest first, then the oldest (store.db.runs).
 MAX_PRIORITY = 1000
 MAX_RUN_ATTEMPTS = 100
@@ -75,11 +68,9 @@ ExportDtype = Literal["float32", "bfloat16"]
 EXPORT_DTYPES: tuple[ExportDtype, ...] = get_args(ExportDtype)
 # What a validation reads; the pattern cannot bound each name's length, so a validator does.
 CHECKPOINT_REF_PATTERN = f"^(?:{LATEST_REF}|{BEST_TAG}|{NAME_REGEX}/{NAME_REGEX})$"
-# A fork's starting point: another experiment's tag, or its latest step.
-FORK_REF_PATTERN = f"^{NAME_REGEX}/{NAME_REGEX}$"
 # Filled in by the server when it resolves a request; older clients echoed them back.
 # `dataset`: a plan pins the dataset that data.dataset names (store.plans.DatasetPin).
-# `datasets`: a plan pins the datasets of data.mixture (store.plans.TrainPlan.datasets).
+# `datasets`: a plan pins the datasets of data.mixture (store.kinds.train.TrainPlan.datasets).
 SERVER_FILLED = ("model_config_resolved", "warnings", "dataset", "datasets")
 # data.dataset: a name or a folder; never a pattern (the wildcards of store.data.paths), a NUL
 # or a line break.
@@ -90,23 +81,12 @@ BYTES_TOKENIZER = "bytes"
 # relative (normalised by their sum); the bound only keeps one from dwarfing float precision.
 MAX_MIXTURE_SOURCES = 16
 MAX_MIXTURE_WEIGHT = 1e6
-MAX_FIELD_NAME_LENGTH = 256
-# More tokenizing processes than this contend for memory bandwidth on any node there is.
-MAX_PREPARE_WORKERS = 256
-# Prompts of one sample run, and of a train run's samples (each one is decoded every time).
-MAX_PROMPTS = 64
-MAX_TRAIN_PROMPTS = 8
 # A prompt is checked against the model's context at submit; this bounds the request itself.
 MAX_PROMPT_CHARS = 1 << 20
-MAX_PROMPT_TOKENS = 131_072  # the longest context (store.models.presets.BOUNDS)
-TokenId = Annotated[StrictInt, Field(ge=0, lt=int(BOUNDS["vocab_size"][1]))]
-"""A token id: below the largest vocabulary (the model's own is checked at submit)."""
 # Where the service can mirror a train run's metrics (docs/architecture.md, "Metrics sinks").
 Tracker = Literal["tensorboard", "mlflow"]
 TRACKERS: tuple[Tracker, ...] = ("tensorboard", "mlflow")
 MLFLOW_SETTING = "TRAINCTL_MLFLOW_URI"
-# A folder named in a spec: no NUL, line break or other control character.
-FOLDER_PATTERN = r"^[^\x00-\x1f]+$"
 
 
 # Numbers and booleans are Strict*: a value must have the JSON type the schema publishes.
@@ -645,365 +625,3 @@ class StepOptions(Spec):
     )
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec, description="WSD schedule.")
     seed: StrictInt = Field(0, ge=0, le=2**31 - 1, description="Seed of the model initialisation.")
-
-
-class TrainOptions(StepOptions):
-    experiment: ExperimentName = Field(
-        "default",
-        description=f"Checkpoints go to checkpoints/<experiment>: a name of {EXPERIMENT_RULE}.",
-    )
-    steps: StrictInt = Field(
-        ..., ge=1, le=MAX_STEPS, description="Optimizer steps to train in total."
-    )
-    log_every: StrictInt = Field(
-        10,
-        ge=1,
-        le=MAX_STEPS,
-        description="Write a train metrics event every this many steps (and at the last "
-        "step); the loss, grad norm and lrs are the reporting step's, the timings the mean "
-        "since the previous report.",
-    )
-    max_keep: StrictInt = Field(3, ge=1, le=10_000, description="step_* checkpoints kept.")
-    evals: TrainEvals | None = Field(
-        None,
-        description="Downstream evaluations of the run's checkpoints: as each step_<N> "
-        "checkpoint `every` asks for commits, an evaluate run is queued for it at a priority "
-        "one below the train run's, and it pins the checkpoint until it has run "
-        '(docs/evals.md, "Evaluations during training"). Needs data whose tokenizer is known '
-        "(a dataset, stdlib or text). Null: none.",
-    )
-    save_dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Weights' dtype on disk; bfloat16 is a lossy export."
-    )
-    async_checkpoint: StrictBool = Field(
-        False,
-        description="Save checkpoints in the background: the loop stalls only to copy the "
-        "state to CPU memory (a copy of the weights and optimizer state, kept between saves), "
-        "and a thread writes and commits it exactly as a synchronous save does; at most one "
-        "save is in flight and a run waits for it before it ends. Off by default: on a "
-        "CPU-only node the writer competes with training for the same cores.",
-    )
-    val_batches: StrictInt = Field(8, ge=1, le=10_000, description="Batches per validation.")
-    sample_every: StrictInt | None = Field(
-        None,
-        ge=1,
-        le=MAX_STEPS,
-        description="Every this many steps (and at the last), continue each of "
-        "`sample_prompts` with `sample_settings` and write a `sample` event (step, prompt, "
-        "completion, seed). Null: no samples. Needs data whose tokenizer is known (a "
-        "dataset, stdlib or text).",
-    )
-    sample_prompts: list[Prompt] = Field(
-        default_factory=list,
-        max_length=MAX_TRAIN_PROMPTS,
-        description=f"What the samples continue, at most {MAX_TRAIN_PROMPTS}.",
-    )
-    sample_settings: GenerationSettings = Field(
-        default_factory=lambda: GenerationSettings(max_new_tokens=64),
-        description="How the samples are generated; their seed is the same at every step, so "
-        "samples differ only because the model does.",
-    )
-    trackers: list[Tracker] | None = Field(
-        None,
-        max_length=len(TRACKERS),
-        description="Where the service mirrors the run's metrics while it trains: "
-        "'tensorboard' (event files in <folder>/<experiment>/<run id>/, the folder being "
-        "`tensorboard_dir` or the data dir's tensorboard/) and 'mlflow' (the tracking server "
-        "the service's TRAINCTL_MLFLOW_URI names). Null: the service's TRAINCTL_TRACKERS; "
-        "[]: none. The run's event log stays the record: a tracker that is down never slows "
-        "or fails the run, and gets what it missed when it is back.",
-    )
-    tensorboard_dir: str | None = Field(
-        None,
-        min_length=1,
-        max_length=MAX_DATASET_REF_LENGTH,
-        pattern=FOLDER_PATTERN,
-        description="With the 'tensorboard' tracker: an existing folder inside the data roots "
-        "(absolute, or relative to the first root) to write the event files under; default: "
-        "the data dir's tensorboard/.",
-    )
-    nproc_per_node: StrictInt = Field(
-        1,
-        ge=1,
-        le=MAX_NPROC_PER_NODE,
-        description="Processes (GPUs) per node the run trains on, data-parallel (DDP "
-        "through torchrun); with device 'cuda' a worker with this many GPUs takes it. The "
-        "global batch stays micro_batch_size x grad_accum_steps sequences: each of the "
-        "nnodes x nproc_per_node processes runs its share of the micro-batches, so "
-        "grad_accum_steps must be a multiple of their number (by default it is rounded up "
-        "to one).",
-    )
-    nnodes: StrictInt = Field(
-        1,
-        ge=1,
-        le=MAX_NNODES,
-        description="Workers (nodes) the run spans, claimed together, each running "
-        "nproc_per_node processes. nnodes > 1 needs the PostgreSQL run queue.",
-    )
-    parallelism: ParallelismSpec = Field(
-        default_factory=ParallelismSpec,
-        description="How the nnodes x nproc_per_node processes share the model: replicated "
-        "(ddp, the default) or sharded (fsdp).",
-    )
-    spread: Spread = Field(
-        "any",
-        description="Where the nnodes workers may be: 'any' (on any nodes, other nodes "
-        "preferred), 'same_node' (all on one node name), 'distinct_nodes' (each on a node "
-        "name of its own).",
-    )
-
-    @field_validator("trackers")
-    @classmethod
-    def _each_tracker_once(cls, v: list[Tracker] | None) -> list[Tracker] | None:
-        if v is not None and len(set(v)) != len(v):
-            raise ValueError(f"name each tracker once, got {v}")
-        return v
-
-    @model_validator(mode="after")
-    def _samples_have_prompts(self) -> TrainOptions:
-        if self.sample_every is not None and not self.sample_prompts:
-            raise ValueError("sample_every needs sample_prompts: the texts the samples continue")
-        strategy = PARALLEL_STRATEGIES.get(self.parallelism.strategy)
-        if self.sample_every is not None and not strategy.runs_alone_on_rank_0:
-            raise ValueError(
-                f"sample_every with parallelism strategy {strategy.name!r}: its ranks run every "
-                "forward together, so rank 0 cannot sample alone; sample the run's checkpoints "
-                "instead (POST /samples)"
-            )
-        if self.save_dtype != "float32" and strategy.checkpoint_layout != FULL_LAYOUT:
-            raise ValueError(
-                f"save_dtype {self.save_dtype!r} with parallelism strategy {strategy.name!r}: "
-                "its ranks save their shards of the training state itself, in the dtype they "
-                "train in, so that a resume is exact; leave save_dtype out, and export a "
-                "checkpoint (POST /runs/export with dtype bfloat16) for a smaller copy"
-            )
-        return self
-
-
-class BenchmarkOptions(StepOptions):
-    steps: StrictInt = Field(100, ge=1, le=100_000, description="Measured steps.")
-    warmup_steps: StrictInt = Field(10, ge=0, le=10_000, description="Unmeasured steps first.")
-    target_tokens: StrictInt = Field(
-        TARGET_TOKENS, ge=1, le=10**15, description="Tokens the time estimate is for."
-    )
-
-
-class PrepareOptions(Spec):
-    """How a prepare reads its inputs and writes its shards (store.data.prepare.prepare_dataset)."""
-
-    text_field: str = Field(
-        "text",
-        min_length=1,
-        max_length=MAX_FIELD_NAME_LENGTH,
-        description="JSONL inputs: the field that holds each document's text.",
-    )
-    text_column: str = Field(
-        "text",
-        min_length=1,
-        max_length=MAX_FIELD_NAME_LENGTH,
-        description="Parquet inputs: the column that holds each document's text.",
-    )
-    val_fraction: StrictFloat = Field(
-        0.05,
-        ge=0,
-        le=0.5,
-        description="Fraction of the documents held out for validation, spread evenly "
-        "(every 20th at 0.05); 0 holds none out.",
-    )
-    shard_tokens: StrictInt = Field(
-        100_000_000,
-        ge=1024,
-        le=2**31 - 1,
-        description="Tokens per shard file; the last shard of a split holds the rest.",
-    )
-    workers: StrictInt | None = Field(
-        None,
-        ge=1,
-        le=MAX_PREPARE_WORKERS,
-        description="Tokenizing processes; default: every core the worker may use. The "
-        "shards are the same bytes whatever the number.",
-    )
-    strict: StrictBool = Field(
-        False,
-        description="Stop at the first malformed line, missing field, non-UTF-8 or oversized "
-        "document (the run fails, naming its file and line) instead of skipping and counting "
-        "it.",
-    )
-    max_document_bytes: StrictInt = Field(
-        16 << 20,
-        ge=1024,
-        le=1 << 30,
-        description="JSONL lines and Parquet values longer than this many bytes are skipped "
-        "and counted (dataset.json's skipped.oversized), or stop the run with strict: a "
-        "document is held whole to be parsed and tokenized, at about 30 times its size. Text "
-        "files have no limit: they are read in pieces.",
-    )
-
-
-class ValidateOptions(Spec):
-    data: DataSpec = Field(default_factory=DataSpec, description="Validation data.")
-    batch_size: StrictInt = Field(4, ge=1, le=4096, description="Sequences per batch.")
-    num_batches: StrictInt = Field(8, ge=1, le=100_000, description="Batches to average over.")
-
-    @field_validator("data")
-    @classmethod
-    def _one_dataset(cls, v: DataSpec) -> DataSpec:
-        if v.source == "mixture":
-            raise ValueError(
-                "a validate run reads one source, not a mixture: validate the checkpoint on "
-                "each of the mixture's datasets (source 'dataset'), for a loss per dataset"
-            )
-        return v
-
-
-# --- the requests ---------------------------------------------------------------------------
-
-
-def check_fork_ref(field: str, ref: str) -> str:
-    """A fork's starting point, `field`'s value: '<experiment>/<tag>' (ValueError otherwise)."""
-    parts = ref.split("/")
-    if not (len(parts) == 2 and is_valid_experiment(parts[0]) and is_valid_name(parts[1])):
-        raise ValueError(
-            f"{field} must be '<experiment>/<tag>': the experiment {EXPERIMENT_RULE}, "
-            f"the tag {NAME_RULE} (or 'latest')"
-        )
-    return ref
-
-
-class TrainRequest(TrainOptions, Request):
-    model: ModelSpec = Field(default_factory=ModelSpec, description="Model preset and changes.")
-    batch: BatchSpec = Field(default_factory=BatchSpec, description="Batch geometry.")
-    data: DataSpec = Field(default_factory=DataSpec, description="Training data.")
-    checkpoint_every: StrictInt | None = Field(
-        None,
-        ge=1,
-        le=MAX_STEPS,
-        description="Save step_<N> every this many steps (and at the end); default: steps / 10.",
-    )
-    val_every: StrictInt | None = Field(
-        None,
-        ge=1,
-        le=MAX_STEPS,
-        description="Validate every this many steps; a better loss "
-        "saves the 'best' checkpoint. Default: checkpoint_every.",
-    )
-    # 'latest' is itself a valid name: the name rule is the whole rule.
-    resume_from: Name | None = Field(
-        None, description="'latest' or a tag of this experiment to continue from."
-    )
-    fork_from: str | None = Field(
-        None,
-        pattern=FORK_REF_PATTERN,
-        max_length=2 * MAX_NAME_LENGTH + 1,
-        description="Start a new run from another experiment's checkpoint, "
-        "'<experiment>/<tag>' ('step_N', 'best', or 'latest' for its newest step): its "
-        "weights, both optimizers' state, its data position and RNG, continued from its "
-        "step with this request's own schedule, data, steps and batch. `experiment` must be "
-        "another one (the fork's own); the model, the tokenizer and the optimizer kind must "
-        'be the checkpoint\'s (docs/architecture.md, "Forks").',
-    )
-    device: DeviceChoice = Field("auto", description="Where to run.")
-
-    @field_validator("fork_from")
-    @classmethod
-    def _fork_ref(cls, v: str | None) -> str | None:
-        return v if v is None else check_fork_ref("fork_from", v)
-
-    @model_validator(mode="after")
-    def _fork_or_resume(self) -> TrainRequest:
-        if self.fork_from is not None and self.resume_from is not None:
-            raise ValueError(
-                "fork_from and resume_from: give one; a fork starts a new experiment from "
-                "another's checkpoint, a resume continues this experiment"
-            )
-        return self
-
-
-class BenchmarkRequest(BenchmarkOptions, Request):
-    model: ModelSpec = Field(default_factory=ModelSpec, description="Model preset and changes.")
-    batch: BatchSpec = Field(default_factory=BatchSpec, description="Batch geometry.")
-    use_compile: StrictBool | None = Field(None, description="torch.compile; default on CUDA only.")
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] | None = Field(
-        None, description="torch.compile mode; default reduce-overhead."
-    )
-    use_checkpoint_per_layer: StrictBool | None = Field(
-        None, description="Per-layer activation checkpointing; default on CUDA only."
-    )
-    device: DeviceChoice = Field("auto", description="Where to run.")
-
-
-class PrepareRequest(PrepareOptions, Request):
-    name: Name = Field(
-        description="The dataset's name: it is written to the data dir's datasets/<name>, and "
-        "train and validate runs name it so (data.dataset). A name in use, or being prepared, "
-        "is a 409."
-    )
-    inputs: list[str] = Field(
-        min_length=1,
-        max_length=256,
-        description="Files, folders or globs inside the data roots (relative to the first): "
-        "text files, JSONL (.jsonl, .jsonl.gz, .jsonl.zst) and Parquet (.parquet). Folders "
-        "are read in name order, their hidden files skipped.",
-    )
-    tokenizer: str = Field(
-        BYTES_TOKENIZER,
-        min_length=1,
-        max_length=MAX_DATASET_REF_LENGTH,
-        pattern=DATASET_REF_PATTERN,
-        description="'bytes' (a token is a byte), or a tokenizer.json inside the data roots "
-        "(or a folder holding one; relative to the first root), as `trainctl data tokenizer "
-        "train` writes it. It is copied into the dataset.",
-    )
-
-
-class ValidateRequest(ValidateOptions, CheckpointChoice, Request):
-    seq_len: StrictInt | None = Field(None, ge=8, le=131_072, description="Default: profile's.")
-    device: DeviceChoice = Field("auto", description="Where to run.")
-
-
-class SampleRequest(CheckpointChoice, Request):
-    prompts: list[Prompt] | None = Field(
-        None,
-        min_length=1,
-        max_length=MAX_PROMPTS,
-        description="Texts to continue, encoded with the checkpoint's tokenizer (a byte-level "
-        "checkpoint's: UTF-8 bytes). A checkpoint that records no tokenizer takes "
-        "`prompt_tokens` instead.",
-    )
-    prompt_tokens: list[list[TokenId]] | None = Field(
-        None,
-        min_length=1,
-        max_length=MAX_PROMPTS,
-        description="Token ids to continue, one list per prompt, each id below the model's "
-        "vocab_size; the completions are token ids then (and text too where the checkpoint's "
-        "tokenizer is known).",
-    )
-    generation: GenerationSettings = Field(
-        default_factory=GenerationSettings, description="How to sample, where to stop."
-    )
-    device: DeviceChoice = Field("auto", description="Where to run.")
-
-    @model_validator(mode="after")
-    def _one_kind_of_prompt(self) -> SampleRequest:
-        if (self.prompts is None) == (self.prompt_tokens is None):
-            raise ValueError("give either prompts (text) or prompt_tokens (token ids), not both")
-        for ids in self.prompt_tokens or []:
-            if not 1 <= len(ids) <= MAX_PROMPT_TOKENS or min(ids) < 0:
-                raise ValueError(
-                    f"each of prompt_tokens must hold 1 to {MAX_PROMPT_TOKENS:,} token ids, "
-                    "none negative"
-                )
-        return self
-
-
-class ExportRequest(CheckpointChoice, Request):
-    format: Literal["hf"] = Field(
-        "hf",
-        description="hf: a Hugging Face transformers folder (config.json, model.safetensors, "
-        "generation_config.json, tokenizer files, a model card) that "
-        "AutoModelForCausalLM.from_pretrained loads without trust_remote_code.",
-    )
-    dtype: ExportDtype = Field(
-        "float32",
-        description=f"The weights' dtype in model.safetensors: {' or '.join(EXPORT_DTYPES)}.",
-    )

@@ -1,5 +1,6 @@
 """The words of the run life cycle and of access (docs/architecture.md, "Runs"), defined once
-(the run kinds are records of their own: store.kinds.registry).
+(the run kinds are records of their own: store.kinds.registry; the name of a sweep's route is
+here, since the SDK posts to it without the kinds).
 
 The store checks writes against them, the API publishes them as enums, and the SDK waits for
 the terminal states. This module imports nothing, so the light clients can use it too.
@@ -23,6 +24,9 @@ METRIC_KINDS = ("train", "val", "warmup", "measure", "prepare", "eval")
 METRIC_KINDS_TEXT = ", ".join(METRIC_KINDS) + "."
 TERMINAL_STATES: frozenset[RunState] = frozenset({"succeeded", "failed", "cancelled"})
 ACTIVE_STATES: frozenset[RunState] = frozenset({"queued", "running"})
+SWEEP_NAME = "forks"
+"""A sweep's name among the submit routes (`POST /runs/forks`: store.kinds.sweeps), and in its
+request's digest (service.submit.request_digest), where a kind's name is."""
 # A run's short id: the first this many characters of its id, what tables show; any prefix of
 # an id at least this long names its run wherever the id does (store.db.runs.RunStore.resolve_id).
 SHORT_ID_LENGTH = 8

@@ -31,8 +31,12 @@ FORBIDDEN = {
         "fcntl",
         "trainctl.store.checkpoints.store",
         "trainctl.store.checkpoints.posix",
+        "trainctl.store.kinds",
     },
     "store": {"torch", "fastapi", "starlette", "trainctl.service", "trainctl.worker"},
+    # The database stores a run's kind by name; the kinds are known a layer above it
+    # (store.queueing), so a new kind never touches it.
+    "store.db": {"trainctl.store.kinds"},
     "worker": {"fastapi", "starlette", "trainctl.service"},
 }
 
@@ -71,6 +75,49 @@ def test_package_never_imports_what_its_wall_forbids(package: str) -> None:
     assert not crossed, f"{package} imports {crossed}"
     bare = {n.split(".")[0] for n in loaded} & BARE
     assert not bare, f"{package} imports a bare room name: {bare}"
+
+
+# What the laptop installs loads of trainctl, and what it must not load. Measured when each run
+# kind became a module of store/kinds/ (issue 41): `from trainctl import Client, AsyncClient`
+# loaded 18 modules / 3,203 lines (37 / 7,114 before, with the kind registry, every kind's
+# request and plan, the models and training shelves); the CLI 70 / 10,600 (62 / 9,843 before:
+# it reads the kinds' requests for its options, and a kind's module now holds its resolver,
+# whose readers of files and of the database are imported only when one runs). Each bound
+# leaves about 1.3 times that.
+CLOSURES = {
+    "from trainctl import Client, AsyncClient": (
+        24,
+        4_200,
+        {"trainctl.store.kinds", "trainctl.store.specs", "trainctl.store.models"},
+    ),
+    "import trainctl.service.cli": (
+        91,
+        13_800,
+        {"trainctl.store.resolve", "trainctl.store.db.runs", "sqlalchemy", "numpy"},
+    ),
+}
+
+
+@pytest.mark.parametrize("statement", sorted(CLOSURES))
+def test_the_light_clients_import_a_bounded_part_of_trainctl(statement: str) -> None:
+    most_modules, most_lines, forbidden = CLOSURES[statement]
+    code = (
+        "import json, sys\n"
+        f"{statement}\n"
+        "mods = {n: getattr(m, '__file__', None) for n, m in list(sys.modules.items())}\n"
+        "print(json.dumps(mods))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout)
+    crossed = {f for f in forbidden if any(n == f or n.startswith(f"{f}.") for n in loaded)}
+    assert not crossed, f"{statement} imports {crossed}"
+    ours = {n: f for n, f in loaded.items() if n == "trainctl" or n.startswith("trainctl.")}
+    lines = sum(len(Path(f).read_text().splitlines()) for f in ours.values() if f)
+    assert len(ours) <= most_modules, f"{statement}: {len(ours)} trainctl modules: {sorted(ours)}"
+    assert lines <= most_lines, f"{statement}: {lines:,} lines of trainctl: {sorted(ours)}"
 
 
 def test_no_code_path_unpickles_with_weights_only_false() -> None:

@@ -52,7 +52,7 @@ from trainctl.store.checkpoints.manifests import DCP_LAYOUT
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost
-from trainctl.store.plans import TrainPlan
+from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.processes import isolated_env, python_command
 from trainctl.store.training.parallelism import PARALLEL_STRATEGIES
 from trainctl.store.worker_settings import WorkerSettings, inherited

@@ -31,7 +31,8 @@ from trainctl.store.training.memory import host_memory_bytes
 from trainctl.store.worker_settings import WorkerSettings
 from trainctl.worker.context import Heartbeat, RunContext
 from trainctl.worker.drain import DeadlineWatch, Shutdown
-from trainctl.worker.executor import Outcome, WorkerEnv, execute
+from trainctl.worker.executor import Outcome, WorkerEnv
+from trainctl.worker.kinds.registry import execute
 from trainctl.worker.launch import PeerLost
 from trainctl.worker.logs import configure_logging, running
 from trainctl.worker.models.plugin import MODEL_PLUGINS

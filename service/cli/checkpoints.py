@@ -39,7 +39,7 @@ from trainctl.service.schemas import CheckpointPublic
 from trainctl.service.sdk.client import Progress as OnProgress
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE
-from trainctl.store.specs import ExportRequest
+from trainctl.store.kinds.export import ExportRequest
 
 app = typer.Typer(
     no_args_is_help=True, help="List, inspect, prune, download, delete and export checkpoints."

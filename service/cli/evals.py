@@ -19,7 +19,8 @@ from trainctl.service.cli.errors import BadInput
 from trainctl.service.cli.submit import Device, MaxAttempts, Priority, opt, queue_flags
 from trainctl.service.cli.watch import queued_or_finished
 from trainctl.service.schemas import EvalTaskPublic
-from trainctl.store.evals.tasks import METRICS, EvaluateRequest
+from trainctl.store.evals.tasks import METRICS
+from trainctl.store.kinds.evaluate import EvaluateRequest
 
 app = typer.Typer(no_args_is_help=True, help="The downstream evaluation tasks.")
 

@@ -1,7 +1,7 @@
 """`trainctl submit train|validate|benchmark|prepare|forks|run KIND`: queue a run (or a sweep of
 forks), optionally watch it.
 
-The flags mirror the request models (`store.specs`) and take their help from the field
+The flags mirror the request models (store/kinds/) and take their help from the field
 descriptions; any other field, however nested, is reachable with `--set key.path=value`.
 A `--spec` file to start from is YAML (.yaml, .yml) or JSON (any other name). Sample and
 export runs have commands of their own: `trainctl sample`, `trainctl checkpoints export`.
@@ -19,16 +19,11 @@ from pydantic import BaseModel
 from trainctl.service.cli.common import build_spec, client, console, err_console, print_json
 from trainctl.service.cli.errors import BadInput
 from trainctl.service.cli.watch import Samples, state_text, watch_to_end
-from trainctl.store.specs import (
-    BatchSpec,
-    BenchmarkRequest,
-    DataSpec,
-    ModelSpec,
-    PrepareRequest,
-    Request,
-    TrainRequest,
-    ValidateRequest,
-)
+from trainctl.store.kinds.benchmark import BenchmarkRequest
+from trainctl.store.kinds.prepare import PrepareRequest
+from trainctl.store.kinds.train import TrainRequest
+from trainctl.store.kinds.validate import ValidateRequest
+from trainctl.store.specs import BatchSpec, DataSpec, ModelSpec, Request
 
 app = typer.Typer(
     no_args_is_help=True,

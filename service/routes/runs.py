@@ -38,9 +38,9 @@ from trainctl.service.submit import submit_run, submit_sweep
 from trainctl.store.db.lineage import read_lineage
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.kinds.registry import RUN_KINDS, RunKindName
-from trainctl.store.kinds.sweeps import SWEEP_NAME, ForkSweepRequest
+from trainctl.store.kinds.sweeps import ForkSweepRequest
 from trainctl.store.specs import Request
-from trainctl.store.vocabulary import METRIC_KINDS_TEXT, RunState
+from trainctl.store.vocabulary import METRIC_KINDS_TEXT, SWEEP_NAME, RunState
 
 # Every route takes parameters (422) and reads or writes the run database (503 when it can't).
 router = APIRouter(

@@ -67,8 +67,7 @@ from trainctl.service.sdk.steps import (
     read_bytes,
     read_line,
 )
-from trainctl.store.kinds.sweeps import SWEEP_NAME
-from trainctl.store.vocabulary import TERMINAL_STATES, RunState, Scope
+from trainctl.store.vocabulary import SWEEP_NAME, TERMINAL_STATES, RunState, Scope
 
 Progress = Callable[[int, int | None], None]
 """Download progress: (bytes on disk, total bytes or None)."""

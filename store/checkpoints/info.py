@@ -117,6 +117,19 @@ def check_fits(saved: AnyModelConfig, model: AnyModelConfig, source: str, advice
         raise CheckpointMismatch(f"{source} was saved by a different model ({details}){advice}")
 
 
+def check_same_tokenizer(info: CheckpointInfo, tokenizer: TokenizerId | None, what: str) -> None:
+    """A loss over token ids of another tokenizer means nothing: refuse it while it is
+    known on both sides (a checkpoint from before datasets records none)."""
+    if not tokenizers_differ(info.tokenizer, tokenizer):
+        return
+    assert info.tokenizer is not None and tokenizer is not None  # tokenizers_differ's rule
+    raise InvalidRequest(
+        f"checkpoint {info.experiment}/{info.tag} was trained on {info.tokenizer.describe()}, "
+        f"but the {what} is {tokenizer.describe()}: another tokenizer's token ids mean "
+        "nothing to it; use data encoded with the checkpoint's tokenizer"
+    )
+
+
 def read_info(files: Files, experiment: str, tag: str) -> CheckpointInfo:
     """Read a checkpoint's manifest and metadata; raise `CheckpointCorrupt` if it is not
     complete."""

@@ -67,7 +67,6 @@ from trainctl.store.exceptions import (
     RunNotFound,
     WorkerNotFound,
 )
-from trainctl.store.kinds.registry import RUN_KINDS
 from trainctl.store.plans import ForkPoint
 from trainctl.store.text import column_text, unencodable
 from trainctl.store.vocabulary import (
@@ -1154,8 +1153,6 @@ def _queued_values(
 ) -> dict[str, Any]:
     """The columns of one run to enqueue, refused with `ValueError` or `InvalidRequest` where
     the run cannot be queued at all."""
-    if run.kind not in RUN_KINDS:
-        raise ValueError(f"unknown run kind {run.kind!r}; expected one of {RUN_KINDS.names()}")
     if run.max_attempts < 1:
         raise ValueError(f"max_attempts must be at least 1, got {run.max_attempts}")
     placement, parent = run.placement, run.parent

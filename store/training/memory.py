@@ -17,16 +17,14 @@ high, but within a small factor of what PyTorch allocates.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.models.hf_config import AnyModelConfig
-from trainctl.store.plans import BenchmarkPlan, SamplePlan, StepPlan, TrainPlan, ValidatePlan
+from trainctl.store.plans import StepPlan
 from trainctl.store.training.optim import DEFAULT_OPTIMIZER_KIND, OPTIMIZER_KINDS
-from trainctl.store.training.parallelism import PARALLEL_STRATEGIES
 
 GIB = 1 << 30
 # The most memory one GPU on sale has (NVIDIA's B300, AMD's MI355X: 288 GB of HBM3e), rounded
@@ -251,36 +249,11 @@ class MemoryNeed:
     a refusal suggests."""
 
 
-def train_need(plan: TrainPlan, params: int | None = None) -> MemoryNeed:
-    """A train run's need under its strategy; a replicated run of several ranks also gets its
-    need under the first sharding strategy, which a refusal suggests."""
-    world = plan.nnodes * plan.nproc_per_node
-    chosen = PARALLEL_STRATEGIES.get(plan.parallelism.strategy)
-
-    def under(shards_state: bool, reshard: bool) -> MemoryEstimate:
-        shards = None
-        if shards_state:
-            accumulates = plan.batch.grad_accum_steps > world
-            shards = Sharding(world, reshard, accumulates)
-        return _step_estimate(plan, plan.async_checkpoint, params, shards)
-
-    estimate = under(chosen.shards_state, plan.parallelism.reshard_after_forward)
-    sharding = next((s for s in PARALLEL_STRATEGIES if s.shards_state), None)
-    sharded = None
-    if not chosen.shards_state and world > 1 and sharding is not None:
-        sharded = (sharding.name, under(True, True))
-    what = "this train run"
-    return MemoryNeed(estimate, plan.nproc_per_node, plan.device, what, plan.model.config, sharded)
-
-
-def benchmark_need(plan: BenchmarkPlan, params: int | None = None) -> MemoryNeed:
-    estimate = _step_estimate(plan, False, params)
-    return MemoryNeed(estimate, 1, plan.device, "this benchmark", plan.model.config)
-
-
-def _step_estimate(
+def step_estimate(
     plan: StepPlan, async_checkpoint: bool, params: int | None, shards: Sharding | None = None
 ) -> MemoryEstimate:
+    """The peak of one process running a training step's plan: a train run's (each kind's
+    need is in its module of store/kinds/) or a benchmark's."""
     b = plan.batch
     return estimate_peak(
         plan.model.config,
@@ -292,37 +265,6 @@ def _step_estimate(
         params=params,
         shards=shards,
     )
-
-
-def validate_need(plan: ValidatePlan, params: int | None = None) -> MemoryNeed:
-    estimate = estimate_peak(
-        plan.model,
-        device=plan.device,
-        micro_batch_size=plan.batch_size,
-        seq_len=plan.seq_len,
-        training=False,
-        params=params,
-    )
-    return MemoryNeed(estimate, 1, plan.device, "this validation", plan.model)
-
-
-def sample_need(plan: SamplePlan, params: int | None = None) -> MemoryNeed:
-    # Every prompt decodes at once, over at most the whole context: a validation's forward
-    # of that batch, and the keys and values of every layer kept for it.
-    longest = max(len(p) for p in plan.prompt_tokens) + plan.generation.max_new_tokens
-    estimate = estimate_peak(
-        plan.model,
-        device=plan.device,
-        micro_batch_size=len(plan.prompt_tokens),
-        seq_len=longest,
-        training=False,
-        params=params,
-    )
-    sizes = plan.model.sizes()
-    kv, layers = sizes["kv"], sizes["cache_layers"]
-    cache = 2 * layers * len(plan.prompt_tokens) * longest * kv * 4
-    estimate = dataclasses.replace(estimate, activations=estimate.activations + cache)
-    return MemoryNeed(estimate, 1, plan.device, "this sample run", plan.model)
 
 
 def admit(need: MemoryNeed, limit: int | MemoryLimit | None) -> None:

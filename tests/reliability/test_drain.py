@@ -31,7 +31,7 @@ def wait_step(runs: RunStore, run: Run, step: int) -> None:
 
 
 def drain_reports(runs: RunStore, run: Run) -> list[dict[str, Any]]:
-    """What each drain's log event says of its save (worker.executor `maybe_log_drain`)."""
+    """What each drain's log event says of its save (worker.kinds.train `maybe_log_drain`)."""
     return [e.data["drain"] for e in runs.events(run.id, type="log") if "drain" in e.data]
 
 

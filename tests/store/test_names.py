@@ -12,6 +12,10 @@ from pydantic import ValidationError
 from trainctl.store.checkpoints.memory import MemoryStorage
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.exceptions import InvalidName
+from trainctl.store.kinds.prepare import PrepareRequest
+from trainctl.store.kinds.sample import SampleRequest
+from trainctl.store.kinds.train import TrainRequest
+from trainctl.store.kinds.validate import ValidateRequest
 from trainctl.store.names import (
     MAX_NAME_LENGTH,
     NAME_PATTERN,
@@ -20,7 +24,6 @@ from trainctl.store.names import (
     is_valid_name,
     validate_name,
 )
-from trainctl.store.specs import PrepareRequest, SampleRequest, TrainRequest, ValidateRequest
 
 DEVICE_NAMES = ["CON", "con", "Nul", "PRN", "aux", "COM1", "com9", "LPT1", "lpt0", "COM0"]
 WITH_EXTENSIONS = ["aux.txt", "NUL.tar.gz", "con.json", "Com1.bin", "lpt3.x"]

@@ -13,25 +13,13 @@ from pydantic import BaseModel, ValidationError
 from tests.service.fakes import save_checkpoint
 from tests.support.plans import benchmark_plan, train_plan, validate_plan
 from tests.support.stores import posix_store
-from trainctl.store.plans import (
-    BenchmarkPlan,
-    ExportPlan,
-    PreparePlan,
-    SamplePlan,
-    TrainPlan,
-    ValidatePlan,
-)
-from trainctl.store.specs import (
-    BatchSpec,
-    BenchmarkRequest,
-    DataSpec,
-    ModelSpec,
-    OptimizerSpec,
-    PrepareRequest,
-    ScheduleSpec,
-    TrainRequest,
-    ValidateRequest,
-)
+from trainctl.store.kinds.benchmark import BenchmarkPlan, BenchmarkRequest
+from trainctl.store.kinds.export import ExportPlan
+from trainctl.store.kinds.prepare import PreparePlan, PrepareRequest
+from trainctl.store.kinds.sample import SamplePlan
+from trainctl.store.kinds.train import TrainPlan, TrainRequest
+from trainctl.store.kinds.validate import ValidatePlan, ValidateRequest
+from trainctl.store.specs import BatchSpec, DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec
 
 
 @pytest.mark.parametrize(

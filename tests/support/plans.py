@@ -7,10 +7,11 @@ from typing import Any
 
 from tests.support.stores import posix_store
 from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.kinds.benchmark import BenchmarkPlan, BenchmarkRequest, resolve_benchmark
 from trainctl.store.kinds.registry import kind_of_plan, placement_of
-from trainctl.store.plans import BenchmarkPlan, CheckpointRef, TrainPlan, ValidatePlan
-from trainctl.store.resolve import resolve_benchmark, resolve_train, resolve_validate
-from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
+from trainctl.store.kinds.train import TrainPlan, TrainRequest, resolve_train
+from trainctl.store.kinds.validate import ValidatePlan, ValidateRequest, resolve_validate
+from trainctl.store.plans import CheckpointRef
 
 
 def train_plan(checkpoints: Path | None = None, **request: Any) -> TrainPlan:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.plans import train_plan
-from trainctl.store.plans import TrainPlan
+from trainctl.store.kinds.train import TrainPlan
 
 LOSS_RTOL = 1e-4  # measured here: at most 7e-6 over six steps
 STEPS = 6

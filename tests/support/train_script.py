@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.stores import posix_store
-from trainctl.store.plans import TrainPlan
+from trainctl.store.kinds.train import TrainPlan
 from trainctl.worker.training.loop import train
 
 REPO = Path(__file__).resolve().parents[2]

@@ -26,8 +26,7 @@ from tests.support.rows import SURROGATE_SPEC, Poison
 from tests.support.s3server import S3Server
 from tests.support.stores import posix_store, s3_store
 from trainctl.store.db.runs import Run, RunStore
-from trainctl.store.resolve import resolve_validate
-from trainctl.store.specs import ValidateRequest
+from trainctl.store.kinds.validate import ValidateRequest, resolve_validate
 from trainctl.store.vocabulary import TERMINAL_STATES
 from trainctl.store.worker_settings import WorkerSettings
 from trainctl.worker.runner import public_error

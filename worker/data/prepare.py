@@ -35,7 +35,7 @@ from trainctl.store.data.datasets import Dataset, read_dataset
 from trainctl.store.data.prepare import PrepareProgress, prepare_dataset
 from trainctl.store.data.shards import DataError
 from trainctl.store.exceptions import RunNotFound
-from trainctl.store.plans import PreparePlan
+from trainctl.store.kinds.prepare import PreparePlan
 from trainctl.store.specs import BYTES_TOKENIZER
 from trainctl.store.vocabulary import TERMINAL_STATES
 from trainctl.worker.context import RunContext

@@ -16,8 +16,8 @@ from __future__ import annotations
 from trainctl.store.checkpoints.factory import Stores
 from trainctl.store.evals.side_runs import queue_checkpoint_eval
 from trainctl.store.exceptions import TrainctlError
+from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.names import parse_step
-from trainctl.store.plans import TrainPlan
 from trainctl.worker.context import RunContext
 
 

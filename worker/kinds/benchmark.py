@@ -19,13 +19,14 @@ from typing import Any
 
 import torch
 
+from trainctl.store.kinds.benchmark import BenchmarkPlan, BenchmarkRequest, resolve_benchmark
 from trainctl.store.models.hf_config import AnyModelConfig, HfModelConfig
 from trainctl.store.models.plugin import PluginModelConfig
 from trainctl.store.models.presets import ModelConfig
-from trainctl.store.plans import BenchmarkPlan
-from trainctl.store.resolve import resolve_benchmark
-from trainctl.store.specs import BatchSpec, BenchmarkRequest, ModelSpec
+from trainctl.store.specs import BatchSpec, ModelSpec
+from trainctl.worker.context import RunContext
 from trainctl.worker.data.loader import SyntheticSampler
+from trainctl.worker.executor import Outcome, WorkerEnv, check_device, read_plan, stopped_outcome
 from trainctl.worker.training.loop import build_training, data_loader, train_step
 
 # Dense bf16 peak FLOP/s by device name fragment; MFU is reported only where known.
@@ -162,6 +163,15 @@ def summarize(
             "threads": torch.get_num_threads(),
         },
     }
+
+
+def execute_benchmark(ctx: RunContext, env: WorkerEnv) -> Outcome:
+    plan = read_plan(ctx, BenchmarkPlan)
+    check_device(plan.device)
+    result = run_benchmark(plan, on_step=ctx.metrics, should_stop=ctx.should_stop)
+    if result["total_tokens"] < plan.steps * plan.batch.tokens_per_step:
+        return stopped_outcome(ctx, result)
+    return Outcome("succeeded", result)
 
 
 def arg_parser(prog: str = "python -m trainctl.worker.kinds.benchmark") -> argparse.ArgumentParser:

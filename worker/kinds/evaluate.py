@@ -21,12 +21,14 @@ import torch
 from trainctl.store.checkpoints.info import check_fits
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.codec import TextCodec
-from trainctl.store.evals.tasks import EVAL_KIND, EVAL_TASKS, EvalTask, EvaluatePlan, metric_name
+from trainctl.store.evals.tasks import EVAL_KIND, EVAL_TASKS, EvalTask, metric_name
 from trainctl.store.exceptions import RunNotFound
+from trainctl.store.kinds.evaluate import EvaluatePlan
 from trainctl.worker.context import RunContext
 from trainctl.worker.evals.fewshot import build_contexts
 from trainctl.worker.evals.scorer import score_items, task_metrics
 from trainctl.worker.evals.tasks import read_items
+from trainctl.worker.executor import Outcome, WorkerEnv, check_device, read_plan, stopped_outcome
 from trainctl.worker.models import LanguageModel
 from trainctl.worker.models.generation import load_for_generation
 
@@ -97,3 +99,10 @@ def maybe_record_on_source(
         ctx.runs.append_event(run_id, "metrics", data)
     except RunNotFound:
         ctx.log(f"the run {run_id} that wrote the checkpoint is gone; scores kept here only")
+
+
+def execute_evaluate(ctx: RunContext, env: WorkerEnv) -> Outcome:
+    plan = read_plan(ctx, EvaluatePlan)
+    store = env.stores.checkpoints
+    result, complete = run_evaluate(plan, ctx, store, check_device(plan.device))
+    return Outcome("succeeded", result) if complete else stopped_outcome(ctx, result)

@@ -20,8 +20,9 @@ from trainctl.store.checkpoints.info import check_fits
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.bucket import BucketDatasets
 from trainctl.store.data.codec import TextCodec
+from trainctl.store.kinds.sample import SamplePlan
+from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.models.generation import GenerationSettings
-from trainctl.store.plans import SamplePlan, TrainPlan
 from trainctl.store.resolve import data_codec
 from trainctl.worker.context import RunContext
 from trainctl.worker.models import LanguageModel

@@ -35,8 +35,9 @@ from trainctl.store.data.mixtures import (
     token_metric,
 )
 from trainctl.store.exceptions import CheckpointNotFound
+from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.names import BEST_TAG
-from trainctl.store.plans import BatchPlan, DatasetPin, StepPlan, TrainPlan, bytes_per_token
+from trainctl.store.plans import BatchPlan, DatasetPin, StepPlan, bytes_per_token
 from trainctl.store.specs import DataSpec
 from trainctl.worker.checkpoints.async_save import AsyncCheckpointer, SaveAbandoned
 from trainctl.worker.checkpoints.state import (

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pydantic import Field, StrictInt
 
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.kinds.registry import Ref, RunKind, one_cpu
+from trainctl.store.kinds.base import RunKind, one_cpu
 from trainctl.store.names import Name
 from trainctl.store.plans import CheckpointRef
+from trainctl.store.registry import Ref
 from trainctl.store.specs import Request, Spec
 
 

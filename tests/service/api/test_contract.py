@@ -27,8 +27,8 @@ from trainctl.service.openapi import OPENAPI_FILE
 from trainctl.service.settings import Settings
 from trainctl.service.submit import submit_run
 from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.kinds.benchmark import BenchmarkRequest
 from trainctl.store.names import MAX_NAME_LENGTH, NAME_PATTERN, is_valid_name
-from trainctl.store.specs import BenchmarkRequest
 
 REPO = Path(__file__).resolve().parents[3]
 SCHEMA: dict[str, Any] = json.loads((REPO / OPENAPI_FILE).read_text(encoding="utf-8"))

@@ -50,10 +50,11 @@ from trainctl.store.checkpoints.manifests import (
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import Conflict, NotFound
+from trainctl.store.kinds.benchmark import BenchmarkRequest
 from trainctl.store.kinds.registry import RUN_KINDS
-from trainctl.store.kinds.sweeps import SWEEP_NAME
-from trainctl.store.specs import BenchmarkRequest, TrainRequest, ValidateRequest
-from trainctl.store.vocabulary import RunState
+from trainctl.store.kinds.train import TrainRequest
+from trainctl.store.kinds.validate import ValidateRequest
+from trainctl.store.vocabulary import SWEEP_NAME, RunState
 
 # Four fuzzers of a few hundred requests each, a server each: minutes, not the edit loop's.
 pytestmark = pytest.mark.slow

@@ -25,7 +25,7 @@ from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.guards import GuardLeases
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import CheckpointNotFound
-from trainctl.store.specs import ValidateRequest
+from trainctl.store.kinds.validate import ValidateRequest
 
 
 class Paused:

@@ -28,8 +28,7 @@ from trainctl.service.sinks.tensorboard import TensorBoardSink
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.db.schema import run_events, write_transaction
 from trainctl.store.db.sinks import SinkStore
-from trainctl.store.resolve import resolve_train
-from trainctl.store.specs import TrainRequest
+from trainctl.store.kinds.train import TrainRequest, resolve_train
 
 # tbparse 0.0.9 sorts with pandas' `inplace=`, which pandas 3.1 deprecates; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:The inplace keyword:DeprecationWarning")

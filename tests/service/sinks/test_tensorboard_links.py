@@ -15,8 +15,7 @@ from trainctl.service.sinks.mirror import SinkMirror
 from trainctl.service.sinks.tensorboard import TensorBoardSink
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.db.sinks import SinkStore
-from trainctl.store.resolve import resolve_train
-from trainctl.store.specs import TrainRequest
+from trainctl.store.kinds.train import TrainRequest, resolve_train
 
 WORKER = "worker-1"
 

@@ -19,9 +19,10 @@ from trainctl.store.data.contents import dataset_arrays
 from trainctl.store.data.datasets import TOKENIZER_FILE, Dataset
 from trainctl.store.data.shards import DataError, read_shard
 from trainctl.store.exceptions import DatasetExists, InvalidRequest
+from trainctl.store.kinds.prepare import PrepareRequest, resolve_prepare
+from trainctl.store.kinds.train import TrainRequest, resolve_train
 from trainctl.store.plans import DatasetPin
-from trainctl.store.resolve import data_codec, resolve_prepare, resolve_train
-from trainctl.store.specs import PrepareRequest, TrainRequest
+from trainctl.store.resolve import data_codec
 
 TEXTS = stdlib_texts(60_000)
 

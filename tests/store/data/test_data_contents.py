@@ -13,13 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.support.datasets import stdlib_texts, write_byte_dataset
 from tests.service.fakes import save_checkpoint
+from tests.support.datasets import stdlib_texts, write_byte_dataset
 from tests.support.stores import posix_store
 from trainctl.store.data.shards import SHARD_HEADER_BYTES, write_shard
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.resolve import resolve_prepare, resolve_train, resolve_validate
-from trainctl.store.specs import PrepareRequest, TrainRequest, ValidateRequest
+from trainctl.store.kinds.prepare import PrepareRequest, resolve_prepare
+from trainctl.store.kinds.train import TrainRequest, resolve_train
+from trainctl.store.kinds.validate import ValidateRequest, resolve_validate
 
 TEXT = "def f(x):\n    return x + 1\n" * 400  # 10,800 bytes
 

@@ -11,16 +11,23 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from tests.support.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset, write_byte_dataset
 from tests.service.fakes import save_checkpoint
+from tests.support.datasets import (
+    stdlib_texts,
+    train_tokenizer,
+    write_bpe_dataset,
+    write_byte_dataset,
+)
 from tests.support.stores import posix_store
 from trainctl.store.checkpoints.info import TokenizerId
 from trainctl.store.data.datasets import DATASET_FILE, TOKENIZER_FILE, Dataset, read_dataset
 from trainctl.store.exceptions import DatasetExists, InvalidRequest
+from trainctl.store.kinds.prepare import PreparePlan, PrepareRequest, resolve_prepare
+from trainctl.store.kinds.train import TrainPlan, TrainRequest, resolve_train
+from trainctl.store.kinds.validate import ValidatePlan, ValidateRequest, resolve_validate
 from trainctl.store.models.presets import get_preset
-from trainctl.store.plans import DatasetPin, PreparePlan, TrainPlan, ValidatePlan
-from trainctl.store.resolve import resolve_prepare, resolve_train, resolve_validate
-from trainctl.store.specs import DataSpec, PrepareRequest, TrainRequest, ValidateRequest
+from trainctl.store.plans import DatasetPin
+from trainctl.store.specs import DataSpec
 
 TEXTS = stdlib_texts(120_000)
 

@@ -27,7 +27,7 @@ from tests.support.hostile_corpora import (
 from trainctl.store.data.corpus import BATCH_BYTES, MAX_DOCUMENT_BYTES
 from trainctl.store.data.prepare import prepare_dataset
 from trainctl.store.data.shards import DataError
-from trainctl.store.specs import PrepareOptions
+from trainctl.store.kinds.prepare import PrepareOptions
 
 SIZE = 32 * MiB
 LIMIT = 1 * MiB

@@ -14,25 +14,14 @@ from tests.support.plans import benchmark_plan, train_plan, validate_plan
 from tests.support.stores import posix_store
 from trainctl.store.db.placement import Placement
 from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.kinds.benchmark import BenchmarkRequest, resolve_benchmark
+from trainctl.store.kinds.export import ExportRequest, resolve_export
+from trainctl.store.kinds.prepare import PrepareRequest, resolve_prepare
 from trainctl.store.kinds.registry import placement_of
-from trainctl.store.plans import TrainPlan
-from trainctl.store.resolve import (
-    pick_device,
-    resolve_benchmark,
-    resolve_export,
-    resolve_prepare,
-    resolve_sample,
-    resolve_train,
-)
-from trainctl.store.specs import (
-    MAX_NNODES,
-    BenchmarkRequest,
-    ExportRequest,
-    PrepareRequest,
-    Request,
-    SampleRequest,
-    TrainRequest,
-)
+from trainctl.store.kinds.sample import SampleRequest, resolve_sample
+from trainctl.store.kinds.train import MAX_NNODES, TrainPlan, TrainRequest, resolve_train
+from trainctl.store.resolve import pick_device
+from trainctl.store.specs import Request
 
 
 def test_an_explicit_cuda_device_is_kept_without_a_cuda_worker_so_the_run_can_wait() -> None:

@@ -10,12 +10,10 @@ import pytest
 from pydantic import ValidationError
 
 from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.kinds.train import TrainPlan, TrainRequest, resolve_train, train_need
 from trainctl.store.models.hf_catalog import causal_lm_types, config_signature
 from trainctl.store.models.hf_config import HfModelConfig
-from trainctl.store.plans import TrainPlan
-from trainctl.store.resolve import resolve_train
-from trainctl.store.specs import ModelSpec, TrainRequest
-from trainctl.store.training.memory import train_need
+from trainctl.store.specs import ModelSpec
 
 TINY_QWEN3 = {
     "model_type": "qwen3",

@@ -13,11 +13,9 @@ from trainctl.store.db.placement import Capacity, Placement, why_waiting
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.kinds.registry import placement_of
+from trainctl.store.kinds.train import TrainPlan, TrainRequest, resolve_train, train_need
 from trainctl.store.models.plugin import PluginModelConfig
-from trainctl.store.plans import TrainPlan
-from trainctl.store.resolve import resolve_train
-from trainctl.store.specs import ModelSpec, TrainRequest
-from trainctl.store.training.memory import train_need
+from trainctl.store.specs import ModelSpec
 
 TINY = {"name": "tiny_mlp", "config": {"vocab_size": 256, "max_seq_len": 64, "d_model": 32}}
 

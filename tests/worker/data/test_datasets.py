@@ -16,9 +16,9 @@ from tests.support.stores import folder, posix_store
 from trainctl.store.checkpoints.info import TokenizerId
 from trainctl.store.data.datasets import TOKENIZER_FILE, Dataset, Split, TokenizerRef, write_dataset
 from trainctl.store.data.shards import DataError, write_shard
-from trainctl.store.plans import DatasetPin, TrainPlan
-from trainctl.store.resolve import resolve_train
-from trainctl.store.specs import DataSpec, TrainRequest
+from trainctl.store.kinds.train import TrainPlan, TrainRequest, resolve_train
+from trainctl.store.plans import DatasetPin
+from trainctl.store.specs import DataSpec
 from trainctl.worker.training.loop import Trainer, build_token_arrays, train
 
 TEXTS = stdlib_texts(150_000)

@@ -19,9 +19,7 @@ from tests.support.stores import folder, posix_store
 from tests.support.train_script import run_script
 from trainctl.store.checkpoints.manifests import METADATA_FILE, MODEL_FILE
 from trainctl.store.data.datasets import TOKENIZER_FILE
-from trainctl.store.plans import TrainPlan
-from trainctl.store.resolve import resolve_train
-from trainctl.store.specs import TrainRequest
+from trainctl.store.kinds.train import TrainPlan, TrainRequest, resolve_train
 from trainctl.worker.data.mixtures import count_sources
 from trainctl.worker.training.loop import build_mixture, train
 

@@ -19,7 +19,8 @@ from trainctl.store.layout import DataLayout
 from trainctl.store.names import parse_step
 from trainctl.store.specs import MAX_PRIORITY, TrainEvals
 from trainctl.worker.context import RunContext
-from trainctl.worker.executor import WorkerEnv, execute_train
+from trainctl.worker.executor import WorkerEnv
+from trainctl.worker.kinds.train import execute_train
 
 WORKER = "worker-1"
 

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from tests.support.plans import benchmark_plan
+from trainctl.store.kinds.benchmark import BenchmarkRequest, resolve_benchmark
 from trainctl.store.models.presets import get_preset
-from trainctl.store.resolve import BENCHMARK_PROFILES, resolve_benchmark
-from trainctl.store.specs import BenchmarkRequest, OptimizerSpec, ScheduleSpec
+from trainctl.store.resolve import BENCHMARK_PROFILES
+from trainctl.store.specs import OptimizerSpec, ScheduleSpec
 from trainctl.worker.kinds.benchmark import flops_per_token, parse_args, resolve_args, run_benchmark
 
 REPO = Path(__file__).resolve().parents[3]

@@ -11,7 +11,8 @@ from tests.support.hf_archs import hf
 from tests.support.plans import enqueue, train_plan, validate_plan
 from tests.support.stores import posix_store
 from trainctl.store.db.runs import RunStore
-from trainctl.store.training.memory import GIB, train_need
+from trainctl.store.kinds.train import train_need
+from trainctl.store.training.memory import GIB
 from trainctl.store.worker_settings import WorkerSettings
 from trainctl.worker.exceptions import DoesNotFit
 from trainctl.worker.models import build_model

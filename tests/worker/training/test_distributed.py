@@ -20,7 +20,7 @@ from tests.support.ranks import LOSS_RTOL, STEPS, tiny_plan, train_losses
 from tests.support.stores import folder, posix_store
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.plans import TrainPlan
+from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.worker_settings import WorkerSettings
 from trainctl.worker.launch import check_world, launch_train
 from trainctl.worker.runner import Worker

@@ -12,8 +12,8 @@ from torch import nn
 from tests.support.plans import train_plan
 from tests.support.stores import folder, posix_store
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
-from trainctl.store.specs import OptimizerSpec, TrainRequest
-from trainctl.store.training import memory
+from trainctl.store.kinds.train import TrainRequest, train_need
+from trainctl.store.specs import OptimizerSpec
 from trainctl.store.training.optim import OPTIMIZER_KINDS, OptimizerKind
 from trainctl.worker.exceptions import CheckpointMismatch
 from trainctl.worker.models.gpt import GPT, build_model
@@ -231,7 +231,7 @@ def test_a_kind_registered_by_a_plugin_trains_saves_and_resumes_exactly(
 
     plan = sgd_plan(sgd_kind)
     params = plan.model.config.param_counts()["total"]
-    assert memory.train_need(plan).estimate.weights_and_optimizer == params * 4 * 3
+    assert train_need(plan).estimate.weights_and_optimizer == params * 4 * 3
 
     straight: list[dict[str, Any]] = []
     straight_store = posix_store(tmp_path / "straight")

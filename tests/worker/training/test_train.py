@@ -12,7 +12,7 @@ from tests.support.plans import train_plan
 from tests.support.stores import folder, posix_store
 from tests.support.train_script import run_script
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
-from trainctl.store.plans import TrainPlan
+from trainctl.store.kinds.train import TrainPlan
 from trainctl.worker.exceptions import CheckpointMismatch, NonFiniteLoss
 from trainctl.worker.training.loop import Trainer, train
 

@@ -15,12 +15,11 @@ from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.data.datasets import TOKENIZER_FILE, read_dataset
 from trainctl.store.data.shards import DataError
 from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.kinds.prepare import PreparePlan, PrepareRequest, resolve_prepare
 from trainctl.store.layout import DataLayout
-from trainctl.store.plans import PreparePlan
-from trainctl.store.resolve import resolve_prepare
-from trainctl.store.specs import PrepareRequest
 from trainctl.worker.context import RunContext
-from trainctl.worker.executor import WorkerEnv, execute_prepare
+from trainctl.worker.executor import WorkerEnv
+from trainctl.worker.kinds.prepare import execute_prepare
 
 TEXTS = stdlib_documents(150_000)
 WORKER = "worker-1"
