@@ -10,13 +10,11 @@ defaults come from a `Profile` (CPU or CUDA).
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from trainctl.store.checkpoints.exports import check_exportable
 from trainctl.store.checkpoints.info import (
@@ -26,32 +24,12 @@ from trainctl.store.checkpoints.info import (
     tokenizers_differ,
 )
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.data.bucket import BucketDatasets
+from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.data.codec import TextCodec, build_codec
-from trainctl.store.data.contents import (
-    TokenArrays,
-    check_enough_tokens,
-    check_inputs,
-    check_tokenizer,
-    dataset_arrays,
-    shard_lengths,
-    text_length,
-)
-from trainctl.store.data.datasets import (
-    DATASET_FILE,
-    TOKENIZER_FILE,
-    is_dataset,
-    read_dataset,
-    read_tokenizer_file,
-)
-from trainctl.store.data.mixtures import check_distinct_names
-from trainctl.store.data.paths import (
-    confine_dataset,
-    confine_path,
-    confine_paths,
-    dataset_folder,
-    resolve_data,
-)
+from trainctl.store.data.contents import check_enough_tokens, check_inputs
+from trainctl.store.data.datasets import TOKENIZER_FILE
+from trainctl.store.data.paths import confine_path, confine_paths
+from trainctl.store.data.pins import check_vocabulary, data_codec, data_plan, tokenizer_file
 from trainctl.store.data.shards import DataError
 from trainctl.store.db.runs import RunStore
 from trainctl.store.evals.tasks import check_train_evals
@@ -65,7 +43,7 @@ from trainctl.store.exceptions import (
 from trainctl.store.models.generation import check_context
 from trainctl.store.models.hf_config import AnyModelConfig, HfModelConfig
 from trainctl.store.models.plugin import PluginModelConfig
-from trainctl.store.names import BEST_TAG, LATEST_REF, MAX_NAME_LENGTH, NAME_RULE, is_valid_name
+from trainctl.store.names import BEST_TAG, LATEST_REF, MAX_NAME_LENGTH
 from trainctl.store.plans import (
     BatchPlan,
     BenchmarkPlan,
@@ -83,7 +61,6 @@ from trainctl.store.plans import (
     data_tokenizer,
 )
 from trainctl.store.specs import (
-    BYTES_TOKENIZER,
     MLFLOW_SETTING,
     BatchSpec,
     BenchmarkOptions,
@@ -189,24 +166,22 @@ def resolve_train(
     cuda_available: bool,
     data_roots: list[Path],
     checkpoints: CheckpointStore | None = None,
-    datasets_dir: Path | None = None,
-    datasets: BucketDatasets | None = None,
+    datasets: DatasetStore | None = None,
     default_trackers: Sequence[Tracker] = (),
     mlflow_configured: bool = False,
 ) -> TrainPlan:
-    """The plan of a train request. A resume needs `checkpoints`, to pin the checkpoint; a
-    dataset named by its name needs `datasets_dir`, where prepare runs write them, or
-    `datasets`, the bucket's, when there is one.
+    """The plan of a train request. A resume needs `checkpoints`, to pin the checkpoint;
+    data that names a dataset needs `datasets`, the deployment's (`open_stores`).
     `default_trackers` are the service's (TRAINCTL_TRACKERS), for a request that names none."""
     device = pick_device(request.device, cuda_available)
     profile = TRAIN_PROFILES[device]
     model = _model_plan(request.model, profile)
     if request.data.source in ("stdlib", "text") and model.config.vocab_size < 256:
         raise InvalidRequest("byte-level text needs a vocab_size of at least 256")
-    resolved = _data_plan(request.data, data_roots, datasets_dir, datasets)
+    resolved = data_plan(request.data, data_roots, datasets)
     data, dataset = resolved.data, resolved.dataset
     for field, pin in resolved.pins:
-        _check_vocabulary(
+        check_vocabulary(
             field,
             pin,
             model.config.vocab_size,
@@ -274,8 +249,7 @@ def resolve_validate(
     cuda_available: bool,
     data_roots: list[Path],
     checkpoints: CheckpointStore,
-    datasets_dir: Path | None = None,
-    datasets: BucketDatasets | None = None,
+    datasets: DatasetStore | None = None,
 ) -> ValidatePlan:
     """Pins 'latest', 'best' or 'exp/tag' to one checkpoint now, and takes its model; the
     data must be encoded with the tokenizer the checkpoint was trained with."""
@@ -287,13 +261,13 @@ def resolve_validate(
         raise InvalidRequest(
             f"seq_len {seq_len} is above the checkpoint model's max_seq_len {config.max_seq_len}"
         )
-    resolved = _data_plan(request.data, data_roots, datasets_dir, datasets)
+    resolved = data_plan(request.data, data_roots, datasets)
     data, dataset = resolved.data, resolved.dataset  # one source: ValidateOptions' rule
     for field, arrays in resolved.arrays:
         check_enough_tokens(arrays, data.val_fraction, seq_len, field, validation_only=True)
     source = f"checkpoint {info.experiment}/{info.tag}"
     for field, pin in resolved.pins:
-        _check_vocabulary(
+        check_vocabulary(
             field,
             pin,
             config.vocab_size,
@@ -314,22 +288,13 @@ def resolve_prepare(
     request: PrepareRequest,
     *,
     data_roots: list[Path],
-    datasets_dir: Path,
-    datasets: BucketDatasets | None = None,
+    datasets: DatasetStore,
 ) -> PreparePlan:
-    """Inputs and tokenizer confined to the roots, the output a new folder of `datasets_dir`,
-    or a new dataset of the bucket's `datasets` when there is one."""
-    output = str(Path(os.path.realpath(datasets_dir)) / request.name)
-    if datasets is not None:
-        output = datasets.describe(request.name)
-        if datasets.exists(request.name):
-            raise DatasetExists(
-                f"name: {datasets.describe()} already has a {request.name!r}; choose another name"
-            )
-    elif os.path.lexists(output):
+    """Inputs and tokenizer confined to the roots, the output a new dataset of `datasets`
+    (a folder of the data dir's, or the bucket's), named by where it will be."""
+    if datasets.exists(request.name):
         raise DatasetExists(
-            f"name: the data dir's datasets/ already has a {request.name!r}; choose another "
-            "name, or remove that folder first"
+            f"name: {datasets.describe()} already has a {request.name!r}; choose another name"
         )
     inputs = confine_paths(request.inputs, data_roots, "inputs", skip_hidden=True)
     check_inputs(inputs, "inputs")
@@ -337,8 +302,8 @@ def resolve_prepare(
         **_options(request, PrepareOptions),
         name=request.name,
         inputs=[str(p) for p in inputs],
-        tokenizer=_tokenizer_file(request.tokenizer, data_roots),
-        output=output,
+        tokenizer=tokenizer_file(request.tokenizer, data_roots),
+        output=datasets.describe(request.name),
     )
 
 
@@ -414,10 +379,10 @@ def _check_samples(
     data: DataSpec,
     dataset: DatasetPin | None,
     config: AnyModelConfig,
-    bucket: BucketDatasets | None,
+    datasets: DatasetStore | None,
 ) -> None:
     """Samples need text in and out, and each prompt with its completion must fit the model."""
-    codec = data_codec(data, dataset, bucket)
+    codec = data_codec(data, dataset, datasets)
     if codec is None:
         raise InvalidRequest(
             f"sample_every: the tokens of data source {data.source!r} come from no known "
@@ -432,28 +397,6 @@ def _check_samples(
             )  # fmt: skip
         except InvalidRequest as exc:
             raise InvalidRequest(f"sample_prompts[{i}]: {exc}") from None
-
-
-def data_codec(
-    data: DataSpec, dataset: DatasetPin | None, bucket: BucketDatasets | None = None
-) -> TextCodec | None:
-    """The text codec of a run's data: its dataset's tokenizer (in its folder, or in the
-    `bucket` when the pin names a dataset there), bytes for byte-level text, None where
-    unknown."""
-    tokenizer_json = None
-    if dataset is not None and dataset.tokenizer.kind == "bpe":
-        name = bucket.name_of(dataset.folder) if bucket is not None else None
-        try:
-            if name is not None and bucket is not None:
-                tokenizer_json = bucket.tokenizer(name)
-            else:
-                tokenizer_json = read_tokenizer_file(Path(dataset.folder) / TOKENIZER_FILE)
-        except DataError as exc:
-            raise InvalidRequest(f"data.dataset: {exc}") from None
-    try:
-        return build_codec(data_tokenizer(data, dataset), tokenizer_json)
-    except DataError as exc:
-        raise InvalidRequest(f"data.dataset: {exc}") from None
 
 
 def checkpoint_codec(checkpoints: CheckpointStore, info: CheckpointInfo) -> TextCodec | None:
@@ -488,18 +431,6 @@ def tokenizer_pin(info: CheckpointInfo, codec: TextCodec | None) -> TokenizerPin
     if info.tokenizer is None or codec is None:
         return None
     return TokenizerPin(kind=info.tokenizer.kind, sha256=info.tokenizer.sha256, eot_id=codec.eot_id)
-
-
-def _tokenizer_file(ref: str, roots: list[Path]) -> str:
-    if ref == BYTES_TOKENIZER:
-        return ref
-    path = confine_path(ref, roots, "tokenizer")
-    if path.is_dir():
-        path = confine_path(str(path / TOKENIZER_FILE), roots, "tokenizer")
-    if not path.is_file():
-        raise InvalidRequest(f"tokenizer: {ref!r} is not a file")
-    check_tokenizer(path, "tokenizer")
-    return str(path)
 
 
 def _trackers(
@@ -587,173 +518,6 @@ def _split_across_ranks(
             f"use a multiple of {world}"
         )
     return resolved.model_copy(update={"grad_accum_steps": -(-accum // world) * world})
-
-
-class ResolvedData(NamedTuple):
-    """A request's data as submit resolved it: paths expanded, datasets read and pinned."""
-
-    data: DataSpec
-    """The data with its paths expanded, or each dataset named by its real folder."""
-    dataset: DatasetPin | None
-    """The dataset data.dataset names, pinned."""
-    mixture: list[DatasetPin]
-    """The datasets data.mixture names, pinned, in its order."""
-    pins: list[tuple[str, DatasetPin]]
-    """Every dataset pinned (one, a mixture's, or none), by the field that names it."""
-    arrays: list[tuple[str, TokenArrays]]
-    """The tokens of each source's arrays, by the field that names it, each file checked to
-    be what the source reads (store.data.contents); none for synthetic tokens and the
-    standard library, which are never short."""
-
-    @property
-    def tokenizer_pin(self) -> DatasetPin | None:
-        """The dataset whose tokenizer the run's tokens are of: a mixture's datasets share
-        one (`_mixture_plan`)."""
-        return self.pins[0][1] if self.pins else None
-
-
-def _data_plan(
-    data: DataSpec, roots: list[Path], datasets_dir: Path | None, bucket: BucketDatasets | None
-) -> ResolvedData:
-    if data.source == "mixture":
-        return _mixture_plan(data, roots, datasets_dir, bucket)
-    if data.source != "dataset":
-        resolved = resolve_data(data, roots)
-        arrays = _file_arrays(resolved)
-        return ResolvedData(resolved, None, [], [], [] if arrays is None else [("data", arrays)])
-    assert data.dataset is not None  # DataSpec's rule
-    folder, pin, arrays = _pin_dataset(data.dataset, "data.dataset", roots, datasets_dir, bucket)
-    field = f"data.dataset {data.dataset!r}"
-    return ResolvedData(
-        data.model_copy(update={"dataset": folder}),
-        pin,
-        [],
-        [(field, pin)],
-        [("data", arrays)],
-    )
-
-
-def _mixture_plan(
-    data: DataSpec, roots: list[Path], datasets_dir: Path | None, bucket: BucketDatasets | None
-) -> ResolvedData:
-    """Each dataset of a mixture read and pinned as data.dataset's is; they must be distinct
-    datasets of one tokenizer (docs/architecture.md, "Data mixtures")."""
-    assert data.mixture is not None  # DataSpec's rule
-    paths = [f"data.mixture[{i}].dataset" for i in range(len(data.mixture))]
-    fields = [f"{path} {s.dataset!r}" for path, s in zip(paths, data.mixture, strict=True)]
-    pinned = [
-        _pin_dataset(s.dataset, path, roots, datasets_dir, bucket)
-        for s, path in zip(data.mixture, paths, strict=True)
-    ]
-    folders = [folder for folder, _, _ in pinned]
-    check_distinct_names(fields, folders)
-    pins = [pin for _, pin, _ in pinned]
-    first = pins[0].tokenizer.id
-    for field, pin in zip(fields[1:], pins[1:], strict=True):
-        if tokenizers_differ(first, pin.tokenizer.id):
-            raise InvalidRequest(
-                f"{field} holds {pin.tokenizer.id.describe()}, but {fields[0]} holds "
-                f"{first.describe()}: a mixture's datasets must share one tokenizer, or one "
-                "token id would mean two things to the model; prepare them with the same "
-                "tokenizer.json"
-            )
-    mixture = [
-        s.model_copy(update={"dataset": folder})
-        for s, folder in zip(data.mixture, folders, strict=True)
-    ]
-    return ResolvedData(
-        data.model_copy(update={"mixture": mixture}),
-        None,
-        pins,
-        list(zip(fields, pins, strict=True)),
-        [(f"data.mixture[{i}]", arrays) for i, (_, _, arrays) in enumerate(pinned)],
-    )
-
-
-def _pin_dataset(
-    ref: str,
-    path: str,
-    roots: list[Path],
-    datasets_dir: Path | None,
-    bucket: BucketDatasets | None = None,
-) -> tuple[str, DatasetPin, TokenArrays]:
-    """The real folder of the dataset `ref` (the request's field `path`) names, or its URL
-    in the bucket, read and pinned, and its arrays' tokens."""
-    field = f"{path} {ref!r}"
-    name = bucket.name_of(ref) if bucket is not None else None
-    if bucket is not None and name is not None:
-        return _pin_bucket_dataset(bucket, name, path, field)
-    folder = dataset_folder(ref, roots, datasets_dir, path)
-    if not is_dataset(folder):
-        raise InvalidRequest(
-            f"{field} has no {DATASET_FILE}: not a prepared dataset, or its prepare has not "
-            "finished (wait for it, or prepare it again)"
-        )
-    try:
-        found = read_dataset(folder)
-    except DataError as exc:
-        raise InvalidRequest(f"{field}: {exc}") from None
-    confine_dataset(found, [*roots, *([datasets_dir] if datasets_dir else [])], field)
-    tokenizer = found.tokenizer_path
-    if tokenizer is not None and _sha256(tokenizer, field) != found.tokenizer.sha256:
-        raise InvalidRequest(
-            f"{field}: its {tokenizer.name} is not the one its {DATASET_FILE} records (sha256 "
-            "differs): the shards may not be its tokens; prepare it again"
-        )
-    return str(folder), DatasetPin.of(found), dataset_arrays(found, field)
-
-
-def _pin_bucket_dataset(
-    bucket: BucketDatasets, name: str, path: str, field: str
-) -> tuple[str, DatasetPin, TokenArrays]:
-    """A dataset of the bucket read from its manifest and dataset.json alone: the manifest
-    lists each shard's size (its tokens) and the tokenizer's sha256, and the worker's cache
-    checks its downloads against the same manifest."""
-    if not is_valid_name(name):
-        raise InvalidRequest(f"{path}: {name!r} is not a dataset name ({NAME_RULE})")
-    try:
-        listed = bucket.read(name)
-        arrays = listed.token_arrays()
-    except DataError as exc:
-        raise InvalidRequest(f"{field}: {exc}") from None
-    found = listed.dataset
-    if found.tokenizer.kind == "bpe" and (
-        listed.files.get(TOKENIZER_FILE, (0, None))[1] != found.tokenizer.sha256
-    ):
-        raise InvalidRequest(
-            f"{field}: its {TOKENIZER_FILE} is not the one its {DATASET_FILE} records (sha256 "
-            "differs): the shards may not be its tokens; prepare it again"
-        )
-    return found.where, DatasetPin.of(found), arrays
-
-
-def _file_arrays(data: DataSpec) -> TokenArrays | None:
-    """What `worker.training.loop.build_token_arrays` makes of text or shard files: a shard an
-    array, the text files one array (and the val files another), at most `max_bytes` each."""
-    train, val = [Path(p) for p in data.paths], [Path(p) for p in data.val_paths]
-    if data.source == "shards":
-        return TokenArrays(shard_lengths(train, "data.paths"), shard_lengths(val, "data.val_paths"))
-    if data.source == "text":
-        texts = [text_length(train, data.max_bytes, "data.paths")]
-        return TokenArrays(
-            texts, [text_length(val, data.max_bytes, "data.val_paths")] if val else []
-        )
-    return None
-
-
-def _sha256(tokenizer: Path, field: str) -> str:
-    """Of a dataset's tokenizer.json, read as every data file is (never blocking)."""
-    try:
-        return hashlib.sha256(read_tokenizer_file(tokenizer)).hexdigest()
-    except DataError as exc:
-        raise InvalidRequest(f"{field}: {exc}") from None
-
-
-def _check_vocabulary(field: str, dataset: DatasetPin, vocab_size: int, model: str) -> None:
-    if dataset.vocab_size > vocab_size:
-        raise InvalidRequest(
-            f"{field} has a vocabulary of {dataset.vocab_size:,} tokens, more than {model}"
-        )
 
 
 def _check_same_tokenizer(info: CheckpointInfo, tokenizer: TokenizerId | None, what: str) -> None:
@@ -881,7 +645,8 @@ class SubmitContext:
     worker's, for the evaluate runs of its checkpoints: store.evals.side_runs)."""
 
     data_roots: list[Path]
-    datasets_dir: Path
+    datasets: DatasetStore
+    """The prepared datasets (the data dir's, or the bucket's: TRAINCTL_STORAGE_URL)."""
     checkpoints: CheckpointStore
     exports: CheckpointStore
     """Where exports go: an export request is refused when its checkpoint's is there."""
@@ -890,8 +655,6 @@ class SubmitContext:
     """Whether runs can get a CUDA device; asked only by kinds that run a model, once."""
     default_trackers: Sequence[Tracker] = ()
     mlflow_configured: bool = False
-    datasets: BucketDatasets | None = None
-    """The bucket's prepared datasets (TRAINCTL_STORAGE_URL); None: `datasets_dir`'s."""
 
     @cached_property
     def cuda_available(self) -> bool:
@@ -904,7 +667,6 @@ def plan_train(request: TrainRequest, ctx: SubmitContext) -> TrainPlan:
         cuda_available=ctx.cuda_available,
         data_roots=ctx.data_roots,
         checkpoints=ctx.checkpoints,
-        datasets_dir=ctx.datasets_dir,
         datasets=ctx.datasets,
         default_trackers=ctx.default_trackers,
         mlflow_configured=ctx.mlflow_configured,
@@ -917,7 +679,6 @@ def plan_validate(request: ValidateRequest, ctx: SubmitContext) -> ValidatePlan:
         cuda_available=ctx.cuda_available,
         data_roots=ctx.data_roots,
         checkpoints=ctx.checkpoints,
-        datasets_dir=ctx.datasets_dir,
         datasets=ctx.datasets,
     )
 
@@ -927,9 +688,7 @@ def plan_benchmark(request: BenchmarkRequest, ctx: SubmitContext) -> BenchmarkPl
 
 
 def plan_prepare(request: PrepareRequest, ctx: SubmitContext) -> PreparePlan:
-    plan = resolve_prepare(
-        request, data_roots=ctx.data_roots, datasets_dir=ctx.datasets_dir, datasets=ctx.datasets
-    )
+    plan = resolve_prepare(request, data_roots=ctx.data_roots, datasets=ctx.datasets)
     refuse_a_second_prepare(ctx.runs, plan.name)
     return plan
 

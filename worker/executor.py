@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from trainctl.store.checkpoints.factory import Stores
 from trainctl.store.checkpoints.info import check_fits
 from trainctl.store.checkpoints.protection import ProtectionPolicy
-from trainctl.store.data.bucket import BucketDatasets
+from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.data.prepare import PrepareStopped
 from trainctl.store.db.rows import UNREADABLE
 from trainctl.store.db.scores import checkpoint_results
@@ -202,13 +202,13 @@ def execute_benchmark(ctx: RunContext, env: WorkerEnv) -> Outcome:
     return Outcome("succeeded", result)
 
 
-def validation_batches(plan: ValidatePlan, bucket: BucketDatasets | None = None) -> list[Any]:
+def validation_batches(plan: ValidatePlan, datasets: DatasetStore) -> list[Any]:
     data, vocab_size = plan.data, plan.model.vocab_size
     if data.source == "synthetic":
         sampler: Any = SyntheticSampler(plan.batch_size, plan.seq_len, vocab_size, data.seed)
     else:
         # Same held-out data a train run on this source validates on.
-        _, val_arrays = build_token_arrays(data, plan.dataset, bucket)
+        _, val_arrays = build_token_arrays(data, plan.dataset, datasets)
         sampler = TokenSampler(val_arrays, plan.batch_size, plan.seq_len, seed=data.seed + 1)
     return [sampler.batch(i) for i in range(plan.num_batches)]
 

@@ -11,9 +11,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from tests.support.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset, write_byte_dataset
 from tests.service.fakes import save_checkpoint
-from tests.support.stores import posix_store
+from tests.support.datasets import (
+    stdlib_texts,
+    train_tokenizer,
+    write_bpe_dataset,
+    write_byte_dataset,
+)
+from tests.support.stores import dataset_store, posix_store
 from trainctl.store.checkpoints.info import TokenizerId
 from trainctl.store.data.datasets import DATASET_FILE, TOKENIZER_FILE, Dataset, read_dataset
 from trainctl.store.exceptions import DatasetExists, InvalidRequest
@@ -51,7 +56,7 @@ def plan(roots: list[Path], datasets_dir: Path, dataset: str, **request: Any) ->
         TrainRequest(steps=10, data={"source": "dataset", "dataset": dataset}, **request),
         cuda_available=False,
         data_roots=roots,
-        datasets_dir=datasets_dir,
+        datasets=dataset_store(datasets_dir.parent),
     )
 
 
@@ -63,7 +68,7 @@ def validation(
         cuda_available=False,
         data_roots=roots,
         checkpoints=posix_store(checkpoints),
-        datasets_dir=datasets_dir,
+        datasets=dataset_store(datasets_dir.parent),
     )
 
 
@@ -217,7 +222,7 @@ def prepare(roots: list[Path], datasets_dir: Path, **request: Any) -> PreparePla
     return resolve_prepare(
         PrepareRequest(**{"name": "corpus", "inputs": ["corpus"], **request}),
         data_roots=roots,
-        datasets_dir=datasets_dir,
+        datasets=dataset_store(datasets_dir.parent),
     )
 
 
