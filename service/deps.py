@@ -1,4 +1,4 @@
-"""Dependencies the routes declare: settings, the two stores, the checkpoint protection
+"""Dependencies the routes declare: settings, the stores, the checkpoint protection
 policy, and who the caller is and what its token's scope allows (docs/architecture.md,
 "Admission and access").
 
@@ -26,6 +26,7 @@ from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.db.runs import RunStore, is_whole_run_id
 from trainctl.store.db.tokens import Principal, TokenStore
+from trainctl.store.db.workers import WorkerStore
 from trainctl.store.exceptions import Forbidden
 from trainctl.store.vocabulary import SCOPES, SHORT_ID_LENGTH, Scope
 
@@ -62,6 +63,15 @@ async def get_datasets(request: Request) -> DatasetStore:
 
 
 RunsDep = Annotated[RunStore, Depends(get_runs)]
+
+
+async def get_workers(runs: RunsDep) -> WorkerStore:
+    """The worker registry, in the run database (`RunStore.workers`): an override of
+    `get_runs` reaches it too."""
+    return runs.workers
+
+
+WorkersDep = Annotated[WorkerStore, Depends(get_workers)]
 CheckpointsDep = Annotated[CheckpointStore, Depends(get_checkpoints)]
 ExportsDep = Annotated[CheckpointStore, Depends(get_exports)]
 DatasetsDep = Annotated[DatasetStore, Depends(get_datasets)]

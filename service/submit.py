@@ -105,7 +105,7 @@ def plan_run(
         if record.memory is not None:
             need = record.memory(plan, None)
             limit = memory_limit(
-                runs, settings.lease_seconds, need.device, settings.max_gpu_memory_bytes
+                runs.workers, settings.lease_seconds, need.device, settings.max_gpu_memory_bytes
             )
             admit(need, limit)
 
@@ -155,7 +155,7 @@ def submit_context(
         checkpoints=ckpts,
         exports=exports,
         runs=runs,
-        cuda=partial(cuda_available, runs, settings.lease_seconds),
+        cuda=partial(cuda_available, runs.workers, settings.lease_seconds),
         default_trackers=settings.trackers,
         mlflow_configured=settings.mlflow_uri is not None,
     )

@@ -85,7 +85,7 @@ def seed(settings: Settings, runs: RunStore, ckpts: CheckpointStore) -> dict[str
         save_checkpoint(ckpts, "fuzz", step=step, best_loss=best_loss)
     save_checkpoint(ckpts, "fuzz", "best", step=20, best_loss=3.0)
     save_checkpoint(ckpts, "other", step=5, best_loss=9.0)
-    runs.register_worker("fuzz-worker", host="fuzz", pid=1, device="cpu", info={"cores": 2})
+    runs.workers.register("fuzz-worker", host="fuzz", pid=1, device="cpu", info={"cores": 2})
     exports = posix_store(settings.layout.exports)
     ctx: dict[str, Any] = {"settings": settings, "runs": runs, "ckpts": ckpts, "exports": exports}
 

@@ -30,7 +30,7 @@ WORKER = "worker-1"
 @pytest.fixture
 def runs(runs: RunStore) -> RunStore:
     """tests/conftest.py's, with this file's worker registered."""
-    runs.register_worker(WORKER, host="test", pid=1, device="cpu", info={})
+    runs.workers.register(WORKER, host="test", pid=1, device="cpu", info={})
     return runs
 
 
