@@ -27,13 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Figure
+from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.data.datasets import Dataset, bits_per_byte
 from trainctl.store.data.prepare import prepare_dataset
 from trainctl.store.data.shards import read_shard, stdlib_source_files
 from trainctl.store.data.tokenizer import train_tokenizer
 from trainctl.store.kinds.train import TrainRequest, resolve_train
+from trainctl.store.layout import DataLayout
 from trainctl.worker.training.loop import Trainer
 
 FULL: dict[str, Any] = dict(seconds=240.0, calibrate=10, files=None, vocab=4096, B=16, T=256,
@@ -87,26 +90,27 @@ def timed_training(
 ) -> tuple[float, int, float, float, Dataset]:
     """(held-out bits per byte, steps, their CPU seconds, their wall seconds, dataset) of a
     run that fills the budget."""
-    _, per_step, _ = train_on(dataset, root / "calibrate", size["calibrate"], size)
+    datasets = open_stores(DataLayout(root)).datasets  # where `run` prepared them
+    _, per_step, _ = train_on(dataset, datasets, root / "calibrate", size["calibrate"], size)
     steps = max(size["calibrate"], math.floor(size["seconds"] / per_step))
-    result, per_step, wall = train_on(dataset, root / "run", steps, size)
+    result, per_step, wall = train_on(dataset, datasets, root / "run", steps, size)
     bpb = bits_per_byte(result["final_val_loss"], held_out_bpt(dataset))
     return bpb, steps, per_step * steps, wall, dataset
 
 
 def train_on(
-    dataset: Dataset, checkpoints: Path, steps: int, size: dict[str, Any]
+    dataset: Dataset, datasets: DatasetStore, checkpoints: Path, steps: int, size: dict[str, Any]
 ) -> tuple[dict[str, Any], float, float]:
     """(the run's result, CPU seconds a step after its first two (the first pays for
     warm-up), wall seconds of those steps)."""
     request = TrainRequest(
         model={"preset": "tiny", "overrides": {"vocab_size": dataset.vocab_size}},
         batch={"micro_batch_size": size["B"], "grad_accum_steps": 1, "seq_len": size["T"]},
-        data={"source": "dataset", "dataset": str(dataset.folder)},
+        data={"source": "dataset", "dataset": dataset.folder.name},
         steps=steps, checkpoint_every=steps, val_every=steps, val_batches=size["val_batches"],
         device="cpu",
     )  # fmt: skip
-    plan = resolve_train(request, cuda_available=False, data_roots=[dataset.folder.parent])
+    plan = resolve_train(request, cuda_available=False, data_roots=[], datasets=datasets)
     cpu: list[float] = []
     wall: list[float] = []
 
@@ -115,5 +119,5 @@ def train_on(
         wall.append(time.perf_counter())
 
     store = CheckpointStore(PosixStorage(checkpoints / dataset.folder.name))
-    result = Trainer(plan, store, on_progress=tick).run()
+    result = Trainer(plan, store, on_progress=tick, datasets=datasets).run()
     return result, (cpu[-1] - cpu[1]) / (len(cpu) - 2), wall[-1] - wall[1]

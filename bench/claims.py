@@ -17,12 +17,12 @@ the parent enqueues, as the service does, and drives the workers over their stdi
     (`--poll-seconds`, 0.5 s by default), which this leaves out on purpose: it is a setting,
     not the queue's cost.
   The run is queued before the timed call starts (the call never waits for an enqueue).
-  Then the leader finishes the run and both workers `release_worker` (untimed). 1-node and
+  Then the leader finishes the run and both workers `workers.release` (untimed). 1-node and
   gang rounds alternate, after one unmeasured round of each; median and p99 (linear
   interpolation, so of 50 samples it lies between the two largest).
 - Throughput. N queued 1-node runs (enqueued one by one through `RunStore.enqueue`), then
   8 worker processes, registered and waiting, are told to go at once; each loops claim ->
-  finish -> release_worker until a claim finds nothing. runs/s = N / (last worker done - first
+  finish -> workers.release until a claim finds nothing. runs/s = N / (last worker done - first
   start), on the machine-wide monotonic clock. The bench checks that every run was claimed
   exactly once (ids from every worker, and every run `succeeded` in the database) and fails
   if not. N = 1,000 and 10,000, each in a fresh database; the median claim call is reported
@@ -69,7 +69,7 @@ def serve(url: str, worker_id: str, node: str) -> None:
     replies: IO[str] = sys.stdout
     sys.stdout = sys.stderr  # nothing else may write on the reply channel
     store = RunStore(url)
-    store.register_worker(
+    store.workers.register(
         worker_id, host=socket.gethostname(), pid=os.getpid(), device="cpu", info={},
         node_name=node, gpus=0, cpus=1, address="127.0.0.1",
     )  # fmt: skip
@@ -95,7 +95,7 @@ def serve(url: str, worker_id: str, node: str) -> None:
             seconds.append(got["seconds"])
             claimed.append(got["run"])
             store.finish(got["run"], worker_id, got["attempt"], "succeeded")
-            store.release_worker(worker_id)
+            store.workers.release(worker_id)
         return {
             "claimed": claimed,
             "claim_seconds": seconds,
@@ -110,9 +110,9 @@ def serve(url: str, worker_id: str, node: str) -> None:
         if op == "finish":
             store.finish(command["run"], worker_id, command["attempt"], "succeeded")
         elif op == "release":
-            store.release_worker(worker_id)
+            store.workers.release(worker_id)
         elif op == "heartbeat":
-            store.worker_heartbeat(worker_id)
+            store.workers.heartbeat(worker_id)
         elif op == "drain":
             return drain()
         else:
@@ -130,7 +130,7 @@ def serve(url: str, worker_id: str, node: str) -> None:
             traceback.print_exc()
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         print(json.dumps(reply), file=replies, flush=True)
-    store.deregister_worker(worker_id)
+    store.workers.deregister(worker_id)
     store.close()
 
 

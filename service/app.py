@@ -44,8 +44,6 @@ from trainctl.service.sse import EventFeed
 from trainctl.service.supervisor import Supervisor, default_worker_count
 from trainctl.service.webhooks.dispatcher import DispatchConfig, Dispatcher
 from trainctl.store.checkpoints.factory import open_stores
-from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.data.bucket import BucketDatasets
 from trainctl.store.db.runs import RunStore
 from trainctl.store.db.tokens import TokenStore
 from trainctl.store.db.webhooks import WebhookStore
@@ -90,10 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ckpts, exports = stores.checkpoints, stores.exports
         # Before any worker starts: a staging folder now is a save (or an export, or a
         # prepare's upload to the bucket) that died with its worker.
-        sweepable: list[CheckpointStore | BucketDatasets] = [ckpts, exports]
-        if stores.datasets is not None:
-            sweepable.append(stores.datasets)
-        for folders in sweepable:
+        for folders in (ckpts, exports, stores.datasets):
             try:
                 for experiment, name in folders.cleanup():
                     where = folders.storage.describe(experiment, name)

@@ -1,4 +1,4 @@
-"""Dependencies the routes declare: settings, the two stores, the checkpoint protection
+"""Dependencies the routes declare: settings, the stores, the checkpoint protection
 policy, and who the caller is and what its token's scope allows (docs/architecture.md,
 "Admission and access").
 
@@ -23,9 +23,10 @@ from trainctl.service.settings import Settings
 from trainctl.service.sse import EventFeed
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.data.bucket import BucketDatasets
+from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.db.runs import RunStore, is_whole_run_id
 from trainctl.store.db.tokens import Principal, TokenStore
+from trainctl.store.db.workers import WorkerStore
 from trainctl.store.exceptions import Forbidden
 from trainctl.store.vocabulary import SCOPES, SHORT_ID_LENGTH, Scope
 
@@ -55,16 +56,25 @@ async def get_exports(request: Request) -> CheckpointStore:
     return exports
 
 
-async def get_datasets(request: Request) -> BucketDatasets | None:
-    """The bucket's prepared datasets; None where they live in the data dir."""
-    datasets: BucketDatasets | None = request.app.state.datasets
+async def get_datasets(request: Request) -> DatasetStore:
+    """The prepared datasets: the data dir's, or the bucket's."""
+    datasets: DatasetStore = request.app.state.datasets
     return datasets
 
 
 RunsDep = Annotated[RunStore, Depends(get_runs)]
+
+
+async def get_workers(runs: RunsDep) -> WorkerStore:
+    """The worker registry, in the run database (`RunStore.workers`): an override of
+    `get_runs` reaches it too."""
+    return runs.workers
+
+
+WorkersDep = Annotated[WorkerStore, Depends(get_workers)]
 CheckpointsDep = Annotated[CheckpointStore, Depends(get_checkpoints)]
 ExportsDep = Annotated[CheckpointStore, Depends(get_exports)]
-DatasetsDep = Annotated[BucketDatasets | None, Depends(get_datasets)]
+DatasetsDep = Annotated[DatasetStore, Depends(get_datasets)]
 
 
 async def get_protection(runs: RunsDep, ckpts: CheckpointsDep) -> ProtectionPolicy:

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
 
-from trainctl.store.db.runs import RunStore, Worker
+from trainctl.store.db.workers import Worker, WorkerStore
 from trainctl.store.training.memory import MemoryLimit, host_memory_bytes
 
 
@@ -30,12 +30,12 @@ def is_live(worker: Worker, lease_seconds: float) -> bool:
     return datetime.now(UTC) - worker.last_seen_at <= timedelta(seconds=lease_seconds)
 
 
-def live_workers(runs: RunStore, lease_seconds: float) -> list[Worker]:
-    return [w for w in runs.list_workers() if is_live(w, lease_seconds)]
+def live_workers(workers: WorkerStore, lease_seconds: float) -> list[Worker]:
+    return [w for w in workers.list_workers() if is_live(w, lease_seconds)]
 
 
 def memory_limit(
-    runs: RunStore, lease_seconds: float, device: str, most_gpu: int
+    workers: WorkerStore, lease_seconds: float, device: str, most_gpu: int
 ) -> int | MemoryLimit:
     """The most memory a run on `device` can get: the largest that a live worker of that
     device reports (per GPU on a GPU node); before any has, this node's own, since the
@@ -45,7 +45,7 @@ def memory_limit(
     for one that will never come."""
     reported = [
         w.info["memory_bytes"]
-        for w in live_workers(runs, lease_seconds)
+        for w in live_workers(workers, lease_seconds)
         if w.device == device and _is_size(w.info.get("memory_bytes"))
     ]
     if reported:
@@ -75,13 +75,13 @@ def gpu_memory_bytes() -> int | None:
     return min(sizes) * (1 << 20) if sizes else None  # MiB
 
 
-def cuda_available(runs: RunStore, lease_seconds: float) -> bool:
+def cuda_available(workers: WorkerStore, lease_seconds: float) -> bool:
     """Whether runs can get a CUDA device: a live worker says so, or this node has a GPU.
 
     Workers report their device when they register; before any has, the node's own GPUs
     decide (the service starts its local workers on this node).
     """
-    alive = live_workers(runs, lease_seconds)
+    alive = live_workers(workers, lease_seconds)
     if alive:
         return any(w.device == "cuda" for w in alive)
     return gpu_count() > 0

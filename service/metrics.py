@@ -106,7 +106,7 @@ class ServiceMetrics:
         by_state = GaugeMetricFamily("trainctl_runs", "Runs by state.", labels=["state"])
         for state in RUN_STATES:
             by_state.add_metric([state], counts.get(state, 0))
-        alive = len(live_workers(runs, settings.lease_seconds))
+        alive = len(live_workers(runs.workers, settings.lease_seconds))
         return [
             by_state,
             GaugeMetricFamily("trainctl_queue_depth", "Runs waiting for a worker.",

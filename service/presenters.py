@@ -22,7 +22,8 @@ from trainctl.service.schemas import (
 )
 from trainctl.store.db.lineage import Lineage, LineageNode
 from trainctl.store.db.placement import why_waiting
-from trainctl.store.db.runs import Run, RunStore, Worker
+from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.workers import Worker
 from trainctl.store.models.hf_catalog import causal_lm_types
 from trainctl.store.models.presets import PRESETS
 
@@ -39,7 +40,7 @@ def public_runs(runs: RunStore, lease_seconds: float, items: Sequence[Run]) -> l
     """The runs as the API shows them; the workers are read once, and only when one of the
     runs is queued."""
     queued = any(run.state == "queued" for run in items)
-    live = live_workers(runs, lease_seconds) if queued else []
+    live = live_workers(runs.workers, lease_seconds) if queued else []
     return [
         RunPublic.model_validate(
             {**vars(run), "short_id": run.short_id, "waiting_reason": waiting_reason(run, live)}

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from trainctl.service.devices import cuda_available, memory_limit
 from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.data.bucket import BucketDatasets
+from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.db.placement import Placement
 from trainctl.store.db.runs import QueueLimits, Run, RunStore, RunToQueue
 from trainctl.store.db.tokens import Principal
@@ -53,7 +53,7 @@ def submit_run(
     runs: RunStore,
     ckpts: CheckpointStore,
     exports: CheckpointStore,
-    datasets: BucketDatasets | None = None,
+    datasets: DatasetStore,
     submitter: Principal | None = None,
     idempotency_key: str | None = None,
 ) -> Run:
@@ -73,7 +73,7 @@ def submit_sweep(
     runs: RunStore,
     ckpts: CheckpointStore,
     exports: CheckpointStore,
-    datasets: BucketDatasets | None = None,
+    datasets: DatasetStore,
     submitter: Principal | None = None,
     idempotency_key: str | None = None,
 ) -> list[Run]:
@@ -106,7 +106,7 @@ def plan_run(
         if record.memory is not None:
             need = record.memory(plan, None)
             limit = memory_limit(
-                runs, settings.lease_seconds, need.device, settings.max_gpu_memory_bytes
+                runs.workers, settings.lease_seconds, need.device, settings.max_gpu_memory_bytes
             )
             admit(need, limit)
 
@@ -146,20 +146,19 @@ def submit_context(
     runs: RunStore,
     ckpts: CheckpointStore,
     exports: CheckpointStore,
-    datasets: BucketDatasets | None = None,
+    datasets: DatasetStore,
 ) -> SubmitContext:
-    """Where a request's names are looked up: the data roots, the stores, and the datasets
-    of the bucket when there is one (else the data dir's datasets/)."""
+    """Where a request's names are looked up: the data roots and the stores (the datasets
+    too: the data dir's, or the bucket's)."""
     return SubmitContext(
         data_roots=settings.data_roots,
-        datasets_dir=settings.datasets_dir,
+        datasets=datasets,
         checkpoints=ckpts,
         exports=exports,
         runs=runs,
-        cuda=partial(cuda_available, runs, settings.lease_seconds),
+        cuda=partial(cuda_available, runs.workers, settings.lease_seconds),
         default_trackers=settings.trackers,
         mlflow_configured=settings.mlflow_uri is not None,
-        datasets=datasets,
     )
 
 

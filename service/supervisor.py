@@ -224,7 +224,7 @@ class Supervisor:
         # Out of memory, the next attempt on this node would only be killed again.
         for run in self.runs.fail_worker_runs(slot.worker_id, reason, retry=not out_of_memory):
             log.warning("%s; run %s is now %s", reason, run.id, run.state)
-        self.runs.deregister_worker(slot.worker_id)
+        self.runs.workers.deregister(slot.worker_id)
         slot.process = None
         self._schedule_restart(slot, code, lived)
 
@@ -235,7 +235,7 @@ class Supervisor:
         reason = f"worker process {slot.worker_id} was drained"
         for run in self.runs.fail_worker_runs(slot.worker_id, reason):
             log.warning("%s; run %s is now %s", reason, run.id, run.state)
-        self.runs.deregister_worker(slot.worker_id)
+        self.runs.workers.deregister(slot.worker_id)
         slot.process, slot.drained = None, True
         log.info("worker %s (slot %d) drained; not restarted", slot.worker_id, slot.index)
 

@@ -12,52 +12,32 @@ reads and its tokenizer, and the `SubmitContext` they read it all from.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from trainctl.store.checkpoints.info import CheckpointInfo, tokenizers_differ
+from trainctl.store.checkpoints.info import CheckpointInfo
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.data.bucket import BucketDatasets
+from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.data.codec import TextCodec, build_codec
-from trainctl.store.data.contents import (
-    TokenArrays,
-    check_tokenizer,
-    dataset_arrays,
-    shard_lengths,
-    text_length,
-)
-from trainctl.store.data.datasets import (
-    DATASET_FILE,
-    TOKENIZER_FILE,
-    is_dataset,
-    read_dataset,
-    read_tokenizer_file,
-)
-from trainctl.store.data.mixtures import check_distinct_names
-from trainctl.store.data.paths import confine_dataset, confine_path, dataset_folder, resolve_data
+from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.shards import DataError
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import CheckpointNotFound, InvalidRequest, TrainctlError
 from trainctl.store.models.hf_config import AnyModelConfig, HfModelConfig
 from trainctl.store.models.plugin import PluginModelConfig
-from trainctl.store.names import BEST_TAG, LATEST_REF, NAME_RULE, is_valid_name
+from trainctl.store.names import BEST_TAG, LATEST_REF
 from trainctl.store.plans import (
     BatchPlan,
-    DatasetPin,
     Device,
     ModelPlan,
     TokenizerPin,
-    data_tokenizer,
 )
 from trainctl.store.specs import (
-    BYTES_TOKENIZER,
     BatchSpec,
     CheckpointChoice,
-    DataSpec,
     ModelSpec,
     Spec,
     Tracker,
@@ -142,28 +122,6 @@ def pick_device(requested: str, cuda_available: bool) -> Device:
 # --- shared by the kinds' resolvers ---------------------------------------------------------
 
 
-def data_codec(
-    data: DataSpec, dataset: DatasetPin | None, bucket: BucketDatasets | None = None
-) -> TextCodec | None:
-    """The text codec of a run's data: its dataset's tokenizer (in its folder, or in the
-    `bucket` when the pin names a dataset there), bytes for byte-level text, None where
-    unknown."""
-    tokenizer_json = None
-    if dataset is not None and dataset.tokenizer.kind == "bpe":
-        name = bucket.name_of(dataset.folder) if bucket is not None else None
-        try:
-            if name is not None and bucket is not None:
-                tokenizer_json = bucket.tokenizer(name)
-            else:
-                tokenizer_json = read_tokenizer_file(Path(dataset.folder) / TOKENIZER_FILE)
-        except DataError as exc:
-            raise InvalidRequest(f"data.dataset: {exc}") from None
-    try:
-        return build_codec(data_tokenizer(data, dataset), tokenizer_json)
-    except DataError as exc:
-        raise InvalidRequest(f"data.dataset: {exc}") from None
-
-
 def checkpoint_codec(checkpoints: CheckpointStore, info: CheckpointInfo) -> TextCodec | None:
     """The text codec of a checkpoint's tokenizer (its tokenizer.json, read through the
     store, checked against the recorded sha256); None where it records none."""
@@ -187,18 +145,6 @@ def tokenizer_pin(info: CheckpointInfo, codec: TextCodec | None) -> TokenizerPin
     if info.tokenizer is None or codec is None:
         return None
     return TokenizerPin(kind=info.tokenizer.kind, sha256=info.tokenizer.sha256, eot_id=codec.eot_id)
-
-
-def _tokenizer_file(ref: str, roots: list[Path]) -> str:
-    if ref == BYTES_TOKENIZER:
-        return ref
-    path = confine_path(ref, roots, "tokenizer")
-    if path.is_dir():
-        path = confine_path(str(path / TOKENIZER_FILE), roots, "tokenizer")
-    if not path.is_file():
-        raise InvalidRequest(f"tokenizer: {ref!r} is not a file")
-    check_tokenizer(path, "tokenizer")
-    return str(path)
 
 
 def shared_options(request: Spec, shared: type[Spec]) -> dict[str, Any]:
@@ -250,173 +196,6 @@ def batch_geometry(batch: BatchSpec, profile: Profile, cfg: AnyModelConfig) -> B
     )
 
 
-class ResolvedData(NamedTuple):
-    """A request's data as submit resolved it: paths expanded, datasets read and pinned."""
-
-    data: DataSpec
-    """The data with its paths expanded, or each dataset named by its real folder."""
-    dataset: DatasetPin | None
-    """The dataset data.dataset names, pinned."""
-    mixture: list[DatasetPin]
-    """The datasets data.mixture names, pinned, in its order."""
-    pins: list[tuple[str, DatasetPin]]
-    """Every dataset pinned (one, a mixture's, or none), by the field that names it."""
-    arrays: list[tuple[str, TokenArrays]]
-    """The tokens of each source's arrays, by the field that names it, each file checked to
-    be what the source reads (store.data.contents); none for synthetic tokens and the
-    standard library, which are never short."""
-
-    @property
-    def tokenizer_pin(self) -> DatasetPin | None:
-        """The dataset whose tokenizer the run's tokens are of: a mixture's datasets share
-        one (`_mixture_plan`)."""
-        return self.pins[0][1] if self.pins else None
-
-
-def _data_plan(
-    data: DataSpec, roots: list[Path], datasets_dir: Path | None, bucket: BucketDatasets | None
-) -> ResolvedData:
-    if data.source == "mixture":
-        return _mixture_plan(data, roots, datasets_dir, bucket)
-    if data.source != "dataset":
-        resolved = resolve_data(data, roots)
-        arrays = _file_arrays(resolved)
-        return ResolvedData(resolved, None, [], [], [] if arrays is None else [("data", arrays)])
-    assert data.dataset is not None  # DataSpec's rule
-    folder, pin, arrays = _pin_dataset(data.dataset, "data.dataset", roots, datasets_dir, bucket)
-    field = f"data.dataset {data.dataset!r}"
-    return ResolvedData(
-        data.model_copy(update={"dataset": folder}),
-        pin,
-        [],
-        [(field, pin)],
-        [("data", arrays)],
-    )
-
-
-def _mixture_plan(
-    data: DataSpec, roots: list[Path], datasets_dir: Path | None, bucket: BucketDatasets | None
-) -> ResolvedData:
-    """Each dataset of a mixture read and pinned as data.dataset's is; they must be distinct
-    datasets of one tokenizer (docs/architecture.md, "Data mixtures")."""
-    assert data.mixture is not None  # DataSpec's rule
-    paths = [f"data.mixture[{i}].dataset" for i in range(len(data.mixture))]
-    fields = [f"{path} {s.dataset!r}" for path, s in zip(paths, data.mixture, strict=True)]
-    pinned = [
-        _pin_dataset(s.dataset, path, roots, datasets_dir, bucket)
-        for s, path in zip(data.mixture, paths, strict=True)
-    ]
-    folders = [folder for folder, _, _ in pinned]
-    check_distinct_names(fields, folders)
-    pins = [pin for _, pin, _ in pinned]
-    first = pins[0].tokenizer.id
-    for field, pin in zip(fields[1:], pins[1:], strict=True):
-        if tokenizers_differ(first, pin.tokenizer.id):
-            raise InvalidRequest(
-                f"{field} holds {pin.tokenizer.id.describe()}, but {fields[0]} holds "
-                f"{first.describe()}: a mixture's datasets must share one tokenizer, or one "
-                "token id would mean two things to the model; prepare them with the same "
-                "tokenizer.json"
-            )
-    mixture = [
-        s.model_copy(update={"dataset": folder})
-        for s, folder in zip(data.mixture, folders, strict=True)
-    ]
-    return ResolvedData(
-        data.model_copy(update={"mixture": mixture}),
-        None,
-        pins,
-        list(zip(fields, pins, strict=True)),
-        [(f"data.mixture[{i}]", arrays) for i, (_, _, arrays) in enumerate(pinned)],
-    )
-
-
-def _pin_dataset(
-    ref: str,
-    path: str,
-    roots: list[Path],
-    datasets_dir: Path | None,
-    bucket: BucketDatasets | None = None,
-) -> tuple[str, DatasetPin, TokenArrays]:
-    """The real folder of the dataset `ref` (the request's field `path`) names, or its URL
-    in the bucket, read and pinned, and its arrays' tokens."""
-    field = f"{path} {ref!r}"
-    name = bucket.name_of(ref) if bucket is not None else None
-    if bucket is not None and name is not None:
-        return _pin_bucket_dataset(bucket, name, path, field)
-    folder = dataset_folder(ref, roots, datasets_dir, path)
-    if not is_dataset(folder):
-        raise InvalidRequest(
-            f"{field} has no {DATASET_FILE}: not a prepared dataset, or its prepare has not "
-            "finished (wait for it, or prepare it again)"
-        )
-    try:
-        found = read_dataset(folder)
-    except DataError as exc:
-        raise InvalidRequest(f"{field}: {exc}") from None
-    confine_dataset(found, [*roots, *([datasets_dir] if datasets_dir else [])], field)
-    tokenizer = found.tokenizer_path
-    if tokenizer is not None and _sha256(tokenizer, field) != found.tokenizer.sha256:
-        raise InvalidRequest(
-            f"{field}: its {tokenizer.name} is not the one its {DATASET_FILE} records (sha256 "
-            "differs): the shards may not be its tokens; prepare it again"
-        )
-    return str(folder), DatasetPin.of(found), dataset_arrays(found, field)
-
-
-def _pin_bucket_dataset(
-    bucket: BucketDatasets, name: str, path: str, field: str
-) -> tuple[str, DatasetPin, TokenArrays]:
-    """A dataset of the bucket read from its manifest and dataset.json alone: the manifest
-    lists each shard's size (its tokens) and the tokenizer's sha256, and the worker's cache
-    checks its downloads against the same manifest."""
-    if not is_valid_name(name):
-        raise InvalidRequest(f"{path}: {name!r} is not a dataset name ({NAME_RULE})")
-    try:
-        listed = bucket.read(name)
-        arrays = listed.token_arrays()
-    except DataError as exc:
-        raise InvalidRequest(f"{field}: {exc}") from None
-    found = listed.dataset
-    if found.tokenizer.kind == "bpe" and (
-        listed.files.get(TOKENIZER_FILE, (0, None))[1] != found.tokenizer.sha256
-    ):
-        raise InvalidRequest(
-            f"{field}: its {TOKENIZER_FILE} is not the one its {DATASET_FILE} records (sha256 "
-            "differs): the shards may not be its tokens; prepare it again"
-        )
-    return found.where, DatasetPin.of(found), arrays
-
-
-def _file_arrays(data: DataSpec) -> TokenArrays | None:
-    """What `worker.training.loop.build_token_arrays` makes of text or shard files: a shard an
-    array, the text files one array (and the val files another), at most `max_bytes` each."""
-    train, val = [Path(p) for p in data.paths], [Path(p) for p in data.val_paths]
-    if data.source == "shards":
-        return TokenArrays(shard_lengths(train, "data.paths"), shard_lengths(val, "data.val_paths"))
-    if data.source == "text":
-        texts = [text_length(train, data.max_bytes, "data.paths")]
-        return TokenArrays(
-            texts, [text_length(val, data.max_bytes, "data.val_paths")] if val else []
-        )
-    return None
-
-
-def _sha256(tokenizer: Path, field: str) -> str:
-    """Of a dataset's tokenizer.json, read as every data file is (never blocking)."""
-    try:
-        return hashlib.sha256(read_tokenizer_file(tokenizer)).hexdigest()
-    except DataError as exc:
-        raise InvalidRequest(f"{field}: {exc}") from None
-
-
-def _check_vocabulary(field: str, dataset: DatasetPin, vocab_size: int, model: str) -> None:
-    if dataset.vocab_size > vocab_size:
-        raise InvalidRequest(
-            f"{field} has a vocabulary of {dataset.vocab_size:,} tokens, more than {model}"
-        )
-
-
 def chosen_checkpoint(
     checkpoints: CheckpointStore, choice: CheckpointChoice, purpose: str
 ) -> CheckpointInfo:
@@ -441,7 +220,8 @@ class SubmitContext:
     worker's, for the evaluate runs of its checkpoints: store.evals.side_runs)."""
 
     data_roots: list[Path]
-    datasets_dir: Path
+    datasets: DatasetStore
+    """The prepared datasets (the data dir's, or the bucket's: TRAINCTL_STORAGE_URL)."""
     checkpoints: CheckpointStore
     exports: CheckpointStore
     """Where exports go: an export request is refused when its checkpoint's is there."""
@@ -450,8 +230,6 @@ class SubmitContext:
     """Whether runs can get a CUDA device; asked only by kinds that run a model, once."""
     default_trackers: Sequence[Tracker] = ()
     mlflow_configured: bool = False
-    datasets: BucketDatasets | None = None
-    """The bucket's prepared datasets (TRAINCTL_STORAGE_URL); None: `datasets_dir`'s."""
 
     @cached_property
     def cuda_available(self) -> bool:

@@ -175,6 +175,7 @@ def test_stores_are_built_by_the_factory_alone() -> None:
             if not line.lstrip().startswith("class "):
                 assert "CheckpointStore(" not in line, (path.relative_to(REPO), line)
                 assert "PosixStorage(" not in line, (path.relative_to(REPO), line)
+                assert "DatasetStore(" not in line, (path.relative_to(REPO), line)
 
 
 def test_the_checkpoint_types_and_the_client_import_without_fcntl() -> None:

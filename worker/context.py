@@ -237,7 +237,7 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             try:
                 self.ctx.heartbeat(self.lease_seconds)
-                if self.ctx.runs.worker_heartbeat(self.ctx.worker_id):
+                if self.ctx.runs.workers.heartbeat(self.ctx.worker_id):
                     self.ctx.shutdown.set()  # asked to drain: stop as on SIGTERM (worker.drain)
                 if self.ctx.run.gang is not None:
                     # A gang's members may be all the workers there are, and a busy worker

@@ -111,7 +111,7 @@ class Worker:
 
     def register(self) -> None:
         device, info = self.device, self.info
-        self.runs.register_worker(
+        self.runs.workers.register(
             self.config.worker_id,
             host=socket.gethostname(),
             pid=os.getpid(),
@@ -171,7 +171,7 @@ class Worker:
             if self.shutdown.wait(self.config.poll_seconds):
                 break
         self.drained = self.drained or self.drain_requested()
-        self.runs.deregister_worker(self.config.worker_id)
+        self.runs.workers.deregister(self.config.worker_id)
         log.info("worker %s %s", self.config.worker_id, "drained" if self.drained else "stopped")
 
     def claim(self) -> Run | None:
@@ -185,7 +185,7 @@ class Worker:
 
     def beat(self) -> None:
         try:
-            if self.runs.worker_heartbeat(self.config.worker_id):
+            if self.runs.workers.heartbeat(self.config.worker_id):
                 self.drained = True
                 self.shutdown.set()
         except WorkerNotFound:
@@ -194,7 +194,7 @@ class Worker:
     def drain_requested(self) -> bool:
         """Whether it was asked to drain (a busy worker's heartbeat thread heard it first)."""
         try:
-            return self.runs.worker_heartbeat(self.config.worker_id)
+            return self.runs.workers.heartbeat(self.config.worker_id)
         except WorkerNotFound:
             return False
 
@@ -217,7 +217,7 @@ class Worker:
                 self._run_one(run)
             finally:
                 # Idle again: a gang may take this worker (it claims for itself anyway).
-                release = lambda: self.runs.release_worker(self.config.worker_id)  # noqa: E731
+                release = lambda: self.runs.workers.release(self.config.worker_id)  # noqa: E731
                 until_answered(release, f"worker {self.config.worker_id}", log)
 
     def _run_one(self, run: Run) -> None:
@@ -262,7 +262,7 @@ class Worker:
             return  # it handed back (or was reaped) meanwhile: the worker ends as usual
         log.warning("run %s: %s; handed back", ctx.run.id, reason)
         self.drained = self.drained or self.drain_requested()
-        self.runs.deregister_worker(self.config.worker_id)
+        self.runs.workers.deregister(self.config.worker_id)
         logging.shutdown()
         os._exit(DRAINED_EXIT_CODE if self.drained else 0)
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
 
-from trainctl.service.deps import RunsDep, SettingsDep, requires
+from trainctl.service.deps import SettingsDep, WorkersDep, requires
 from trainctl.service.devices import live_workers
 from trainctl.service.errors import error_responses
 from trainctl.service.presenters import public_worker
@@ -28,17 +28,17 @@ async def read_health() -> dict[str, Any]:
 
 
 @router.get("/readyz", response_model=ReadinessPublic)
-def read_readiness(settings: SettingsDep, runs: RunsDep) -> dict[str, Any]:
+def read_readiness(settings: SettingsDep, workers: WorkersDep) -> dict[str, Any]:
     """Readiness: the run database answers; how many workers are alive."""
-    alive = live_workers(runs, settings.lease_seconds)
+    alive = live_workers(workers, settings.lease_seconds)
     return {"status": "ready", "database": "ok", "workers_alive": len(alive)}
 
 
 @router.get("/workers", response_model=WorkersPublic)
-def list_workers(settings: SettingsDep, runs: RunsDep) -> WorkersPublic:
+def list_workers(settings: SettingsDep, workers: WorkersDep) -> WorkersPublic:
     """List registered workers: their node, GPUs and CPUs, and current run."""
     return WorkersPublic(
-        items=[public_worker(w, settings.lease_seconds) for w in runs.list_workers()]
+        items=[public_worker(w, settings.lease_seconds) for w in workers.list_workers()]
     )
 
 
@@ -48,7 +48,7 @@ def list_workers(settings: SettingsDep, runs: RunsDep) -> WorkersPublic:
     dependencies=[requires("admin")],
     responses=error_responses(403, 404),
 )
-def drain_worker(worker_id: WorkerId, settings: SettingsDep, runs: RunsDep) -> WorkerPublic:
+def drain_worker(worker_id: WorkerId, settings: SettingsDep, workers: WorkersDep) -> WorkerPublic:
     """Drain a worker: its run saves and is requeued, within TRAINCTL_DRAIN_SECONDS, then it
     exits and is not restarted."""
-    return public_worker(runs.drain_worker(worker_id), settings.lease_seconds)
+    return public_worker(workers.drain(worker_id), settings.lease_seconds)

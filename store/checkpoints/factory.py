@@ -1,17 +1,21 @@
 """The one place the folder stores are built from the settings (docs/architecture.md,
-"Checkpoint store", "Storage"): the service and the worker, and each rank of a
+"Checkpoint store", "Storage", "Datasets"): the service and the worker, and each rank of a
 multi-process run, open the same stores here from the same settings (the `layout` of
-store.worker_settings `NodeSettings`), so which storage backs them is decided once.
+store.worker_settings `NodeSettings`), so which storage backs them is decided once: the
+checkpoints, the exports and the prepared datasets all in the data dir, or all in the bucket.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.data.bucket import BucketDatasets
+from trainctl.store.data.bucket import DatasetStore
+from trainctl.store.data.datasets import DATASET_FILE
 from trainctl.store.layout import DataLayout
 
 if TYPE_CHECKING:
@@ -27,21 +31,20 @@ class Stores:
     checkpoints: CheckpointStore
     exports: CheckpointStore
     """Exports live in a store of their own, laid out as checkpoints are ("Exports")."""
-    datasets: BucketDatasets | None = None
-    """The prepared datasets in the bucket, when there is one; None: in the data dir's
-    `datasets/` folder, as ever (`DataLayout.datasets`)."""
+    datasets: DatasetStore
+    """The prepared datasets: the data dir's `datasets/` folder, or the bucket's."""
 
 
 def open_stores(layout: DataLayout, runs: RunStore | None = None) -> Stores:
-    """The checkpoint and export stores of a data dir: on its filesystem, or in the bucket
-    of its `storage_url` (``s3://bucket/prefix``) when it has one, whose guard is then a
-    lease in `runs`' database (without `runs`, a lock of this process only), and the
-    bucket's prepared datasets beside them."""
+    """The checkpoint, export and dataset stores of a data dir: on its filesystem, or in the
+    bucket of its `storage_url` (``s3://bucket/prefix``) when it has one, whose guard is
+    then a lease in `runs`' database (without `runs`, a lock of this process only)."""
     if layout.storage_url is None:
         return Stores(
             layout,
             CheckpointStore(PosixStorage(layout.checkpoints)),
             CheckpointStore(PosixStorage(layout.exports)),
+            _local_datasets(layout),
         )
     from trainctl.store.checkpoints.s3 import S3Storage, build_client, parse_url
     from trainctl.store.db.guards import GuardLeases
@@ -61,5 +64,14 @@ def open_stores(layout: DataLayout, runs: RunStore | None = None) -> Stores:
         for name in ("checkpoints", "exports")
     )
     # Datasets are published once and never replaced: no guard to take, so no lease.
-    datasets = BucketDatasets(in_bucket(prefix, None))
+    datasets = DatasetStore(in_bucket(prefix, None))
     return Stores(layout, checkpoints, exports, datasets)
+
+
+def _local_datasets(layout: DataLayout) -> DatasetStore:
+    """The data dir's `datasets/` folder as a storage, opened at its real path: an
+    administrator may link it to a larger disk, and a run's pin names it by that path (a
+    storage follows no link below its root). Its entries are committed by their dataset.json
+    (`PosixStorage`'s marker), and read with their hardlinks."""
+    folder = Path(os.path.realpath(layout.datasets))
+    return DatasetStore(PosixStorage(folder.parent, DATASET_FILE, hardlinks=True), folder.name)

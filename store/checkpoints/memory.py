@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainctl.store.checkpoints.storage import Complete
 from trainctl.store.names import validate_name
@@ -164,6 +165,9 @@ class MemoryStorage:
 
     def url(self, experiment: str, tag: str, name: str, expires: int) -> str | None:
         return None  # nothing outside this process can read it
+
+    def adopt(self, experiment: str, tag: str, folder: Path) -> bool:
+        return False  # a folder is on disk, and these entries are not: write it through `stage`
 
     def committed_at(self, experiment: str, tag: str) -> float | None:
         entry = self._entry(experiment, tag)

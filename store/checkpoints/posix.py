@@ -18,8 +18,9 @@ elsewhere, a tag or experiment folder that is a link) is then missing, never rea
 itself may be a link (that is the administrator's choice, not a user's). A file is read only
 if it is regular and has no other name: it is opened non-blocking and checked with `fstat`
 (`store.files`), so a FIFO never blocks a reader and a hardlink to a file outside the store
-is missing too; the store itself never makes one. Readers offer the descriptor that was
-checked as ``/proc/self/fd/N``, never a path that could be swapped.
+is missing too; the store itself never makes one. (The datasets' storage reads hardlinks:
+`hardlinks`.) Readers offer the descriptor that was checked as ``/proc/self/fd/N``, never a
+path that could be swapped.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE
-from trainctl.store.checkpoints.storage import Complete
+from trainctl.store.checkpoints.storage import Complete, NotAFile
 from trainctl.store.exceptions import CheckpointCorrupt
 from trainctl.store.files import (
     NotRegularFile,
@@ -155,23 +156,25 @@ def _open_folder(folder: Path) -> int:
     return _open_below(folder.parent.parent, folder.parent.name, folder.name)
 
 
-def open_fd(folder: Path, name: str) -> int:
+def open_fd(folder: Path, name: str, *, single_link: bool = True) -> int:
     """A read descriptor of the regular file `name` directly in `folder`, following no link.
 
-    Raises FileNotFoundError for anything else there (a link, a folder, a FIFO, a device, a
-    file with a second name) or a folder reached through a link, so callers treat it as a
-    missing file. Never blocks: a FIFO is opened non-blocking, and refused.
+    Raises FileNotFoundError for nothing there, and its `NotAFile` for anything else there (a
+    link, a folder, a FIFO, a device, a file with a second name unless `single_link` is
+    False) or a folder reached through a link, so callers treat it as a missing file. Never
+    blocks: a FIFO is opened non-blocking, and refused.
     """
     try:
         folder_fd = _open_folder(folder)
     except OSError as exc:  # ELOOP/ENOTDIR: a link where a folder should be
-        raise FileNotFoundError(f"{folder}: not a folder of the store ({exc.strerror})") from None
+        missing = FileNotFoundError if exc.errno == errno.ENOENT else NotAFile
+        raise missing(f"{folder}: not a folder of the store ({exc.strerror})") from None
     try:
-        return open_regular_fd_at(folder_fd, name, folder / name, single_link=True)
+        return open_regular_fd_at(folder_fd, name, folder / name, single_link=single_link)
     except FileNotFoundError:
         raise
     except OSError as exc:  # NotRegularFile, or ELOOP: a link swapped in after the check
-        raise FileNotFoundError(f"{folder / name}: not a regular file ({exc.strerror})") from None
+        raise NotAFile(f"{folder / name}: not a regular file ({exc.strerror})") from None
     finally:
         os.close(folder_fd)
 
@@ -179,11 +182,12 @@ def open_fd(folder: Path, name: str) -> int:
 class _Folder:
     """`Files` of a folder of the storage (a committed entry, or trash that cleanup checks)."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path, *, single_link: bool = True) -> None:
+        self.folder, self.single_link = folder, single_link
 
     def open(self, name: str) -> PosixReader:
-        return PosixReader(open_fd(self.folder, validate_name("file", name)))
+        name = validate_name("file", name)
+        return PosixReader(open_fd(self.folder, name, single_link=self.single_link))
 
     def describe(self, name: str | None = None) -> str:
         return str(self.folder / name if name is not None else self.folder)
@@ -365,8 +369,12 @@ class PosixStorage:
     """Entries as folders ``<root>/<experiment>/<tag>/``; `marker` is the file each entry
     writes last, whose mtime is its commit time (a checkpoint's manifest)."""
 
-    def __init__(self, root: Path, marker: str = MANIFEST_FILE) -> None:
-        self.root, self.marker = Path(root), marker
+    def __init__(self, root: Path, marker: str = MANIFEST_FILE, *, hardlinks: bool = False) -> None:
+        """`hardlinks`: read a file that has other names too. The datasets' storage does
+        (docs/architecture.md, "Datasets", "Walks and opens": deduplicated copies and snapshots
+        are hardlinks, and the kernel lets a user link only a file they could read and write
+        already); the checkpoint stores, on filesystems others write to, do not."""
+        self.root, self.marker, self.hardlinks = Path(root), marker, hardlinks
 
     def path_of(self, experiment: str, tag: str | None = None) -> Path:
         """Where an experiment or entry lives on disk, for tools and tests that work on the
@@ -403,7 +411,7 @@ class PosixStorage:
         return _is_real_dir(self.path_of(experiment, tag))
 
     def open(self, experiment: str, tag: str, name: str) -> PosixReader:
-        return _Folder(self.path_of(experiment, tag)).open(name)
+        return _Folder(self.path_of(experiment, tag), single_link=not self.hardlinks).open(name)
 
     @contextmanager
     def reading(self, experiment: str) -> Iterator[None]:
@@ -420,12 +428,19 @@ class PosixStorage:
             return None
 
     def stage(self, experiment: str, tag: str) -> PosixStage:
-        exp_dir = self.path_of(experiment)
         self.path_of(experiment, tag)  # a valid tag
+        exp_fd = self._experiment_folder(experiment)
+        stage = f"{STAGING_PREFIX}{tag}-{uuid.uuid4().hex}"
+        return PosixStage(exp_fd, self.path_of(experiment), stage, tag)
+
+    def _experiment_folder(self, experiment: str) -> int:
+        """A descriptor of the experiment's folder, made if missing (with the root); a link
+        or a file standing at its name is refused, never followed."""
+        exp_dir = self.path_of(experiment)
         self.root.mkdir(parents=True, exist_ok=True)
         root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            exp_fd = make_folder_at(root, experiment)
+            return make_folder_at(root, experiment)
         except OSError as exc:  # ELOOP, ENOTDIR: a link or a file where the folder should be
             if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise
@@ -440,7 +455,6 @@ class PosixStorage:
             ) from None
         finally:
             os.close(root)
-        return PosixStage(exp_fd, exp_dir, f"{STAGING_PREFIX}{tag}-{uuid.uuid4().hex}", tag)
 
     def join(self, experiment: str, tag: str, key: str) -> PosixStage:
         self.path_of(experiment, tag)  # valid names
@@ -453,6 +467,23 @@ class PosixStorage:
                 raise FileNotFoundError(f"{self.describe(experiment)}: not a folder") from None
             raise
         return PosixStage(exp_fd, self.path_of(experiment), key, tag, owner=False)
+
+    def adopt(self, experiment: str, tag: str, folder: Path) -> bool:
+        """Commit the finished `folder`, of the same filesystem, as the entry `tag` by one
+        rename into the experiment folder, as it is (its own last file is its marker: a
+        prepare's dataset.json); FileExistsError when anything stands at the tag."""
+        self.path_of(experiment, tag)  # valid names
+        fd = self._experiment_folder(experiment)
+        try:
+            with _flocked(fd, exclusive=True):
+                if _lexists_at(fd, tag):
+                    where = self.describe(experiment, tag)
+                    raise FileExistsError(errno.EEXIST, "the entry exists", where)
+                os.rename(folder, tag, dst_dir_fd=fd)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
 
     def delete(self, experiment: str, tag: str) -> bool:
         """Rename to a tagless trash name (so `cleanup` never restores it), then remove."""

@@ -299,6 +299,9 @@ class S3Storage:
             cached, lambda out: self._download(key, out), listed(committed.data, name)
         )
 
+    def adopt(self, experiment: str, tag: str, folder: Path) -> bool:
+        return False  # no folder becomes an object: its files are uploaded through `stage`
+
     def url(self, experiment: str, tag: str, name: str, expires: int) -> str | None:
         """A presigned GET of the file in the generation the tag's manifest names (pinned
         under `reading`, as `open`'s): a replace meanwhile removes that generation, so the

@@ -19,8 +19,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self
+
+
+class NotAFile(FileNotFoundError):
+    """What a storage never reads as a file stands at its name (a link, a FIFO, a folder, a
+    file with a second name): missing to every reader, and told apart where a message says
+    which it is."""
 
 
 class Reader(Protocol):
@@ -101,8 +108,8 @@ class Files(Protocol):
     """The files of one place in a storage, read without following links."""
 
     def open(self, name: str) -> Reader:
-        """The regular file `name`; FileNotFoundError for anything else (missing, a link,
-        a folder)."""
+        """The regular file `name`; FileNotFoundError for anything else (missing, or
+        `NotAFile`: a link, a folder)."""
         ...
 
     def describe(self, name: str | None = None) -> str:
@@ -159,6 +166,15 @@ class Storage(Protocol):
         entry. Its `commit` is refused (only the owner commits, once every process is done)
         and its `abort` releases only what it created (the owner's abort removes the rest).
         FileNotFoundError when no such stage is in progress."""
+        ...
+
+    def adopt(self, experiment: str, tag: str, folder: Path) -> bool:
+        """Commit a finished folder of this machine as the entry `tag`, moving it as it is,
+        where the storage can (POSIX, on the folder's filesystem: one rename; the folder's
+        own last file is its commit marker), and True; FileExistsError when the tag is
+        taken. False where it cannot (S3, memory): write the files through `stage`. What
+        `DatasetStore.publish` asks first: a prepare publishes its folder in place
+        (docs/architecture.md, "Datasets")."""
         ...
 
     def delete(self, experiment: str, tag: str) -> bool:

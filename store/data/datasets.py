@@ -85,11 +85,13 @@ class Dataset:
     created_at: str = ""
     format_version: int = FORMAT_VERSION
     location: str | None = None
-    """Its name in pins and checkpoints where that is not `folder`: the URL of a dataset in
-    a bucket (`store.data.bucket`), whose files are read from downloads."""
+    """Its name in pins and checkpoints where that is not `folder`: a dataset of the dataset
+    store (`store.data.bucket`), named as the store describes it (a bucket's URL, a data
+    dir's folder), whose files are read through the store."""
     paths: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
-    """Where its files are read when not at `folder / name`: a download held open, which an
-    eviction from the cache cannot take away (`store.data.bucket.BucketDatasets.fetch`)."""
+    """Where its files are read when not at `folder / name`: a file the store opened and
+    holds open (a bucket's download, which an eviction from the cache cannot take away):
+    `store.data.bucket.DatasetStore.fetch`."""
     held: tuple[Any, ...] = field(default=(), compare=False, repr=False)
     """The open readers behind `paths`: they keep those paths valid until `close`."""
 

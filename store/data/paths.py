@@ -13,9 +13,9 @@ real as another, datasets use them (deduplicated copies, snapshots), and the ker
 user link only a file they could read and write already (`fs.protected_hardlinks`).
 
 The same rules confine a prepare run's inputs (whose folders are walked without their hidden
-files, as `trainctl data prepare` reads them) and tokenizer, and the dataset a run names
-(`dataset_folder`: a name under the data dir's datasets/, or a folder inside the roots), down
-to each file its dataset.json lists (`confine_dataset`).
+files, as `trainctl data prepare` reads them) and tokenizer, and the dataset folder a run
+names by a path (`dataset_folder`: a folder inside the roots; a dataset's name is the dataset
+store's), down to each file its dataset.json lists (`confine_dataset`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from trainctl.store.data.datasets import Dataset
 from trainctl.store.data.walk import Bounds, WalkBounded, files_under, glob_paths
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.files import NotRegularFile, check_regular
-from trainctl.store.names import NAME_RULE, is_valid_name
 from trainctl.store.specs import DataSpec
 
 MAX_DATA_FILES = walk.MAX_FILES
@@ -132,30 +131,9 @@ def _until_wildcard(parts: tuple[str, ...]) -> Iterator[str]:
 # --- a dataset folder -----------------------------------------------------------------------
 
 
-def dataset_folder(ref: str, roots: list[Path], datasets_dir: Path | None, field: str) -> Path:
-    """The real folder `ref` names: a dataset's name under `datasets_dir` (what a prepare run
-    writes), or, with a '/', a folder inside the data roots (relative to the first)."""
-    if "/" not in ref:
-        if not is_valid_name(ref):
-            raise InvalidRequest(
-                f"{field}: {ref!r} is neither a dataset name ({NAME_RULE}) nor a path with a "
-                "'/' to a dataset folder inside the data roots"
-            )
-        if datasets_dir is None:
-            raise InvalidRequest(f"{field}: no datasets folder to find {ref!r} in")
-        folder = datasets_dir / ref
-        if folder.is_symlink():  # prepare publishes real folders: a link was planted
-            raise InvalidRequest(
-                f"{field}: the data dir's datasets/{ref} is a link, not a dataset a prepare "
-                "run made; name a folder inside the data roots with a path instead"
-            )
-        if not folder.is_dir():
-            raise InvalidRequest(
-                f"{field}: there is no dataset named {ref!r} in the data dir's datasets/ "
-                "(POST /runs/prepare makes one); name a folder inside the data roots with a "
-                f"path: './{ref}'"
-            )
-        return Path(os.path.realpath(folder))
+def dataset_folder(ref: str, roots: list[Path], field: str) -> Path:
+    """The real folder a path with a '/' names inside the data roots (relative to the
+    first); a dataset's name is the dataset store's (`store.data.pins`)."""
     folder = confine_path(ref, roots, field)
     if not folder.is_dir():
         raise InvalidRequest(f"{field}: {ref!r} is not a folder")

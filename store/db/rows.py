@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.text import repair as repair_text
 from trainctl.store.text import repaired, text_problem, unencodable
 
@@ -77,6 +78,19 @@ def depth(value: Any) -> int:
                 (inner, level + 1) for inner in (item.values() if isinstance(item, dict) else item)
             )
     return deepest
+
+
+def as_json(value: dict[str, Any]) -> dict[str, Any]:
+    """The value as it will come back from a JSON column (tuples become lists, and so on).
+
+    Normalising before storing lets an idempotent replay compare like with like, and rejects
+    values JSON cannot hold here, with a clear error, rather than inside the driver.
+    """
+    try:
+        normalised: dict[str, Any] = json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"value is not JSON-serialisable: {exc}") from exc
+    return normalised
 
 
 def storable_json(value: Any) -> Any:

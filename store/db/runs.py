@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from trainctl.store.db.migrations import upgrade_to_head
-from trainctl.store.db.placement import ONE_NODE, Capacity, Placement
+from trainctl.store.db.placement import ONE_NODE, Placement
 from trainctl.store.db.queue import (
     GANG_RESERVE_SECONDS,
     candidates,
@@ -38,10 +38,9 @@ from trainctl.store.db.queue import (
     my_place,
     place_gang,
     placement_of_row,
-    plugins_of,
     reserved_for,
 )
-from trainctl.store.db.rows import RowReader, is_clean, storable_json
+from trainctl.store.db.rows import RowReader, as_json, is_clean, storable_json
 from trainctl.store.db.schema import (
     IDEMPOTENCY_SCOPE,
     UTCDateTime,
@@ -55,6 +54,7 @@ from trainctl.store.db.schema import (
 )
 from trainctl.store.db.sinks import reopen_finished
 from trainctl.store.db.tokens import same_name
+from trainctl.store.db.workers import WorkerStore
 from trainctl.store.exceptions import (
     AmbiguousRunId,
     Conflict,
@@ -65,7 +65,6 @@ from trainctl.store.exceptions import (
     QueueFull,
     RunNotCancellable,
     RunNotFound,
-    WorkerNotFound,
 )
 from trainctl.store.plans import ForkPoint
 from trainctl.store.text import column_text, unencodable
@@ -164,37 +163,6 @@ class Event:
     created_at: datetime
 
 
-@dataclass(frozen=True)
-class Worker:
-    """A registered worker process; `current_run_id` is the run it is executing, if any."""
-
-    id: str
-    host: str
-    pid: int
-    device: str
-    info: dict[str, Any]
-    started_at: datetime
-    last_seen_at: datetime
-    current_run_id: str | None
-    node_name: str = ""
-    gpus: int = 0
-    cpus: int = 1
-    address: str | None = None
-    model_plugins: tuple[str, ...] = ()
-    """The plug-in models installed where it runs (store/models/plugin.py)."""
-    hf_model_types: tuple[str, ...] = ()
-    """The transformers model types it builds (those of the transformers installed there)."""
-    drain_requested_at: datetime | None = None
-    """When it was asked to drain (`drain_worker`); None: it was not."""
-
-    @property
-    def capacity(self) -> Capacity:
-        return Capacity(
-            self.id, self.node_name, self.gpus, self.cpus, frozenset(self.model_plugins)
-        )
-
-
-LIST_WORKERS = "GET /workers (trainctl workers) lists those that are"
 QUEUE_RETRY_SECONDS = 30
 """What a client refused for a full queue is told to wait (Retry-After)."""
 
@@ -244,7 +212,8 @@ class RunToQueue:
 
 
 class RunStore:
-    """Runs, their events and the workers, in one SQL database (SQLite or PostgreSQL).
+    """Runs and their events in one SQL database (SQLite or PostgreSQL), and the registry of
+    the workers that run them (`workers`) on the same engine.
 
     Every method is one short transaction, so the service and several worker processes can
     share the database. Close the store (or use it as a context manager) to release its pool.
@@ -252,6 +221,8 @@ class RunStore:
 
     def __init__(self, url: str) -> None:
         self.engine = build_engine(url)
+        self.workers = WorkerStore(self.engine)
+        """The worker registry (store/db/workers.py): register, heartbeat, drain, list."""
 
     def create_all(self) -> None:
         """Bring the schema to the newest migration (creating it in an empty database).
@@ -623,11 +594,6 @@ class RunStore:
         gang = GangPlace(place.node_rank, place.nnodes, place.rendezvous)
         return dataclasses.replace(run, attempt=place.attempt, gang=gang)
 
-    def release_worker(self, worker_id: str) -> None:
-        """The worker has stopped working on its run: it is idle, a gang may take it."""
-        with write_transaction(self.engine) as conn:
-            conn.execute(update(workers).where(workers.c.id == worker_id).values(run_id=None))
-
     def gang_members(self, run_id: str) -> list[str]:
         """The workers of a running gang, by node rank (empty for other runs)."""
         with read_transaction(self.engine) as conn:
@@ -670,7 +636,7 @@ class RunStore:
                 row = _require_owned(conn, run_id, worker_id, attempt)
             else:
                 row = _require_row(conn, run_id, lock=True)  # see _insert_event: ids in order
-            event_id = _insert_event(conn, run_id, type, storable_json(_as_json(data)))
+            event_id = _insert_event(conn, run_id, type, storable_json(as_json(data)))
             if type == "metrics" and row.state in TERMINAL_STATES:
                 # Scores recorded on a run that has ended (docs/evals.md): its sinks mirror them.
                 reopen_finished(conn, run_id)
@@ -725,7 +691,7 @@ class RunStore:
             raise ValueError(f"a run finishes as one of {sorted(TERMINAL_STATES)}, not {state!r}")
         values = {
             "state": state,
-            "result": None if result is None else storable_json(_as_json(result)),
+            "result": None if result is None else storable_json(as_json(result)),
             "error": None if error is None else column_text(error),
             "finished_at": _utcnow(),
             "lease_expires_at": None,
@@ -893,88 +859,6 @@ class RunStore:
         _insert_event(conn, row.id, "state", _state_data(moved, row.state, reason))
         return _run_from_row(moved)
 
-    # ---- workers -----------------------------------------------------------------------------
-
-    def register_worker(
-        self,
-        worker_id: str,
-        *,
-        host: str,
-        pid: int,
-        device: str,
-        info: dict[str, Any],
-        node_name: str | None = None,
-        gpus: int = 0,
-        cpus: int = 1,
-        address: str | None = None,
-        model_plugins: Iterable[str] = (),
-        hf_model_types: Iterable[str] = (),
-    ) -> None:
-        """Record a worker process and what it has (store/db/placement.py), with the plug-in
-        models installed where it runs and the transformers model types it builds;
-        registering an id again replaces its record (a restart), idle."""
-        now = _utcnow()
-        values = {"host": host, "pid": pid, "device": device, "info": storable_json(_as_json(info))}
-        values |= {"started_at": now, "last_seen_at": now, "run_id": None}
-        values["drain_requested_at"] = None  # a restart under the same id starts afresh
-        values |= {"node_name": node_name or host, "gpus": gpus, "cpus": cpus, "address": address}
-        values["model_plugins"] = sorted(model_plugins)
-        values["hf_model_types"] = sorted(hf_model_types)
-        with write_transaction(self.engine) as conn:
-            # Update-then-insert instead of a dialect-specific upsert: the write transaction
-            # makes it atomic on SQLite; on PostgreSQL a racing insert fails loudly.
-            updated = conn.execute(update(workers).where(workers.c.id == worker_id).values(values))
-            if updated.rowcount == 0:
-                conn.execute(insert(workers).values(id=worker_id, **values))
-
-    def worker_heartbeat(self, worker_id: str) -> bool:
-        """Mark the worker alive now; return whether it was asked to drain (`drain_worker`).
-        Raises `WorkerNotFound` if it was deregistered."""
-        statement = (
-            update(workers)
-            .where(workers.c.id == worker_id)
-            .values(last_seen_at=_utcnow())
-            .returning(workers.c.drain_requested_at)
-        )
-        with write_transaction(self.engine) as conn:
-            row = conn.execute(statement).one_or_none()
-        if row is None:
-            raise WorkerNotFound(worker_id)
-        return row.drain_requested_at is not None
-
-    def drain_worker(self, worker_id: str) -> Worker:
-        """Ask a worker to drain: its running run saves and goes back to the queue, and the
-        worker claims nothing more and exits (docs/operations.md, "Preemption and drain").
-        Asking again keeps the first request's time. Raises `WorkerNotFound`."""
-        statement = (
-            update(workers)
-            .where(workers.c.id == worker_id)
-            .values(
-                drain_requested_at=func.coalesce(
-                    workers.c.drain_requested_at, literal(_utcnow(), UTCDateTime())
-                )
-            )
-        )
-        with write_transaction(self.engine) as conn:
-            if conn.execute(statement).rowcount == 0:
-                raise WorkerNotFound(worker_id, LIST_WORKERS)
-        found = [w for w in self.list_workers() if w.id == worker_id]
-        if not found:  # it exited between the two transactions
-            raise WorkerNotFound(worker_id, LIST_WORKERS)
-        return found[0]
-
-    def list_workers(self) -> list[Worker]:
-        running = select(runs.c.worker_id, runs.c.id).where(runs.c.state == "running")
-        with read_transaction(self.engine) as conn:
-            rows = conn.execute(select(workers).order_by(workers.c.started_at)).all()
-            current = {worker: run for worker, run in conn.execute(running)}
-        return [_worker_from_row(r, current.get(r.id) or r.run_id) for r in rows]
-
-    def deregister_worker(self, worker_id: str) -> None:
-        """Forget a worker (it exited). Its running runs are recovered by `fail_worker_runs`."""
-        with write_transaction(self.engine) as conn:
-            conn.execute(workers.delete().where(workers.c.id == worker_id))
-
 
 # ---- helpers: rows, fencing, events, cursors ------------------------------------------------
 
@@ -983,26 +867,13 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def _as_json(value: dict[str, Any]) -> dict[str, Any]:
-    """The value as it will come back from a JSON column (tuples become lists, and so on).
-
-    Normalising before storing lets an idempotent replay compare like with like, and rejects
-    values JSON cannot hold here, with a clear error, rather than inside the driver.
-    """
-    try:
-        normalised: dict[str, Any] = json.loads(json.dumps(value))
-    except (TypeError, ValueError) as exc:
-        raise InvalidRequest(f"value is not JSON-serialisable: {exc}") from exc
-    return normalised
-
-
 def _plan_json(plan: dict[str, Any]) -> dict[str, Any]:
     """A plan as stored: refused, not repaired, when it holds text UTF-8 cannot encode,
     which no answer could show again (the request models refuse it first: store/text.py)."""
     problem = unencodable(plan)
     if problem is not None:
         raise InvalidRequest(f"the run's plan: {problem}")
-    return _as_json(plan)
+    return as_json(plan)
 
 
 def _run_from_row(row: Row[Any]) -> Run:
@@ -1074,27 +945,6 @@ def _event_from_row(row: Row[Any]) -> Event:
     if type(data) is not dict or not is_clean(data):  # the quick test first: pages are long
         data = RowReader(f"event {row.id}").json("data", data)
     return Event(row.id, row.run_id, row.type, data, row.created_at)
-
-
-def _worker_from_row(row: Row[Any], current_run_id: str | None) -> Worker:
-    reader = RowReader(f"worker {row.id}")
-    return Worker(
-        row.id,
-        reader.text("host", row.host) or "",
-        row.pid,
-        row.device,
-        reader.json("info", row.info),
-        row.started_at,
-        row.last_seen_at,
-        current_run_id,
-        reader.text("node_name", row.node_name) or "",
-        row.gpus,
-        row.cpus,
-        reader.text("address", row.address),
-        tuple(sorted(plugins_of(row.model_plugins))),
-        tuple(sorted(plugins_of(row.hf_model_types))),  # a list of names, read alike
-        row.drain_requested_at,
-    )
 
 
 def _keyed(submitted_by: str | None, key: str) -> ColumnElement[bool]:

@@ -54,7 +54,7 @@ def queue_checkpoint_eval(
     # An evaluate request reads no data roots: a worker's context has none to give.
     context = SubmitContext(
         data_roots=[],
-        datasets_dir=stores.layout.datasets,
+        datasets=stores.datasets,
         checkpoints=stores.checkpoints,
         exports=stores.exports,
         runs=runs,

@@ -8,7 +8,6 @@ the resolver runs, not at the top: the CLI imports this module for the request a
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,7 +28,7 @@ from trainctl.store.specs import (
 from trainctl.store.vocabulary import ACTIVE_STATES
 
 if TYPE_CHECKING:
-    from trainctl.store.data.bucket import BucketDatasets
+    from trainctl.store.data.bucket import DatasetStore
     from trainctl.store.db.runs import RunStore
     from trainctl.store.resolve import SubmitContext
 
@@ -134,27 +133,19 @@ def resolve_prepare(
     request: PrepareRequest,
     *,
     data_roots: list[Path],
-    datasets_dir: Path,
-    datasets: BucketDatasets | None = None,
+    datasets: DatasetStore,
 ) -> PreparePlan:
-    """Inputs and tokenizer confined to the roots, the output a new folder of `datasets_dir`,
-    or a new dataset of the bucket's `datasets` when there is one."""
+    """Inputs and tokenizer confined to the roots, the output a new dataset of `datasets`
+    (a folder of the data dir's, or the bucket's), named by where it will be."""
     # Imported when it runs, not above: see the module's docstring.
     from trainctl.store.data.contents import check_inputs
     from trainctl.store.data.paths import confine_paths
-    from trainctl.store.resolve import _tokenizer_file, shared_options
+    from trainctl.store.data.pins import tokenizer_file
+    from trainctl.store.resolve import shared_options
 
-    output = str(Path(os.path.realpath(datasets_dir)) / request.name)
-    if datasets is not None:
-        output = datasets.describe(request.name)
-        if datasets.exists(request.name):
-            raise DatasetExists(
-                f"name: {datasets.describe()} already has a {request.name!r}; choose another name"
-            )
-    elif os.path.lexists(output):
+    if datasets.exists(request.name):
         raise DatasetExists(
-            f"name: the data dir's datasets/ already has a {request.name!r}; choose another "
-            "name, or remove that folder first"
+            f"name: {datasets.describe()} already has a {request.name!r}; choose another name"
         )
     inputs = confine_paths(request.inputs, data_roots, "inputs", skip_hidden=True)
     check_inputs(inputs, "inputs")
@@ -162,15 +153,13 @@ def resolve_prepare(
         **shared_options(request, PrepareOptions),
         name=request.name,
         inputs=[str(p) for p in inputs],
-        tokenizer=_tokenizer_file(request.tokenizer, data_roots),
-        output=output,
+        tokenizer=tokenizer_file(request.tokenizer, data_roots),
+        output=datasets.describe(request.name),
     )
 
 
 def plan_prepare(request: PrepareRequest, ctx: SubmitContext) -> PreparePlan:
-    plan = resolve_prepare(
-        request, data_roots=ctx.data_roots, datasets_dir=ctx.datasets_dir, datasets=ctx.datasets
-    )
+    plan = resolve_prepare(request, data_roots=ctx.data_roots, datasets=ctx.datasets)
     refuse_a_second_prepare(ctx.runs, plan.name)
     return plan
 

@@ -54,7 +54,7 @@ from trainctl.store.training.parallelism import PARALLEL_STRATEGIES
 
 if TYPE_CHECKING:
     from trainctl.store.checkpoints.store import CheckpointStore
-    from trainctl.store.data.bucket import BucketDatasets
+    from trainctl.store.data.bucket import DatasetStore
     from trainctl.store.resolve import SubmitContext
 
 
@@ -300,21 +300,18 @@ def resolve_train(
     cuda_available: bool,
     data_roots: list[Path],
     checkpoints: CheckpointStore | None = None,
-    datasets_dir: Path | None = None,
-    datasets: BucketDatasets | None = None,
+    datasets: DatasetStore | None = None,
     default_trackers: Sequence[Tracker] = (),
     mlflow_configured: bool = False,
 ) -> TrainPlan:
-    """The plan of a train request. A resume needs `checkpoints`, to pin the checkpoint; a
-    dataset named by its name needs `datasets_dir`, where prepare runs write them, or
-    `datasets`, the bucket's, when there is one.
+    """The plan of a train request. A resume needs `checkpoints`, to pin the checkpoint;
+    data that names a dataset needs `datasets`, the deployment's (`open_stores`).
     `default_trackers` are the service's (TRAINCTL_TRACKERS), for a request that names none."""
     # Imported when it runs, not above: see the module's docstring.
     from trainctl.store.data.contents import check_enough_tokens
+    from trainctl.store.data.pins import check_vocabulary, data_plan
     from trainctl.store.resolve import (
         TRAIN_PROFILES,
-        _check_vocabulary,
-        _data_plan,
         batch_geometry,
         model_plan,
         pick_device,
@@ -326,10 +323,10 @@ def resolve_train(
     model = model_plan(request.model, profile)
     if request.data.source in ("stdlib", "text") and model.config.vocab_size < 256:
         raise InvalidRequest("byte-level text needs a vocab_size of at least 256")
-    resolved = _data_plan(request.data, data_roots, datasets_dir, datasets)
+    resolved = data_plan(request.data, data_roots, datasets)
     data, dataset = resolved.data, resolved.dataset
     for field, pin in resolved.pins:
-        _check_vocabulary(
+        check_vocabulary(
             field,
             pin,
             model.config.vocab_size,
@@ -368,13 +365,13 @@ def _check_samples(
     data: DataSpec,
     dataset: DatasetPin | None,
     config: AnyModelConfig,
-    bucket: BucketDatasets | None,
+    datasets: DatasetStore | None,
 ) -> None:
     """Samples need text in and out, and each prompt with its completion must fit the model."""
     # Imported when it runs, not above: see the module's docstring.
-    from trainctl.store.resolve import data_codec
+    from trainctl.store.data.pins import data_codec
 
-    codec = data_codec(data, dataset, bucket)
+    codec = data_codec(data, dataset, datasets)
     if codec is None:
         raise InvalidRequest(
             f"sample_every: the tokens of data source {data.source!r} come from no known "
@@ -438,7 +435,6 @@ def plan_train(request: TrainRequest, ctx: SubmitContext) -> TrainPlan:
         cuda_available=ctx.cuda_available,
         data_roots=ctx.data_roots,
         checkpoints=ctx.checkpoints,
-        datasets_dir=ctx.datasets_dir,
         datasets=ctx.datasets,
         default_trackers=ctx.default_trackers,
         mlflow_configured=ctx.mlflow_configured,

@@ -22,7 +22,7 @@ from trainctl.store.training.memory import MemoryNeed, estimate_peak
 
 if TYPE_CHECKING:
     from trainctl.store.checkpoints.store import CheckpointStore
-    from trainctl.store.data.bucket import BucketDatasets
+    from trainctl.store.data.bucket import DatasetStore
     from trainctl.store.resolve import SubmitContext
 
 
@@ -59,17 +59,15 @@ def resolve_validate(
     cuda_available: bool,
     data_roots: list[Path],
     checkpoints: CheckpointStore,
-    datasets_dir: Path | None = None,
-    datasets: BucketDatasets | None = None,
+    datasets: DatasetStore | None = None,
 ) -> ValidatePlan:
     """Pins 'latest', 'best' or 'exp/tag' to one checkpoint now, and takes its model; the
     data must be encoded with the tokenizer the checkpoint was trained with."""
     # Imported when it runs, not above: see the module's docstring.
     from trainctl.store.data.contents import check_enough_tokens
+    from trainctl.store.data.pins import check_vocabulary, data_plan
     from trainctl.store.resolve import (
         TRAIN_PROFILES,
-        _check_vocabulary,
-        _data_plan,
         chosen_checkpoint,
         pick_device,
         shared_options,
@@ -83,13 +81,13 @@ def resolve_validate(
         raise InvalidRequest(
             f"seq_len {seq_len} is above the checkpoint model's max_seq_len {config.max_seq_len}"
         )
-    resolved = _data_plan(request.data, data_roots, datasets_dir, datasets)
+    resolved = data_plan(request.data, data_roots, datasets)
     data, dataset = resolved.data, resolved.dataset  # one source: ValidateOptions' rule
     for field, arrays in resolved.arrays:
         check_enough_tokens(arrays, data.val_fraction, seq_len, field, validation_only=True)
     source = f"checkpoint {info.experiment}/{info.tag}"
     for field, pin in resolved.pins:
-        _check_vocabulary(
+        check_vocabulary(
             field,
             pin,
             config.vocab_size,
@@ -112,7 +110,6 @@ def plan_validate(request: ValidateRequest, ctx: SubmitContext) -> ValidatePlan:
         cuda_available=ctx.cuda_available,
         data_roots=ctx.data_roots,
         checkpoints=ctx.checkpoints,
-        datasets_dir=ctx.datasets_dir,
         datasets=ctx.datasets,
     )
 

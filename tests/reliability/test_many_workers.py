@@ -55,7 +55,9 @@ def fleet(
         try:
             for n in range(WORKERS):
                 workers.start(f"host{n}", env, ["--lease-seconds", str(LEASE_SECONDS)])
-            poll(lambda: len(runs.list_workers()) == WORKERS, what="four workers to register")
+            poll(
+                lambda: len(runs.workers.list_workers()) == WORKERS, what="four workers to register"
+            )
             yield Fleet(runs, workers)
         finally:
             workers.close()

@@ -60,7 +60,7 @@ class Workers:
         args = ["--node-name", node, "--address", "127.0.0.1", "--lease-seconds", "5"]
         self.start(worker_id, extra_args=args)
         poll(
-            lambda: any(w.id == worker_id for w in runs.list_workers()),
+            lambda: any(w.id == worker_id for w in runs.workers.list_workers()),
             timeout=120,
             what=f"{worker_id} to register",
         )

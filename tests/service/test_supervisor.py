@@ -113,7 +113,7 @@ sys.path.insert(0, sys.argv[1])
 from trainctl.store.db.runs import RunStore
 from trainctl.store.processes import DRAINED_EXIT_CODE
 store, worker_id = RunStore(os.environ["TRAINCTL_DATABASE_URL"]), os.environ["TRAINCTL_WORKER_ID"]
-store.register_worker(worker_id, host="test", pid=os.getpid(), device="cpu", info={})
+store.workers.register(worker_id, host="test", pid=os.getpid(), device="cpu", info={})
 run = store.claim(worker_id, lease_seconds=3600)
 print("claimed", run and run.id, flush=True)
 sys.exit(3)
@@ -257,7 +257,7 @@ def test_the_run_a_crashed_worker_held_is_handed_back_even_when_its_slot_is_give
     failed = store.get(run.id)
     assert failed.state == "failed" and failed.error is not None
     assert failed.error.startswith(f"worker process {worker_id} exited with code 3")
-    assert store.list_workers() == []
+    assert store.workers.list_workers() == []
 
 
 # A worker that claims a run and is then ended the way the kernel's OOM killer ends one: the

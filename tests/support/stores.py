@@ -1,6 +1,6 @@
 """Checkpoint stores for tests: on a folder (POSIX), in memory or in a bucket, and ways to
 reach under the store's policy (the folders of a POSIX store, entries written as a storage
-holds them)."""
+holds them); a data dir's dataset store."""
 
 from __future__ import annotations
 
@@ -10,15 +10,24 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.s3server import S3Server
+from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE, build_manifest, manifest_bytes
 from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.s3 import S3Storage
 from trainctl.store.checkpoints.storage import Entry
 from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.data.bucket import DatasetStore
+from trainctl.store.layout import DataLayout
 
 
 def posix_store(root: Path) -> CheckpointStore:
     return CheckpointStore(PosixStorage(root))
+
+
+def dataset_store(data_dir: Path) -> DatasetStore:
+    """The prepared datasets of a data dir (its `datasets/` folder), as `open_stores` opens
+    them for the service and the workers."""
+    return open_stores(DataLayout(data_dir)).datasets
 
 
 def s3_store(

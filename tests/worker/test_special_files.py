@@ -12,8 +12,9 @@ import pytest
 from tests.support.checkpoints import save_checkpoint
 from tests.support.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset
 from tests.support.special_files import plant, self_loops, without_blocking
-from tests.support.stores import posix_store
+from tests.support.stores import dataset_store, posix_store
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
+from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.shards import DataError, expand_paths, write_shard
 from trainctl.store.kinds.train import TrainRequest, resolve_train
@@ -28,11 +29,11 @@ from trainctl.worker.training.optim import build_optimizers
 TEXTS = stdlib_texts(60_000)
 
 
-def plan_for(root: Path, data: dict[str, Any], datasets: Path | None = None) -> Any:
+def plan_for(root: Path, data: dict[str, Any], datasets: DatasetStore | None = None) -> Any:
     request = TrainRequest(
         experiment="e", steps=2, batch={"micro_batch_size": 2, "seq_len": 32}, data=data
     )
-    return resolve_train(request, cuda_available=False, data_roots=[root], datasets_dir=datasets)
+    return resolve_train(request, cuda_available=False, data_roots=[root], datasets=datasets)
 
 
 @pytest.fixture
@@ -74,12 +75,13 @@ def test_a_dataset_file_swapped_for_a_fifo_fails_the_run_naming_it(
     tokenizer = train_tokenizer(tmp_path / "tok" / TOKENIZER_FILE, TEXTS, 300)
     dataset = write_bpe_dataset(tmp_path / "datasets" / "code", tokenizer, TEXTS)
     data = {"source": "dataset", "dataset": "code"}
-    plan = plan_for(tmp_path, data, datasets=tmp_path / "datasets")
+    datasets = dataset_store(tmp_path)
+    plan = plan_for(tmp_path, data, datasets)
     plant(dataset.folder / swapped, "fifo")
 
     def read_as_a_run_does() -> None:
-        build_data_record(plan.data, plan.dataset)
-        build_token_arrays(plan.data, plan.dataset)
+        build_data_record(plan.data, plan.dataset, datasets=datasets)
+        build_token_arrays(plan.data, plan.dataset, datasets)
 
     with pytest.raises(DataError, match="a FIFO, not a regular file") as failed:
         without_blocking(read_as_a_run_does, "reading the dataset")

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from trainctl.store.data.bucket import BucketDatasets
+from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.data.datasets import (
     TOKENIZER_FILE,
     Dataset,
@@ -31,22 +31,20 @@ from trainctl.store.plans import DatasetPin, data_tokenizer
 from trainctl.store.specs import DataSpec
 
 
-def open_dataset(pin: DatasetPin, bucket: BucketDatasets | None = None) -> Dataset:
-    """The pinned dataset, provided its dataset.json still says what it said at submit: a
-    folder of this node, or (its pin a URL) a dataset of the `bucket`, downloaded into the
-    cache and held open while it is read."""
-    name = bucket.name_of(pin.folder) if bucket is not None else None
-    if "://" in pin.folder and name is None:
+def open_dataset(pin: DatasetPin, datasets: DatasetStore | None = None) -> Dataset:
+    """The pinned dataset, provided its dataset.json still says what it said at submit: one
+    of the worker's `datasets` (its files held open while it is read, a bucket's downloaded
+    into the cache), else a folder read where it lies: a dataset a request named by its
+    path (or any, where a plan is run outside a data dir: a test, a tool)."""
+    if datasets is not None and (name := datasets.name_of(pin.folder)) is not None:
+        dataset = datasets.fetch(name)
+    elif "://" in pin.folder:
         raise DataError(
-            f"dataset {pin.folder} is in a bucket, and this worker reads "
-            f"{bucket.describe() if bucket else 'no bucket (TRAINCTL_STORAGE_URL is unset)'}; "
-            "give the worker the service's TRAINCTL_STORAGE_URL"
+            f"dataset {pin.folder} is in a bucket this worker does not read; give the worker "
+            "the service's TRAINCTL_STORAGE_URL"
         )
-    if name is None:
-        dataset = read_dataset(Path(pin.folder))
     else:
-        assert bucket is not None  # a name is only ever found in a bucket
-        dataset = bucket.fetch(name)
+        dataset = read_dataset(Path(pin.folder))
     if DatasetPin.of(dataset) != pin:
         raise DataError(
             f"dataset {pin.folder} was prepared again since the run was submitted (its "
@@ -84,7 +82,7 @@ def build_data_record(
     data: DataSpec,
     dataset: DatasetPin | None,
     mixture: Sequence[DatasetPin] = (),
-    bucket: BucketDatasets | None = None,
+    datasets: DatasetStore | None = None,
 ) -> DataRecord:
     """A mixture's datasets share one tokenizer (checked at submit): its first's is saved,
     and the metadata lists each one's identity (`datasets`)."""
@@ -93,7 +91,7 @@ def build_data_record(
         known = data_tokenizer(data, None) is not None  # byte-level text
         tokenizer = asdict(TokenizerRef("bytes")) if known else None
         return DataRecord({"dataset": None, "tokenizer": tokenizer})
-    found = [open_dataset(pin, bucket) for pin in pins]
+    found = [open_dataset(pin, datasets) for pin in pins]
     try:
         tokenizer_file = read_tokenizer(found[0])
     finally:

@@ -1,6 +1,6 @@
 """A prepare run on a worker (docs/architecture.md, "Datasets"):
-`store.data.prepare.prepare_dataset` over the plan's inputs, into a folder of its own,
-published by one rename.
+`store.data.prepare.prepare_dataset` over the plan's inputs, into a folder of its own, then
+published into the dataset store (`store.data.bucket.DatasetStore.publish`).
 
 ```
 <data>/datasets/
@@ -10,14 +10,14 @@ published by one rename.
 
 Each attempt prepares into a folder of its own, so a retried attempt starts afresh, and a
 stalled one whose lease was lost never writes into the folder of the attempt that replaced
-it; the rename waits for the lease to be confirmed. A folder `<name>` is therefore always a
-finished dataset, and the log records its publication, so an attempt that finds it published
-by its predecessor (which died just after the rename) reports it instead of failing.
+it; the publication waits for the lease to be confirmed. A dataset `<name>` is therefore
+always a finished one, and the log records its publication, so an attempt that finds it
+published by its predecessor (which died just after) reports it instead of failing.
 
-With a bucket (TRAINCTL_STORAGE_URL; the plan's output is then the dataset's URL there), the
-attempt prepares into the same staging folder of this worker's data dir and publishes by
-uploading it (`store.data.bucket`), the manifest last, in place of the rename; the staging
-folder goes once it is up. Nothing of a dataset in a bucket is left on the node.
+The store publishes as its storage can: on a data dir the finished folder is moved into
+place by one rename; with a bucket (TRAINCTL_STORAGE_URL; the plan's output is then the
+dataset's URL there) it is uploaded, the manifest last, and the staging folder goes once it
+is up: nothing of a dataset in a bucket is left on the node.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.store.checkpoints.factory import Stores
+from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.data.datasets import Dataset, read_dataset
 from trainctl.store.data.prepare import PrepareProgress, prepare_dataset
 from trainctl.store.data.shards import DataError
@@ -48,68 +49,34 @@ PROGRESS_EVENT_SECONDS = 5.0
 def prepare(plan: PreparePlan, ctx: RunContext, stores: Stores) -> dict[str, Any]:
     """Prepare and publish the plan's dataset; its summary. Raises PrepareStopped (nothing
     of the attempt left) when the run is asked to stop."""
-    if "://" in plan.output:
-        return prepare_to_bucket(plan, ctx, stores)
-    out = Path(plan.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    sweep_attempts(out, ctx)
-    if os.path.lexists(out):
-        if published_by(ctx, out):
-            ctx.log(f"dataset {plan.name} was published by an earlier attempt of this run")
-            return summary(read_dataset(out), plan.name, seconds=0.0)
+    datasets = stores.datasets
+    if datasets.name_of(plan.output) != plan.name:
         raise DataError(
-            f"the data dir's datasets/ has a {plan.name!r} that this run did not make (another "
+            f"dataset {plan.output} goes where this worker does not write: its datasets are "
+            f"{datasets.describe()}; give the worker the service's data dir, or its "
+            "TRAINCTL_STORAGE_URL"
+        )
+    attempts = stores.layout.datasets  # the staging folders' place, in this node's data dir
+    attempts.mkdir(parents=True, exist_ok=True)
+    sweep_attempts(attempts / plan.name, ctx)
+    if datasets.exists(plan.name):
+        if published_by(ctx, plan.output):
+            ctx.log(f"dataset {plan.name} was published by an earlier attempt of this run")
+            return summary(datasets.read(plan.name).dataset, plan.name, seconds=0.0)
+        raise DataError(
+            f"{datasets.describe()} has a {plan.name!r} that this run did not make (another "
             "prepare since this one was submitted?); prepare under another name"
         )
-    staging = out.parent / f"{STAGING_PREFIX}{plan.name}-{ctx.run.id}-{ctx.attempt}"
+    staging = attempts / f"{STAGING_PREFIX}{plan.name}-{ctx.run.id}-{ctx.attempt}"
     # Made here, by mkdir, which fails on anything at its name: a link planted there (the run
     # id is no secret) would have the shards written wherever it points.
     os.mkdir(staging)
     try:
         events = prepare_into(staging, plan, ctx)
-        publish(staging, out, ctx)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return summary(read_dataset(out), plan.name, seconds=events.seconds)
-
-
-def prepare_to_bucket(plan: PreparePlan, ctx: RunContext, stores: Stores) -> dict[str, Any]:
-    """Prepare in this node's data dir, then upload into the bucket of the plan's URL."""
-    bucket = stores.datasets
-    if bucket is None or bucket.name_of(plan.output) != plan.name:
-        raise DataError(
-            f"dataset {plan.output} goes into a bucket, and this worker writes into "
-            f"{bucket.describe() if bucket else 'no bucket (TRAINCTL_STORAGE_URL is unset)'}; "
-            "give the worker the service's TRAINCTL_STORAGE_URL"
-        )
-    local = stores.layout.datasets / plan.name  # the staging folders' place, never published
-    local.parent.mkdir(parents=True, exist_ok=True)
-    sweep_attempts(local, ctx)
-    if bucket.exists(plan.name):
-        if published_by(ctx, plan.output):
-            ctx.log(f"dataset {plan.name} was published by an earlier attempt of this run")
-            return summary(bucket.read(plan.name).dataset, plan.name, seconds=0.0)
-        raise DataError(
-            f"{bucket.describe()} has a {plan.name!r} that this run did not make (another "
-            "prepare since this one was submitted?); prepare under another name"
-        )
-    staging = local.parent / f"{STAGING_PREFIX}{plan.name}-{ctx.run.id}-{ctx.attempt}"
-    os.mkdir(staging)  # as `prepare`'s: fails on anything planted at its name
-    try:
-        events = prepare_into(staging, plan, ctx)
-        ctx.confirm_lease()
-        try:
-            bucket.publish(staging, plan.name)
-        except FileExistsError:
-            raise DataError(
-                f"cannot publish dataset {plan.name}: {bucket.describe()} has one of that name "
-                "now, made since this run was submitted"
-            ) from None
-        ctx.log(f"published dataset {plan.name}", published=plan.output)
         done = replace(read_dataset(staging), location=plan.output)
+        publish(staging, plan, ctx, datasets)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)  # a folder moved into place is gone already
     return summary(done, plan.name, seconds=events.seconds)
 
 
@@ -134,22 +101,17 @@ def prepare_into(staging: Path, plan: PreparePlan, ctx: RunContext) -> ProgressE
     return events
 
 
-def publish(staging: Path, out: Path, ctx: RunContext) -> None:
-    """Rename the finished folder into place, while this attempt still owns the run."""
+def publish(staging: Path, plan: PreparePlan, ctx: RunContext, datasets: DatasetStore) -> None:
+    """Publish the finished folder into the store, while this attempt still owns the run."""
     ctx.confirm_lease()
     try:
-        os.rename(staging, out)  # onto nothing, or an empty folder
-    except OSError as exc:
+        datasets.publish(staging, plan.name)
+    except FileExistsError:
         raise DataError(
-            f"cannot publish dataset {out.name}: {exc.strerror} (the data dir's datasets/ has "
-            "one of that name now, made since this run was submitted?)"
+            f"cannot publish dataset {plan.name}: {datasets.describe()} has one of that name "
+            "now, made since this run was submitted"
         ) from None
-    fd = os.open(out.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    ctx.log(f"published dataset {out.name}", published=str(out))
+    ctx.log(f"published dataset {plan.name}", published=plan.output)
 
 
 def published_by(ctx: RunContext, out: Path | str) -> bool:

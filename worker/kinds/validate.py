@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from trainctl.store.data.bucket import BucketDatasets
+from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.kinds.validate import ValidatePlan
 from trainctl.store.plans import bytes_per_token
 from trainctl.worker.checkpoints.state import load_checkpoint
@@ -21,13 +21,13 @@ from trainctl.worker.training.loop import build_token_arrays, val_metrics
 from trainctl.worker.training.validation import compute_validation_loss, validate_forward_shape
 
 
-def validation_batches(plan: ValidatePlan, bucket: BucketDatasets | None = None) -> list[Any]:
+def validation_batches(plan: ValidatePlan, datasets: DatasetStore) -> list[Any]:
     data, vocab_size = plan.data, plan.model.vocab_size
     if data.source == "synthetic":
         sampler: Any = SyntheticSampler(plan.batch_size, plan.seq_len, vocab_size, data.seed)
     else:
         # Same held-out data a train run on this source validates on.
-        _, val_arrays = build_token_arrays(data, plan.dataset, bucket)
+        _, val_arrays = build_token_arrays(data, plan.dataset, datasets)
         sampler = TokenSampler(val_arrays, plan.batch_size, plan.seq_len, seed=data.seed + 1)
     return [sampler.batch(i) for i in range(plan.num_batches)]
 

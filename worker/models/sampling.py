@@ -18,12 +18,11 @@ import torch
 
 from trainctl.store.checkpoints.info import check_fits
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.data.bucket import BucketDatasets
-from trainctl.store.data.codec import TextCodec
+from trainctl.store.data.codec import TextCodec, build_codec
 from trainctl.store.kinds.sample import SamplePlan
 from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.models.generation import GenerationSettings
-from trainctl.store.resolve import data_codec
+from trainctl.store.plans import data_tokenizer
 from trainctl.worker.context import RunContext
 from trainctl.worker.models import LanguageModel
 from trainctl.worker.models.generation import (
@@ -128,8 +127,10 @@ class TrainingSamples:
     """A train run's samples: its prompts continued by the model as it trains, with the same
     seed every time, so that two samples differ only because the model does."""
 
-    def __init__(self, plan: TrainPlan, every: int, bucket: BucketDatasets | None = None) -> None:
-        codec = data_codec(plan.data, plan.tokenizer_dataset, bucket)
+    def __init__(self, plan: TrainPlan, every: int, tokenizer_json: bytes | None = None) -> None:
+        """`tokenizer_json`: the run's dataset's tokenizer, as the run read it (its
+        `DataRecord`); None for byte-level text."""
+        codec = build_codec(data_tokenizer(plan.data, plan.tokenizer_dataset), tokenizer_json)
         assert codec is not None, "submit refuses samples of data without a known tokenizer"
         self.codec, self.every = codec, every
         self.prompts, self.settings = plan.sample_prompts, plan.sample_settings

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from trainctl.store.checkpoints.store import CheckpointStore, Protected
-from trainctl.store.data.bucket import BucketDatasets
-from trainctl.store.data.datasets import bits_per_byte
+from trainctl.store.data.bucket import DatasetStore
+from trainctl.store.data.datasets import TOKENIZER_FILE, bits_per_byte
 from trainctl.store.data.mixtures import (
     SOURCES_KEY,
     SourcePosition,
@@ -105,14 +105,13 @@ class TrainState:
 
 
 def build_token_arrays(
-    d: DataSpec, dataset: DatasetPin | None = None, bucket: BucketDatasets | None = None
+    d: DataSpec, dataset: DatasetPin | None = None, datasets: DatasetStore | None = None
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(train arrays, validation arrays) for the real-data sources; a dataset's is pinned
-    (each of a mixture's is read alone, as `dataset`), and read from the `bucket` when its
-    pin is a URL there."""
+    (each of a mixture's is read alone, as `dataset`), and read through `datasets`."""
     if dataset is not None:
         assert d.source in ("dataset", "mixture"), "only datasets are pinned"
-        with closing(open_dataset(dataset, bucket)) as found:  # its shards stay mapped
+        with closing(open_dataset(dataset, datasets)) as found:  # its shards stay mapped
             train, val = dataset_arrays(found)
     elif d.source == "shards":
         train = [read_shard(p) for p in expand_paths(d.paths)]
@@ -128,7 +127,7 @@ def build_token_arrays(
 
 
 def build_data(
-    plan: TrainPlan, bucket: BucketDatasets | None = None
+    plan: TrainPlan, datasets: DatasetStore | None = None
 ) -> tuple[Sampler, list[Batch]]:
     b, d, vocab_size = plan.batch, plan.data, plan.model.config.vocab_size
     if d.source == "synthetic":
@@ -140,9 +139,9 @@ def build_data(
     sampler: TokenSampler | MixtureSampler
     val_sampler: TokenSampler | MixtureSampler
     if d.source == "mixture":
-        sampler, val_sampler = build_mixture(plan, bucket)
+        sampler, val_sampler = build_mixture(plan, datasets)
     else:
-        train_arrays, val_arrays = build_token_arrays(d, plan.dataset, bucket)
+        train_arrays, val_arrays = build_token_arrays(d, plan.dataset, datasets)
         sampler = TokenSampler(train_arrays, b.micro_batch_size, b.seq_len, seed=d.seed)
         # Validation always reads the same windows, so losses are comparable across
         # evaluations.
@@ -155,13 +154,13 @@ def build_data(
 
 
 def build_mixture(
-    plan: TrainPlan, bucket: BucketDatasets | None = None
+    plan: TrainPlan, datasets: DatasetStore | None = None
 ) -> tuple[MixtureSampler, MixtureSampler]:
     """A mixture's training sampler, and its validation sampler: the same mixture, by the same
     weights, of its datasets' val splits (seed + 1), so the validation loss is the loss on
     the distribution the run trains on."""
     b, d = plan.batch, plan.data
-    splits = [build_token_arrays(d, pin, bucket) for pin in plan.datasets]
+    splits = [build_token_arrays(d, pin, datasets) for pin in plan.datasets]
     weights = d.mixture_weights()
 
     def mixture(split: int, seed: int) -> MixtureSampler:
@@ -370,7 +369,7 @@ class Trainer:
         before_commit: Callable[[], None] | None = None,
         after_commit: Callable[[str, int], None] | None = None,
         ranks: Ranks | None = None,
-        datasets: BucketDatasets | None = None,
+        datasets: DatasetStore | None = None,
         drain: Shutdown | None = None,
     ) -> None:
         self.plan, self.run_id = plan, run_id
@@ -407,7 +406,8 @@ class Trainer:
         self.checkpointer = self.async_checkpointer
         self.before_update: Callable[[], None] | None = None  # see train_step
         every = plan.sample_every
-        self.samples = TrainingSamples(plan, every, datasets) if every is not None else None
+        tokenizer_json = self.data_record.files.get(TOKENIZER_FILE)
+        self.samples = TrainingSamples(plan, every, tokenizer_json) if every is not None else None
 
     def save(self, tag: str | None = None) -> None:
         self.write(self.capture(tag))

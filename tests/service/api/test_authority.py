@@ -156,11 +156,11 @@ def test_a_token_is_revoked_by_its_name_in_any_case(api: Api) -> None:
 
 
 def test_only_an_admin_drains_a_worker_and_an_unknown_one_is_a_404(api: Api) -> None:
-    api.runs.register_worker("w1", host="h", pid=1, device="cpu", info={})
+    api.runs.workers.register("w1", host="h", pid=1, device="cpu", info={})
     for scope in ("read", "submit"):
         refused = api.call("POST", "/workers/w1/drain", api.token(f"a-{scope}", scope))
         assert refused.status_code == 403, refused.text
-    assert api.runs.worker_heartbeat("w1") is False
+    assert api.runs.workers.heartbeat("w1") is False
 
     drained = api.call("POST", "/workers/w1/drain", BOOT)
     assert drained.status_code == 200 and drained.json()["draining"] is True

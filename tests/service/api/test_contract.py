@@ -291,7 +291,7 @@ def test_a_client_generated_from_the_schema_lists_runs_with_a_token(
     app = create_app(settings)
     with serve(app) as url:
         stores = {"runs": app.state.runs, "ckpts": app.state.checkpoints,
-                  "exports": app.state.exports}  # fmt: skip
+                  "exports": app.state.exports, "datasets": app.state.datasets}  # fmt: skip
         submitted = [
             submit_run("benchmark", BenchmarkRequest(steps=n), settings=settings, **stores).id
             for n in range(1, 6)

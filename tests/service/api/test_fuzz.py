@@ -35,7 +35,7 @@ from schemathesis.checks import CHECKS, CheckContext, load_all_checks
 from tests.service.fakes import finish, save_checkpoint
 from tests.service.serving import serve
 from tests.support.soak import SOAK
-from tests.support.stores import posix_store
+from tests.support.stores import dataset_store, posix_store
 from trainctl.service.app import create_app
 from trainctl.service.openapi import OPENAPI_FILE
 from trainctl.service.routes.runs import CURSOR_FORMAT
@@ -86,9 +86,11 @@ def seed(settings: Settings, runs: RunStore, ckpts: CheckpointStore) -> dict[str
         save_checkpoint(ckpts, "fuzz", step=step, best_loss=best_loss)
     save_checkpoint(ckpts, "fuzz", "best", step=20, best_loss=3.0)
     save_checkpoint(ckpts, "other", step=5, best_loss=9.0)
-    runs.register_worker("fuzz-worker", host="fuzz", pid=1, device="cpu", info={"cores": 2})
+    runs.workers.register("fuzz-worker", host="fuzz", pid=1, device="cpu", info={"cores": 2})
     exports = posix_store(settings.layout.exports)
-    ctx: dict[str, Any] = {"settings": settings, "runs": runs, "ckpts": ckpts, "exports": exports}
+    datasets = dataset_store(settings.data_dir)
+    ctx: dict[str, Any] = {"settings": settings, "runs": runs, "ckpts": ckpts, "exports": exports,
+                           "datasets": datasets}  # fmt: skip
 
     trained = submit_run("train", TrainRequest(experiment="fuzz", steps=20, device="cpu"), **ctx)
     claimed = runs.claim("fuzz-worker", lease_seconds=60)

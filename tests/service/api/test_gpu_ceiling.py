@@ -96,8 +96,10 @@ def test_a_live_gpu_workers_memory_is_the_limit_and_a_nonsense_report_is_ignored
 ) -> None:
     runs: RunStore = client.app.state.runs  # type: ignore[attr-defined]
     info = {"memory_bytes": 2 << 30, "gpus": ["small"]}
-    runs.register_worker("g1", host="n1", pid=1, device="cuda", info=info, gpus=1)
-    runs.register_worker("g2", host="n2", pid=2, device="cuda", info={"memory_bytes": True}, gpus=1)
+    runs.workers.register("g1", host="n1", pid=1, device="cuda", info=info, gpus=1)
+    runs.workers.register(
+        "g2", host="n2", pid=2, device="cuda", info={"memory_bytes": True}, gpus=1
+    )
 
     refused = train(client, {"model": {"preset": "small"}, "batch": {"micro_batch_size": 64}})
 

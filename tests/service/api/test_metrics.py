@@ -34,7 +34,7 @@ def test_metrics_count_runs_by_state_queue_depth_and_live_workers(
 ) -> None:
     for _ in range(3):
         client.post("/runs/train", json={**CPU_TRAIN, "experiment": f"e{_}"})
-    runs.register_worker("w1", host="h", pid=1, device="cpu", info={})
+    runs.workers.register("w1", host="h", pid=1, device="cpu", info={})
     assert runs.claim("w1", lease_seconds=60) is not None
 
     found = samples(client)

@@ -35,10 +35,10 @@ def test_models_lists_the_service_catalog_labelled_as_such_while_no_worker_repor
 def test_models_lists_the_transformers_types_the_live_workers_reported(
     client: TestClient, runs: RunStore
 ) -> None:
-    runs.register_worker(
+    runs.workers.register(
         "w1", host="n1", pid=1, device="cpu", info={}, hf_model_types=["llama", "qwen3"]
     )
-    runs.register_worker("w2", host="n2", pid=2, device="cpu", info={}, hf_model_types=["olmo2"])
+    runs.workers.register("w2", host="n2", pid=2, device="cpu", info={}, hf_model_types=["olmo2"])
     models = client.get("/models").json()
     assert models["hf_model_types_from"] == "workers"
     assert models["hf_model_types"] == ["llama", "olmo2", "qwen3"]
@@ -52,7 +52,7 @@ def test_the_1b_and_8b_presets_are_listed_and_refused_on_a_small_cpu_node_with_t
     assert presets["8b"]["flops_per_token"] > presets["1b"]["flops_per_token"] > 0
 
     # A node like the one the tests run on: 2 cores, 24 GiB.
-    runs.register_worker("w1", host="n1", pid=1, device="cpu", info={"memory_bytes": 24 << 30})
+    runs.workers.register("w1", host="n1", pid=1, device="cpu", info={"memory_bytes": 24 << 30})
     for preset in ("1b", "8b"):
         response = submit(client, "train", {**CPU_TRAIN, "model": {"preset": preset}})
         assert response.status_code == 422

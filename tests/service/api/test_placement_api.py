@@ -22,7 +22,7 @@ CPU_TRAIN = {"experiment": "cpu", "steps": 10, "device": "cpu"}
 def test_a_cuda_run_on_a_cpu_only_service_is_queued_and_says_what_it_waits_for(
     client: TestClient, runs: RunStore
 ) -> None:
-    runs.register_worker("cpu-1", host="n1", pid=1, device="cpu", info={}, cpus=4)
+    runs.workers.register("cpu-1", host="n1", pid=1, device="cpu", info={}, cpus=4)
 
     response = submit(client, "train", GPU_TRAIN)
 
@@ -43,7 +43,7 @@ def test_a_cuda_run_on_a_cpu_only_service_is_queued_and_says_what_it_waits_for(
 def test_a_queued_run_a_live_worker_can_take_does_not_say_it_waits(
     client: TestClient, runs: RunStore
 ) -> None:
-    runs.register_worker("cpu-1", host="n1", pid=1, device="cpu", info={}, cpus=4)
+    runs.workers.register("cpu-1", host="n1", pid=1, device="cpu", info={}, cpus=4)
     run = submit(client, "train", CPU_TRAIN).json()
 
     assert run["state"] == "queued" and run["waiting_reason"] is None
@@ -131,12 +131,12 @@ def test_every_kind_takes_a_priority(client: TestClient) -> None:
 
 
 def test_workers_show_their_node_gpus_and_cpus(client: TestClient, runs: RunStore) -> None:
-    runs.register_worker(
+    runs.workers.register(
         "gpu-1", host="n1", pid=1, device="cuda", node_name="rack-a",
         info={"gpus": ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"], "memory_bytes": 80 << 30},
         gpus=2, cpus=32, address="10.0.0.5",
     )  # fmt: skip
-    runs.register_worker(
+    runs.workers.register(
         "cpu-1", host="n2", pid=2, device="cpu", info={"memory_bytes": 16 << 30}, cpus=8
     )
 

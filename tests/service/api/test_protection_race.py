@@ -17,7 +17,7 @@ import pytest
 
 from tests.service.fakes import save_checkpoint
 from tests.support.s3server import S3Server
-from tests.support.stores import posix_store, s3_store
+from tests.support.stores import dataset_store, posix_store, s3_store
 from trainctl.service.settings import Settings
 from trainctl.service.submit import submit_run
 from trainctl.store.checkpoints.protection import ProtectionPolicy
@@ -58,8 +58,9 @@ def submit_validate(settings: Settings, runs: RunStore, ckpts: CheckpointStore) 
     """Submit a validate run of exp/step_10 (its submit never reads the exports store)."""
     request = ValidateRequest(checkpoint="exp/step_10", num_batches=1)
     exports = posix_store(settings.layout.exports)
+    datasets = dataset_store(settings.data_dir)
     return submit_run("validate", request, settings=settings, runs=runs, ckpts=ckpts,
-                      exports=exports)  # fmt: skip
+                      exports=exports, datasets=datasets)  # fmt: skip
 
 
 @pytest.fixture(params=["posix", "s3"])

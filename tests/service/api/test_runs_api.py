@@ -579,7 +579,7 @@ def test_a_run_that_fits_no_workers_memory_is_422_naming_both_numbers(
 def test_the_memory_limit_is_what_the_live_workers_report(
     client: TestClient, runs: RunStore
 ) -> None:
-    runs.register_worker("w1", host="n1", pid=1, device="cpu", info={"memory_bytes": 2 << 30})
+    runs.workers.register("w1", host="n1", pid=1, device="cpu", info={"memory_bytes": 2 << 30})
     small = {"steps": 10, "device": "cpu", "model": {"preset": "small", "overrides": {}}}
     refused = submit(client, "benchmark", small | {"batch": {"micro_batch_size": 16}})
     accepted = submit(client, "train", {**CPU_TRAIN, "model": {"preset": "tiny"}})

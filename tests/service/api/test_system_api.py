@@ -31,7 +31,7 @@ def test_healthz_says_ok(client: TestClient) -> None:
 
 
 def test_readyz_reports_the_database_and_live_workers(client: TestClient, runs: RunStore) -> None:
-    runs.register_worker("w1", host="h", pid=1, device="cpu", info={})
+    runs.workers.register("w1", host="h", pid=1, device="cpu", info={})
 
     response = client.get("/readyz")
 
@@ -57,11 +57,11 @@ def test_readyz_is_503_when_the_database_cannot_be_queried(
 def test_workers_are_listed_with_whether_they_are_alive(
     client: TestClient, runs: RunStore, settings: Settings
 ) -> None:
-    runs.register_worker(
+    runs.workers.register(
         "w1", host="node1", pid=42, device="cuda", info={"gpu": "H100"},
         model_plugins=["tiny_mlp"], hf_model_types=["qwen3", "llama"],
     )  # fmt: skip
-    runs.register_worker("w2", host="node2", pid=43, device="cpu", info={})  # no types
+    runs.workers.register("w2", host="node2", pid=43, device="cpu", info={})  # no types
 
     items = client.get("/workers").json()["items"]
 

@@ -40,7 +40,7 @@ def poisoned(tmp_path: Path, database_url: str) -> Iterator[tuple[httpx.Client, 
             runs, "run_events", "id", str(event)
         )
         for worker in ("good", "bad"):
-            runs.register_worker(worker, host="n", pid=1, device="cpu", info={"cores": 2})
+            runs.workers.register(worker, host="n", pid=1, device="cpu", info={"cores": 2})
         Poison("info", '{"gpus": ["\\ud800"]}').write(runs, "workers", "id", "bad")
         for name in ("good", "bad"):
             assert client.post("/tokens", json={"name": name, "scope": "read"}).status_code == 201

@@ -1,6 +1,7 @@
-"""Prepared datasets in a bucket (store.data.bucket), against the real S3 server: published
-with the manifest last, pinned at submit from the manifest alone, read by a node with an
-empty data dir through the verified cache, and kept readable while the cache evicts them."""
+"""Prepared datasets in a bucket (store.data.bucket.DatasetStore over S3), against the real S3
+server: published with the manifest last, pinned at submit from the manifest alone, read by a
+node with an empty data dir through the verified cache, and kept readable while the cache
+evicts them."""
 
 from __future__ import annotations
 
@@ -14,15 +15,17 @@ import pytest
 from tests.support.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset
 from tests.support.s3server import S3Server
 from trainctl.store.checkpoints.s3 import S3Storage
-from trainctl.store.data.bucket import BucketDatasets
+from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.data.contents import dataset_arrays
 from trainctl.store.data.datasets import TOKENIZER_FILE, Dataset
+from trainctl.store.data.pins import data_codec
 from trainctl.store.data.shards import DataError, read_shard
 from trainctl.store.exceptions import DatasetExists, InvalidRequest
 from trainctl.store.kinds.prepare import PrepareRequest, resolve_prepare
 from trainctl.store.kinds.train import TrainRequest, resolve_train
 from trainctl.store.plans import DatasetPin
-from trainctl.store.resolve import data_codec
+from trainctl.store.kinds.prepare import PrepareRequest, resolve_prepare
+from trainctl.store.kinds.train import TrainRequest, resolve_train
 
 TEXTS = stdlib_texts(60_000)
 
@@ -35,10 +38,10 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
     return write_bpe_dataset(root / "code", tokenizer, TEXTS, val_docs=3)
 
 
-def shelf(server: S3Server, bucket: str, cache: Path, **options: Any) -> BucketDatasets:
+def shelf(server: S3Server, bucket: str, cache: Path, **options: Any) -> DatasetStore:
     """A node's view of the bucket: its own cache dir."""
     storage = S3Storage(bucket, "fleet", cache_dir=cache, client=server.client(), **options)
-    return BucketDatasets(storage)
+    return DatasetStore(storage)
 
 
 @pytest.fixture
@@ -116,13 +119,12 @@ def test_submit_refuses_a_dataset_the_bucket_does_not_have_naming_it(
     s3_server: S3Server, bucket: str, local: Dataset, tmp_path: Path
 ) -> None:
     datasets = shelf(s3_server, bucket, tmp_path / "service")
-    with pytest.raises(InvalidRequest, match=r"data.dataset 'code': there is no dataset named"):
+    with pytest.raises(InvalidRequest, match=r"data.dataset: there is no dataset named 'code'"):
         resolve_train(
             TrainRequest(steps=10, data={"source": "dataset", "dataset": "code"}),
             cuda_available=False,
             data_roots=[],
-            datasets_dir=local.folder.parent,  # it is there, but a bucket is where names are
-            datasets=datasets,
+            datasets=datasets,  # the bucket, where names are (not `local`'s folder)
         )
 
 
@@ -132,11 +134,11 @@ def test_a_prepare_into_the_bucket_is_planned_under_its_url_and_never_twice(
     datasets = shelf(s3_server, bucket, tmp_path / "service")
     request = PrepareRequest(name="code", inputs=["code"])
     roots = [local.folder.parent]
-    plan = resolve_prepare(request, data_roots=roots, datasets_dir=tmp_path, datasets=datasets)
+    plan = resolve_prepare(request, data_roots=roots, datasets=datasets)
     assert plan.output == f"s3://{bucket}/fleet/datasets/code"
     datasets.publish(local.folder, "code")
     with pytest.raises(DatasetExists, match=f"s3://{bucket}/fleet/datasets already has a 'code'"):
-        resolve_prepare(request, data_roots=roots, datasets_dir=tmp_path, datasets=datasets)
+        resolve_prepare(request, data_roots=roots, datasets=datasets)
     with pytest.raises(FileExistsError):
         datasets.publish(local.folder, "code")
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.service.fakes import save_checkpoint
 from tests.support.datasets import stdlib_texts, write_byte_dataset
-from tests.support.stores import posix_store
+from tests.support.stores import dataset_store, posix_store
 from trainctl.store.data.shards import SHARD_HEADER_BYTES, write_shard
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.kinds.prepare import PrepareRequest, resolve_prepare
@@ -34,7 +34,7 @@ def root(tmp_path: Path) -> Path:
 def train(root: Path, data: dict[str, Any], seq_len: int = 64) -> Any:
     request = TrainRequest(steps=1, data=data, batch={"seq_len": seq_len})
     return resolve_train(
-        request, cuda_available=False, data_roots=[root], datasets_dir=root.parent / "datasets"
+        request, cuda_available=False, data_roots=[root], datasets=dataset_store(root.parent)
     )
 
 
@@ -201,7 +201,7 @@ def test_a_validation_needs_enough_validation_data_only(root: Path) -> None:
 
 def prepare(root: Path, inputs: list[str], tokenizer: str = "bytes") -> Any:
     request = PrepareRequest(name="ds", inputs=inputs, tokenizer=tokenizer)
-    return resolve_prepare(request, data_roots=[root], datasets_dir=root.parent / "datasets")
+    return resolve_prepare(request, data_roots=[root], datasets=dataset_store(root.parent))
 
 
 @pytest.mark.parametrize(

@@ -192,17 +192,3 @@ def test_a_tree_deeper_than_the_recursion_limit_is_walked(roots: list[Path]) -> 
         sys.setrecursionlimit(limit)
 
     assert found == [bottom / "leaf.txt"]
-
-
-def test_a_dataset_name_that_is_a_link_in_the_datasets_folder_is_refused_unread(
-    roots: list[Path], tmp_path: Path
-) -> None:
-    """Prepare runs publish real folders there; a link was planted, and what it points to
-    (a dataset.json anywhere) is not read."""
-    datasets = tmp_path / "data" / "datasets"
-    datasets.mkdir(parents=True)
-    (tmp_path / "elsewhere").mkdir()
-    os.symlink(tmp_path / "elsewhere", datasets / "code")
-
-    with pytest.raises(InvalidRequest, match="datasets/code is a link"):
-        datapaths.dataset_folder("code", roots, datasets, "data.dataset")

@@ -18,7 +18,7 @@ from tests.support.datasets import (
     write_bpe_dataset,
     write_byte_dataset,
 )
-from tests.support.stores import posix_store
+from tests.support.stores import dataset_store, posix_store
 from trainctl.store.checkpoints.info import TokenizerId
 from trainctl.store.data.datasets import DATASET_FILE, TOKENIZER_FILE, Dataset, read_dataset
 from trainctl.store.exceptions import DatasetExists, InvalidRequest
@@ -58,7 +58,7 @@ def plan(roots: list[Path], datasets_dir: Path, dataset: str, **request: Any) ->
         TrainRequest(steps=10, data={"source": "dataset", "dataset": dataset}, **request),
         cuda_available=False,
         data_roots=roots,
-        datasets_dir=datasets_dir,
+        datasets=dataset_store(datasets_dir.parent),
     )
 
 
@@ -70,7 +70,7 @@ def validation(
         cuda_available=False,
         data_roots=roots,
         checkpoints=posix_store(checkpoints),
-        datasets_dir=datasets_dir,
+        datasets=dataset_store(datasets_dir.parent),
     )
 
 
@@ -224,7 +224,7 @@ def prepare(roots: list[Path], datasets_dir: Path, **request: Any) -> PreparePla
     return resolve_prepare(
         PrepareRequest(**{"name": "corpus", "inputs": ["corpus"], **request}),
         data_roots=roots,
-        datasets_dir=datasets_dir,
+        datasets=dataset_store(datasets_dir.parent),
     )
 
 

@@ -41,7 +41,7 @@ def pg(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RunStore]:
 def register(
     store: RunStore, worker_id: str, *, node: str | None = None, gpus: int = 0, cpus: int = 2
 ) -> None:
-    store.register_worker(
+    store.workers.register(
         worker_id,
         host="host",
         pid=1,
@@ -146,13 +146,13 @@ def test_workers_show_what_they_have_and_the_run_they_are_busy_with(store: RunSt
     run = enqueue(store, GPU1)
     claimed = claim(store, "w")
     assert claimed is not None
-    (worker,) = store.list_workers()
+    (worker,) = store.workers.list_workers()
     assert (worker.node_name, worker.gpus, worker.cpus) == ("node-a", 8, 64)
     assert worker.capacity == Capacity("w", "node-a", 8, 64)
     assert worker.current_run_id == run.id
     store.finish(run.id, "w", claimed.attempt, "succeeded")
-    store.release_worker("w")
-    assert store.list_workers()[0].current_run_id is None
+    store.workers.release("w")
+    assert store.workers.list_workers()[0].current_run_id is None
 
 
 def test_sqlite_refuses_a_run_across_several_nodes_saying_what_it_needs(tmp_path: Path) -> None:
@@ -206,7 +206,7 @@ def test_a_busy_or_silent_worker_is_never_taken_into_a_gang(pg: RunStore) -> Non
     assert claim(pg, "leader") is None
     assert slots(pg) == []
     pg.finish(single.id, "busy", 1, "succeeded")
-    pg.release_worker("busy")
+    pg.workers.release("busy")
     run = claim(pg, "leader")
     assert run is not None and run.id == gang.id
     assert [s[2] for s in slots(pg)] == ["leader", "busy"]
@@ -238,7 +238,7 @@ def test_every_member_is_fenced_and_a_silent_member_requeues_the_gang(pg: RunSto
         with pytest.raises(LeaseLost):
             pg.finish(gang.id, worker_id, 1, "succeeded")
     # The survivor is idle again once it let go; with a new peer the gang starts anew.
-    pg.release_worker("a")
+    pg.workers.release("a")
     register(pg, "c")
     again = claim(pg, "c")
     assert again is not None and again.attempt == 2
@@ -254,8 +254,8 @@ def test_a_member_that_loses_its_peers_requeues_the_gang_once(pg: RunStore) -> N
     assert (run.state, run.attempt) == ("queued", 2)
     with pytest.raises(LeaseLost):  # the other member saw the same and comes second
         pg.give_up(gang.id, "a", 1, "a gang member's processes exited")
-    pg.release_worker("a")
-    pg.release_worker("b")
+    pg.workers.release("a")
+    pg.workers.release("b")
     assert claim(pg, "a") is not None and claim(pg, "b") is not None
     failed = pg.give_up(gang.id, "a", 2, "lost again")
     assert failed.state == "failed" and "no attempts remain" in (failed.error or "")
@@ -287,18 +287,18 @@ def test_a_waiting_gang_reserves_the_workers_that_could_join_it(pg: RunStore) ->
     young = claim(pg, "a", reserve_after=3600)
     assert young is not None and young.id == small[0].id
     pg.finish(young.id, "a", 1, "succeeded")
-    pg.release_worker("a")
+    pg.workers.release("a")
     # Old enough, it holds a back, and a higher-priority run still goes first.
     assert claim(pg, "a", reserve_after=0) is None
     urgent = enqueue(pg, priority=5)
     first = claim(pg, "a", reserve_after=0)
     assert first is not None and first.id == urgent.id
     pg.finish(urgent.id, "a", 1, "succeeded")
-    pg.release_worker("a")
+    pg.workers.release("a")
     assert claim(pg, "a", reserve_after=0) is None
     # b finishes; whichever of them polls next gathers the gang, before the small runs.
     pg.finish(busy.id, "b", 1, "succeeded")
-    pg.release_worker("b")
+    pg.workers.release("b")
     run = claim(pg, "b", reserve_after=0)
     assert run is not None and run.id == gang.id
     assert pg.get(small[1].id).state == "queued"
@@ -348,7 +348,7 @@ def test_racing_claimers_never_put_a_worker_in_two_runs(pg: RunStore) -> None:
         assert count == by_id[run_id].placement.nnodes  # every place of a gang, or the single
     for row in slots(pg):
         assert pg.get(row[0]).state == "running"
-    busy = [w.current_run_id for w in pg.list_workers() if w.current_run_id]
+    busy = [w.current_run_id for w in pg.workers.list_workers() if w.current_run_id]
     assert sorted(busy) == sorted(run_id for ids in held.values() for run_id in ids)
 
 
@@ -358,26 +358,26 @@ def test_racing_claimers_never_put_a_worker_in_two_runs(pg: RunStore) -> None:
 def test_a_draining_worker_hears_it_at_its_heartbeat_and_claims_nothing(store: RunStore) -> None:
     register(store, "w")
     enqueue(store)
-    assert store.worker_heartbeat("w") is False
-    drained = store.drain_worker("w")
+    assert store.workers.heartbeat("w") is False
+    drained = store.workers.drain("w")
     assert drained.drain_requested_at is not None
-    assert store.drain_worker("w").drain_requested_at == drained.drain_requested_at  # the first
-    assert store.worker_heartbeat("w") is True
+    assert store.workers.drain("w").drain_requested_at == drained.drain_requested_at  # the first
+    assert store.workers.heartbeat("w") is True
     assert claim(store, "w") is None
     register(store, "w")  # a restart under the same id starts afresh
-    assert store.worker_heartbeat("w") is False and claim(store, "w") is not None
+    assert store.workers.heartbeat("w") is False and claim(store, "w") is not None
 
 
 def test_draining_an_unknown_worker_names_it(store: RunStore) -> None:
     with pytest.raises(WorkerNotFound, match=r"worker 'nobody' is not registered; GET /workers"):
-        store.drain_worker("nobody")
+        store.workers.drain("nobody")
 
 
 def test_a_draining_worker_is_never_taken_into_a_gang(pg: RunStore) -> None:
     gang = enqueue(pg, TWO_NODES)
     register(pg, "leader")
     register(pg, "leaving")
-    pg.drain_worker("leaving")
+    pg.workers.drain("leaving")
     assert claim(pg, "leader") is None and slots(pg) == []
     register(pg, "other")
     run = claim(pg, "leader")

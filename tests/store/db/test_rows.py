@@ -150,11 +150,11 @@ def test_a_worker_row_that_cannot_be_shown_as_it_is_is_listed(
 ) -> None:
     if poison.raw is not None and store.engine.dialect.name != "sqlite":
         pytest.skip("PostgreSQL refuses text that is not UTF-8, so no such row can exist")
-    store.register_worker("good", host="n1", pid=1, device="cpu", info={"cores": 2})
-    store.register_worker("bad", host="n2", pid=2, device="cpu", info={"cores": 2})
+    store.workers.register("good", host="n1", pid=1, device="cpu", info={"cores": 2})
+    store.workers.register("bad", host="n2", pid=2, device="cpu", info={"cores": 2})
     poison.write(store, "workers", "id", "bad")
 
-    workers = {w.id: w for w in store.list_workers()}
+    workers = {w.id: w for w in store.workers.list_workers()}
 
     assert workers["good"].info == {"cores": 2}
     assert unencodable([workers["bad"].host, workers["bad"].info]) is None

@@ -26,7 +26,6 @@ from trainctl.store.exceptions import (
     LeaseLost,
     RunNotCancellable,
     RunNotFound,
-    WorkerNotFound,
 )
 
 
@@ -494,39 +493,6 @@ def test_protected_checkpoints_are_what_queued_and_running_runs_need(store: RunS
     assert store.protected_checkpoints() == {("a", "step_100"), ("b", "best")}
     store.finish(running.id, "w1", running.attempt, "succeeded")
     assert store.protected_checkpoints() == {("b", "best"), ("a", "step_100")}
-
-
-# ---- workers -------------------------------------------------------------------------------
-
-
-def test_registered_workers_are_listed_with_their_current_run(store: RunStore) -> None:
-    store.register_worker("w1", host="node1", pid=123, device="cuda:0", info={"gpu": "H200"})
-    store.register_worker("w2", host="node1", pid=124, device="cpu", info={})
-    run = claimed_train_run(store)
-    store.worker_heartbeat("w1")
-
-    listed = {worker.id: worker for worker in store.list_workers()}
-
-    assert listed["w1"].current_run_id == run.id
-    assert listed["w1"].info == {"gpu": "H200"}
-    assert listed["w1"].last_seen_at >= listed["w1"].started_at
-    assert listed["w2"].current_run_id is None
-
-
-def test_registering_a_worker_again_replaces_its_record(store: RunStore) -> None:
-    store.register_worker("w1", host="node1", pid=1, device="cpu", info={})
-    store.register_worker("w1", host="node1", pid=2, device="cpu", info={})
-
-    assert [worker.pid for worker in store.list_workers()] == [2]
-
-
-def test_a_deregistered_worker_heartbeat_raises_worker_not_found(store: RunStore) -> None:
-    store.register_worker("w1", host="node1", pid=1, device="cpu", info={})
-    store.deregister_worker("w1")
-
-    assert store.list_workers() == []
-    with pytest.raises(WorkerNotFound, match="w1"):
-        store.worker_heartbeat("w1")
 
 
 # ---- the database itself -------------------------------------------------------------------

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from tests.service.fakes import save_checkpoint
 from tests.support.plans import benchmark_plan, train_plan, validate_plan
-from tests.support.stores import posix_store
+from tests.support.stores import dataset_store, posix_store
 from trainctl.store.db.placement import Placement
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.kinds.benchmark import BenchmarkRequest, resolve_benchmark
@@ -88,7 +88,7 @@ def test_the_other_kinds_ask_for_one_gpu_on_cuda_and_prepare_and_export_for_one_
     prepare = resolve_prepare(
         PrepareRequest(name="ds", inputs=["corpus.txt"]),
         data_roots=[tmp_path],
-        datasets_dir=tmp_path / "datasets",
+        datasets=dataset_store(tmp_path),
     )
     assert placement_of(prepare) == Placement()
 

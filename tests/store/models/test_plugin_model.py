@@ -83,7 +83,7 @@ def store(database_url: str) -> Iterator[RunStore]:
 
 
 def register(store: RunStore, worker_id: str, plugins: tuple[str, ...]) -> None:
-    store.register_worker(
+    store.workers.register(
         worker_id, host="h", pid=1, device="cpu", info={}, cpus=2, model_plugins=plugins
     )
 
@@ -96,5 +96,5 @@ def test_only_a_worker_with_the_plugin_claims_its_run(store: RunStore) -> None:
     claimed = store.claim("having", 60.0, rendezvous=lambda: "")
     assert claimed is not None and claimed.id == run.id
     assert claimed.placement.model_plugin == "tiny_mlp"
-    workers = {w.id: w.model_plugins for w in store.list_workers()}
+    workers = {w.id: w.model_plugins for w in store.workers.list_workers()}
     assert workers == {"bare": (), "having": ("other", "tiny_mlp")}

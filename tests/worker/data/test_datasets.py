@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.support.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset
-from tests.support.stores import folder, posix_store
+from tests.support.stores import dataset_store, folder, posix_store
 from trainctl.store.checkpoints.info import TokenizerId
 from trainctl.store.data.datasets import TOKENIZER_FILE, Dataset, Split, TokenizerRef, write_dataset
 from trainctl.store.data.shards import DataError, write_shard
@@ -49,7 +49,7 @@ def dataset_plan(tmp_path: Path, **request: Any) -> TrainPlan:
         TrainRequest(**request),
         cuda_available=False,
         data_roots=[],
-        datasets_dir=tmp_path / "datasets",
+        datasets=dataset_store(tmp_path),
     )
 
 

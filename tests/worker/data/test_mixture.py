@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.support.datasets import stdlib_texts, train_tokenizer, write_bpe_dataset
-from tests.support.stores import folder, posix_store
+from tests.support.stores import dataset_store, folder, posix_store
 from tests.support.train_script import run_script
 from trainctl.store.checkpoints.manifests import METADATA_FILE, MODEL_FILE
 from trainctl.store.data.datasets import TOKENIZER_FILE
@@ -61,7 +61,7 @@ def mixture_plan(
         TrainRequest(**request),
         cuda_available=False,
         data_roots=[],
-        datasets_dir=datasets,
+        datasets=dataset_store(datasets.parent),
         checkpoints=posix_store(checkpoints) if checkpoints is not None else None,
     )
 

@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.datasets import stdlib_documents, train_tokenizer
 from tests.support.s3server import S3Server
+from tests.support.stores import dataset_store
 from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.data.datasets import TOKENIZER_FILE, read_dataset
 from trainctl.store.data.shards import DataError
@@ -28,7 +29,7 @@ WORKER = "worker-1"
 @pytest.fixture
 def runs(runs: RunStore) -> RunStore:
     """tests/conftest.py's, with this file's worker registered."""
-    runs.register_worker(WORKER, host="test", pid=1, device="cpu", info={})
+    runs.workers.register(WORKER, host="test", pid=1, device="cpu", info={})
     return runs
 
 
@@ -44,13 +45,14 @@ def root(tmp_path: Path) -> Path:
 
 
 def datasets(tmp_path: Path) -> Path:
-    return tmp_path / "data" / "datasets"
+    """The datasets of the data dir `tmp_path`, the service's and its worker's."""
+    return tmp_path / "datasets"
 
 
 def plan(tmp_path: Path, root: Path, **request: object) -> PreparePlan:
     body = {"name": "code", "inputs": ["corpus"], "tokenizer": "tok", "workers": 1, **request}
     return resolve_prepare(
-        PrepareRequest.model_validate(body), data_roots=[root], datasets_dir=datasets(tmp_path)
+        PrepareRequest.model_validate(body), data_roots=[root], datasets=dataset_store(tmp_path)
     )
 
 
@@ -187,12 +189,9 @@ def test_a_prepare_into_a_bucket_uploads_its_dataset_and_a_retry_reports_it(
     for name, value in s3_server.environ().items():
         monkeypatch.setenv(name, value)
     url = f"s3://{s3_server.new_bucket()}/fleet"
-    env = WorkerEnv(open_stores(DataLayout(tmp_path / "data", url, tmp_path / "cache")))
-    assert env.stores.datasets is not None
+    env = WorkerEnv(open_stores(DataLayout(tmp_path, url, tmp_path / "cache")))
     request = PrepareRequest(name="code", inputs=["corpus"], tokenizer="tok", workers=1)
-    planned = resolve_prepare(
-        request, data_roots=[root], datasets_dir=datasets(tmp_path), datasets=env.stores.datasets
-    )
+    planned = resolve_prepare(request, data_roots=[root], datasets=env.stores.datasets)
     first = claim(runs, planned)
 
     published = execute_prepare(context(runs, first), env)

@@ -44,7 +44,7 @@ def test_a_run_too_big_for_the_worker_fails_at_claim_naming_both_numbers_without
     )
     worker = Worker(config, runs)
     worker.register()
-    assert runs.list_workers()[0].info["memory_bytes"] == GIB  # reported as its memory
+    assert runs.workers.list_workers()[0].info["memory_bytes"] == GIB  # reported as its memory
     plan = train_plan(steps=1, model={"hf": hf("qwen3_moe")}, batch={"seq_len": 64})
     queued = enqueue(runs, plan)
     claimed = worker.claim()
@@ -126,6 +126,6 @@ def test_a_worker_reports_the_transformers_model_types_it_builds(tmp_path: Path)
         ),
         runs,
     ).register()
-    reported = runs.list_workers()[0].hf_model_types
+    reported = runs.workers.list_workers()[0].hf_model_types
     assert set(reported) == set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) and "qwen3_next" in reported
     runs.close()
