@@ -26,12 +26,12 @@ from trainctl.store.specs import (
     BenchmarkRequest,
     DataSpec,
     ModelSpec,
-    OptimizerSpec,
     PrepareRequest,
     ScheduleSpec,
     TrainRequest,
     ValidateRequest,
 )
+from trainctl.store.training.optim import OptimizerSpec
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,8 @@ from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.shards import DataError, expand_paths, write_shard
 from trainctl.store.resolve import resolve_train
-from trainctl.store.specs import OptimizerSpec, TrainRequest
+from trainctl.store.specs import TrainRequest
+from trainctl.store.training.optim import OptimizerSpec
 from trainctl.worker.checkpoints.state import load_checkpoint
 from trainctl.worker.data.datasets import build_data_record
 from trainctl.worker.exceptions import CheckpointCorrupt

@@ -10,9 +10,9 @@ import pytest
 
 from tests.support.plans import train_plan
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.specs import ParallelismSpec, TrainRequest
+from trainctl.store.specs import TrainRequest
 from trainctl.store.training.memory import GIB, MemoryLimit, admit, train_need
-from trainctl.store.training.parallelism import PARALLEL_STRATEGIES
+from trainctl.store.training.parallelism import PARALLEL_STRATEGIES, ParallelismSpec
 
 H100 = MemoryLimit(80 * GIB, "an H100 has")
 EIGHT_GPUS_8B: dict[str, Any] = {

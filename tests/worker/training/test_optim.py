@@ -12,9 +12,14 @@ from torch import nn
 from tests.support.plans import train_plan
 from tests.support.stores import folder, posix_store
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
-from trainctl.store.specs import OptimizerSpec, TrainRequest
+from trainctl.store.specs import TrainRequest
 from trainctl.store.training import memory
-from trainctl.store.training.optim import OPTIMIZER_KINDS, OptimizerKind
+from trainctl.store.training.optim import (
+    OPTIMIZER_KINDS,
+    MuonSettings,
+    OptimizerKind,
+    OptimizerSpec,
+)
 from trainctl.worker.exceptions import CheckpointMismatch
 from trainctl.worker.models.gpt import GPT, build_model
 from trainctl.worker.training.loop import Trainer
@@ -166,7 +171,7 @@ def sgd_groups(model: nn.Module) -> Groups:
     return {"sgd": [p for p in model.parameters() if p.requires_grad]}
 
 
-def build_sgd(groups: Groups, spec: OptimizerSpec) -> dict[str, torch.optim.Optimizer]:
+def build_sgd(groups: Groups, spec: MuonSettings) -> dict[str, torch.optim.Optimizer]:
     """Momentum SGD, with Muon's settings (Muon is momentum SGD whose update is
     orthogonalised): lr, momentum and the decay of matrices."""
     matrices = [p for p in groups["sgd"] if p.dim() >= 2]
@@ -191,7 +196,7 @@ def sgd_kind() -> Iterator[str]:
     record = OptimizerKind(
         name=SGD,
         description="momentum SGD for every parameter",
-        reads=frozenset({"muon_lr", "muon_momentum", "muon_weight_decay"}),
+        settings=MuonSettings,
         state_per_param=1,  # the momentum buffer
     )
     OPTIMIZER_KINDS.register(SGD, record)
@@ -260,3 +265,4 @@ def test_a_kind_registered_by_a_plugin_trains_saves_and_resumes_exactly(
     a = load_file(str(folder(straight_store, "sgd", straight_store.latest("sgd").tag) / MODEL_FILE))
     b = load_file(str(folder(store, "sgd", store.latest("sgd").tag) / MODEL_FILE))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
