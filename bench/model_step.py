@@ -19,7 +19,7 @@ import torch
 from bench.common import Figure, alternate, median, paired_ratio
 from bench.hf_peer import build_adamw, build_llama, llama_loss
 from trainctl.store.models.presets import ModelConfig, get_preset
-from trainctl.store.specs import OptimizerSpec
+from trainctl.store.training.optim import OptimizerSpec
 from trainctl.worker.models.gpt import build_model
 from trainctl.worker.training.optim import build_optimizers
 

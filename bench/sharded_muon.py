@@ -27,7 +27,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 from bench.common import Figure, alternate, step_time_figures
-from trainctl.store.specs import OptimizerSpec
+from trainctl.store.training.optim import MuonSettings
 from trainctl.worker.training.optim import muon_settings
 from trainctl.worker.training.sharded_muon import ShardedMuon
 
@@ -64,7 +64,7 @@ def rank_main(rank: int, size: dict[str, Any], folder: Path) -> None:
     g = torch.Generator().manual_seed(1)  # the same gradient on every rank, then sharded
     for p in params:
         p.grad = distribute_tensor(torch.randn(p.shape, generator=g), mesh, [Shard(0)])
-    settings = muon_settings(OptimizerSpec())
+    settings = muon_settings(MuonSettings())
     sides = {
         "sharded": ShardedMuon(params, **settings),
         "torch": torch.optim.Muon(params, **settings),

@@ -21,7 +21,8 @@ import torch
 from bench.common import Figure
 from bench.hf_peer import build_adamw, build_llama, llama_loss
 from trainctl.store.models.presets import ModelConfig
-from trainctl.store.specs import DataSpec, OptimizerSpec
+from trainctl.store.specs import DataSpec
+from trainctl.store.training.optim import OptimizerSpec
 from trainctl.worker.data.loader import TokenSampler
 from trainctl.worker.models.gpt import build_model
 from trainctl.worker.training.loop import build_token_arrays

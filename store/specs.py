@@ -5,9 +5,10 @@ A request holds only what a client may ask for; a field left out (or null) means
 default", which the kind's resolver decides when it turns the request into a plan. The API
 validates request bodies with these models and publishes them in its OpenAPI schema. Each
 kind's request is in its module of store/kinds/; the pieces that several requests, or a request
-and its plan, share (`Spec`, `Request`, `ModelSpec`, `OptimizerSpec`, `ScheduleSpec`,
-`DataSpec`, `CheckpointChoice` and the shared `*Options` bases) are defined here once and used
-by all.
+and its plan, share (`Spec`, `Request`, `ModelSpec`, `ScheduleSpec`, `DataSpec`,
+`CheckpointChoice` and the shared `*Options` bases) are defined here once and used by all;
+`OptimizerSpec` and `ParallelismSpec` live next to the records of the kinds they choose among
+(store.training.optim, store.training.parallelism).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import (
     ConfigDict,
     Field,
-    StrictBool,
     StrictFloat,
     StrictInt,
     field_validator,
@@ -39,18 +39,7 @@ from trainctl.store.names import (
     is_valid_name,
 )
 from trainctl.store.text import TextChecked
-from trainctl.store.training.optim import (
-    BUILT_IN_KINDS,
-    DEFAULT_OPTIMIZER_KIND,
-    OptimizerKindName,
-)
-from trainctl.store.training.optim import fields_read as optimizer_fields
-from trainctl.store.training.parallelism import (
-    BUILT_IN_STRATEGIES,
-    DEFAULT_STRATEGY,
-    StrategyName,
-)
-from trainctl.store.training.parallelism import fields_read as strategy_fields
+from trainctl.store.training.optim import OptimizerSpec
 from trainctl.store.training.schedule import SchedulePhases
 
 MAX_STEPS = 10_000_000
@@ -98,20 +87,6 @@ MLFLOW_SETTING = "TRAINCTL_MLFLOW_URI"
 # TextChecked: every string in it can be written as UTF-8 (store.text).
 class Spec(TextChecked):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-    def refuse_unread(self, reads: frozenset[str], what: str, name: str) -> None:
-        """ValueError naming the fields sent that `reads` leaves out, a setting that would be
-        silently ignored; those equal to their default pass (what a plan sent back as a
-        request carries). `what` and `name` say what reads them: "optimizer kind", "adamw"."""
-        defaults = {n: f.default for n, f in type(self).model_fields.items()}
-        unread = sorted(
-            n for n in self.model_fields_set if n not in reads and getattr(self, n) != defaults[n]
-        )
-        if unread:
-            raise ValueError(
-                f"{what} {name!r} does not read {', '.join(unread)}; remove "
-                f"{'it' if len(unread) == 1 else 'them'}, or pick a {what.split()[-1]} that does"
-            )
 
 
 class Request(Spec):
@@ -231,79 +206,6 @@ class BatchSpec(Spec):
     seq_len: StrictInt | None = Field(
         None, ge=8, le=131_072, description="Tokens per sequence; at most the model's max."
     )
-
-
-# The one definition of a run's optimizer settings: the worker builds its optimizers from
-# these (worker.training.optim), the store estimates their memory (store.training.memory,
-# store.training.optim).
-class OptimizerSpec(Spec):
-    """The optimizer kind, and the settings of its optimizers."""
-
-    kind: OptimizerKindName = Field(
-        DEFAULT_OPTIMIZER_KIND,
-        description="The optimizer configuration: "
-        + "; ".join(f"{k.name}: {k.description}" for k in BUILT_IN_KINDS)
-        + ". A setting the kind does not read is refused, unless it has its default value.",
-    )
-    muon_lr: StrictFloat = Field(
-        0.02,
-        gt=0,
-        le=10,
-        description="Muon learning rate (before Muon's own shape adjustment, muon_adjust_lr_fn).",
-    )
-    muon_momentum: StrictFloat = Field(0.95, ge=0, lt=1, description="Muon (Nesterov) momentum.")
-    muon_weight_decay: StrictFloat = Field(
-        0.1, ge=0, le=1, description="Muon's decoupled weight decay of the hidden matrices."
-    )
-    muon_adjust_lr_fn: Literal["original", "match_rms_adamw"] = Field(
-        "original",
-        description="How Muon scales its lr by matrix shape (torch.optim.Muon): 'original' "
-        "(Keller Jordan's max(1, A/B)^0.5, the one muon_lr 0.02 was tuned for) or "
-        "'match_rms_adamw' (Moonshot's 0.2 sqrt(max(A, B))).",
-    )
-    adamw_lr: StrictFloat = Field(3e-4, gt=0, le=10, description="AdamW learning rate.")
-    adamw_beta1: StrictFloat = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
-    adamw_beta2: StrictFloat = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
-    adamw_eps: StrictFloat = Field(1e-8, gt=0, le=1, description="AdamW epsilon.")
-    adamw_weight_decay: StrictFloat = Field(
-        0.1,
-        ge=0,
-        le=1,
-        description="AdamW weight decay, of the matrices it trains only: vectors (norms, gains) "
-        "are never decayed.",
-    )
-    grad_clip: StrictFloat = Field(
-        1.0, ge=0, le=1e6, description="Global gradient-norm clip; 0 disables."
-    )
-
-    @model_validator(mode="after")
-    def _kind_reads_every_setting(self) -> OptimizerSpec:
-        self.refuse_unread(optimizer_fields(self.kind), "optimizer kind", self.kind)
-        return self
-
-
-class ParallelismSpec(Spec):
-    # The docstring is the API schema's description, kept as it was published: the records it
-    # names live in store/training/parallelism.py.
-    """How the ranks of a multi-process run share the model (store.parallelism)."""
-
-    strategy: StrategyName = Field(
-        DEFAULT_STRATEGY,
-        description="The data-parallel strategy: "
-        + "; ".join(f"{s.name}: {s.description}" for s in BUILT_IN_STRATEGIES)
-        + ". A setting the strategy does not read is refused, unless it has its default value.",
-    )
-    reshard_after_forward: StrictBool = Field(
-        True,
-        description="fsdp: free each block's gathered parameters after its forward and gather "
-        "them again for its backward (less memory, one more all-gather per block); false "
-        "keeps them from forward to backward.",
-    )
-
-    @model_validator(mode="after")
-    def _strategy_reads_every_setting(self) -> ParallelismSpec:
-        self.refuse_unread(strategy_fields(self.strategy), "parallelism strategy", self.strategy)
-        return self
 
 
 class ScheduleSpec(Spec):

@@ -42,7 +42,6 @@ from trainctl.store.specs import (
     DataSpec,
     DeviceChoice,
     ModelSpec,
-    ParallelismSpec,
     Prompt,
     Request,
     StepOptions,
@@ -50,7 +49,7 @@ from trainctl.store.specs import (
     TrainEvals,
 )
 from trainctl.store.training.memory import MemoryEstimate, MemoryNeed, Sharding, step_estimate
-from trainctl.store.training.parallelism import PARALLEL_STRATEGIES
+from trainctl.store.training.parallelism import PARALLEL_STRATEGIES, ParallelismSpec
 
 if TYPE_CHECKING:
     from trainctl.store.checkpoints.store import CheckpointStore

@@ -19,7 +19,8 @@ from trainctl.store.kinds.prepare import PreparePlan, PrepareRequest
 from trainctl.store.kinds.sample import SamplePlan
 from trainctl.store.kinds.train import TrainPlan, TrainRequest
 from trainctl.store.kinds.validate import ValidatePlan, ValidateRequest
-from trainctl.store.specs import BatchSpec, DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec
+from trainctl.store.specs import BatchSpec, DataSpec, ModelSpec, ScheduleSpec
+from trainctl.store.training.optim import OptimizerSpec
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from torch import nn
 
 from tests.support.stores import folder, posix_store
 from trainctl.store.checkpoints.store import Protection
-from trainctl.store.specs import OptimizerSpec
+from trainctl.store.training.optim import OptimizerSpec
 from trainctl.worker.checkpoints.state import capture_checkpoint, write_checkpoint
 from trainctl.worker.models.gpt import GPT, build_model
 from trainctl.worker.training.optim import Optimizers, build_optimizers

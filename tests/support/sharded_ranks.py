@@ -26,7 +26,7 @@ from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
 from tests.support.stores import posix_store
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.specs import OptimizerSpec
+from trainctl.store.training.optim import OptimizerSpec
 from trainctl.worker.checkpoints.sharded import capture_sharded, load_sharded, write_sharded
 from trainctl.worker.models.gpt import GPT, build_model
 from trainctl.worker.training.optim import Optimizers, build_optimizers

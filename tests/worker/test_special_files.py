@@ -18,7 +18,7 @@ from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.shards import DataError, expand_paths, write_shard
 from trainctl.store.kinds.train import TrainRequest, resolve_train
-from trainctl.store.specs import OptimizerSpec
+from trainctl.store.training.optim import OptimizerSpec
 from trainctl.worker.checkpoints.state import load_checkpoint
 from trainctl.worker.data.datasets import build_data_record
 from trainctl.worker.exceptions import CheckpointCorrupt

@@ -2,7 +2,8 @@
 
 A kind (`store.training.optim`: a request's `optimizer.kind`) has a builder here, registered under
 the same name: a rule saying which parameters each of its named optimizers gets, and a
-function building those optimizers from the run's `OptimizerSpec`. What the training loop,
+function building those optimizers from the kind's own settings (its record's `settings`
+model, which `OptimizerSpec.settings()` gives, typed). What the training loop,
 the schedule, the checkpoints and the metrics see is the container, `Optimizers`: an ordered
 mapping name -> torch optimizer with one `step`, one `zero_grad` and one state dict keyed by
 name (torchtitan's `OptimizersContainer`). The names are the checkpoint's keys
@@ -15,26 +16,34 @@ is a lookup table, and gains/biases are vectors: those go to AdamW, as in modded
 `adamw`: AdamW for every parameter, the baseline Muon is compared against.
 
 A kind of a plug-in declares its builder under the entry-point group `trainctl.optimizers`,
-and its record (`store.training.optim.OptimizerKind`) under `trainctl.optimizer_kinds`.
+and its record (`store.training.optim.OptimizerKind`, naming its settings model) under
+`trainctl.optimizer_kinds` (tests/plugins/trainctl_rmsprop is one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
 
 from trainctl.store.registry import Registry
-from trainctl.store.specs import OptimizerSpec
-from trainctl.store.training.optim import lr_metric
+from trainctl.store.training.choice import KindSettings
+from trainctl.store.training.optim import (
+    AdamWSettings,
+    MuonAdamWSettings,
+    MuonSettings,
+    OptimizerSpec,
+    lr_metric,
+)
 from trainctl.worker.exceptions import CheckpointMismatch
 from trainctl.worker.training.sharded_muon import ShardedMuon, is_sharded
 
 Groups = dict[str, list[nn.Parameter]]
 """Parameters by the name of the optimizer that gets them."""
+S = TypeVar("S", bound=KindSettings)
 
 
 class Optimizers(Mapping[str, torch.optim.Optimizer]):
@@ -90,17 +99,18 @@ class Optimizers(Mapping[str, torch.optim.Optimizer]):
 
 
 @dataclass(frozen=True)
-class OptimizerBuilder:
-    """How the worker builds one optimizer kind."""
+class OptimizerBuilder(Generic[S]):
+    """How the worker builds one optimizer kind, from its settings (`S`, the model its record
+    names)."""
 
     groups: Callable[[nn.Module], Groups]
     """The parameter-group rule: which trainable parameters each named optimizer gets; each
     one exactly once (`build_optimizers` checks)."""
-    build: Callable[[Groups, OptimizerSpec], dict[str, torch.optim.Optimizer]]
-    """The optimizers over those groups, by the same names, with the spec's settings."""
+    build: Callable[[Groups, S], dict[str, torch.optim.Optimizer]]
+    """The optimizers over those groups, by the same names, with the kind's settings."""
 
 
-OPTIMIZER_BUILDERS: Registry[OptimizerBuilder] = Registry(
+OPTIMIZER_BUILDERS: Registry[OptimizerBuilder[Any]] = Registry(
     "optimizer builder", group="trainctl.optimizers"
 )
 
@@ -111,7 +121,7 @@ def build_optimizers(model: nn.Module, spec: OptimizerSpec | None = None) -> Opt
     builder = OPTIMIZER_BUILDERS.get(spec.kind)
     groups = builder.groups(model)
     check_partition(model, groups, spec.kind)
-    optimizers = builder.build(groups, spec)
+    optimizers = builder.build(groups, spec.settings())
     if optimizers.keys() != groups.keys():
         raise ValueError(
             f"optimizer kind {spec.kind!r} built {', '.join(optimizers)} for the parameter "
@@ -190,22 +200,24 @@ def muon_adamw_groups(model: nn.Module) -> Groups:
     }
 
 
-def build_muon_adamw(groups: Groups, spec: OptimizerSpec) -> dict[str, torch.optim.Optimizer]:
+def build_muon_adamw(
+    groups: Groups, settings: MuonAdamWSettings
+) -> dict[str, torch.optim.Optimizer]:
     """On FSDP2's sharded parameters (DTensors) Muon is `ShardedMuon`, which orthogonalises each
     matrix once on an owner rank; on whole ones (one process, DDP) it is torch's own."""
     muon_class = ShardedMuon if is_sharded(groups["muon"]) else torch.optim.Muon
-    muon = muon_class(groups["muon"], **muon_settings(spec))
-    return {"muon": muon, "adamw": build_adamw(groups["adamw"], spec)}
+    muon = muon_class(groups["muon"], **muon_settings(settings))
+    return {"muon": muon, "adamw": build_adamw(groups["adamw"], settings)}
 
 
-def muon_settings(spec: OptimizerSpec) -> dict[str, Any]:
-    """The spec's Muon settings, as `torch.optim.Muon` (and `ShardedMuon`) take them."""
+def muon_settings(settings: MuonSettings) -> dict[str, Any]:
+    """Muon's settings, as `torch.optim.Muon` (and `ShardedMuon`) take them."""
     return dict(
-        lr=spec.muon_lr,
-        momentum=spec.muon_momentum,
-        weight_decay=spec.muon_weight_decay,
+        lr=settings.muon_lr,
+        momentum=settings.muon_momentum,
+        weight_decay=settings.muon_weight_decay,
         nesterov=True,
-        adjust_lr_fn=spec.muon_adjust_lr_fn,
+        adjust_lr_fn=settings.muon_adjust_lr_fn,
     )
 
 
@@ -216,11 +228,11 @@ def adamw_groups(model: nn.Module) -> Groups:
     return {"adamw": [p for _, p in trainable(model)]}
 
 
-def build_adamw_only(groups: Groups, spec: OptimizerSpec) -> dict[str, torch.optim.Optimizer]:
-    return {"adamw": build_adamw(groups["adamw"], spec)}
+def build_adamw_only(groups: Groups, settings: AdamWSettings) -> dict[str, torch.optim.Optimizer]:
+    return {"adamw": build_adamw(groups["adamw"], settings)}
 
 
-def build_adamw(params: list[nn.Parameter], spec: OptimizerSpec) -> torch.optim.AdamW:
+def build_adamw(params: list[nn.Parameter], settings: AdamWSettings) -> torch.optim.AdamW:
     """AdamW with weight decay on the matrices of `params` only: vectors (norms, gains,
     biases) are never decayed.
 
@@ -232,12 +244,12 @@ def build_adamw(params: list[nn.Parameter], spec: OptimizerSpec) -> torch.optim.
     vectors = [p for p in params if p.dim() < 2]
     return torch.optim.AdamW(
         [
-            {"params": matrices, "weight_decay": spec.adamw_weight_decay},
+            {"params": matrices, "weight_decay": settings.adamw_weight_decay},
             {"params": vectors, "weight_decay": 0.0},
         ],
-        lr=spec.adamw_lr,
-        betas=(spec.adamw_beta1, spec.adamw_beta2),
-        eps=spec.adamw_eps,
+        lr=settings.adamw_lr,
+        betas=(settings.adamw_beta1, settings.adamw_beta2),
+        eps=settings.adamw_eps,
         fused=True,
     )
 

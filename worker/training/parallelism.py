@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from trainctl.store.registry import Registry
-from trainctl.store.specs import ParallelismSpec
+from trainctl.store.training.parallelism import DDPSettings, FSDPSettings, ParallelismSpec
 from trainctl.worker.models.gpt import GPT
 from trainctl.worker.training.parallel import DataParallel, DDPReplica
 
@@ -24,9 +24,10 @@ from trainctl.worker.training.parallel import DataParallel, DDPReplica
 class StrategyBuilder:
     """How the worker runs one strategy."""
 
-    wrap: Callable[[nn.Module, torch.device, int, ParallelismSpec, Any], DataParallel]
-    """(model, device, world size, the plan's parallelism, its model config) -> this rank's
-    `DataParallel`; it may change the model in place (shard it)."""
+    wrap: Callable[[nn.Module, torch.device, int, Any, Any], DataParallel]
+    """(model, device, world size, the strategy's settings (the model its record names,
+    store.training.parallelism), the plan's model config) -> this rank's `DataParallel`; it
+    may change the model in place (shard it)."""
     model_runtime: dict[str, Any] = field(default_factory=dict)
     """Switches the model is built with (worker.models.build_model): fsdp compiles each
     block itself, so not the whole model."""
@@ -36,7 +37,7 @@ STRATEGY_BUILDERS: Registry[StrategyBuilder] = Registry("parallel strategy build
 
 
 def _fsdp(
-    model: nn.Module, device: torch.device, world: int, spec: ParallelismSpec, config: Any
+    model: nn.Module, device: torch.device, world: int, settings: FSDPSettings, config: Any
 ) -> DataParallel:
     # Imported here: torch.distributed.checkpoint costs every other run's import, and probes
     # for optional modules the GPU image lacks.
@@ -47,13 +48,13 @@ def _fsdp(
         model,
         device,
         world,
-        reshard_after_forward=spec.reshard_after_forward,
+        reshard_after_forward=settings.reshard_after_forward,
         compile_mode=getattr(config, "compile_mode", "default") if compiled else None,
     )
 
 
 def _ddp(
-    model: nn.Module, device: torch.device, world: int, spec: ParallelismSpec, config: Any
+    model: nn.Module, device: torch.device, world: int, settings: DDPSettings, config: Any
 ) -> DataParallel:
     return DDPReplica(cast(GPT, model), device, world)
 
@@ -74,4 +75,4 @@ class Ranks:
         return STRATEGY_BUILDERS.get(self.spec.strategy)
 
     def wrap(self, model: nn.Module, device: torch.device, config: Any) -> DataParallel:
-        return self.builder.wrap(model, device, self.world, self.spec, config)
+        return self.builder.wrap(model, device, self.world, self.spec.settings(), config)

@@ -13,14 +13,17 @@ import anyio
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.plugins.trainctl_rmsprop.kind import RMSPROP
 from tests.service.api.submits import CPU_TRAIN, submit
 from tests.service.fakes import finish, save_checkpoint
+from tests.support.registries import registered
 from trainctl.service import sse
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.runs import RunStore
 from trainctl.store.models.presets import get_preset
+from trainctl.store.training.optim import OPTIMIZER_KINDS
 
 # --- submit ---------------------------------------------------------------------------------
 
@@ -230,6 +233,33 @@ def test_kind_adamw_runs_and_refuses_a_muon_setting_by_name(client: TestClient) 
     assert accepted.json()["spec"]["optimizer"]["kind"] == "adamw"
     assert refused.status_code == 422
     assert "optimizer kind 'adamw' does not read muon_lr" in refused.json()["detail"]
+
+
+def test_a_plugin_optimizer_kind_takes_settings_of_its_own_and_refuses_them_by_name(
+    client: TestClient,
+) -> None:
+    """tests/plugins/trainctl_rmsprop: its `rmsprop_lr` is accepted beside its kind, checked
+    by its model, refused on a built-in kind, and listed in the served schema."""
+    with registered((OPTIMIZER_KINDS, RMSPROP.name, RMSPROP)):
+        rmsprop = {"kind": "rmsprop", "rmsprop_lr": 0.005}
+        accepted = submit(client, "train", CPU_TRAIN | {"optimizer": rmsprop})
+        out_of_bounds = submit(
+            client, "train", CPU_TRAIN | {"optimizer": rmsprop | {"rmsprop_lr": 2.0}}
+        )
+        on_adamw = submit(client, "train", CPU_TRAIN | {"optimizer": rmsprop | {"kind": "adamw"}})
+        schema = client.get("/openapi.json").json()["components"]["schemas"]["OptimizerSpec"]
+
+    assert accepted.status_code == 202, accepted.json()
+    assert accepted.json()["spec"]["optimizer"] | rmsprop == accepted.json()["spec"]["optimizer"]
+    assert out_of_bounds.status_code == 422
+    assert (
+        "body.optimizer.rmsprop_lr: Input should be less than or equal to 1"
+        in out_of_bounds.json()["detail"]
+    )
+    assert on_adamw.status_code == 422
+    assert "optimizer kind 'adamw' does not read rmsprop_lr" in on_adamw.json()["detail"]
+    assert schema["properties"]["rmsprop_lr"]["maximum"] == 1
+    assert schema["additionalProperties"] is False
 
 
 def test_a_validation_error_also_lists_the_raw_errors(client: TestClient) -> None:

@@ -12,7 +12,7 @@ from safetensors.torch import load
 
 from trainctl.store.checkpoints.manifests import MODEL_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.specs import OptimizerSpec
+from trainctl.store.training.optim import OptimizerSpec
 from trainctl.worker.checkpoints.sharded import capture_sharded, write_sharded
 from trainctl.worker.models.gpt import build_model
 from trainctl.worker.training.optim import build_optimizers

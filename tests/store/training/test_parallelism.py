@@ -11,9 +11,8 @@ import pytest
 from tests.support.plans import train_plan
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.kinds.train import TrainRequest, train_need
-from trainctl.store.specs import ParallelismSpec
 from trainctl.store.training.memory import GIB, MemoryLimit, admit
-from trainctl.store.training.parallelism import PARALLEL_STRATEGIES
+from trainctl.store.training.parallelism import PARALLEL_STRATEGIES, ParallelismSpec
 
 H100 = MemoryLimit(80 * GIB, "an H100 has")
 EIGHT_GPUS_8B: dict[str, Any] = {

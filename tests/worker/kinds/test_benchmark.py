@@ -12,7 +12,8 @@ from tests.support.plans import benchmark_plan
 from trainctl.store.kinds.benchmark import BenchmarkRequest, resolve_benchmark
 from trainctl.store.models.presets import get_preset
 from trainctl.store.resolve import BENCHMARK_PROFILES
-from trainctl.store.specs import OptimizerSpec, ScheduleSpec
+from trainctl.store.specs import ScheduleSpec
+from trainctl.store.training.optim import OptimizerSpec
 from trainctl.worker.kinds.benchmark import flops_per_token, parse_args, resolve_args, run_benchmark
 
 REPO = Path(__file__).resolve().parents[3]

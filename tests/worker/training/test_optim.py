@@ -9,12 +9,19 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from tests.plugins.trainctl_rmsprop.builder import BUILDER
+from tests.plugins.trainctl_rmsprop.kind import RMSPROP
 from tests.support.plans import train_plan
+from tests.support.registries import registered
 from tests.support.stores import folder, posix_store
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
 from trainctl.store.kinds.train import TrainRequest, train_need
-from trainctl.store.specs import OptimizerSpec
-from trainctl.store.training.optim import OPTIMIZER_KINDS, OptimizerKind
+from trainctl.store.training.optim import (
+    OPTIMIZER_KINDS,
+    MuonSettings,
+    OptimizerKind,
+    OptimizerSpec,
+)
 from trainctl.worker.exceptions import CheckpointMismatch
 from trainctl.worker.models.gpt import GPT, build_model
 from trainctl.worker.training.loop import Trainer
@@ -166,7 +173,7 @@ def sgd_groups(model: nn.Module) -> Groups:
     return {"sgd": [p for p in model.parameters() if p.requires_grad]}
 
 
-def build_sgd(groups: Groups, spec: OptimizerSpec) -> dict[str, torch.optim.Optimizer]:
+def build_sgd(groups: Groups, spec: MuonSettings) -> dict[str, torch.optim.Optimizer]:
     """Momentum SGD, with Muon's settings (Muon is momentum SGD whose update is
     orthogonalised): lr, momentum and the decay of matrices."""
     matrices = [p for p in groups["sgd"] if p.dim() >= 2]
@@ -191,7 +198,7 @@ def sgd_kind() -> Iterator[str]:
     record = OptimizerKind(
         name=SGD,
         description="momentum SGD for every parameter",
-        reads=frozenset({"muon_lr", "muon_momentum", "muon_weight_decay"}),
+        settings=MuonSettings,
         state_per_param=1,  # the momentum buffer
     )
     OPTIMIZER_KINDS.register(SGD, record)
@@ -203,18 +210,25 @@ def sgd_kind() -> Iterator[str]:
         OPTIMIZER_BUILDERS.unregister(SGD)
 
 
-def sgd_plan(kind: str, checkpoints: Path | None = None, **request: Any) -> Any:
+def short_plan(
+    experiment: str, optimizer: dict[str, Any], checkpoints: Path | None = None, **request: Any
+) -> Any:
+    """12 steps of the tiny model on synthetic tokens, with `optimizer`."""
     return train_plan(
         checkpoints,
-        experiment="sgd",
+        experiment=experiment,
         steps=12,
         checkpoint_every=4,
         val_batches=1,
         data={"source": "synthetic"},
         batch={"micro_batch_size": 2, "seq_len": 32, "grad_accum_steps": 1},
-        optimizer={"kind": kind, "muon_lr": 0.05},
+        optimizer=optimizer,
         **request,
     )
+
+
+def sgd_plan(kind: str, checkpoints: Path | None = None, **request: Any) -> Any:
+    return short_plan("sgd", {"kind": kind, "muon_lr": 0.05}, checkpoints, **request)
 
 
 def test_a_kind_registered_by_a_plugin_trains_saves_and_resumes_exactly(
@@ -260,3 +274,34 @@ def test_a_kind_registered_by_a_plugin_trains_saves_and_resumes_exactly(
     a = load_file(str(folder(straight_store, "sgd", straight_store.latest("sgd").tag) / MODEL_FILE))
     b = load_file(str(folder(store, "sgd", store.latest("sgd").tag) / MODEL_FILE))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --- a kind with settings of its own, from a plug-in package --------------------------------
+
+
+def test_a_plugin_kind_trains_with_the_settings_of_its_own_that_the_request_sent(
+    tmp_path: Path,
+) -> None:
+    """tests/plugins/trainctl_rmsprop: `rmsprop_lr` and `rmsprop_alpha`, which no built-in
+    kind has, go from the request through the plan (as a worker reads it, from JSON) to the
+    kind's builder, typed, and so to the optimizer that trains and is checkpointed."""
+    with registered(
+        (OPTIMIZER_KINDS, RMSPROP.name, RMSPROP), (OPTIMIZER_BUILDERS, RMSPROP.name, BUILDER)
+    ):
+        optimizer = {"kind": "rmsprop", "rmsprop_lr": 0.005, "rmsprop_alpha": 0.9}
+        plan = short_plan("rmsprop", optimizer)
+        as_read = type(plan).model_validate_json(plan.model_dump_json())
+        metrics: list[dict[str, Any]] = []
+        store = posix_store(tmp_path)
+        Trainer(as_read, store, on_metrics=metrics.append).run()
+
+    train_rows = [m for m in metrics if m["kind"] == "train"]
+    assert len(train_rows) == 12 and train_rows[0]["lr/rmsprop"] == 0.005
+    saved = torch.load(
+        folder(store, "rmsprop", store.latest("rmsprop").tag) / OPTIMIZER_FILE, weights_only=True
+    )
+    [group] = saved["rmsprop"]["param_groups"]
+    assert group["alpha"] == 0.9
+    assert saved["rmsprop"]["state"] and all(
+        "square_avg" in state for state in saved["rmsprop"]["state"].values()
+    )

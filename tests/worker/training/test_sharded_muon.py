@@ -24,7 +24,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
-from trainctl.store.specs import OptimizerSpec
+from trainctl.store.training.optim import OptimizerSpec
 from trainctl.worker.training import sharded_muon
 from trainctl.worker.training.optim import build_optimizers, muon_settings
 from trainctl.worker.training.sharded_muon import ShardedMuon
