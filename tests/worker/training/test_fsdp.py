@@ -2,7 +2,7 @@
 
 The ranks follow one process on the same global batch to LOSS_RTOL (tests/worker/
 test_distributed.py): they differ by the order the gradient's parts are summed in. Their
-checkpoints are sharded (every rank writes its shards, worker.launch.RankTrainer), and are
+checkpoints are sharded (every rank writes its shards, worker.training.ranks.RankTrainer), and are
 compared here as one process loads them (`saved_state`), whatever their layout. A resume at the
 same world size is bit-exact. Across strategies and world sizes a load is state-exact: a run
 resumed from a checkpoint with no step left to train saves again what it loaded, and that
