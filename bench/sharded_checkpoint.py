@@ -48,11 +48,8 @@ def rank_main(rank: int, port: int, size: dict[str, Any], root: str, out: str) -
     from trainctl.store.checkpoints.store import CheckpointStore
     from trainctl.worker.checkpoints.async_sharded import AsyncShardedCheckpointer
     from trainctl.worker.checkpoints.sharded import capture_sharded, write_sharded
-    from trainctl.worker.checkpoints.state import (
-        CheckpointState,
-        checkpoint_metadata,
-        write_checkpoint,
-    )
+    from trainctl.worker.checkpoints.state import CheckpointState, write_checkpoint
+    from trainctl.worker.checkpoints.training_state import checkpoint_metadata
     from trainctl.worker.models.gpt import build_model
     from trainctl.worker.training.optim import build_optimizers
 

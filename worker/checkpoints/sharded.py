@@ -53,12 +53,8 @@ from trainctl.store.checkpoints.store import CheckpointStore, Protection
 from trainctl.store.checkpoints.writer import CheckpointWriter
 from trainctl.store.names import step_tag
 from trainctl.worker.checkpoints.dcp_storage import SafeLoadPlanner, StoreReader, StoreWriter
-from trainctl.worker.checkpoints.state import (
-    capture_rng_state,
-    check_model_fits,
-    checkpoint_metadata,
-    write_failure,
-)
+from trainctl.worker.checkpoints.state import check_model_fits, write_failure
+from trainctl.worker.checkpoints.training_state import capture_rng_state, checkpoint_metadata
 from trainctl.worker.exceptions import CheckpointMismatch, CheckpointWriteFailed
 from trainctl.worker.models import state_module
 from trainctl.worker.training.optim import Optimizers
@@ -295,7 +291,7 @@ def load_sharded(
 
     Every file is checked against the manifest first (rank 0 re-hashes them all, the others
     check sizes: the ranks read the same files), so a damaged shard fails here. The RNG state
-    of each rank is `worker.checkpoints.state.rank_rng(metadata, rank)`.
+    of each rank is `worker.checkpoints.training_state.rank_rng(metadata, rank)`.
     """
     rank, world = rank_and_world(group)
     where = checkpoint.describe()

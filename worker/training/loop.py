@@ -43,10 +43,9 @@ from trainctl.worker.checkpoints.state import (
     CheckpointState,
     capture_checkpoint,
     load_checkpoint,
-    rank_rng,
-    restore_rng_state,
     write_checkpoint,
 )
+from trainctl.worker.checkpoints.training_state import rank_rng, restore_rng_state
 from trainctl.worker.data.datasets import build_data_record, dataset_arrays, open_dataset
 from trainctl.worker.data.loader import (
     AsyncDataLoader,

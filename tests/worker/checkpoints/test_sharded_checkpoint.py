@@ -19,10 +19,10 @@ import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 
+from tests.support import sharded_ranks
 from tests.support.checkpoints import tensors
 from tests.support.ports import free_port
 from tests.support.stores import folder, posix_store
-from tests.support import sharded_ranks
 from trainctl.service.archive import checkpoint_tar
 from trainctl.store.checkpoints.manifests import DCP_LAYOUT, MODEL_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
