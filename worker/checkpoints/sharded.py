@@ -51,10 +51,13 @@ from trainctl.store.checkpoints.manifests import (
 from trainctl.store.checkpoints.storage import Files
 from trainctl.store.checkpoints.store import CheckpointStore, Protection
 from trainctl.store.checkpoints.writer import CheckpointWriter
-from trainctl.store.names import step_tag
 from trainctl.worker.checkpoints.dcp_storage import SafeLoadPlanner, StoreReader, StoreWriter
 from trainctl.worker.checkpoints.state import check_model_fits, write_failure
-from trainctl.worker.checkpoints.training_state import capture_rng_state, checkpoint_metadata
+from trainctl.worker.checkpoints.training_state import (
+    TrainingState,
+    capture_rng_state,
+    checkpoint_metadata,
+)
 from trainctl.worker.exceptions import CheckpointMismatch, CheckpointWriteFailed
 from trainctl.worker.models import state_module
 from trainctl.worker.training.optim import Optimizers
@@ -109,45 +112,19 @@ def training_state(model: nn.Module, optimizers: Optimizers | None) -> dict[str,
 
 
 def capture_sharded(
-    model: nn.Module,
-    optimizers: Optimizers,
-    scheduler: WSDScheduler | None,
-    step: int,
-    token_count: int,
-    best_loss: float | None,
-    experiment: str,
-    tag: str | None = None,
-    *,
-    data_position: int = 0,
-    run_id: str | None = None,
-    extra: dict[str, Any] | None = None,
-    files: dict[str, bytes] | None = None,
-    group: dist.ProcessGroup | None = None,
+    state: TrainingState, tag: str | None = None, *, group: dist.ProcessGroup | None = None
 ) -> ShardedState:
-    """This rank's state at this step (a collective: every rank calls it). No tensor is
-    copied: save it before the next step."""
-    tag = tag or step_tag(step)
+    """This rank's part of `state` at this step (a collective: every rank calls it); `tag`
+    defaults to the step's. No tensor is copied: save it before the next step."""
+    tag = state.tag(tag)
     world = rank_and_world(group)[1]
     rngs: list[Any] = [capture_rng_state()]
     if world > 1:
         rngs = [None] * world
         dist.all_gather_object(rngs, capture_rng_state(), group=group)
-    metadata = checkpoint_metadata(
-        model,
-        optimizers,
-        scheduler,
-        step,
-        token_count,
-        best_loss,
-        experiment,
-        tag,
-        data_position=data_position,
-        run_id=run_id,
-        extra={**(extra or {}), "world_size": world, "rng_per_rank": rngs},
-    )
-    return ShardedState(
-        experiment, tag, training_state(model, optimizers), metadata, dict(files or {})
-    )
+    metadata = checkpoint_metadata(state, tag, extra={"world_size": world, "rng_per_rank": rngs})
+    shards = training_state(state.model, state.optimizers)
+    return ShardedState(state.experiment, tag, shards, metadata, dict(state.files))
 
 
 # --- saving ---------------------------------------------------------------------------------

@@ -45,10 +45,9 @@ from trainctl.store.db.outages import UNAVAILABLE
 from trainctl.store.models.hf_config import HfModelConfig, model_config_from_dict
 from trainctl.store.models.plugin import PluginModelConfig
 from trainctl.store.models.presets import ModelConfig
-from trainctl.store.names import step_tag
 from trainctl.worker.checkpoints.hashed_file import HashedFile
 from trainctl.worker.checkpoints.safetensors_stream import write_safetensors
-from trainctl.worker.checkpoints.training_state import checkpoint_metadata
+from trainctl.worker.checkpoints.training_state import TrainingState, checkpoint_metadata
 from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch, CheckpointWriteFailed
 from trainctl.worker.training.optim import Optimizers
 from trainctl.worker.training.schedule import WSDScheduler
@@ -136,38 +135,27 @@ class CheckpointState:
 
 
 def capture_checkpoint(
-    model: nn.Module,
-    optimizers: Optimizers,
-    scheduler: WSDScheduler | None,
-    step: int,
-    token_count: int,
-    best_loss: float | None,
-    experiment: str,
+    state: TrainingState,
     tag: str | None = None,
     *,
-    data_position: int = 0,
-    run_id: str | None = None,
     dtype: torch.dtype | None = None,
-    extra: dict[str, Any] | None = None,
-    files: dict[str, bytes] | None = None,
     access: StateAccess = LOCAL_STATE,
 ) -> CheckpointState:
-    """The training state at this step, the RNG state included (capture it at the step).
-    `extra` joins the metadata; `files` are saved beside the weights (CheckpointState.files).
+    """`state` at this step, as a full checkpoint holds it, the RNG state included (capture
+    it at the step); `tag` defaults to the step's. `dtype`: the weights' saved dtype (None:
+    each tensor's own); `access`: how the whole state is read (a sharded run's gathers it).
 
     No tensor is copied (see CheckpointState): write it or hand it to an AsyncCheckpointer
     before the model or the optimizers take another step.
     """
-    tag = tag or step_tag(step)
-    metadata = checkpoint_metadata(
-        model, optimizers, scheduler, step, token_count, best_loss, experiment, tag,
-        data_position=data_position, run_id=run_id, dtype=dtype, extra=extra,
-    )  # fmt: skip
+    tag = state.tag(tag)
+    metadata = checkpoint_metadata(state, tag, dtype=dtype)
     # A sharded run's ranks gather both collectively, onto rank 0 (the one that writes);
     # the optimizers' state is by name: {"muon": ..., "adamw": ...}.
-    weights = access.model_state(model)
-    optimizer = access.optimizer_state(model, optimizers)
-    return CheckpointState(experiment, tag, weights, optimizer, metadata, dtype, dict(files or {}))
+    weights = access.model_state(state.model)
+    optimizer = access.optimizer_state(state.model, state.optimizers)
+    files = dict(state.files)
+    return CheckpointState(state.experiment, tag, weights, optimizer, metadata, dtype, files)
 
 
 def write_checkpoint(

@@ -26,12 +26,9 @@ from trainctl.store.checkpoints.store import CheckpointStore, Protected
 from trainctl.store.data.bucket import BucketDatasets
 from trainctl.store.data.datasets import bits_per_byte
 from trainctl.store.data.mixtures import (
-    SOURCES_KEY,
     SourcePosition,
     continue_sources,
-    read_sources,
     source_tokens,
-    sources_metadata,
     token_metric,
 )
 from trainctl.store.exceptions import CheckpointNotFound
@@ -45,7 +42,12 @@ from trainctl.worker.checkpoints.state import (
     load_checkpoint,
     write_checkpoint,
 )
-from trainctl.worker.checkpoints.training_state import rank_rng, restore_rng_state
+from trainctl.worker.checkpoints.training_state import (
+    Progress,
+    TrainingState,
+    rank_rng,
+    restore_rng_state,
+)
 from trainctl.worker.data.datasets import build_data_record, dataset_arrays, open_dataset
 from trainctl.worker.data.loader import (
     AsyncDataLoader,
@@ -87,19 +89,6 @@ class TrainParts:
     batch: BatchPlan
     grad_clip: float
     parallel: DataParallel = field(default_factory=SingleProcess)
-
-
-@dataclass
-class TrainState:
-    step: int = 0
-    token_count: int = 0
-    best_loss: float | None = None
-    data_position: int = 0
-    sources: list[SourcePosition] = field(default_factory=list)
-    """A mixture's datasets at `data_position`: the rest of the data position (one run of a
-    mixture, "Data mixtures"); [] for one source."""
-    last_loss: float | None = None
-    last_val_loss: float | None = None
 
 
 def build_token_arrays(
@@ -286,7 +275,7 @@ def val_metrics(val: dict[str, float], bytes_per_token: float | None) -> dict[st
     return metrics
 
 
-def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> TrainState:
+def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> Progress:
     """Continue from the plan's resume point, or a fork's parent checkpoint: weights, both
     optimizers, RNG and data position alike. A resume continues the saved schedule; a fork
     takes its own from the fork step on (docs/architecture.md, "Forks"). A fork's requeued
@@ -295,7 +284,7 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> 
     ref = fork.checkpoint if fork is not None else plan.resume_from
     folders = [pin.folder for pin in plan.datasets]
     if ref is None:
-        return TrainState(sources=continue_sources(None, folders))
+        return Progress(sources=continue_sources(None, folders))
     try:
         info = store.get(ref.experiment, ref.tag)
     except CheckpointNotFound as exc:
@@ -312,13 +301,7 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> 
     if own_schedule is not None:  # the fork's curve, at the parent's step
         parts.scheduler.load_state_dict({**own_schedule, "last_epoch": int(meta["step"])})
     restore_rng_state(rank_rng(meta, rank_and_world()[0]))
-    return TrainState(
-        step=int(meta["step"]),
-        token_count=int(meta["token_count"]),
-        best_loss=meta.get("best_loss"),
-        data_position=int(meta["data_position"]),
-        sources=continue_sources(read_sources(meta), folders),
-    )
+    return Progress.saved_in(meta, folders)
 
 
 @dataclass
@@ -392,13 +375,17 @@ class Trainer:
         self.parts = build_training(plan, *data, total_steps=plan.steps, ranks=ranks)
         self.data_record = build_data_record(plan.data, plan.dataset, plan.datasets, datasets)
         self.bytes_per_token = bytes_per_token(plan.data, plan.dataset, plan.datasets)
-        self.state = maybe_resume(self.parts, self.store, plan)
+        self.progress = maybe_resume(self.parts, self.store, plan)
+        # The last losses, for the result: never saved (a resumed run has none until it
+        # trains a step).
+        self.last_loss: float | None = None
+        self.last_val_loss: float | None = None
         self.mixture = (
             self.parts.sampler if isinstance(self.parts.sampler, MixtureSampler) else None
         )
         if self.mixture is not None:
             self.mixture.start_at(
-                self.state.data_position, [x.sequences for x in self.state.sources]
+                self.progress.data_position, [x.sequences for x in self.progress.sources]
             )
         self.checkpointer: BackgroundSaves | None = None
         self.async_checkpointer = AsyncCheckpointer() if plan.async_checkpoint else None
@@ -414,33 +401,27 @@ class Trainer:
         """The state to save at this step (a sharded run's ranks gather it together)."""
         dtype = torch.bfloat16 if self.plan.save_dtype == "bfloat16" else None
         return capture_checkpoint(
-            **self.checkpoint_fields(tag), dtype=dtype, access=self.parts.parallel
+            self.training_state(), tag, dtype=dtype, access=self.parts.parallel
         )
 
-    def checkpoint_fields(self, tag: str | None) -> dict[str, Any]:
-        """What a checkpoint at this step holds, whatever its layout (`capture_checkpoint`,
-        `worker.checkpoints.sharded.capture_sharded`)."""
-        p, s = self.parts, self.state
-        return {
-            "model": p.model,
-            "optimizers": p.optimizers,
-            "scheduler": p.scheduler,
-            "step": s.step,
-            "token_count": s.token_count,
-            "best_loss": s.best_loss,
-            "experiment": self.plan.experiment,
-            "tag": tag,
-            "data_position": s.data_position,
-            "run_id": self.run_id,
-            "extra": self.data_record.metadata
-            | ({SOURCES_KEY: sources_metadata(s.sources)} if s.sources else {}),
-            "files": {**self.data_record.files, **model_files(p.model)},
-        }
+    def training_state(self) -> TrainingState:
+        """What a checkpoint at this step is taken from, whatever its layout."""
+        p = self.parts
+        return TrainingState(
+            p.model,
+            p.optimizers,
+            p.scheduler,
+            self.plan.experiment,
+            self.progress,
+            self.run_id,
+            extra=self.data_record.metadata,
+            files={**self.data_record.files, **model_files(p.model)},
+        )
 
     def saved_info(self, tag: str) -> dict[str, Any]:
         """What the checkpoint callback hears of a save at this step (its `path` and
         `save_seconds` are added once it is committed)."""
-        return {"experiment": self.plan.experiment, "tag": tag, "step": self.state.step}
+        return {"experiment": self.plan.experiment, "tag": tag, "step": self.progress.step}
 
     def draining(self) -> bool:
         return self.drain is not None and self.drain.is_set()
@@ -529,33 +510,33 @@ class Trainer:
 
     def maybe_validate(self, final: bool) -> bool:
         """Validate when due and report it; True when the loss is the best so far."""
-        if not (final or self.state.step % self.plan.val_every == 0):
+        if not (final or self.progress.step % self.plan.val_every == 0):
             return False
         val = validate(self.parts)
-        self.state.last_val_loss = val["loss"]
-        improved = self.state.best_loss is None or val["loss"] < self.state.best_loss
+        self.last_val_loss = val["loss"]
+        improved = self.progress.best_loss is None or val["loss"] < self.progress.best_loss
         if improved:
-            self.state.best_loss = val["loss"]
+            self.progress.best_loss = val["loss"]
         self.on_metrics(
             {
                 "kind": "val",
-                "step": self.state.step,
+                "step": self.progress.step,
                 **val_metrics(val, self.bytes_per_token),
-                "best_loss": self.state.best_loss,
+                "best_loss": self.progress.best_loss,
             }
         )
         return improved
 
     def maybe_sample(self, final: bool) -> None:
-        if self.samples is not None and self.samples.due(self.state.step, final):
-            for sample in self.samples.take(self.parts.model, self.state.step):
+        if self.samples is not None and self.samples.due(self.progress.step, final):
+            for sample in self.samples.take(self.parts.model, self.progress.step):
                 self.on_sample(sample)
 
     def advance_sources(self) -> None:
         """A mixture's datasets at the new data position, each with the tokens it gave."""
         if self.mixture is None:
             return
-        s, seq_len = self.state, self.plan.batch.seq_len
+        s, seq_len = self.progress, self.plan.batch.seq_len
         at = self.mixture.sequences_at(s.data_position)
         s.sources = [
             SourcePosition(x.folder, int(k), x.tokens + (int(k) - x.sequences) * seq_len)
@@ -563,13 +544,13 @@ class Trainer:
         ]
 
     def should_checkpoint(self, final: bool) -> bool:
-        return final or self.state.step % self.plan.checkpoint_every == 0
+        return final or self.progress.step % self.plan.checkpoint_every == 0
 
     def should_log(self, final: bool) -> bool:
-        return final or self.state.step % self.plan.log_every == 0
+        return final or self.progress.step % self.plan.log_every == 0
 
     def report(self, metrics: dict[str, float], interval: Interval) -> None:
-        s = self.state
+        s = self.progress
         self.on_metrics(
             {
                 "kind": "train",
@@ -583,7 +564,7 @@ class Trainer:
         )
 
     def run(self) -> dict[str, Any]:
-        plan, s = self.plan, self.state
+        plan, s = self.plan, self.progress
         tokens_per_step = plan.batch.tokens_per_step
         started, wait_total, stopped, saved_at = time.perf_counter(), 0.0, False, -1
         interval = Interval()
@@ -596,7 +577,7 @@ class Trainer:
                 s.data_position += plan.batch.grad_accum_steps
                 s.token_count += tokens_per_step
                 self.advance_sources()
-                s.last_loss = metrics["loss"]
+                self.last_loss = metrics["loss"]
                 wait = loader.wait_seconds - w0
                 interval.add(time.perf_counter() - t0, wait)
                 wait_total += wait
@@ -634,8 +615,8 @@ class Trainer:
             "step": s.step,
             "total_steps": plan.steps,
             "stopped": stopped,
-            "final_loss": s.last_loss,
-            "final_val_loss": s.last_val_loss,
+            "final_loss": self.last_loss,
+            "final_val_loss": self.last_val_loss,
             "best_loss": s.best_loss,
             "token_count": s.token_count,
             "elapsed_sec": elapsed,
@@ -645,8 +626,10 @@ class Trainer:
             result["source_tokens"] = source_tokens(s.sources)
         if stopped and self.draining():
             result["drain"] = self.drain_report(stopped_at)
-        if s.last_val_loss is not None and self.bytes_per_token is not None:
-            result["final_val_bits_per_byte"] = bits_per_byte(s.last_val_loss, self.bytes_per_token)
+        if self.last_val_loss is not None and self.bytes_per_token is not None:
+            result["final_val_bits_per_byte"] = bits_per_byte(
+                self.last_val_loss, self.bytes_per_token
+            )
         return result
 
 

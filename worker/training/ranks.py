@@ -84,7 +84,7 @@ class RankTrainer(Trainer):
         from trainctl.worker.checkpoints.sharded import capture_sharded, write_sharded
 
         plan = self.plan
-        state = capture_sharded(**self.checkpoint_fields(tag))
+        state = capture_sharded(self.training_state(), tag)
         info = self.saved_info(state.tag)
         # `protected` and `before_commit` are asked on rank 0, at its commit (finish_save).
         commit: dict[str, Any] = {

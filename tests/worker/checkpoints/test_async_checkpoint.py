@@ -16,6 +16,7 @@ from tests.support.train_script import run_script
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE, verify_manifest
 from trainctl.worker.checkpoints.async_save import AsyncCheckpointer, SaveAbandoned
 from trainctl.worker.checkpoints.state import CheckpointState, capture_checkpoint, write_checkpoint
+from trainctl.worker.checkpoints.training_state import Progress, TrainingState
 from trainctl.worker.exceptions import CheckpointWriteFailed
 from trainctl.worker.models.gpt import build_model
 from trainctl.worker.training.loop import train
@@ -34,7 +35,7 @@ def trained(device: str = "cpu") -> Parts:
 
 
 def capture(parts: Parts, step: int = 1, dtype: torch.dtype | None = None) -> CheckpointState:
-    return capture_checkpoint(*parts, None, step, 0, None, "exp", dtype=dtype)
+    return capture_checkpoint(TrainingState(*parts, None, "exp", Progress(step)), dtype=dtype)
 
 
 def captured(
