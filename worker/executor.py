@@ -17,7 +17,6 @@ from pydantic import ValidationError
 
 from trainctl.store.checkpoints.factory import Stores
 from trainctl.store.checkpoints.info import check_fits
-from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.data.bucket import BucketDatasets
 from trainctl.store.data.prepare import PrepareStopped
 from trainctl.store.db.rows import UNREADABLE
@@ -42,13 +41,13 @@ from trainctl.worker.checkpoints.state import load_checkpoint
 from trainctl.worker.context import RunContext
 from trainctl.worker.data.loader import SyntheticSampler, TokenSampler
 from trainctl.worker.data.prepare import prepare
-from trainctl.worker.drain import as_shutdown
 from trainctl.worker.evals.side_runs import CheckpointEvals
 from trainctl.worker.kinds.benchmark import run_benchmark
 from trainctl.worker.kinds.evaluate import run_evaluate
 from trainctl.worker.launch import launch_train
 from trainctl.worker.models import build_model
 from trainctl.worker.models.sampling import run_sample
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import Trainer, build_token_arrays, val_metrics
 from trainctl.worker.training.memory import admit_at_claim
 from trainctl.worker.training.validation import compute_validation_loss, validate_forward_shape
@@ -153,20 +152,8 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
         result = launched
     else:
         evals = CheckpointEvals(plan, ctx, env.stores)
-        trainer = Trainer(
-            plan,
-            store,
-            run_id=ctx.run.id,
-            on_metrics=ctx.metrics,
-            on_checkpoint=ctx.log_checkpoint,
-            on_progress=ctx.progress,
-            on_sample=ctx.sample,
-            should_stop=ctx.should_stop,
-            protected=ctx.while_owned(ProtectionPolicy(ctx.runs, store).asker(plan.experiment)),
-            before_commit=ctx.confirm_lease,
-            after_commit=evals,
-            drain=as_shutdown(ctx.shutdown),
-        )
+        hooks = TrainerHooks.of_run(ctx, store, plan.experiment, after_commit=evals)
+        trainer = Trainer(plan, store, hooks=hooks, run_id=ctx.run.id)
         result = trainer.run()
         if plan.evals is not None:
             result["evaluate_runs"] = evals.queued

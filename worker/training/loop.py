@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from trainctl.store.checkpoints.store import CheckpointStore, Protected
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.bucket import BucketDatasets
 from trainctl.store.data.datasets import bits_per_byte
 from trainctl.store.data.mixtures import (
@@ -63,18 +63,16 @@ from trainctl.worker.data.loader import (
     stdlib_source_files,
 )
 from trainctl.worker.data.mixtures import MixtureSampler, source_seed
-from trainctl.worker.drain import Shutdown
 from trainctl.worker.exceptions import NonFiniteLoss
 from trainctl.worker.models import build_model, model_files, take_step_metrics
 from trainctl.worker.models.gpt import GPT
 from trainctl.worker.models.sampling import TrainingSamples
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.optim import Optimizers, build_optimizers
 from trainctl.worker.training.parallel import DataParallel, SingleProcess, rank_and_world
 from trainctl.worker.training.parallelism import Ranks
 from trainctl.worker.training.schedule import WSDScheduler, build_scheduler
 from trainctl.worker.training.validation import compute_validation_loss
-
-Callback = Callable[[dict[str, Any]], None]
 
 
 @dataclass
@@ -334,43 +332,23 @@ class BackgroundSaves(Protocol):
 
 
 class Trainer:
-    """Runs a TrainPlan; callbacks report metrics and checkpoints as they happen."""
+    """Runs a TrainPlan; its hooks report metrics and checkpoints as they happen, and say
+    when to stop (`TrainerHooks`)."""
 
     def __init__(
         self,
         plan: TrainPlan,
         store: CheckpointStore,
         *,
+        hooks: TrainerHooks | None = None,
         run_id: str | None = None,
-        on_metrics: Callback | None = None,
-        on_checkpoint: Callback | None = None,
-        on_progress: Callable[[int, int], None] | None = None,
-        on_sample: Callback | None = None,
-        should_stop: Callable[[], bool] | None = None,
-        protected: Callable[[], Protected] | None = None,
-        before_commit: Callable[[], None] | None = None,
-        after_commit: Callable[[str, int], None] | None = None,
         ranks: Ranks | None = None,
         datasets: BucketDatasets | None = None,
-        drain: Shutdown | None = None,
     ) -> None:
         self.plan, self.run_id = plan, run_id
-        # Set by SIGTERM or a drain request: the stop's save takes the async path and gets
-        # until its deadline to commit (worker.drain).
-        self.drain = drain
+        self.hooks = hooks or TrainerHooks()
         self.drained: dict[str, Any] = {}
-        self.before_commit = before_commit
-        # (tag, step) of a checkpoint just committed, before the retention that follows it,
-        # in the thread that wrote it (worker.side_evals queues its evaluate run there).
-        self.after_commit = after_commit
         self.store = store
-        self.on_metrics = on_metrics or (lambda m: None)
-        self.on_checkpoint = on_checkpoint or (lambda m: None)
-        # Every step, unlike metrics: the receiver throttles by time (RunContext.progress).
-        self.on_progress = on_progress or (lambda step, total: None)
-        self.on_sample = on_sample or (lambda m: None)
-        self.should_stop = should_stop or (lambda: False)
-        self.protected = protected or (lambda: frozenset())
         data = build_data(plan, datasets)
         self.parts = build_training(plan, *data, total_steps=plan.steps, ranks=ranks)
         self.data_record = build_data_record(plan.data, plan.dataset, plan.datasets, datasets)
@@ -424,14 +402,14 @@ class Trainer:
         return {"experiment": self.plan.experiment, "tag": tag, "step": self.progress.step}
 
     def draining(self) -> bool:
-        return self.drain is not None and self.drain.is_set()
+        return self.hooks.drain is not None and self.hooks.drain.is_set()
 
     def gate_and_confirm(self) -> None:
         """What a write runs just before its commit: a drain that gave up on the save refuses
         it (worker.checkpoints.async_save), then `before_commit` (the lease check)."""
         AsyncCheckpointer.commit_gate()
-        if self.before_commit is not None:
-            self.before_commit()
+        if self.hooks.before_commit is not None:
+            self.hooks.before_commit()
 
     def write(self, state: CheckpointState) -> None:
         """Write and commit a captured state, here or in the background; report it."""
@@ -445,7 +423,7 @@ class Trainer:
         def write(state: CheckpointState) -> str:
             # `protected` is asked under the store's guard, after the commit: a run queued
             # meanwhile that depends on an older checkpoint keeps it.
-            store, protected, started = self.store, self.protected, time.perf_counter()
+            store, protected, started = self.store, self.hooks.protected, time.perf_counter()
             where = write_checkpoint(
                 state, store, self.plan.max_keep, protected, self.gate_and_confirm,
                 self.committed(info),
@@ -455,22 +433,22 @@ class Trainer:
 
         if self.async_checkpointer is None:
             where = write(state)  # before `info` is read: the write adds its save_seconds
-            self.on_checkpoint({**info, "path": where})
+            self.hooks.on_checkpoint({**info, "path": where})
             return
         # Asynchronous: the loop goes on once the state is copied; the commit is reported
         # when it has happened (maybe_report_saves, finish_saves).
         assert self.async_checkpointer is not None  # a full checkpoint's saver
         for done in self.async_checkpointer.save(state, write, info):
-            self.on_checkpoint(done)
+            self.hooks.on_checkpoint(done)
 
     def committed(self, info: dict[str, Any]) -> Callable[[], None] | None:
         """`after_commit` of the save `info` describes, for the checkpoint writer."""
-        after = self.after_commit
+        after = self.hooks.after_commit
         return None if after is None else partial(after, info["tag"], info["step"])
 
     def maybe_report_saves(self) -> None:
         for done in self.checkpointer.poll() if self.checkpointer else []:
-            self.on_checkpoint(done)
+            self.hooks.on_checkpoint(done)
 
     def finish_saves(self, failing: BaseException | None = None) -> None:
         """Wait for the save in flight: a run that ends or stops leaves its checkpoint."""
@@ -479,7 +457,7 @@ class Trainer:
         try:
             for done in self.wait_saves():
                 self.drained["committed_at"] = done.get("committed_at")
-                self.on_checkpoint(done)
+                self.hooks.on_checkpoint(done)
         except SaveAbandoned as exc:  # the run hands back from the checkpoint before it
             self.drained["abandoned"] = str(exc)
         except Exception as exc:
@@ -490,18 +468,18 @@ class Trainer:
     def wait_saves(self) -> list[dict[str, Any]]:
         """The saves in flight, committed: a draining run's only until its deadline."""
         assert self.checkpointer is not None
-        if self.drain is not None and self.draining() and self.async_checkpointer is not None:
-            return self.async_checkpointer.wait(until=self.drain.deadline)
+        if self.hooks.drain is not None and self.draining() and self.async_checkpointer is not None:
+            return self.async_checkpointer.wait(until=self.hooks.drain.deadline)
         return self.checkpointer.wait()
 
     def drain_report(self, stopped_at: float) -> dict[str, Any]:
         """How the drain's save went, in seconds from the signal: to the step boundary it
         stopped at, to the ranks stopped (the state staged), and to the commit (None:
         abandoned at the deadline)."""
-        assert self.drain is not None and self.drain.since is not None
-        since, committed = self.drain.since, self.drained.get("committed_at")
+        assert self.hooks.drain is not None and self.hooks.drain.since is not None
+        since, committed = self.hooks.drain.since, self.drained.get("committed_at")
         return {
-            "deadline_seconds": self.drain.seconds,
+            "deadline_seconds": self.hooks.drain.seconds,
             "step_boundary_seconds": self.drained["seen_at"] - since,
             "stopped_seconds": stopped_at - since,
             "committed_seconds": None if committed is None else committed - since,
@@ -517,7 +495,7 @@ class Trainer:
         improved = self.progress.best_loss is None or val["loss"] < self.progress.best_loss
         if improved:
             self.progress.best_loss = val["loss"]
-        self.on_metrics(
+        self.hooks.on_metrics(
             {
                 "kind": "val",
                 "step": self.progress.step,
@@ -530,7 +508,7 @@ class Trainer:
     def maybe_sample(self, final: bool) -> None:
         if self.samples is not None and self.samples.due(self.progress.step, final):
             for sample in self.samples.take(self.parts.model, self.progress.step):
-                self.on_sample(sample)
+                self.hooks.on_sample(sample)
 
     def advance_sources(self) -> None:
         """A mixture's datasets at the new data position, each with the tokens it gave."""
@@ -551,7 +529,7 @@ class Trainer:
 
     def report(self, metrics: dict[str, float], interval: Interval) -> None:
         s = self.progress
-        self.on_metrics(
+        self.hooks.on_metrics(
             {
                 "kind": "train",
                 "step": s.step,
@@ -581,13 +559,13 @@ class Trainer:
                 wait = loader.wait_seconds - w0
                 interval.add(time.perf_counter() - t0, wait)
                 wait_total += wait
-                self.on_progress(s.step, plan.steps)
+                self.hooks.on_progress(s.step, plan.steps)
                 final = s.step == plan.steps
                 logged = self.should_log(final)
                 if logged:
                     self.report(metrics, interval)
                     interval = Interval()
-                stopped = not final and self.should_stop()
+                stopped = not final and self.hooks.should_stop()
                 if stopped:
                     self.drained["seen_at"] = time.monotonic()  # the step boundary it stops at
                 if stopped and not logged:

@@ -31,10 +31,11 @@ from trainctl.store.layout import DRAIN_SECONDS, DataLayout
 from trainctl.store.plans import TrainPlan
 from trainctl.store.training.parallelism import PARALLEL_STRATEGIES
 from trainctl.worker.context import RunContext
-from trainctl.worker.drain import Shutdown, as_shutdown
+from trainctl.worker.drain import Shutdown
 from trainctl.worker.evals.side_runs import CheckpointEvals
 from trainctl.worker.launch import DRAIN_FILE, ERROR_FILE, RESULT_FILE, STOP_FILE
 from trainctl.worker.rendezvous import rank_store
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import Trainer
 from trainctl.worker.training.parallel import AgreedStop, RankSampler
 from trainctl.worker.training.parallelism import Ranks
@@ -89,8 +90,8 @@ class RankTrainer(Trainer):
         # `protected` and `before_commit` are asked on rank 0, at its commit (finish_save).
         commit: dict[str, Any] = {
             "max_keep": plan.max_keep,
-            "protected": self.protected,
-            "before_commit": self.before_commit,
+            "protected": self.hooks.protected,
+            "before_commit": self.hooks.before_commit,
             "after_commit": self.committed(info),
         }
         if self.sharded_saves is not None:
@@ -100,7 +101,7 @@ class RankTrainer(Trainer):
             where = write_sharded(state, self.store, **commit)
             done = [{**info, "save_seconds": time.perf_counter() - started, "path": where}]
         for saved in done:
-            self.on_checkpoint(saved)  # rank 0's callback; the others' do nothing
+            self.hooks.on_checkpoint(saved)  # rank 0's callback; the others' do nothing
 
 
 def rank_context(job: dict[str, Any], runs: RunStore) -> RunContext:
@@ -175,9 +176,6 @@ def train_rank(
 ) -> dict[str, Any]:
     metrics: list[dict[str, Any]] = []
     ctx = rank_context(job, runs) if runs is not None else None
-    on_metrics: Callable[[dict[str, Any]], None] = ctx.metrics if ctx else metrics.append
-    if rank != 0:
-        on_metrics = lambda m: None  # noqa: E731
     stop = AgreedStop(rank_stop(ctx, workdir / STOP_FILE), device or torch.device("cpu"))
     cache = job.get("cache_dir")
     layout = DataLayout(
@@ -185,24 +183,24 @@ def train_rank(
     )
     stores = open_stores(layout, runs)
     store = stores.checkpoints
-    protected = ProtectionPolicy(runs, store).asker(plan.experiment)
     evals = CheckpointEvals(plan, ctx, stores) if ctx else None
+    if rank != 0:  # rank 0 speaks for the run; every rank agrees on when to stop
+        hooks = TrainerHooks.silent(stop)
+    elif ctx is not None:
+        hooks = TrainerHooks.of_run(
+            ctx, store, plan.experiment, should_stop=stop, after_commit=evals
+        )
+    else:  # no run (tests, scripts): rank 0 returns its metrics with the result
+        protected = ProtectionPolicy(runs, store).asker(plan.experiment)
+        hooks = TrainerHooks(on_metrics=metrics.append, should_stop=stop, protected=protected)
     trainer = RankTrainer(
         plan,
         store,
         rank=rank,
         world=world,
+        hooks=hooks,
         run_id=ctx.run.id if ctx else None,
-        on_metrics=on_metrics,
-        on_checkpoint=ctx.log_checkpoint if ctx else None,
-        on_progress=ctx.progress if ctx else None,
-        on_sample=ctx.sample if ctx else None,
-        should_stop=stop,
-        protected=ctx.while_owned(protected) if ctx else protected,
-        before_commit=ctx.confirm_lease if ctx else None,
-        after_commit=evals,
         datasets=stores.datasets,
-        drain=as_shutdown(ctx.shutdown) if ctx else None,
     )
     if ctx is not None:
         ctx.reporter.start()  # rank 0 never waits on the database for a report either

@@ -23,6 +23,7 @@ from trainctl.store.plans import TrainPlan
 from trainctl.store.resolve import resolve_train
 from trainctl.store.specs import TrainRequest
 from trainctl.worker.data.mixtures import count_sources
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import build_mixture, train
 
 TEXTS = stdlib_texts(150_000)
@@ -140,7 +141,7 @@ def test_each_datasets_tokens_are_reported_and_add_up_to_the_tokens_seen(
     metrics: list[dict[str, Any]] = []
     store = posix_store(tmp_path)
 
-    result = train(plan, store, on_metrics=metrics.append)
+    result = train(plan, store, hooks=TrainerHooks(on_metrics=metrics.append))
 
     steps = [m for m in metrics if m["kind"] == "train"]
     assert [m["step"] for m in steps] == list(range(1, 9))

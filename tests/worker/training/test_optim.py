@@ -17,6 +17,7 @@ from trainctl.store.training import memory
 from trainctl.store.training.optim import OPTIMIZER_KINDS, OptimizerKind
 from trainctl.worker.exceptions import CheckpointMismatch
 from trainctl.worker.models.gpt import GPT, build_model
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import Trainer
 from trainctl.worker.training.optim import (
     OPTIMIZER_BUILDERS,
@@ -235,7 +236,7 @@ def test_a_kind_registered_by_a_plugin_trains_saves_and_resumes_exactly(
 
     straight: list[dict[str, Any]] = []
     straight_store = posix_store(tmp_path / "straight")
-    Trainer(plan, straight_store, on_metrics=straight.append).run()
+    Trainer(plan, straight_store, hooks=TrainerHooks(on_metrics=straight.append)).run()
     train_rows = [m for m in straight if m["kind"] == "train"]
     assert {k for k in train_rows[0] if k.startswith("lr")} == {"lr/sgd"}
     assert train_rows[0]["lr/sgd"] == 0.05  # a 1 % warm-up of 12 steps is none
@@ -244,7 +245,7 @@ def test_a_kind_registered_by_a_plugin_trains_saves_and_resumes_exactly(
     first: list[dict[str, Any]] = []
     stop = lambda: len([m for m in first if m["kind"] == "train"]) >= 5  # noqa: E731
     store = posix_store(root)
-    Trainer(plan, store, on_metrics=first.append, should_stop=stop).run()
+    Trainer(plan, store, hooks=TrainerHooks(on_metrics=first.append, should_stop=stop)).run()
     info = store.latest("sgd")
     assert info.step == 5
     saved = folder(store, "sgd", info.tag) / OPTIMIZER_FILE
@@ -252,7 +253,9 @@ def test_a_kind_registered_by_a_plugin_trains_saves_and_resumes_exactly(
 
     second: list[dict[str, Any]] = []
     resumed = Trainer(
-        sgd_plan(sgd_kind, root, resume_from="latest"), store, on_metrics=second.append
+        sgd_plan(sgd_kind, root, resume_from="latest"),
+        store,
+        hooks=TrainerHooks(on_metrics=second.append),
     )
     resumed.run()
     losses = [m["loss"] for m in first + second if m["kind"] == "train"]
