@@ -66,6 +66,10 @@ class TrainerHooks:
     """Set by SIGTERM or a drain request: the stop's save takes the async path and gets until
     its deadline to commit (worker.drain)."""
 
+    def draining(self) -> bool:
+        """Whether the run is stopping for a drain, with a deadline for its last save."""
+        return self.drain is not None and self.drain.is_set()
+
     @classmethod
     def silent(cls, should_stop: Callable[[], bool] = never) -> TrainerHooks:
         """A rank's other than 0: it reports nothing and commits nothing, and only asks

@@ -16,8 +16,7 @@ import time
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,12 +34,10 @@ from trainctl.store.exceptions import CheckpointNotFound
 from trainctl.store.names import BEST_TAG
 from trainctl.store.plans import BatchPlan, DatasetPin, StepPlan, TrainPlan, bytes_per_token
 from trainctl.store.specs import DataSpec
-from trainctl.worker.checkpoints.async_save import AsyncCheckpointer, SaveAbandoned
+from trainctl.worker.checkpoints.async_save import SaveAbandoned
+from trainctl.worker.checkpoints.saves import FullSaves
 from trainctl.worker.checkpoints.state import (
-    CheckpointState,
-    capture_checkpoint,
     load_checkpoint,
-    write_checkpoint,
 )
 from trainctl.worker.checkpoints.training_state import (
     Progress,
@@ -323,14 +320,6 @@ class Interval:
         }
 
 
-class BackgroundSaves(Protocol):
-    """Saves in flight (`AsyncCheckpointer`, `AsyncShardedCheckpointer`): the saves committed
-    since the last call, each the info it was given with its `path` and `save_seconds`."""
-
-    def poll(self) -> list[dict[str, Any]]: ...
-    def wait(self) -> list[dict[str, Any]]: ...
-
-
 class Trainer:
     """Runs a TrainPlan; its hooks report metrics and checkpoints as they happen, and say
     when to stop (`TrainerHooks`)."""
@@ -365,22 +354,18 @@ class Trainer:
             self.mixture.start_at(
                 self.progress.data_position, [x.sequences for x in self.progress.sources]
             )
-        self.checkpointer: BackgroundSaves | None = None
-        self.async_checkpointer = AsyncCheckpointer() if plan.async_checkpoint else None
-        self.checkpointer = self.async_checkpointer
-        self.before_update: Callable[[], None] | None = None  # see train_step
+        # How its checkpoints are captured and written: its strategy's layout, built on every
+        # rank at once (worker.checkpoints.saves); one process writes whole ones.
+        build_saves = ranks.saves if ranks is not None else FullSaves
+        self.saves = build_saves(plan, store, self.hooks, self.parts.parallel)
         every = plan.sample_every
         self.samples = TrainingSamples(plan, every, datasets) if every is not None else None
 
     def save(self, tag: str | None = None) -> None:
-        self.write(self.capture(tag))
-
-    def capture(self, tag: str | None = None) -> CheckpointState:
-        """The state to save at this step (a sharded run's ranks gather it together)."""
-        dtype = torch.bfloat16 if self.plan.save_dtype == "bfloat16" else None
-        return capture_checkpoint(
-            self.training_state(), tag, dtype=dtype, access=self.parts.parallel
-        )
+        """Save a checkpoint at this step (every rank, at the same step); report the saves
+        committed since the last report."""
+        for done in self.saves.save(self.training_state(), tag):
+            self.hooks.on_checkpoint(done)
 
     def training_state(self) -> TrainingState:
         """What a checkpoint at this step is taken from, whatever its layout."""
@@ -396,66 +381,17 @@ class Trainer:
             files={**self.data_record.files, **model_files(p.model)},
         )
 
-    def saved_info(self, tag: str) -> dict[str, Any]:
-        """What the checkpoint callback hears of a save at this step (its `path` and
-        `save_seconds` are added once it is committed)."""
-        return {"experiment": self.plan.experiment, "tag": tag, "step": self.progress.step}
-
-    def draining(self) -> bool:
-        return self.hooks.drain is not None and self.hooks.drain.is_set()
-
-    def gate_and_confirm(self) -> None:
-        """What a write runs just before its commit: a drain that gave up on the save refuses
-        it (worker.checkpoints.async_save), then `before_commit` (the lease check)."""
-        AsyncCheckpointer.commit_gate()
-        if self.hooks.before_commit is not None:
-            self.hooks.before_commit()
-
-    def write(self, state: CheckpointState) -> None:
-        """Write and commit a captured state, here or in the background; report it."""
-        info = self.saved_info(state.tag)
-        if self.async_checkpointer is None and self.draining():
-            # The fastest path a stopping run has: stage to host memory now, let the ranks
-            # stop, and write until the drain's deadline (finish_saves).
-            self.async_checkpointer = AsyncCheckpointer()
-            self.checkpointer = self.checkpointer or self.async_checkpointer
-
-        def write(state: CheckpointState) -> str:
-            # `protected` is asked under the store's guard, after the commit: a run queued
-            # meanwhile that depends on an older checkpoint keeps it.
-            store, protected, started = self.store, self.hooks.protected, time.perf_counter()
-            where = write_checkpoint(
-                state, store, self.plan.max_keep, protected, self.gate_and_confirm,
-                self.committed(info),
-            )  # fmt: skip
-            info["save_seconds"] = time.perf_counter() - started  # reported with the commit
-            return where
-
-        if self.async_checkpointer is None:
-            where = write(state)  # before `info` is read: the write adds its save_seconds
-            self.hooks.on_checkpoint({**info, "path": where})
-            return
-        # Asynchronous: the loop goes on once the state is copied; the commit is reported
-        # when it has happened (maybe_report_saves, finish_saves).
-        assert self.async_checkpointer is not None  # a full checkpoint's saver
-        for done in self.async_checkpointer.save(state, write, info):
-            self.hooks.on_checkpoint(done)
-
-    def committed(self, info: dict[str, Any]) -> Callable[[], None] | None:
-        """`after_commit` of the save `info` describes, for the checkpoint writer."""
-        after = self.hooks.after_commit
-        return None if after is None else partial(after, info["tag"], info["step"])
-
     def maybe_report_saves(self) -> None:
-        for done in self.checkpointer.poll() if self.checkpointer else []:
+        for done in self.saves.poll():
             self.hooks.on_checkpoint(done)
 
     def finish_saves(self, failing: BaseException | None = None) -> None:
-        """Wait for the save in flight: a run that ends or stops leaves its checkpoint."""
-        if self.checkpointer is None:
-            return
+        """Wait for the save in flight: a run that ends or stops leaves its checkpoint; a
+        draining one waits only until its deadline."""
+        drain = self.hooks.drain
+        until = drain.deadline if drain is not None and self.hooks.draining() else None
         try:
-            for done in self.wait_saves():
+            for done in self.saves.wait(until):
                 self.drained["committed_at"] = done.get("committed_at")
                 self.hooks.on_checkpoint(done)
         except SaveAbandoned as exc:  # the run hands back from the checkpoint before it
@@ -464,13 +400,6 @@ class Trainer:
             if failing is None:
                 raise
             failing.add_note(f"and the checkpoint being saved in the background failed: {exc}")
-
-    def wait_saves(self) -> list[dict[str, Any]]:
-        """The saves in flight, committed: a draining run's only until its deadline."""
-        assert self.checkpointer is not None
-        if self.hooks.drain is not None and self.draining() and self.async_checkpointer is not None:
-            return self.async_checkpointer.wait(until=self.hooks.drain.deadline)
-        return self.checkpointer.wait()
 
     def drain_report(self, stopped_at: float) -> dict[str, Any]:
         """How the drain's save went, in seconds from the signal: to the step boundary it
@@ -550,7 +479,7 @@ class Trainer:
         try:
             while s.step < plan.steps:
                 t0, w0 = time.perf_counter(), loader.wait_seconds
-                metrics = train_step(self.parts, loader, s.step, self.before_update)
+                metrics = train_step(self.parts, loader, s.step, self.saves.before_update)
                 s.step += 1
                 s.data_position += plan.batch.grad_accum_steps
                 s.token_count += tokens_per_step
@@ -602,7 +531,7 @@ class Trainer:
         }
         if s.sources:
             result["source_tokens"] = source_tokens(s.sources)
-        if stopped and self.draining():
+        if stopped and self.hooks.draining():
             result["drain"] = self.drain_report(stopped_at)
         if self.last_val_loss is not None and self.bytes_per_token is not None:
             result["final_val_bits_per_byte"] = bits_per_byte(

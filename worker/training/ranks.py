@@ -15,21 +15,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 
 from trainctl.store.checkpoints.factory import open_stores
-from trainctl.store.checkpoints.manifests import DCP_LAYOUT
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.db.runs import RunStore
 from trainctl.store.layout import DRAIN_SECONDS, DataLayout
 from trainctl.store.plans import TrainPlan
-from trainctl.store.training.parallelism import PARALLEL_STRATEGIES
 from trainctl.worker.context import RunContext
 from trainctl.worker.drain import Shutdown
 from trainctl.worker.evals.side_runs import CheckpointEvals
@@ -40,19 +37,11 @@ from trainctl.worker.training.loop import Trainer
 from trainctl.worker.training.parallel import AgreedStop, RankSampler
 from trainctl.worker.training.parallelism import Ranks
 
-if TYPE_CHECKING:
-    from trainctl.worker.checkpoints.async_sharded import AsyncShardedCheckpointer
-
 
 class RankTrainer(Trainer):
     """A Trainer of rank `rank` of `world`, built for the plan's strategy (`Ranks`, before the
-    optimizers), reading its share of the batches; only rank 0 reports and samples.
-
-    Checkpoints take the strategy's layout (store.training.parallelism `checkpoint_layout`): a full
-    one is written by rank 0 alone from whole tensors (a replica's own, or gathered from the
-    shards); a sharded one by every rank, its own shards, in parallel (worker.
-    sharded_checkpoint), and in the background its copy of them is made while the next step's
-    forward and backward run, and waited for only before the optimizers change them."""
+    optimizers), reading its share of the batches; only rank 0 reports and samples. Its
+    checkpoints take the strategy's layout (worker.checkpoints.saves), whichever it is."""
 
     def __init__(self, plan: TrainPlan, *args: Any, rank: int, world: int, **kwargs: Any) -> None:
         self.rank = rank
@@ -60,48 +49,6 @@ class RankTrainer(Trainer):
         self.parts.sampler = RankSampler(self.parts.sampler, rank, world)
         if rank != 0:
             self.samples = None  # rank 0 reports, and samples; the others wait at the next step
-        self.sharded_saves: AsyncShardedCheckpointer | None = None
-        strategy = PARALLEL_STRATEGIES.get(plan.parallelism.strategy)
-        self.sharded = strategy.checkpoint_layout == DCP_LAYOUT
-        if self.sharded and plan.async_checkpoint:
-            # Built on every rank at once: it makes a process group of its own.
-            from trainctl.worker.checkpoints.async_sharded import AsyncShardedCheckpointer
-
-            self.sharded_saves = AsyncShardedCheckpointer(staging="background")
-            self.checkpointer, self.before_update = (
-                self.sharded_saves,
-                self.sharded_saves.wait_staged,
-            )
-
-    def save(self, tag: str | None = None) -> None:
-        if self.sharded:
-            self.save_sharded(tag)
-            return
-        state = self.capture(tag)  # every rank: a strategy's StateAccess may gather collectively
-        if self.rank == 0:
-            self.write(state)
-
-    def save_sharded(self, tag: str | None) -> None:
-        from trainctl.worker.checkpoints.sharded import capture_sharded, write_sharded
-
-        plan = self.plan
-        state = capture_sharded(self.training_state(), tag)
-        info = self.saved_info(state.tag)
-        # `protected` and `before_commit` are asked on rank 0, at its commit (finish_save).
-        commit: dict[str, Any] = {
-            "max_keep": plan.max_keep,
-            "protected": self.hooks.protected,
-            "before_commit": self.hooks.before_commit,
-            "after_commit": self.committed(info),
-        }
-        if self.sharded_saves is not None:
-            done = self.sharded_saves.save(state, self.store, info=info, **commit)
-        else:
-            started = time.perf_counter()
-            where = write_sharded(state, self.store, **commit)
-            done = [{**info, "save_seconds": time.perf_counter() - started, "path": where}]
-        for saved in done:
-            self.hooks.on_checkpoint(saved)  # rank 0's callback; the others' do nothing
 
 
 def rank_context(job: dict[str, Any], runs: RunStore) -> RunContext:
