@@ -2,9 +2,10 @@
 strategy name, which turns a freshly built model into rank `rank`'s share of the run before
 the optimizers are built over its parameters (worker.training.loop.build_training).
 
-A new strategy is a record in store.training.parallelism and a builder here. The builder also
-chooses how the strategy's checkpoints are written (`StrategyBuilder.saves`), in the layout
-its record names.
+A new strategy is a record in store.training.parallelism and a builder here, or a plug-in's,
+declared under the entry-point groups `trainctl.parallel_strategies` (its record) and
+`trainctl.strategies` (its builder). The builder also chooses how the strategy's checkpoints
+are written (`StrategyBuilder.saves`), in the layout its record names.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ class StrategyBuilder:
     record names (store.training.parallelism `checkpoint_layout`)."""
 
 
-STRATEGY_BUILDERS: Registry[StrategyBuilder] = Registry("parallel strategy builder")
+STRATEGY_BUILDERS: Registry[StrategyBuilder] = Registry(
+    "parallel strategy builder", group="trainctl.strategies"
+)
 
 
 def _fsdp(
