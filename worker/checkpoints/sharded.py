@@ -97,7 +97,7 @@ def first_rank(group: dist.ProcessGroup | None) -> int:
     return dist.get_global_rank(group, 0) if group is not None else 0
 
 
-def training_state(model: nn.Module, optimizers: Optimizers | None) -> dict[str, Any]:
+def dcp_state(model: nn.Module, optimizers: Optimizers | None) -> dict[str, Any]:
     """What DCP saves and loads: the model's and each optimizer's state, as this process
     holds them (DTensor slices under FSDP2, whole tensors otherwise), by stable names (a
     transformers model's own: `state_module`)."""
@@ -123,7 +123,7 @@ def capture_sharded(
         rngs = [None] * world
         dist.all_gather_object(rngs, capture_rng_state(), group=group)
     metadata = checkpoint_metadata(state, tag, extra={"world_size": world, "rng_per_rank": rngs})
-    shards = training_state(state.model, state.optimizers)
+    shards = dcp_state(state.model, state.optimizers)
     return ShardedState(state.experiment, tag, shards, metadata, dict(state.files))
 
 
@@ -283,7 +283,7 @@ def load_sharded(
             f"checkpoint {where}: its optimizer state is of kind {saved_kind!r}, this run "
             f"trains with {optimizers.kind!r}; resume with the kind it was saved with"
         )
-    state = training_state(model, optimizers)
+    state = dcp_state(model, optimizers)
     with one_process_quiet(world):
         dcp.load(
             state,

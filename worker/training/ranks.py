@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 
 from trainctl.store.checkpoints.factory import open_stores
-from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.db.runs import RunStore
 from trainctl.store.layout import DRAIN_SECONDS, DataLayout
 from trainctl.store.plans import TrainPlan
@@ -137,9 +136,9 @@ def train_rank(
         hooks = TrainerHooks.of_run(
             ctx, store, plan.experiment, should_stop=stop, after_commit=evals
         )
-    else:  # no run (tests, scripts): rank 0 returns its metrics with the result
-        protected = ProtectionPolicy(runs, store).asker(plan.experiment)
-        hooks = TrainerHooks(on_metrics=metrics.append, should_stop=stop, protected=protected)
+    else:  # no run (tests, scripts), so none depends on a checkpoint: rank 0 returns its
+        # metrics with the result
+        hooks = TrainerHooks(on_metrics=metrics.append, should_stop=stop)
     trainer = RankTrainer(
         plan,
         store,
