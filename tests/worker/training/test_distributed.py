@@ -1,5 +1,5 @@
-"""Multi-process train runs (worker/launch.py, worker/training/parallel.py) on CPU: torchrun, two
-gloo ranks, DDP.
+"""Multi-process train runs (worker/launch.py, worker/training/ranks.py, worker/training/
+parallel.py) on CPU: torchrun, two gloo ranks, DDP.
 
 Two ranks on the same global batch follow the single-process run: the losses agree to
 LOSS_RTOL. They differ only by float rounding: the ranks sum the gradient halves in another
