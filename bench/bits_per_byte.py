@@ -37,6 +37,7 @@ from trainctl.store.data.shards import read_shard, stdlib_source_files
 from trainctl.store.data.tokenizer import train_tokenizer
 from trainctl.store.kinds.train import TrainRequest, resolve_train
 from trainctl.store.layout import DataLayout
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import Trainer
 
 FULL: dict[str, Any] = dict(seconds=240.0, calibrate=10, files=None, vocab=4096, B=16, T=256,
@@ -119,5 +120,5 @@ def train_on(
         wall.append(time.perf_counter())
 
     store = CheckpointStore(PosixStorage(checkpoints / dataset.folder.name))
-    result = Trainer(plan, store, on_progress=tick, datasets=datasets).run()
+    result = Trainer(plan, store, hooks=TrainerHooks(on_progress=tick), datasets=datasets).run()
     return result, (cpu[-1] - cpu[1]) / (len(cpu) - 2), wall[-1] - wall[1]

@@ -26,6 +26,7 @@ from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.worker.checkpoints.async_save import AsyncCheckpointer
 from trainctl.worker.checkpoints.state import CheckpointState, capture_checkpoint, write_checkpoint
+from trainctl.worker.checkpoints.training_state import Progress, TrainingState
 from trainctl.worker.models.gpt import build_model
 from trainctl.worker.training.optim import build_optimizers
 
@@ -78,9 +79,8 @@ def run(quick: bool = False) -> list[Figure]:
     step = iter(range(1, 10_000))
 
     def capture(dtype: torch.dtype | None = None) -> CheckpointState:
-        return capture_checkpoint(
-            model, optimizers, None, next(step), 0, None, "bench", dtype=dtype
-        )
+        state = TrainingState(model, optimizers, None, "bench", Progress(next(step)))
+        return capture_checkpoint(state, dtype=dtype)
 
     total = nbytes(capture())
     with tempfile.TemporaryDirectory(dir=os.environ.get("TRAINCTL_BENCH_TMP")) as tmp:

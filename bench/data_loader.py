@@ -17,6 +17,7 @@ from trainctl.store.kinds.train import TrainRequest, resolve_train
 from trainctl.store.specs import DataSpec
 from trainctl.worker.data.loader import AsyncDataLoader, TokenSampler
 from trainctl.worker.models.gpt import build_model
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import build_token_arrays, train
 from trainctl.worker.training.optim import build_optimizers
 
@@ -76,8 +77,10 @@ def run_wait_fraction(size: dict[str, Any]) -> tuple[float, float]:
         result = train(
             plan,
             CheckpointStore(PosixStorage(Path(tmp))),
-            on_metrics=lambda m: (
-                fracs.append(m["data_wait_frac"]) if m["kind"] == "train" else None
+            hooks=TrainerHooks(
+                on_metrics=lambda m: (
+                    fracs.append(m["data_wait_frac"]) if m["kind"] == "train" else None
+                )
             ),
         )
     # The first step waits for the producer's first batch (and the corpus to be read).

@@ -25,6 +25,7 @@ from trainctl.store.layout import DataLayout
 from trainctl.store.models.generation import GenerationSettings
 from trainctl.store.models.presets import ModelConfig, get_preset
 from trainctl.worker.checkpoints.state import capture_checkpoint, write_checkpoint
+from trainctl.worker.checkpoints.training_state import Progress, TrainingState
 from trainctl.worker.models.generation import generate_tokens
 from trainctl.worker.models.gpt import GPT, build_model
 from trainctl.worker.training.optim import build_optimizers
@@ -82,7 +83,7 @@ def exported(model: GPT, root: Path) -> Any:
 
     optimizers = build_optimizers(model)
     scheduler = build_scheduler(optimizers, 1)
-    state = capture_checkpoint(model, optimizers, scheduler, 1, 0, None, "bench")
+    state = capture_checkpoint(TrainingState(model, optimizers, scheduler, "bench", Progress(1)))
     stores = open_stores(DataLayout(root))
     write_checkpoint(state, stores.checkpoints)
     export_hf(stores.checkpoints.entry("bench", state.tag), stores.exports, "bench", state.tag)

@@ -28,6 +28,7 @@ from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.kinds.benchmark import BenchmarkRequest, resolve_benchmark
 from trainctl.store.kinds.train import TrainRequest, resolve_train
 from trainctl.worker.kinds.benchmark import run_benchmark
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import build_data, build_training, data_loader, train
 
 # A llama of width 256, 4 layers, byte-level: a step of about a second on two cores; 16 steps
@@ -71,7 +72,11 @@ def trainctl_side(size: dict[str, Any]) -> float:
             seen.append(m["tokens_per_sec"])
 
     with tempfile.TemporaryDirectory() as root:
-        train(plan, CheckpointStore(PosixStorage(Path(root))), on_metrics=on_metrics)
+        train(
+            plan,
+            CheckpointStore(PosixStorage(Path(root))),
+            hooks=TrainerHooks(on_metrics=on_metrics),
+        )
     return median(seen)
 
 

@@ -24,6 +24,7 @@ from bench.common import Figure, alternate, median, paired_ratio
 from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.kinds.train import TrainRequest, resolve_train
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import train
 
 FULL: dict[str, Any] = dict(width=128, layers=4, batch=8, seq=128, steps=300, val_every=25,
@@ -75,7 +76,11 @@ def train_side(side: str, size: dict[str, Any]) -> dict[str, Any]:
             curve.append((clock, m["val_loss"]))
 
     with tempfile.TemporaryDirectory() as root:
-        train(plan, CheckpointStore(PosixStorage(Path(root))), on_metrics=on_metrics)
+        train(
+            plan,
+            CheckpointStore(PosixStorage(Path(root))),
+            hooks=TrainerHooks(on_metrics=on_metrics),
+        )
     return {"tps": median(tps), "curve": curve}
 
 

@@ -34,6 +34,7 @@ from trainctl.store.checkpoints.posix import PosixStorage
 from trainctl.store.checkpoints.s3 import S3Storage
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.worker.checkpoints.state import capture_checkpoint, load_checkpoint, write_checkpoint
+from trainctl.worker.checkpoints.training_state import Progress, TrainingState
 from trainctl.worker.models.gpt import build_model
 from trainctl.worker.training.optim import build_optimizers
 
@@ -82,7 +83,7 @@ def rclone(server: S3Server, *args: str) -> None:
 def run(quick: bool = False) -> list[Figure]:
     size = QUICK if quick else FULL
     model, optimizers = trained_state(size)
-    state = capture_checkpoint(model, optimizers, None, 1, 0, None, EXPERIMENT)
+    state = capture_checkpoint(TrainingState(model, optimizers, None, EXPERIMENT, Progress(1)))
     with tempfile.TemporaryDirectory(dir=os.environ.get("TRAINCTL_BENCH_TMP")) as tmp:
         root = Path(tmp)
         (root / "s3").mkdir()

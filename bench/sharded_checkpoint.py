@@ -48,10 +48,11 @@ def rank_main(rank: int, port: int, size: dict[str, Any], root: str, out: str) -
     from trainctl.store.checkpoints.store import CheckpointStore
     from trainctl.worker.checkpoints.async_sharded import AsyncShardedCheckpointer
     from trainctl.worker.checkpoints.sharded import capture_sharded, write_sharded
-    from trainctl.worker.checkpoints.state import (
-        CheckpointState,
+    from trainctl.worker.checkpoints.state import CheckpointState, write_checkpoint
+    from trainctl.worker.checkpoints.training_state import (
+        Progress,
+        TrainingState,
         checkpoint_metadata,
-        write_checkpoint,
     )
     from trainctl.worker.models.gpt import build_model
     from trainctl.worker.training.optim import build_optimizers
@@ -88,7 +89,7 @@ def rank_main(rank: int, port: int, size: dict[str, Any], root: str, out: str) -
         return elapsed
 
     def sharded(step: int) -> None:
-        state = capture_sharded(model, optimizers, None, step, 0, None, "bench")
+        state = capture_sharded(TrainingState(model, optimizers, None, "bench", Progress(step)))
         write_sharded(state, store, max_keep=None)
 
     def gathered(step: int) -> None:
@@ -98,9 +99,8 @@ def rank_main(rank: int, port: int, size: dict[str, Any], root: str, out: str) -
             n: get_optimizer_state_dict(model, o, options=full) for n, o in optimizers.items()
         }
         if rank == 0:
-            meta = checkpoint_metadata(
-                model, optimizers, None, step, 0, None, "bench", f"step_{step}"
-            )
+            training = TrainingState(model, optimizers, None, "bench", Progress(step))
+            meta = checkpoint_metadata(training, f"step_{step}")
             write_checkpoint(
                 CheckpointState("bench", f"step_{step}", cast(Any, weights), optimizer, meta),
                 store,
@@ -111,7 +111,7 @@ def rank_main(rank: int, port: int, size: dict[str, Any], root: str, out: str) -
         """How long the loop is held: `save`, then (after a forward and backward, which
         need not wait) `wait_staged` before the optimizer step."""
         checkpointer, step = checkpointers[staging], next(steps)
-        state = capture_sharded(model, optimizers, None, step, 0, None, "bench")
+        state = capture_sharded(TrainingState(model, optimizers, None, "bench", Progress(step)))
         dist.barrier()
         started = time.perf_counter()
         checkpointer.save(state, store, max_keep=None)

@@ -13,12 +13,11 @@ checkpoint and requeue. The child dies with the worker (PR_SET_PDEATHSIG), and t
 then stops the ranks. Every store and connection of the run listens on one address only,
 loopback on one node (worker.rendezvous).
 
-How the ranks share the work is `worker.training.parallel`'s, by the plan's strategy
-(`worker.training.parallelism`). Rank 0 alone talks to the run store (events, progress, cancel, the
-lease check before a checkpoint commits) and writes checkpoints. Under ddp every rank holds the full
-model and optimizer state, identical on all of them, so rank 0's checkpoint is everyone's; under
-fsdp the ranks gather the full state onto rank 0 for it (`worker.training.fsdp`). Resume loads the
-checkpoint on every rank.
+This module is the worker's side: the job file, torchrun's arguments and environment, watching
+the child, reading the result. What a rank does is `worker.training.ranks`'s; how the ranks
+share the work and write their checkpoints, the plan's strategy's (`worker.training.parallel`,
+`worker.training.parallelism`). Rank 0 alone talks to the run store (events, progress, cancel,
+the lease check before a checkpoint commits) and leaves the result.
 
 A gang run (nnodes > 1, docs/architecture.md "Placement and gangs") is the same program on
 several workers at once: each starts torchrun with `--nnodes N --node-rank k` and the c10d
@@ -31,7 +30,6 @@ reporting to the member that has it; one whose ranks lost their peers raises `Pe
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import json
 import os
 import signal
@@ -40,32 +38,18 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from trainctl.store.checkpoints.factory import open_stores
-from trainctl.store.checkpoints.manifests import DCP_LAYOUT
-from trainctl.store.checkpoints.protection import ProtectionPolicy
-from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost
 from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.processes import isolated_env, python_command
-from trainctl.store.training.parallelism import PARALLEL_STRATEGIES
 from trainctl.store.worker_settings import WorkerSettings, inherited
 from trainctl.worker.context import RunContext
-from trainctl.worker.drain import Shutdown, as_shutdown
-from trainctl.worker.evals.side_runs import CheckpointEvals
-from trainctl.worker.rendezvous import LOOPBACK, host_store, rank_store, socket_env
-from trainctl.worker.training.loop import Trainer
-from trainctl.worker.training.parallel import AgreedStop, RankSampler
-from trainctl.worker.training.parallelism import Ranks
-
-if TYPE_CHECKING:
-    from trainctl.worker.checkpoints.async_sharded import AsyncShardedCheckpointer
+from trainctl.worker.drain import as_shutdown
+from trainctl.worker.rendezvous import LOOPBACK, host_store, socket_env
 
 POLL_SECONDS = 0.2
 RESULT_FILE, STOP_FILE, ERROR_FILE = "result.json", "stop", "error.json"
@@ -300,196 +284,14 @@ def die_with_parent() -> None:
         sys.exit(1)
 
 
-# ---- a rank ----------------------------------------------------------------------------------
-
-
-class RankTrainer(Trainer):
-    """A Trainer of rank `rank` of `world`, built for the plan's strategy (`Ranks`, before the
-    optimizers), reading its share of the batches; only rank 0 reports and samples.
-
-    Checkpoints take the strategy's layout (store.training.parallelism `checkpoint_layout`): a full
-    one is written by rank 0 alone from whole tensors (a replica's own, or gathered from the
-    shards); a sharded one by every rank, its own shards, in parallel (worker.
-    sharded_checkpoint), and in the background its copy of them is made while the next step's
-    forward and backward run, and waited for only before the optimizers change them."""
-
-    def __init__(self, plan: TrainPlan, *args: Any, rank: int, world: int, **kwargs: Any) -> None:
-        self.rank = rank
-        super().__init__(plan, *args, ranks=Ranks(world, plan.parallelism), **kwargs)
-        self.parts.sampler = RankSampler(self.parts.sampler, rank, world)
-        if rank != 0:
-            self.samples = None  # rank 0 reports, and samples; the others wait at the next step
-        self.sharded_saves: AsyncShardedCheckpointer | None = None
-        strategy = PARALLEL_STRATEGIES.get(plan.parallelism.strategy)
-        self.sharded = strategy.checkpoint_layout == DCP_LAYOUT
-        if self.sharded and plan.async_checkpoint:
-            # Built on every rank at once: it makes a process group of its own.
-            from trainctl.worker.checkpoints.async_sharded import AsyncShardedCheckpointer
-
-            self.sharded_saves = AsyncShardedCheckpointer(staging="background")
-            self.checkpointer, self.before_update = (
-                self.sharded_saves,
-                self.sharded_saves.wait_staged,
-            )
-
-    def save(self, tag: str | None = None) -> None:
-        if self.sharded:
-            self.save_sharded(tag)
-            return
-        state = self.capture(tag)  # every rank: a strategy's StateAccess may gather collectively
-        if self.rank == 0:
-            self.write(state)
-
-    def save_sharded(self, tag: str | None) -> None:
-        from trainctl.worker.checkpoints.sharded import capture_sharded, write_sharded
-
-        plan = self.plan
-        state = capture_sharded(**self.checkpoint_fields(tag))
-        info = self.saved_info(state.tag)
-        # `protected` and `before_commit` are asked on rank 0, at its commit (finish_save).
-        commit: dict[str, Any] = {
-            "max_keep": plan.max_keep,
-            "protected": self.protected,
-            "before_commit": self.before_commit,
-            "after_commit": self.committed(info),
-        }
-        if self.sharded_saves is not None:
-            done = self.sharded_saves.save(state, self.store, info=info, **commit)
-        else:
-            started = time.perf_counter()
-            where = write_sharded(state, self.store, **commit)
-            done = [{**info, "save_seconds": time.perf_counter() - started, "path": where}]
-        for saved in done:
-            self.on_checkpoint(saved)  # rank 0's callback; the others' do nothing
-
-
-def rank_context(job: dict[str, Any], runs: RunStore) -> RunContext:
-    """Rank 0's view of the run: the worker's identity and attempt, so its writes are fenced."""
-    info, settings = job["run"], WorkerSettings.from_job(job["settings"], os.environ)
-    # The attempt the worker claimed, not the row's current one: if the run has moved on,
-    # the fenced writes must fail.
-    run = dataclasses.replace(runs.get(info["id"]), attempt=info["attempt"])
-    # Set once the worker asks to stop (see rank_stop), with the worker's deadline.
-    shutdown = Shutdown(settings.drain_seconds)
-    return RunContext(run, runs, settings.worker_id, shutdown, settings.lease_seconds)
-
-
-def rank_stop(ctx: RunContext | None, stop_file: Path) -> Callable[[], str | None]:
-    """A rank's own reason to stop: its worker's stop file, and on rank 0 cancel and the
-    lease too."""
-
-    def reason() -> str | None:
-        asked = (stop_file.read_text() or "shutdown") if stop_file.exists() else None
-        if ctx is None:
-            return asked
-        if asked == "shutdown":
-            drain = stop_file.parent / DRAIN_FILE
-            since = float(drain.read_text()) if drain.exists() else None
-            cast(Shutdown, ctx.shutdown).set(since)
-        return ctx.stop_reason() or asked
-
-    return reason
-
-
-def run_rank(job_file: str) -> int:
-    job = json.loads(Path(job_file).read_text())
-    workdir = Path(job_file).parent
-    plan = TrainPlan.model_validate(job["plan"])
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if plan.device == "cuda":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    device = torch.device("cuda", torch.cuda.current_device()) if plan.device == "cuda" else None
-    # The group's store is ours, bound to MASTER_ADDR alone (worker.rendezvous), not torch's
-    # default one that listens on every interface.
-    store = rank_store(rank, world, os.environ)
-    dist.init_process_group(
-        "nccl" if plan.device == "cuda" else "gloo", store=store, rank=rank, world_size=world
-    )
-    runs = RunStore(os.environ["TRAINCTL_DATABASE_URL"]) if "run" in job and rank == 0 else None
-    report: dict[str, Any] | None = None
-    try:
-        report = train_rank(plan, job, rank, world, workdir, runs, device)
-    except Exception as exc:
-        error = {"type": type(exc).__name__, "message": str(exc), "peer_lost": peer_lost(exc)}
-        report = {"error": error}
-        if rank != 0 and int(os.environ["LOCAL_RANK"]) == 0:
-            (workdir / ERROR_FILE).write_text(json.dumps(error))
-        raise
-    finally:
-        if rank == 0 and report is not None:
-            (workdir / RESULT_FILE).write_text(json.dumps(report, default=str))
-        if runs is not None:
-            runs.close()
-        dist.destroy_process_group()
-    return 0
-
-
-def train_rank(
-    plan: TrainPlan,
-    job: dict[str, Any],
-    rank: int,
-    world: int,
-    workdir: Path,
-    runs: RunStore | None,
-    device: torch.device | None,
-) -> dict[str, Any]:
-    metrics: list[dict[str, Any]] = []
-    ctx = rank_context(job, runs) if runs is not None else None
-    on_metrics: Callable[[dict[str, Any]], None] = ctx.metrics if ctx else metrics.append
-    if rank != 0:
-        on_metrics = lambda m: None  # noqa: E731
-    stop = AgreedStop(rank_stop(ctx, workdir / STOP_FILE), device or torch.device("cpu"))
-    layout = WorkerSettings.from_job(job["settings"], os.environ).layout
-    stores = open_stores(layout, runs)
-    store = stores.checkpoints
-    protected = ProtectionPolicy(runs, store).asker(plan.experiment)
-    evals = CheckpointEvals(plan, ctx, stores) if ctx else None
-    trainer = RankTrainer(
-        plan,
-        store,
-        rank=rank,
-        world=world,
-        run_id=ctx.run.id if ctx else None,
-        on_metrics=on_metrics,
-        on_checkpoint=ctx.log_checkpoint if ctx else None,
-        on_progress=ctx.progress if ctx else None,
-        on_sample=ctx.sample if ctx else None,
-        should_stop=stop,
-        protected=ctx.while_owned(protected) if ctx else protected,
-        before_commit=ctx.confirm_lease if ctx else None,
-        after_commit=evals,
-        datasets=stores.datasets,
-        drain=as_shutdown(ctx.shutdown) if ctx else None,
-    )
-    if ctx is not None:
-        ctx.reporter.start()  # rank 0 never waits on the database for a report either
-    try:
-        result = trainer.run() | {"stop_reason": stop.reason}
-    finally:
-        if ctx is not None:  # its reports before its result, which the worker records
-            ctx.reporter.close(keep=not ctx.lease_lost.is_set())
-    if evals is not None and plan.evals is not None:
-        result["evaluate_runs"] = evals.queued
-    return {"result": result if ctx else {**result, "metrics": metrics}}
-
-
-def peer_lost(exc: BaseException) -> bool:
-    """Whether a rank failed because another process of the run went away (a collective or
-    the rendezvous store lost its peer), rather than for a fault of its own."""
-    if isinstance(exc, dist.DistError):
-        return True
-    text = str(exc)
-    return any(
-        sign in text
-        for sign in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 2 and args[0] == "launch":
         return run_launcher(args[1])
     if len(args) == 2 and args[0] == "rank":
+        # Here, not at the top: the launcher child (torchrun) imports no trainer.
+        from trainctl.worker.training.ranks import run_rank
+
         return run_rank(args[1])
     print("usage: python -m trainctl.worker.launch (launch | rank) JOB_FILE", file=sys.stderr)
     return 2

@@ -77,7 +77,9 @@ class ParallelStrategy:
         return world if self.shards_state else 1
 
 
-PARALLEL_STRATEGIES: Registry[ParallelStrategy] = Registry("parallel strategy")
+PARALLEL_STRATEGIES: Registry[ParallelStrategy] = Registry(
+    "parallel strategy", group="trainctl.parallel_strategies"
+)
 
 StrategyName = Annotated[str, RegisteredName(PARALLEL_STRATEGIES)]
 """A strategy's name: the registered ones, published in the schema as an enum."""

@@ -44,6 +44,7 @@ from trainctl.store.db.runs import RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES
 from trainctl.worker.checkpoints.state import load_checkpoint
 from trainctl.worker.models import build_model
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import Trainer
 
 LOSS_RTOL, ROUNDING_STEPS = 1e-4, 20
@@ -168,7 +169,7 @@ def test_a_two_node_run_follows_one_process_with_the_same_global_batch(
     plan = train_plan(cluster.data_dir / "reference", experiment="reference", **REQUEST)
     reference: list[dict[str, Any]] = []
     store = posix_store(cluster.data_dir / "reference")
-    Trainer(plan, store, on_metrics=reference.append).run()
+    Trainer(plan, store, hooks=TrainerHooks(on_metrics=reference.append)).run()
     expected = [m["loss"] for m in reference if m["kind"] == "train"]
 
     losses = cluster.train_losses(uninterrupted)

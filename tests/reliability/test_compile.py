@@ -21,6 +21,7 @@ import torch
 
 from tests.support.plans import train_plan
 from tests.support.stores import posix_store
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import train
 
 STEPS, CHECKPOINT_AT = 20, 10
@@ -70,7 +71,11 @@ def losses(root: Path, stop_after: int | None = None, **req: Any) -> dict[int, f
             seen[m["step"]] = m["loss"]
 
     stop = (lambda: len(seen) >= stop_after) if stop_after else None
-    train(train_plan(root, **req), posix_store(root), on_metrics=on_metrics, should_stop=stop)
+    train(
+        train_plan(root, **req),
+        posix_store(root),
+        hooks=TrainerHooks(on_metrics=on_metrics, should_stop=stop),
+    )
     return seen
 
 

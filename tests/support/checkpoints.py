@@ -19,6 +19,7 @@ from tests.support.stores import folder, posix_store
 from trainctl.store.checkpoints.store import Protection
 from trainctl.store.training.optim import OptimizerSpec
 from trainctl.worker.checkpoints.state import capture_checkpoint, write_checkpoint
+from trainctl.worker.checkpoints.training_state import Progress, TrainingState
 from trainctl.worker.models.gpt import GPT, build_model
 from trainctl.worker.training.optim import Optimizers, build_optimizers
 from trainctl.worker.training.schedule import WSDScheduler, build_scheduler
@@ -57,21 +58,11 @@ def save_checkpoint(
     whatever fails, the staging folder is removed and earlier checkpoints are untouched.
     """
     save_dir = Path(save_dir)
-    state = capture_checkpoint(
-        model,
-        optimizers,
-        scheduler,
-        step,
-        token_count,
-        best_loss,
-        save_dir.name,
-        tag,
-        data_position=data_position,
-        run_id=run_id,
-        dtype=dtype,
-        extra=extra,
-        files=files,
+    progress = Progress(step, token_count, best_loss, data_position)
+    training = TrainingState(
+        model, optimizers, scheduler, save_dir.name, progress, run_id, extra or {}, files or {}
     )
+    state = capture_checkpoint(training, tag, dtype=dtype)
     store = posix_store(save_dir.parent)
     write_checkpoint(state, store, max_keep, protected, before_commit)
     return folder(store, state.experiment, state.tag)

@@ -28,6 +28,7 @@ from tests.support.stores import posix_store
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.training.optim import OptimizerSpec
 from trainctl.worker.checkpoints.sharded import capture_sharded, load_sharded, write_sharded
+from trainctl.worker.checkpoints.training_state import Progress, TrainingState
 from trainctl.worker.models.gpt import GPT, build_model
 from trainctl.worker.training.optim import Optimizers, build_optimizers
 
@@ -98,7 +99,8 @@ def save_program(rank: int, world: int, port: int, root: str, out: str) -> None:
     store = posix_store(Path(root))
     for step in range(2):
         train_step(model, optimizers, step)
-    write_sharded(capture_sharded(model, optimizers, None, 2, 200, None, EXPERIMENT), store)
+    state = TrainingState(model, optimizers, None, EXPERIMENT, Progress(2, 200))
+    write_sharded(capture_sharded(state), store)
     _save_fingerprint(model, optimizers, Path(out) / "saved.pt")
     train_step(model, optimizers, 2)
     _save_fingerprint(model, optimizers, Path(out) / "next.pt")
@@ -108,7 +110,7 @@ def save_program(rank: int, world: int, port: int, root: str, out: str) -> None:
         if rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    state = capture_sharded(model, optimizers, None, 3, 300, None, EXPERIMENT)
+    state = capture_sharded(TrainingState(model, optimizers, None, EXPERIMENT, Progress(3, 300)))
     try:
         write_sharded(state, store, after_write=die)
         outcome = "committed"

@@ -16,6 +16,7 @@ from typing import Any
 
 from tests.support.stores import posix_store
 from trainctl.store.kinds.train import TrainPlan
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,8 +36,10 @@ def main() -> None:
     train(
         plan,
         posix_store(root),
-        on_metrics=on_metrics,
-        should_stop=lambda: stop_after is not None and state["step"] >= stop_after,
+        hooks=TrainerHooks(
+            on_metrics=on_metrics,
+            should_stop=lambda: stop_after is not None and state["step"] >= stop_after,
+        ),
     )
 
 

@@ -51,13 +51,12 @@ from trainctl.store.checkpoints.manifests import (
 from trainctl.store.checkpoints.storage import Files
 from trainctl.store.checkpoints.store import CheckpointStore, Protection
 from trainctl.store.checkpoints.writer import CheckpointWriter
-from trainctl.store.names import step_tag
 from trainctl.worker.checkpoints.dcp_storage import SafeLoadPlanner, StoreReader, StoreWriter
-from trainctl.worker.checkpoints.state import (
+from trainctl.worker.checkpoints.state import check_model_fits, write_failure
+from trainctl.worker.checkpoints.training_state import (
+    TrainingState,
     capture_rng_state,
-    check_model_fits,
     checkpoint_metadata,
-    write_failure,
 )
 from trainctl.worker.exceptions import CheckpointMismatch, CheckpointWriteFailed
 from trainctl.worker.models import state_module
@@ -98,7 +97,7 @@ def first_rank(group: dist.ProcessGroup | None) -> int:
     return dist.get_global_rank(group, 0) if group is not None else 0
 
 
-def training_state(model: nn.Module, optimizers: Optimizers | None) -> dict[str, Any]:
+def dcp_state(model: nn.Module, optimizers: Optimizers | None) -> dict[str, Any]:
     """What DCP saves and loads: the model's and each optimizer's state, as this process
     holds them (DTensor slices under FSDP2, whole tensors otherwise), by stable names (a
     transformers model's own: `state_module`)."""
@@ -113,45 +112,19 @@ def training_state(model: nn.Module, optimizers: Optimizers | None) -> dict[str,
 
 
 def capture_sharded(
-    model: nn.Module,
-    optimizers: Optimizers,
-    scheduler: WSDScheduler | None,
-    step: int,
-    token_count: int,
-    best_loss: float | None,
-    experiment: str,
-    tag: str | None = None,
-    *,
-    data_position: int = 0,
-    run_id: str | None = None,
-    extra: dict[str, Any] | None = None,
-    files: dict[str, bytes] | None = None,
-    group: dist.ProcessGroup | None = None,
+    state: TrainingState, tag: str | None = None, *, group: dist.ProcessGroup | None = None
 ) -> ShardedState:
-    """This rank's state at this step (a collective: every rank calls it). No tensor is
-    copied: save it before the next step."""
-    tag = tag or step_tag(step)
+    """This rank's part of `state` at this step (a collective: every rank calls it); `tag`
+    defaults to the step's. No tensor is copied: save it before the next step."""
+    tag = state.tag(tag)
     world = rank_and_world(group)[1]
     rngs: list[Any] = [capture_rng_state()]
     if world > 1:
         rngs = [None] * world
         dist.all_gather_object(rngs, capture_rng_state(), group=group)
-    metadata = checkpoint_metadata(
-        model,
-        optimizers,
-        scheduler,
-        step,
-        token_count,
-        best_loss,
-        experiment,
-        tag,
-        data_position=data_position,
-        run_id=run_id,
-        extra={**(extra or {}), "world_size": world, "rng_per_rank": rngs},
-    )
-    return ShardedState(
-        experiment, tag, training_state(model, optimizers), metadata, dict(files or {})
-    )
+    metadata = checkpoint_metadata(state, tag, extra={"world_size": world, "rng_per_rank": rngs})
+    shards = dcp_state(state.model, state.optimizers)
+    return ShardedState(state.experiment, tag, shards, metadata, dict(state.files))
 
 
 # --- saving ---------------------------------------------------------------------------------
@@ -295,7 +268,7 @@ def load_sharded(
 
     Every file is checked against the manifest first (rank 0 re-hashes them all, the others
     check sizes: the ranks read the same files), so a damaged shard fails here. The RNG state
-    of each rank is `worker.checkpoints.state.rank_rng(metadata, rank)`.
+    of each rank is `worker.checkpoints.training_state.rank_rng(metadata, rank)`.
     """
     rank, world = rank_and_world(group)
     where = checkpoint.describe()
@@ -310,7 +283,7 @@ def load_sharded(
             f"checkpoint {where}: its optimizer state is of kind {saved_kind!r}, this run "
             f"trains with {optimizers.kind!r}; resume with the kind it was saved with"
         )
-    state = training_state(model, optimizers)
+    state = dcp_state(model, optimizers)
     with one_process_quiet(world):
         dcp.load(
             state,

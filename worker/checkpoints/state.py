@@ -15,20 +15,15 @@ two copies of the weights.
 
 from __future__ import annotations
 
-import base64
 import errno
 import json
 import logging
 import pickle
-import platform
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from importlib import metadata as importlib_metadata
 from typing import IO, Any, Protocol, cast
 
-import safetensors
 import torch
 from safetensors.torch import load, load_file
 from torch import nn
@@ -50,58 +45,14 @@ from trainctl.store.db.outages import UNAVAILABLE
 from trainctl.store.models.hf_config import HfModelConfig, model_config_from_dict
 from trainctl.store.models.plugin import PluginModelConfig
 from trainctl.store.models.presets import ModelConfig
-from trainctl.store.names import step_tag
 from trainctl.worker.checkpoints.hashed_file import HashedFile
 from trainctl.worker.checkpoints.safetensors_stream import write_safetensors
+from trainctl.worker.checkpoints.training_state import TrainingState, checkpoint_metadata
 from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch, CheckpointWriteFailed
 from trainctl.worker.training.optim import Optimizers
 from trainctl.worker.training.schedule import WSDScheduler
 
 log = logging.getLogger("trainctl.worker")
-FORMAT_VERSION = 1
-
-
-def versions() -> dict[str, str]:
-    def version_of(dist: str) -> str:
-        try:
-            return importlib_metadata.version(dist)
-        except importlib_metadata.PackageNotFoundError:
-            return "unknown"
-
-    return {
-        "trainctl": version_of("trainctl"),
-        "torch": torch.__version__,
-        "safetensors": safetensors.__version__,
-        "python": platform.python_version(),
-    }
-
-
-def capture_rng_state() -> dict[str, Any]:
-    def b64(t: torch.Tensor) -> str:
-        return base64.b64encode(t.numpy().tobytes()).decode()
-
-    state: dict[str, Any] = {"torch": b64(torch.get_rng_state())}
-    if torch.cuda.is_available():
-        state["cuda"] = [b64(s) for s in torch.cuda.get_rng_state_all()]
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    def tensor(s: str) -> torch.Tensor:
-        return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
-
-    torch.set_rng_state(tensor(state["torch"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([tensor(s) for s in state["cuda"]])
-
-
-def rank_rng(metadata: dict[str, Any], rank: int) -> dict[str, Any]:
-    """The RNG state rank `rank` restores: its own at the world size that saved a sharded
-    checkpoint (`rng_per_rank`), else rank 0's (another world size draws other numbers anyway)."""
-    per_rank = metadata.get("rng_per_rank")
-    if isinstance(per_rank, list) and metadata.get("world_size") == len(per_rank) > rank:
-        return per_rank[rank]
-    return metadata["rng"]
 
 
 def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -184,76 +135,27 @@ class CheckpointState:
 
 
 def capture_checkpoint(
-    model: nn.Module,
-    optimizers: Optimizers,
-    scheduler: WSDScheduler | None,
-    step: int,
-    token_count: int,
-    best_loss: float | None,
-    experiment: str,
+    state: TrainingState,
     tag: str | None = None,
     *,
-    data_position: int = 0,
-    run_id: str | None = None,
     dtype: torch.dtype | None = None,
-    extra: dict[str, Any] | None = None,
-    files: dict[str, bytes] | None = None,
     access: StateAccess = LOCAL_STATE,
 ) -> CheckpointState:
-    """The training state at this step, the RNG state included (capture it at the step).
-    `extra` joins the metadata; `files` are saved beside the weights (CheckpointState.files).
+    """`state` at this step, as a full checkpoint holds it, the RNG state included (capture
+    it at the step); `tag` defaults to the step's. `dtype`: the weights' saved dtype (None:
+    each tensor's own); `access`: how the whole state is read (a sharded run's gathers it).
 
     No tensor is copied (see CheckpointState): write it or hand it to an AsyncCheckpointer
     before the model or the optimizers take another step.
     """
-    tag = tag or step_tag(step)
-    metadata = checkpoint_metadata(
-        model, optimizers, scheduler, step, token_count, best_loss, experiment, tag,
-        data_position=data_position, run_id=run_id, dtype=dtype, extra=extra,
-    )  # fmt: skip
+    tag = state.tag(tag)
+    metadata = checkpoint_metadata(state, tag, dtype=dtype)
     # A sharded run's ranks gather both collectively, onto rank 0 (the one that writes);
     # the optimizers' state is by name: {"muon": ..., "adamw": ...}.
-    weights = access.model_state(model)
-    optimizer = access.optimizer_state(model, optimizers)
-    return CheckpointState(experiment, tag, weights, optimizer, metadata, dtype, dict(files or {}))
-
-
-def checkpoint_metadata(
-    model: nn.Module,
-    optimizers: Optimizers,
-    scheduler: WSDScheduler | None,
-    step: int,
-    token_count: int,
-    best_loss: float | None,
-    experiment: str,
-    tag: str,
-    *,
-    data_position: int = 0,
-    run_id: str | None = None,
-    dtype: torch.dtype | None = None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """metadata.json of a checkpoint taken now (the RNG state included): one document for
-    whole and sharded checkpoints (`worker.checkpoints.sharded`)."""
-    config = getattr(model, "config", None)
-    return {
-        "format_version": FORMAT_VERSION,
-        "step": step,
-        "token_count": token_count,
-        "best_loss": best_loss,
-        "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "optimizer_kind": optimizers.kind,
-        "model_config": config.to_dict() if config is not None else None,
-        "data_position": data_position,
-        "rng": capture_rng_state(),
-        "run_id": run_id,
-        "experiment": experiment,
-        "tag": tag,
-        "dtype": str(dtype or next(model.parameters()).dtype).removeprefix("torch."),
-        "created_at": datetime.now(UTC).isoformat(),
-        "versions": versions(),
-        **(extra or {}),
-    }
+    weights = access.model_state(state.model)
+    optimizer = access.optimizer_state(state.model, state.optimizers)
+    files = dict(state.files)
+    return CheckpointState(state.experiment, tag, weights, optimizer, metadata, dtype, files)
 
 
 def write_checkpoint(

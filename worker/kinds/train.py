@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.plans import CheckpointRef
 from trainctl.worker.context import RunContext
-from trainctl.worker.drain import as_shutdown
 from trainctl.worker.evals.side_runs import CheckpointEvals
 from trainctl.worker.executor import Outcome, WorkerEnv, check_device, read_plan, stopped_outcome
 from trainctl.worker.launch import launch_train
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import Trainer
 
 
@@ -59,20 +58,8 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
         result = launched
     else:
         evals = CheckpointEvals(plan, ctx, env.stores)
-        trainer = Trainer(
-            plan,
-            store,
-            run_id=ctx.run.id,
-            on_metrics=ctx.metrics,
-            on_checkpoint=ctx.log_checkpoint,
-            on_progress=ctx.progress,
-            on_sample=ctx.sample,
-            should_stop=ctx.should_stop,
-            protected=ctx.while_owned(ProtectionPolicy(ctx.runs, store).asker(plan.experiment)),
-            before_commit=ctx.confirm_lease,
-            after_commit=evals,
-            drain=as_shutdown(ctx.shutdown),
-        )
+        hooks = TrainerHooks.of_run(ctx, store, plan.experiment, after_commit=evals)
+        trainer = Trainer(plan, store, hooks=hooks, run_id=ctx.run.id, datasets=env.stores.datasets)
         result = trainer.run()
         if plan.evals is not None:
             result["evaluate_runs"] = evals.queued

@@ -15,13 +15,14 @@ so FSDP's all-gather and reduce-scatter stay outside the compiled graph. The who
 compile of a replicated run (worker.models.gpt.compile_model) is left out: dynamo would trace into
 FSDP's hooks.
 
-A train run's checkpoints are sharded (store.training.parallelism `checkpoint_layout` "dcp"): every
-rank writes its own shards (worker.checkpoints.sharded, driven by worker.launch.RankTrainer),
-and they load at any world size and strategy, or into one process for validate, sample and
-export. A replicated run's full checkpoint resumes here too: every rank reads the full state
-and keeps its shard (`load_model_state`, `load_optimizer_state`). The gathering side of
-`StateAccess` (`model_state`, `optimizer_state`: full state dicts on rank 0's CPU) is what a
-full checkpoint of a sharded model would be written from.
+A train run's checkpoints are sharded (store.training.parallelism `checkpoint_layout` "dcp"):
+every rank writes its own shards (worker.checkpoints.sharded, driven by
+worker.training.ranks.RankTrainer), and they load at any world size and strategy, or into one
+process for validate, sample and export. A replicated run's full checkpoint resumes here too:
+every rank reads the full state and keeps its shard (`load_model_state`,
+`load_optimizer_state`). The gathering side of `StateAccess` (`model_state`, `optimizer_state`:
+full state dicts on rank 0's CPU) is what a full checkpoint of a sharded model would be
+written from.
 """
 
 from __future__ import annotations

@@ -16,22 +16,18 @@ import time
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
-from trainctl.store.checkpoints.store import CheckpointStore, Protected
+from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.data.datasets import TOKENIZER_FILE, bits_per_byte
 from trainctl.store.data.mixtures import (
-    SOURCES_KEY,
     SourcePosition,
     continue_sources,
-    read_sources,
     source_tokens,
-    sources_metadata,
     token_metric,
 )
 from trainctl.store.exceptions import CheckpointNotFound
@@ -39,14 +35,16 @@ from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.names import BEST_TAG
 from trainctl.store.plans import BatchPlan, DatasetPin, StepPlan, bytes_per_token
 from trainctl.store.specs import DataSpec
-from trainctl.worker.checkpoints.async_save import AsyncCheckpointer, SaveAbandoned
+from trainctl.worker.checkpoints.async_save import SaveAbandoned
+from trainctl.worker.checkpoints.saves import FullSaves
 from trainctl.worker.checkpoints.state import (
-    CheckpointState,
-    capture_checkpoint,
     load_checkpoint,
+)
+from trainctl.worker.checkpoints.training_state import (
+    Progress,
+    TrainingState,
     rank_rng,
     restore_rng_state,
-    write_checkpoint,
 )
 from trainctl.worker.data.datasets import build_data_record, dataset_arrays, open_dataset
 from trainctl.worker.data.loader import (
@@ -63,18 +61,16 @@ from trainctl.worker.data.loader import (
     stdlib_source_files,
 )
 from trainctl.worker.data.mixtures import MixtureSampler, source_seed
-from trainctl.worker.drain import Shutdown
 from trainctl.worker.exceptions import NonFiniteLoss
 from trainctl.worker.models import build_model, model_files, take_step_metrics
 from trainctl.worker.models.gpt import GPT
 from trainctl.worker.models.sampling import TrainingSamples
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.optim import Optimizers, build_optimizers
 from trainctl.worker.training.parallel import DataParallel, SingleProcess, rank_and_world
 from trainctl.worker.training.parallelism import Ranks
 from trainctl.worker.training.schedule import WSDScheduler, build_scheduler
 from trainctl.worker.training.validation import compute_validation_loss
-
-Callback = Callable[[dict[str, Any]], None]
 
 
 @dataclass
@@ -89,19 +85,6 @@ class TrainParts:
     batch: BatchPlan
     grad_clip: float
     parallel: DataParallel = field(default_factory=SingleProcess)
-
-
-@dataclass
-class TrainState:
-    step: int = 0
-    token_count: int = 0
-    best_loss: float | None = None
-    data_position: int = 0
-    sources: list[SourcePosition] = field(default_factory=list)
-    """A mixture's datasets at `data_position`: the rest of the data position (one run of a
-    mixture, "Data mixtures"); [] for one source."""
-    last_loss: float | None = None
-    last_val_loss: float | None = None
 
 
 def build_token_arrays(
@@ -287,7 +270,7 @@ def val_metrics(val: dict[str, float], bytes_per_token: float | None) -> dict[st
     return metrics
 
 
-def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> TrainState:
+def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> Progress:
     """Continue from the plan's resume point, or a fork's parent checkpoint: weights, both
     optimizers, RNG and data position alike. A resume continues the saved schedule; a fork
     takes its own from the fork step on (docs/architecture.md, "Forks"). A fork's requeued
@@ -296,7 +279,7 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> 
     ref = fork.checkpoint if fork is not None else plan.resume_from
     folders = [pin.folder for pin in plan.datasets]
     if ref is None:
-        return TrainState(sources=continue_sources(None, folders))
+        return Progress(sources=continue_sources(None, folders))
     try:
         info = store.get(ref.experiment, ref.tag)
     except CheckpointNotFound as exc:
@@ -313,13 +296,7 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> 
     if own_schedule is not None:  # the fork's curve, at the parent's step
         parts.scheduler.load_state_dict({**own_schedule, "last_epoch": int(meta["step"])})
     restore_rng_state(rank_rng(meta, rank_and_world()[0]))
-    return TrainState(
-        step=int(meta["step"]),
-        token_count=int(meta["token_count"]),
-        best_loss=meta.get("best_loss"),
-        data_position=int(meta["data_position"]),
-        sources=continue_sources(read_sources(meta), folders),
-    )
+    return Progress.saved_in(meta, folders)
 
 
 @dataclass
@@ -343,164 +320,81 @@ class Interval:
         }
 
 
-class BackgroundSaves(Protocol):
-    """Saves in flight (`AsyncCheckpointer`, `AsyncShardedCheckpointer`): the saves committed
-    since the last call, each the info it was given with its `path` and `save_seconds`."""
-
-    def poll(self) -> list[dict[str, Any]]: ...
-    def wait(self) -> list[dict[str, Any]]: ...
-
-
 class Trainer:
-    """Runs a TrainPlan; callbacks report metrics and checkpoints as they happen."""
+    """Runs a TrainPlan; its hooks report metrics and checkpoints as they happen, and say
+    when to stop (`TrainerHooks`)."""
 
     def __init__(
         self,
         plan: TrainPlan,
         store: CheckpointStore,
         *,
+        hooks: TrainerHooks | None = None,
         run_id: str | None = None,
-        on_metrics: Callback | None = None,
-        on_checkpoint: Callback | None = None,
-        on_progress: Callable[[int, int], None] | None = None,
-        on_sample: Callback | None = None,
-        should_stop: Callable[[], bool] | None = None,
-        protected: Callable[[], Protected] | None = None,
-        before_commit: Callable[[], None] | None = None,
-        after_commit: Callable[[str, int], None] | None = None,
         ranks: Ranks | None = None,
         datasets: DatasetStore | None = None,
-        drain: Shutdown | None = None,
     ) -> None:
         self.plan, self.run_id = plan, run_id
-        # Set by SIGTERM or a drain request: the stop's save takes the async path and gets
-        # until its deadline to commit (worker.drain).
-        self.drain = drain
+        self.hooks = hooks or TrainerHooks()
         self.drained: dict[str, Any] = {}
-        self.before_commit = before_commit
-        # (tag, step) of a checkpoint just committed, before the retention that follows it,
-        # in the thread that wrote it (worker.side_evals queues its evaluate run there).
-        self.after_commit = after_commit
         self.store = store
-        self.on_metrics = on_metrics or (lambda m: None)
-        self.on_checkpoint = on_checkpoint or (lambda m: None)
-        # Every step, unlike metrics: the receiver throttles by time (RunContext.progress).
-        self.on_progress = on_progress or (lambda step, total: None)
-        self.on_sample = on_sample or (lambda m: None)
-        self.should_stop = should_stop or (lambda: False)
-        self.protected = protected or (lambda: frozenset())
         data = build_data(plan, datasets)
         self.parts = build_training(plan, *data, total_steps=plan.steps, ranks=ranks)
         self.data_record = build_data_record(plan.data, plan.dataset, plan.datasets, datasets)
         self.bytes_per_token = bytes_per_token(plan.data, plan.dataset, plan.datasets)
-        self.state = maybe_resume(self.parts, self.store, plan)
+        self.progress = maybe_resume(self.parts, self.store, plan)
+        # The last losses, for the result: never saved (a resumed run has none until it
+        # trains a step).
+        self.last_loss: float | None = None
+        self.last_val_loss: float | None = None
         self.mixture = (
             self.parts.sampler if isinstance(self.parts.sampler, MixtureSampler) else None
         )
         if self.mixture is not None:
             self.mixture.start_at(
-                self.state.data_position, [x.sequences for x in self.state.sources]
+                self.progress.data_position, [x.sequences for x in self.progress.sources]
             )
-        self.checkpointer: BackgroundSaves | None = None
-        self.async_checkpointer = AsyncCheckpointer() if plan.async_checkpoint else None
-        self.checkpointer = self.async_checkpointer
-        self.before_update: Callable[[], None] | None = None  # see train_step
+        # How its checkpoints are captured and written: its strategy's layout, built on every
+        # rank at once (worker.checkpoints.saves); one process writes whole ones.
+        build_saves = ranks.saves if ranks is not None else FullSaves
+        self.saves = build_saves(plan, store, self.hooks, self.parts.parallel)
         every = plan.sample_every
         tokenizer_json = self.data_record.files.get(TOKENIZER_FILE)
         self.samples = TrainingSamples(plan, every, tokenizer_json) if every is not None else None
 
     def save(self, tag: str | None = None) -> None:
-        self.write(self.capture(tag))
+        """Save a checkpoint at this step (every rank, at the same step); report the saves
+        committed since the last report."""
+        for done in self.saves.save(self.training_state(), tag):
+            self.hooks.on_checkpoint(done)
 
-    def capture(self, tag: str | None = None) -> CheckpointState:
-        """The state to save at this step (a sharded run's ranks gather it together)."""
-        dtype = torch.bfloat16 if self.plan.save_dtype == "bfloat16" else None
-        return capture_checkpoint(
-            **self.checkpoint_fields(tag), dtype=dtype, access=self.parts.parallel
+    def training_state(self) -> TrainingState:
+        """What a checkpoint at this step is taken from, whatever its layout."""
+        p = self.parts
+        return TrainingState(
+            p.model,
+            p.optimizers,
+            p.scheduler,
+            self.plan.experiment,
+            self.progress,
+            self.run_id,
+            extra=self.data_record.metadata,
+            files={**self.data_record.files, **model_files(p.model)},
         )
 
-    def checkpoint_fields(self, tag: str | None) -> dict[str, Any]:
-        """What a checkpoint at this step holds, whatever its layout (`capture_checkpoint`,
-        `worker.checkpoints.sharded.capture_sharded`)."""
-        p, s = self.parts, self.state
-        return {
-            "model": p.model,
-            "optimizers": p.optimizers,
-            "scheduler": p.scheduler,
-            "step": s.step,
-            "token_count": s.token_count,
-            "best_loss": s.best_loss,
-            "experiment": self.plan.experiment,
-            "tag": tag,
-            "data_position": s.data_position,
-            "run_id": self.run_id,
-            "extra": self.data_record.metadata
-            | ({SOURCES_KEY: sources_metadata(s.sources)} if s.sources else {}),
-            "files": {**self.data_record.files, **model_files(p.model)},
-        }
-
-    def saved_info(self, tag: str) -> dict[str, Any]:
-        """What the checkpoint callback hears of a save at this step (its `path` and
-        `save_seconds` are added once it is committed)."""
-        return {"experiment": self.plan.experiment, "tag": tag, "step": self.state.step}
-
-    def draining(self) -> bool:
-        return self.drain is not None and self.drain.is_set()
-
-    def gate_and_confirm(self) -> None:
-        """What a write runs just before its commit: a drain that gave up on the save refuses
-        it (worker.checkpoints.async_save), then `before_commit` (the lease check)."""
-        AsyncCheckpointer.commit_gate()
-        if self.before_commit is not None:
-            self.before_commit()
-
-    def write(self, state: CheckpointState) -> None:
-        """Write and commit a captured state, here or in the background; report it."""
-        info = self.saved_info(state.tag)
-        if self.async_checkpointer is None and self.draining():
-            # The fastest path a stopping run has: stage to host memory now, let the ranks
-            # stop, and write until the drain's deadline (finish_saves).
-            self.async_checkpointer = AsyncCheckpointer()
-            self.checkpointer = self.checkpointer or self.async_checkpointer
-
-        def write(state: CheckpointState) -> str:
-            # `protected` is asked under the store's guard, after the commit: a run queued
-            # meanwhile that depends on an older checkpoint keeps it.
-            store, protected, started = self.store, self.protected, time.perf_counter()
-            where = write_checkpoint(
-                state, store, self.plan.max_keep, protected, self.gate_and_confirm,
-                self.committed(info),
-            )  # fmt: skip
-            info["save_seconds"] = time.perf_counter() - started  # reported with the commit
-            return where
-
-        if self.async_checkpointer is None:
-            where = write(state)  # before `info` is read: the write adds its save_seconds
-            self.on_checkpoint({**info, "path": where})
-            return
-        # Asynchronous: the loop goes on once the state is copied; the commit is reported
-        # when it has happened (maybe_report_saves, finish_saves).
-        assert self.async_checkpointer is not None  # a full checkpoint's saver
-        for done in self.async_checkpointer.save(state, write, info):
-            self.on_checkpoint(done)
-
-    def committed(self, info: dict[str, Any]) -> Callable[[], None] | None:
-        """`after_commit` of the save `info` describes, for the checkpoint writer."""
-        after = self.after_commit
-        return None if after is None else partial(after, info["tag"], info["step"])
-
     def maybe_report_saves(self) -> None:
-        for done in self.checkpointer.poll() if self.checkpointer else []:
-            self.on_checkpoint(done)
+        for done in self.saves.poll():
+            self.hooks.on_checkpoint(done)
 
     def finish_saves(self, failing: BaseException | None = None) -> None:
-        """Wait for the save in flight: a run that ends or stops leaves its checkpoint."""
-        if self.checkpointer is None:
-            return
+        """Wait for the save in flight: a run that ends or stops leaves its checkpoint; a
+        draining one waits only until its deadline."""
+        drain = self.hooks.drain
+        until = drain.deadline if drain is not None and self.hooks.draining() else None
         try:
-            for done in self.wait_saves():
+            for done in self.saves.wait(until):
                 self.drained["committed_at"] = done.get("committed_at")
-                self.on_checkpoint(done)
+                self.hooks.on_checkpoint(done)
         except SaveAbandoned as exc:  # the run hands back from the checkpoint before it
             self.drained["abandoned"] = str(exc)
         except Exception as exc:
@@ -508,21 +402,14 @@ class Trainer:
                 raise
             failing.add_note(f"and the checkpoint being saved in the background failed: {exc}")
 
-    def wait_saves(self) -> list[dict[str, Any]]:
-        """The saves in flight, committed: a draining run's only until its deadline."""
-        assert self.checkpointer is not None
-        if self.drain is not None and self.draining() and self.async_checkpointer is not None:
-            return self.async_checkpointer.wait(until=self.drain.deadline)
-        return self.checkpointer.wait()
-
     def drain_report(self, stopped_at: float) -> dict[str, Any]:
         """How the drain's save went, in seconds from the signal: to the step boundary it
         stopped at, to the ranks stopped (the state staged), and to the commit (None:
         abandoned at the deadline)."""
-        assert self.drain is not None and self.drain.since is not None
-        since, committed = self.drain.since, self.drained.get("committed_at")
+        assert self.hooks.drain is not None and self.hooks.drain.since is not None
+        since, committed = self.hooks.drain.since, self.drained.get("committed_at")
         return {
-            "deadline_seconds": self.drain.seconds,
+            "deadline_seconds": self.hooks.drain.seconds,
             "step_boundary_seconds": self.drained["seen_at"] - since,
             "stopped_seconds": stopped_at - since,
             "committed_seconds": None if committed is None else committed - since,
@@ -531,33 +418,33 @@ class Trainer:
 
     def maybe_validate(self, final: bool) -> bool:
         """Validate when due and report it; True when the loss is the best so far."""
-        if not (final or self.state.step % self.plan.val_every == 0):
+        if not (final or self.progress.step % self.plan.val_every == 0):
             return False
         val = validate(self.parts)
-        self.state.last_val_loss = val["loss"]
-        improved = self.state.best_loss is None or val["loss"] < self.state.best_loss
+        self.last_val_loss = val["loss"]
+        improved = self.progress.best_loss is None or val["loss"] < self.progress.best_loss
         if improved:
-            self.state.best_loss = val["loss"]
-        self.on_metrics(
+            self.progress.best_loss = val["loss"]
+        self.hooks.on_metrics(
             {
                 "kind": "val",
-                "step": self.state.step,
+                "step": self.progress.step,
                 **val_metrics(val, self.bytes_per_token),
-                "best_loss": self.state.best_loss,
+                "best_loss": self.progress.best_loss,
             }
         )
         return improved
 
     def maybe_sample(self, final: bool) -> None:
-        if self.samples is not None and self.samples.due(self.state.step, final):
-            for sample in self.samples.take(self.parts.model, self.state.step):
-                self.on_sample(sample)
+        if self.samples is not None and self.samples.due(self.progress.step, final):
+            for sample in self.samples.take(self.parts.model, self.progress.step):
+                self.hooks.on_sample(sample)
 
     def advance_sources(self) -> None:
         """A mixture's datasets at the new data position, each with the tokens it gave."""
         if self.mixture is None:
             return
-        s, seq_len = self.state, self.plan.batch.seq_len
+        s, seq_len = self.progress, self.plan.batch.seq_len
         at = self.mixture.sequences_at(s.data_position)
         s.sources = [
             SourcePosition(x.folder, int(k), x.tokens + (int(k) - x.sequences) * seq_len)
@@ -565,14 +452,14 @@ class Trainer:
         ]
 
     def should_checkpoint(self, final: bool) -> bool:
-        return final or self.state.step % self.plan.checkpoint_every == 0
+        return final or self.progress.step % self.plan.checkpoint_every == 0
 
     def should_log(self, final: bool) -> bool:
-        return final or self.state.step % self.plan.log_every == 0
+        return final or self.progress.step % self.plan.log_every == 0
 
     def report(self, metrics: dict[str, float], interval: Interval) -> None:
-        s = self.state
-        self.on_metrics(
+        s = self.progress
+        self.hooks.on_metrics(
             {
                 "kind": "train",
                 "step": s.step,
@@ -585,7 +472,7 @@ class Trainer:
         )
 
     def run(self) -> dict[str, Any]:
-        plan, s = self.plan, self.state
+        plan, s = self.plan, self.progress
         tokens_per_step = plan.batch.tokens_per_step
         started, wait_total, stopped, saved_at = time.perf_counter(), 0.0, False, -1
         interval = Interval()
@@ -593,22 +480,22 @@ class Trainer:
         try:
             while s.step < plan.steps:
                 t0, w0 = time.perf_counter(), loader.wait_seconds
-                metrics = train_step(self.parts, loader, s.step, self.before_update)
+                metrics = train_step(self.parts, loader, s.step, self.saves.before_update)
                 s.step += 1
                 s.data_position += plan.batch.grad_accum_steps
                 s.token_count += tokens_per_step
                 self.advance_sources()
-                s.last_loss = metrics["loss"]
+                self.last_loss = metrics["loss"]
                 wait = loader.wait_seconds - w0
                 interval.add(time.perf_counter() - t0, wait)
                 wait_total += wait
-                self.on_progress(s.step, plan.steps)
+                self.hooks.on_progress(s.step, plan.steps)
                 final = s.step == plan.steps
                 logged = self.should_log(final)
                 if logged:
                     self.report(metrics, interval)
                     interval = Interval()
-                stopped = not final and self.should_stop()
+                stopped = not final and self.hooks.should_stop()
                 if stopped:
                     self.drained["seen_at"] = time.monotonic()  # the step boundary it stops at
                 if stopped and not logged:
@@ -636,8 +523,8 @@ class Trainer:
             "step": s.step,
             "total_steps": plan.steps,
             "stopped": stopped,
-            "final_loss": s.last_loss,
-            "final_val_loss": s.last_val_loss,
+            "final_loss": self.last_loss,
+            "final_val_loss": self.last_val_loss,
             "best_loss": s.best_loss,
             "token_count": s.token_count,
             "elapsed_sec": elapsed,
@@ -645,10 +532,12 @@ class Trainer:
         }
         if s.sources:
             result["source_tokens"] = source_tokens(s.sources)
-        if stopped and self.draining():
+        if stopped and self.hooks.draining():
             result["drain"] = self.drain_report(stopped_at)
-        if s.last_val_loss is not None and self.bytes_per_token is not None:
-            result["final_val_bits_per_byte"] = bits_per_byte(s.last_val_loss, self.bytes_per_token)
+        if self.last_val_loss is not None and self.bytes_per_token is not None:
+            result["final_val_bits_per_byte"] = bits_per_byte(
+                self.last_val_loss, self.bytes_per_token
+            )
         return result
 
 

@@ -2,7 +2,10 @@
 strategy name, which turns a freshly built model into rank `rank`'s share of the run before
 the optimizers are built over its parameters (worker.training.loop.build_training).
 
-A new strategy is a record in store.training.parallelism and a builder here.
+A new strategy is a record in store.training.parallelism and a builder here, or a plug-in's,
+declared under the entry-point groups `trainctl.parallel_strategies` (its record) and
+`trainctl.strategies` (its builder). The builder also chooses how the strategy's checkpoints
+are written (`StrategyBuilder.saves`), in the layout its record names.
 """
 
 from __future__ import annotations
@@ -14,9 +17,19 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from trainctl.store.checkpoints.store import CheckpointStore
+from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.registry import Registry
-from trainctl.store.training.parallelism import DDPSettings, FSDPSettings, ParallelismSpec
+from trainctl.store.training.parallelism import (
+    PARALLEL_STRATEGIES,
+    DDPSettings,
+    FSDPSettings,
+    ParallelismSpec,
+)
+from trainctl.worker.checkpoints.saves import FullSaves, RunSaves, SavesFactory, ShardedSaves
+from trainctl.worker.checkpoints.state import StateAccess
 from trainctl.worker.models.gpt import GPT
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.parallel import DataParallel, DDPReplica
 
 
@@ -31,9 +44,15 @@ class StrategyBuilder:
     model_runtime: dict[str, Any] = field(default_factory=dict)
     """Switches the model is built with (worker.models.build_model): fsdp compiles each
     block itself, so not the whole model."""
+    saves: SavesFactory = FullSaves
+    """How its checkpoints are captured and written (worker.checkpoints.saves): whole ones
+    by rank 0 (`FullSaves`), or every rank its own shards (`ShardedSaves`), in the layout its
+    record names (store.training.parallelism `checkpoint_layout`)."""
 
 
-STRATEGY_BUILDERS: Registry[StrategyBuilder] = Registry("parallel strategy builder")
+STRATEGY_BUILDERS: Registry[StrategyBuilder] = Registry(
+    "parallel strategy builder", group="trainctl.strategies"
+)
 
 
 def _fsdp(
@@ -60,7 +79,7 @@ def _ddp(
 
 
 STRATEGY_BUILDERS.register("ddp", StrategyBuilder(_ddp))
-STRATEGY_BUILDERS.register("fsdp", StrategyBuilder(_fsdp, {"use_compile": False}))
+STRATEGY_BUILDERS.register("fsdp", StrategyBuilder(_fsdp, {"use_compile": False}, ShardedSaves))
 
 
 @dataclass(frozen=True)
@@ -76,3 +95,18 @@ class Ranks:
 
     def wrap(self, model: nn.Module, device: torch.device, config: Any) -> DataParallel:
         return self.builder.wrap(model, device, self.world, self.spec.settings(), config)
+
+    def saves(
+        self, plan: TrainPlan, store: CheckpointStore, hooks: TrainerHooks, access: StateAccess
+    ) -> RunSaves:
+        """The run's checkpoint saves, in its strategy's layout; a builder that writes
+        another layout than its record names is refused (the store checks a request against
+        the record's: a `save_dtype` only a full checkpoint keeps)."""
+        saves = self.builder.saves(plan, store, hooks, access)
+        declared = PARALLEL_STRATEGIES.get(self.spec.strategy).checkpoint_layout
+        if saves.layout != declared:
+            raise ValueError(
+                f"parallel strategy {self.spec.strategy!r} writes {saves.layout!r} checkpoints "
+                f"but its record (store.training.parallelism) says {declared!r}"
+            )
+        return saves

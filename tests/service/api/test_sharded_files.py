@@ -14,6 +14,7 @@ from trainctl.store.checkpoints.manifests import MODEL_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.training.optim import OptimizerSpec
 from trainctl.worker.checkpoints.sharded import capture_sharded, write_sharded
+from trainctl.worker.checkpoints.training_state import Progress, TrainingState
 from trainctl.worker.models.gpt import build_model
 from trainctl.worker.training.optim import build_optimizers
 
@@ -23,7 +24,9 @@ def test_the_model_file_of_a_sharded_checkpoint_is_served_and_archived_whole(
 ) -> None:
     model = build_model("tiny", seed=0)
     optimizers = build_optimizers(model, OptimizerSpec(kind="muon_adamw"))
-    write_sharded(capture_sharded(model, optimizers, None, 1, 1, None, "exp"), ckpts)
+    write_sharded(
+        capture_sharded(TrainingState(model, optimizers, None, "exp", Progress(1, 1))), ckpts
+    )
     assert MODEL_FILE not in {f["name"] for f in ckpts.get("exp", "step_1").files}
 
     url = "/checkpoints/exp/step_1/files/model.safetensors"

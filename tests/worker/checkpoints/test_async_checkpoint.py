@@ -16,8 +16,10 @@ from tests.support.train_script import run_script
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE, verify_manifest
 from trainctl.worker.checkpoints.async_save import AsyncCheckpointer, SaveAbandoned
 from trainctl.worker.checkpoints.state import CheckpointState, capture_checkpoint, write_checkpoint
+from trainctl.worker.checkpoints.training_state import Progress, TrainingState
 from trainctl.worker.exceptions import CheckpointWriteFailed
 from trainctl.worker.models.gpt import build_model
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import train
 from trainctl.worker.training.optim import Optimizers, build_optimizers
 
@@ -34,7 +36,7 @@ def trained(device: str = "cpu") -> Parts:
 
 
 def capture(parts: Parts, step: int = 1, dtype: torch.dtype | None = None) -> CheckpointState:
-    return capture_checkpoint(*parts, None, step, 0, None, "exp", dtype=dtype)
+    return capture_checkpoint(TrainingState(*parts, None, "exp", Progress(step)), dtype=dtype)
 
 
 def captured(
@@ -145,9 +147,11 @@ def test_a_stopped_async_run_leaves_its_checkpoint_before_it_returns(tmp_path: P
     result = train(
         train_plan(experiment="e", steps=50, checkpoint_every=3, async_checkpoint=True),
         posix_store(tmp_path),
-        on_metrics=lambda m: steps.append(m["step"]) if m["kind"] == "train" else None,
-        on_checkpoint=reported.append,
-        should_stop=lambda: len(steps) >= 7,
+        hooks=TrainerHooks(
+            on_metrics=lambda m: steps.append(m["step"]) if m["kind"] == "train" else None,
+            on_checkpoint=reported.append,
+            should_stop=lambda: len(steps) >= 7,
+        ),
     )
     assert result["stopped"] and result["step"] == 7
     assert posix_store(tmp_path).latest("e").step == 7

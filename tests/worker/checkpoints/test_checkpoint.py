@@ -24,6 +24,7 @@ from trainctl.store.checkpoints.manifests import (
     OPTIMIZER_FILE,
 )
 from trainctl.worker.checkpoints.state import capture_checkpoint, load_checkpoint
+from trainctl.worker.checkpoints.training_state import Progress, TrainingState
 from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch
 
 
@@ -98,7 +99,8 @@ def test_a_capture_holds_the_live_tensors_and_copies_none() -> None:
     parts = make_parts()
     train_a_little(parts, steps=1)
     model, optimizers, sched = parts
-    state = capture_checkpoint(model, optimizers, sched, 1, 100, None, "exp", dtype=torch.bfloat16)
+    training = TrainingState(model, optimizers, sched, "exp", Progress(step=1, token_count=100))
+    state = capture_checkpoint(training, dtype=torch.bfloat16)
     live = model.state_dict()
     assert state.model.keys() == live.keys()
     # bf16 too: the cast is made by the one copy that writes or stages the weights.

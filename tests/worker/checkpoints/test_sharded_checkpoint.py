@@ -34,6 +34,7 @@ from trainctl.worker.checkpoints.sharded import (
     write_sharded,
 )
 from trainctl.worker.checkpoints.state import load_checkpoint
+from trainctl.worker.checkpoints.training_state import Progress, TrainingState
 
 EXPERIMENT = sharded_ranks.EXPERIMENT
 # make test loads at 1 and 2 ranks; make soak adds 3 (uneven shards).
@@ -156,7 +157,7 @@ def test_the_stitched_model_file_gives_the_logits_of_the_saved_model(
 
 def one_process_save(store: CheckpointStore, step: int) -> None:
     model, optimizers = sharded_ranks.build(sharded=False)
-    state = capture_sharded(model, optimizers, None, step, step, None, "solo")
+    state = capture_sharded(TrainingState(model, optimizers, None, "solo", Progress(step, step)))
     write_sharded(state, store, max_keep=None)
 
 
@@ -192,7 +193,9 @@ def test_an_async_sharded_save_commits_the_state_it_staged(tmp_path: Path, stagi
         lambda x: x.clone() if isinstance(x, torch.Tensor) else x, expected
     )
     checkpointer = AsyncShardedCheckpointer(staging)
-    checkpointer.save(capture_sharded(model, optimizers, None, 1, 1, None, "solo"), store)
+    checkpointer.save(
+        capture_sharded(TrainingState(model, optimizers, None, "solo", Progress(1, 1))), store
+    )
     checkpointer.wait_staged()  # before the step changes what it copies
     sharded_ranks.train_step(model, optimizers, 1)  # the loop goes on while it writes
     (done,) = checkpointer.wait()

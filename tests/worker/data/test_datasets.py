@@ -19,6 +19,7 @@ from trainctl.store.data.shards import DataError, write_shard
 from trainctl.store.kinds.train import TrainPlan, TrainRequest, resolve_train
 from trainctl.store.plans import DatasetPin
 from trainctl.store.specs import DataSpec
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import Trainer, build_token_arrays, train
 
 TEXTS = stdlib_texts(150_000)
@@ -84,7 +85,7 @@ def test_each_checkpoint_of_a_bpe_run_carries_its_tokenizer_and_the_datasets_ide
 def test_validation_on_a_dataset_reports_bits_per_byte(tmp_path: Path, dataset: Dataset) -> None:
     metrics: list[dict[str, Any]] = []
     checkpoints = posix_store(tmp_path / "checkpoints")
-    result = train(dataset_plan(tmp_path), checkpoints, on_metrics=metrics.append)
+    result = train(dataset_plan(tmp_path), checkpoints, hooks=TrainerHooks(on_metrics=metrics.append))
 
     val = [m for m in metrics if m["kind"] == "val"]
     assert [m["step"] for m in val] == [3, 6]
@@ -104,7 +105,7 @@ def test_byte_level_text_reports_bits_per_byte_and_synthetic_tokens_do_not(
 ) -> None:
     metrics: list[dict[str, Any]] = []
     plan = dataset_plan(tmp_path, steps=2, data=data)
-    train(plan, posix_store(tmp_path), on_metrics=metrics.append)
+    train(plan, posix_store(tmp_path), hooks=TrainerHooks(on_metrics=metrics.append))
 
     val = next(m for m in metrics if m["kind"] == "val")
     assert ("val_bits_per_byte" in val) is known

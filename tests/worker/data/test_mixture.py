@@ -21,6 +21,7 @@ from trainctl.store.checkpoints.manifests import METADATA_FILE, MODEL_FILE
 from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.kinds.train import TrainPlan, TrainRequest, resolve_train
 from trainctl.worker.data.mixtures import count_sources
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import build_mixture, train
 
 TEXTS = stdlib_texts(150_000)
@@ -138,7 +139,7 @@ def test_each_datasets_tokens_are_reported_and_add_up_to_the_tokens_seen(
     metrics: list[dict[str, Any]] = []
     store = posix_store(tmp_path)
 
-    result = train(plan, store, on_metrics=metrics.append)
+    result = train(plan, store, hooks=TrainerHooks(on_metrics=metrics.append))
 
     steps = [m for m in metrics if m["kind"] == "train"]
     assert [m["step"] for m in steps] == list(range(1, 9))

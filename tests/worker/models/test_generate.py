@@ -34,6 +34,7 @@ from trainctl.worker.models.generation import (
     stream_text,
 )
 from trainctl.worker.models.gpt import GPT, KVCache, build_model
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import train
 from trainctl.worker.training.optim import build_optimizers
 from trainctl.worker.training.schedule import build_scheduler
@@ -285,7 +286,7 @@ def test_a_train_run_samples_at_the_smallest_temperature_the_schema_accepts(
         sample_settings={"temperature": 1e-45, "top_p": 5e-324, "max_new_tokens": 8},
     )
 
-    result = train(plan, posix_store(tmp_path), on_sample=samples.append)
+    result = train(plan, posix_store(tmp_path), hooks=TrainerHooks(on_sample=samples.append))
 
     assert result["step"] == 2
     assert [s["step"] for s in samples] == [1, 1, 2, 2]

@@ -21,6 +21,7 @@ from trainctl.worker.checkpoints.exports import export_hf
 from trainctl.worker.models import build_model
 from trainctl.worker.models.generation import load_for_generation
 from trainctl.worker.models.hf import ModelBuildError
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import train
 from trainctl.worker.training.optim import ROUTER_NAMES, muon_params
 
@@ -139,7 +140,7 @@ def test_an_architecture_trains_resumes_exports_and_samples(
         sample_prompts=["def "],
         sample_settings={"max_new_tokens": 8},
     )
-    train(straight, store, on_metrics=metrics.append, on_sample=samples.append)
+    train(straight, store, hooks=TrainerHooks(on_metrics=metrics.append, on_sample=samples.append))
     losses = [m["loss"] for m in metrics if m["kind"] == "train"]
     assert losses[-1] <= 0.7 * losses[0], losses
     assert any(m["kind"] == "val" and "val_bits_per_byte" in m for m in metrics)
@@ -153,8 +154,10 @@ def test_an_architecture_trains_resumes_exports_and_samples(
     train(
         resumed,
         store,
-        on_metrics=lambda m: first.append(m) if m["kind"] == "train" else None,
-        should_stop=lambda: len(first) >= STOP_AT,
+        hooks=TrainerHooks(
+            on_metrics=lambda m: first.append(m) if m["kind"] == "train" else None,
+            should_stop=lambda: len(first) >= STOP_AT,
+        ),
     )
     rest = train_plan(tmp_path, **request_of(model_type, "resumed"), resume_from="latest")
     second = run_script(rest, tmp_path)

@@ -1,5 +1,5 @@
-"""Multi-process train runs (worker/launch.py, worker/training/parallel.py) on CPU: torchrun, two
-gloo ranks, DDP.
+"""Multi-process train runs (worker/launch.py, worker/training/ranks.py, worker/training/
+parallel.py) on CPU: torchrun, two gloo ranks, DDP.
 
 Two ranks on the same global batch follow the single-process run: the losses agree to
 LOSS_RTOL. They differ only by float rounding: the ranks sum the gradient halves in another
@@ -24,6 +24,7 @@ from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.worker_settings import WorkerSettings
 from trainctl.worker.launch import check_world, launch_train
 from trainctl.worker.runner import Worker
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import Trainer
 from trainctl.worker.training.parallel import RankSampler
 
@@ -52,7 +53,9 @@ def test_grad_accum_steps_must_split_evenly_across_the_processes() -> None:
 @pytest.mark.slow
 def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batch(tmp_path: Path) -> None:
     single: list[dict[str, Any]] = []
-    Trainer(tiny_plan(), posix_store(tmp_path / "single"), on_metrics=single.append).run()
+    Trainer(
+        tiny_plan(), posix_store(tmp_path / "single"), hooks=TrainerHooks(on_metrics=single.append)
+    ).run()
 
     result = launch_train(
         tiny_plan(nproc_per_node=2), WorkerSettings(data_dir=tmp_path / "ddp"), ctx=None

@@ -21,6 +21,7 @@ from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
 from trainctl.store.db.runs import Run, RunStore
 from trainctl.store.plans import CheckpointRef
 from trainctl.store.vocabulary import TERMINAL_STATES
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import Trainer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -141,7 +142,11 @@ def test_a_forks_cooldown_follows_the_analytic_lr_at_every_step_and_across_a_req
     own = CheckpointRef(experiment="cool", tag="step_8")
     assert store.get("cool", "step_8").run_id == run.id
     again: list[dict[str, Any]] = []
-    Trainer(plan.model_copy(update={"resume_from": own}), store, on_metrics=again.append).run()
+    Trainer(
+        plan.model_copy(update={"resume_from": own}),
+        store,
+        hooks=TrainerHooks(on_metrics=again.append),
+    ).run()
     assert lrs_by_step(again) == {s: got[s] for s in (8, 9, 10, 11)}
 
 
@@ -184,7 +189,7 @@ def test_a_20_percent_sqrt_cooldown_from_a_stable_checkpoint_beats_the_stable_lr
             schedule=schedule,
             **common,
         )
-        Trainer(fork, store, on_metrics=metrics.append).run()
+        Trainer(fork, store, hooks=TrainerHooks(on_metrics=metrics.append)).run()
         val_loss[name] = [m for m in metrics if "val_loss" in m][-1]["val_loss"]
     print(f"\nvalidation loss at step 750: {val_loss}")
     assert val_loss["cool"] < val_loss["flat"] - 0.02

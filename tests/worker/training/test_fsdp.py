@@ -2,7 +2,7 @@
 
 The ranks follow one process on the same global batch to LOSS_RTOL (tests/worker/
 test_distributed.py): they differ by the order the gradient's parts are summed in. Their
-checkpoints are sharded (every rank writes its shards, worker.launch.RankTrainer), and are
+checkpoints are sharded (every rank writes its shards, worker.training.ranks.RankTrainer), and are
 compared here as one process loads them (`saved_state`), whatever their layout. A resume at the
 same world size is bit-exact. Across strategies and world sizes a load is state-exact: a run
 resumed from a checkpoint with no step left to train saves again what it loaded, and that
@@ -32,6 +32,7 @@ from trainctl.store.worker_settings import WorkerSettings
 from trainctl.worker.checkpoints.state import load_checkpoint
 from trainctl.worker.launch import launch_train
 from trainctl.worker.models import build_model
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import Trainer
 from trainctl.worker.training.optim import build_optimizers
 from trainctl.worker.training.schedule import build_scheduler
@@ -88,7 +89,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ones sharded."""
     root = tmp_path_factory.mktemp("fsdp")
     single: list[dict[str, Any]] = []
-    Trainer(tiny_plan(), posix_store(root / "checkpoints"), on_metrics=single.append).run()
+    Trainer(
+        tiny_plan(), posix_store(root / "checkpoints"), hooks=TrainerHooks(on_metrics=single.append)
+    ).run()
     # In the background: the same-world resume below (a synchronous save) is then bit-exact
     # only if the loop's copy of the shards was complete before the step that followed it.
     plan = fsdp_plan(nproc_per_node=2, async_checkpoint=True)
@@ -114,7 +117,7 @@ def train_sharded_like_one_process(root: Path, ranks: int, **changes: Any) -> No
     the same losses, to LOSS_RTOL."""
     single: list[dict[str, Any]] = []
     plan = tiny_plan(steps=3, **changes)
-    Trainer(plan, posix_store(root / "single"), on_metrics=single.append).run()
+    Trainer(plan, posix_store(root / "single"), hooks=TrainerHooks(on_metrics=single.append)).run()
     sharded = fsdp_plan(steps=3, nproc_per_node=ranks, **changes)
     result = launch_train(sharded, WorkerSettings(data_dir=root), ctx=None)
     assert train_losses(result["metrics"]) == pytest.approx(train_losses(single), rel=LOSS_RTOL)
@@ -233,7 +236,9 @@ def test_compiled_checkpointed_blocks_train_sharded_like_one_eager_process(
     per_layer = {"use_checkpoint_per_layer": True}
     eager: list[dict[str, Any]] = []
     plan = tiny_plan(steps=3, model={"preset": "tiny", "overrides": per_layer})
-    Trainer(plan, posix_store(tmp_path / "single"), on_metrics=eager.append).run()
+    Trainer(
+        plan, posix_store(tmp_path / "single"), hooks=TrainerHooks(on_metrics=eager.append)
+    ).run()
     compiled = {**per_layer, "use_compile": True, "compile_mode": "default"}
     sharded = fsdp_plan(steps=3, nproc_per_node=2, model={"preset": "tiny", "overrides": compiled})
     result = launch_train(sharded, WorkerSettings(data_dir=tmp_path), ctx=None)

@@ -24,6 +24,7 @@ from trainctl.store.training.optim import (
 )
 from trainctl.worker.exceptions import CheckpointMismatch
 from trainctl.worker.models.gpt import GPT, build_model
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import Trainer
 from trainctl.worker.training.optim import (
     OPTIMIZER_BUILDERS,
@@ -249,7 +250,7 @@ def test_a_kind_registered_by_a_plugin_trains_saves_and_resumes_exactly(
 
     straight: list[dict[str, Any]] = []
     straight_store = posix_store(tmp_path / "straight")
-    Trainer(plan, straight_store, on_metrics=straight.append).run()
+    Trainer(plan, straight_store, hooks=TrainerHooks(on_metrics=straight.append)).run()
     train_rows = [m for m in straight if m["kind"] == "train"]
     assert {k for k in train_rows[0] if k.startswith("lr")} == {"lr/sgd"}
     assert train_rows[0]["lr/sgd"] == 0.05  # a 1 % warm-up of 12 steps is none
@@ -258,7 +259,7 @@ def test_a_kind_registered_by_a_plugin_trains_saves_and_resumes_exactly(
     first: list[dict[str, Any]] = []
     stop = lambda: len([m for m in first if m["kind"] == "train"]) >= 5  # noqa: E731
     store = posix_store(root)
-    Trainer(plan, store, on_metrics=first.append, should_stop=stop).run()
+    Trainer(plan, store, hooks=TrainerHooks(on_metrics=first.append, should_stop=stop)).run()
     info = store.latest("sgd")
     assert info.step == 5
     saved = folder(store, "sgd", info.tag) / OPTIMIZER_FILE
@@ -266,7 +267,9 @@ def test_a_kind_registered_by_a_plugin_trains_saves_and_resumes_exactly(
 
     second: list[dict[str, Any]] = []
     resumed = Trainer(
-        sgd_plan(sgd_kind, root, resume_from="latest"), store, on_metrics=second.append
+        sgd_plan(sgd_kind, root, resume_from="latest"),
+        store,
+        hooks=TrainerHooks(on_metrics=second.append),
     )
     resumed.run()
     losses = [m["loss"] for m in first + second if m["kind"] == "train"]
@@ -293,7 +296,7 @@ def test_a_plugin_kind_trains_with_the_settings_of_its_own_that_the_request_sent
         as_read = type(plan).model_validate_json(plan.model_dump_json())
         metrics: list[dict[str, Any]] = []
         store = posix_store(tmp_path)
-        Trainer(as_read, store, on_metrics=metrics.append).run()
+        Trainer(as_read, store, hooks=TrainerHooks(on_metrics=metrics.append)).run()
 
     train_rows = [m for m in metrics if m["kind"] == "train"]
     assert len(train_rows) == 12 and train_rows[0]["lr/rmsprop"] == 0.005

@@ -14,6 +14,7 @@ from tests.support.train_script import run_script
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
 from trainctl.store.kinds.train import TrainPlan
 from trainctl.worker.exceptions import CheckpointMismatch, NonFiniteLoss
+from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import Trainer, train
 
 
@@ -31,8 +32,10 @@ def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path
     result = train(
         s,
         posix_store(tmp_path),
-        on_metrics=lambda m: (
-            val.append(m["val_loss"]) if m["kind"] == "val" else first.append(m["loss"])
+        hooks=TrainerHooks(
+            on_metrics=lambda m: (
+                val.append(m["val_loss"]) if m["kind"] == "val" else first.append(m["loss"])
+            )
         ),
     )
     uniform = math.log(512)
@@ -51,7 +54,7 @@ def test_training_tiny_on_text_lowers_validation_loss_far_below_uniform(tmp_path
 def test_metrics_report_each_optimizer_lr_and_data_wait(tmp_path: Path) -> None:
     metrics: list[dict[str, Any]] = []
     plan = train_plan(steps=3, data={"source": "synthetic"})
-    train(plan, posix_store(tmp_path), on_metrics=metrics.append)
+    train(plan, posix_store(tmp_path), hooks=TrainerHooks(on_metrics=metrics.append))
     step = next(m for m in metrics if m["kind"] == "train")
     assert {
         "loss",
@@ -71,8 +74,9 @@ def test_the_stop_flag_ends_at_a_step_boundary_with_a_checkpoint(tmp_path: Path)
     result = train(
         train_plan(experiment="e", steps=50, checkpoint_every=100),
         posix_store(tmp_path),
-        on_metrics=lambda m: steps.append(m["step"]),
-        should_stop=lambda: len(steps) >= 7,
+        hooks=TrainerHooks(
+            on_metrics=lambda m: steps.append(m["step"]), should_stop=lambda: len(steps) >= 7
+        ),
     )
     assert result["stopped"] and result["step"] == 7
     assert posix_store(tmp_path).latest("e").step == 7
@@ -80,16 +84,16 @@ def test_the_stop_flag_ends_at_a_step_boundary_with_a_checkpoint(tmp_path: Path)
 
 @pytest.mark.slow
 def test_a_non_finite_loss_stops_the_run_and_never_saves_nan(tmp_path: Path) -> None:
-    trainer = Trainer(
-        train_plan(experiment="nan", steps=20, checkpoint_every=5), posix_store(tmp_path)
-    )
-
     def poison(m: dict[str, Any]) -> None:
         if m["kind"] == "train" and m["step"] == 6:  # diverge after step_5 is on disk
             with torch.no_grad():
                 trainer.parts.model.final_norm.weight.fill_(float("nan"))
 
-    trainer.on_metrics = poison
+    trainer = Trainer(
+        train_plan(experiment="nan", steps=20, checkpoint_every=5),
+        posix_store(tmp_path),
+        hooks=TrainerHooks(on_metrics=poison),
+    )
     with pytest.raises(NonFiniteLoss, match="at step 7: the update was not applied"):
         trainer.run()
     store = posix_store(tmp_path)
@@ -145,7 +149,7 @@ def test_kind_adamw_trains_with_its_one_optimizer_and_resumes_exactly(tmp_path: 
     """The baseline Muon is compared against: AdamW for every parameter."""
     straight: list[dict[str, Any]] = []
     straight_store = posix_store(tmp_path / "straight")
-    Trainer(adamw_plan(), straight_store, on_metrics=straight.append).run()
+    Trainer(adamw_plan(), straight_store, hooks=TrainerHooks(on_metrics=straight.append)).run()
     losses = train_losses(straight)
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0
     step = next(m for m in straight if m["kind"] == "train")
@@ -159,11 +163,14 @@ def test_kind_adamw_trains_with_its_one_optimizer_and_resumes_exactly(tmp_path: 
     Trainer(
         adamw_plan(),
         store,
-        on_metrics=first.append,
-        should_stop=lambda: len(train_losses(first)) >= 13,
+        hooks=TrainerHooks(
+            on_metrics=first.append, should_stop=lambda: len(train_losses(first)) >= 13
+        ),
     ).run()
     second: list[dict[str, Any]] = []
-    Trainer(adamw_plan(root, resume_from="latest"), store, on_metrics=second.append).run()
+    Trainer(
+        adamw_plan(root, resume_from="latest"), store, hooks=TrainerHooks(on_metrics=second.append)
+    ).run()
     assert train_losses(first + second) == losses
     a = load_file(str(saved / MODEL_FILE))
     b = load_file(str(folder(store, "adamw", store.latest("adamw").tag) / MODEL_FILE))

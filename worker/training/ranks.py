@@ -1,0 +1,169 @@
+"""A rank of a multi-process train run: what each of the N processes torchrun starts does
+(`python -I … trainctl.worker.launch rank job.json`; the launcher, `worker.launch`, starts them
+and reads what they leave in its folder).
+
+Each rank reads the job file, joins the process group over the run's own store
+(worker.rendezvous), and trains its share with a `RankTrainer`. Rank 0 alone talks to the run
+store (events, progress, cancel, the lease check before a checkpoint commits) and writes
+`result.json`; every rank stops at the same step (`AgreedStop`), for its worker's stop file or,
+on rank 0, for the run's own reasons. A rank that fails writes `error.json` (local rank 0 of a
+node without global rank 0), saying whether it lost its peers (`peer_lost`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+
+from trainctl.store.checkpoints.factory import open_stores
+from trainctl.store.db.runs import RunStore
+from trainctl.store.kinds.train import TrainPlan
+from trainctl.store.worker_settings import WorkerSettings
+from trainctl.worker.context import RunContext
+from trainctl.worker.drain import Shutdown
+from trainctl.worker.evals.side_runs import CheckpointEvals
+from trainctl.worker.launch import DRAIN_FILE, ERROR_FILE, RESULT_FILE, STOP_FILE
+from trainctl.worker.rendezvous import rank_store
+from trainctl.worker.training.hooks import TrainerHooks
+from trainctl.worker.training.loop import Trainer
+from trainctl.worker.training.parallel import AgreedStop, RankSampler
+from trainctl.worker.training.parallelism import Ranks
+
+
+class RankTrainer(Trainer):
+    """A Trainer of rank `rank` of `world`, built for the plan's strategy (`Ranks`, before the
+    optimizers), reading its share of the batches; only rank 0 reports and samples. Its
+    checkpoints take the strategy's layout (worker.checkpoints.saves), whichever it is."""
+
+    def __init__(self, plan: TrainPlan, *args: Any, rank: int, world: int, **kwargs: Any) -> None:
+        self.rank = rank
+        super().__init__(plan, *args, ranks=Ranks(world, plan.parallelism), **kwargs)
+        self.parts.sampler = RankSampler(self.parts.sampler, rank, world)
+        if rank != 0:
+            self.samples = None  # rank 0 reports, and samples; the others wait at the next step
+
+
+def rank_context(job: dict[str, Any], runs: RunStore) -> RunContext:
+    """Rank 0's view of the run: the worker's identity and attempt, so its writes are fenced."""
+    info, settings = job["run"], WorkerSettings.from_job(job["settings"], os.environ)
+    # The attempt the worker claimed, not the row's current one: if the run has moved on,
+    # the fenced writes must fail.
+    run = dataclasses.replace(runs.get(info["id"]), attempt=info["attempt"])
+    # Set once the worker asks to stop (see rank_stop), with the worker's deadline.
+    shutdown = Shutdown(settings.drain_seconds)
+    return RunContext(run, runs, settings.worker_id, shutdown, settings.lease_seconds)
+
+
+def rank_stop(ctx: RunContext | None, stop_file: Path) -> Callable[[], str | None]:
+    """A rank's own reason to stop: its worker's stop file, and on rank 0 cancel and the
+    lease too."""
+
+    def reason() -> str | None:
+        asked = (stop_file.read_text() or "shutdown") if stop_file.exists() else None
+        if ctx is None:
+            return asked
+        if asked == "shutdown":
+            drain = stop_file.parent / DRAIN_FILE
+            since = float(drain.read_text()) if drain.exists() else None
+            cast(Shutdown, ctx.shutdown).set(since)
+        return ctx.stop_reason() or asked
+
+    return reason
+
+
+def run_rank(job_file: str) -> int:
+    job = json.loads(Path(job_file).read_text())
+    workdir = Path(job_file).parent
+    plan = TrainPlan.model_validate(job["plan"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if plan.device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    device = torch.device("cuda", torch.cuda.current_device()) if plan.device == "cuda" else None
+    # The group's store is ours, bound to MASTER_ADDR alone (worker.rendezvous), not torch's
+    # default one that listens on every interface.
+    store = rank_store(rank, world, os.environ)
+    dist.init_process_group(
+        "nccl" if plan.device == "cuda" else "gloo", store=store, rank=rank, world_size=world
+    )
+    runs = RunStore(os.environ["TRAINCTL_DATABASE_URL"]) if "run" in job and rank == 0 else None
+    report: dict[str, Any] | None = None
+    try:
+        report = train_rank(plan, job, rank, world, workdir, runs, device)
+    except Exception as exc:
+        error = {"type": type(exc).__name__, "message": str(exc), "peer_lost": peer_lost(exc)}
+        report = {"error": error}
+        if rank != 0 and int(os.environ["LOCAL_RANK"]) == 0:
+            (workdir / ERROR_FILE).write_text(json.dumps(error))
+        raise
+    finally:
+        if rank == 0 and report is not None:
+            (workdir / RESULT_FILE).write_text(json.dumps(report, default=str))
+        if runs is not None:
+            runs.close()
+        dist.destroy_process_group()
+    return 0
+
+
+def train_rank(
+    plan: TrainPlan,
+    job: dict[str, Any],
+    rank: int,
+    world: int,
+    workdir: Path,
+    runs: RunStore | None,
+    device: torch.device | None,
+) -> dict[str, Any]:
+    metrics: list[dict[str, Any]] = []
+    ctx = rank_context(job, runs) if runs is not None else None
+    stop = AgreedStop(rank_stop(ctx, workdir / STOP_FILE), device or torch.device("cpu"))
+    layout = WorkerSettings.from_job(job["settings"], os.environ).layout
+    stores = open_stores(layout, runs)
+    store = stores.checkpoints
+    evals = CheckpointEvals(plan, ctx, stores) if ctx else None
+    if rank != 0:  # rank 0 speaks for the run; every rank agrees on when to stop
+        hooks = TrainerHooks.silent(stop)
+    elif ctx is not None:
+        hooks = TrainerHooks.of_run(
+            ctx, store, plan.experiment, should_stop=stop, after_commit=evals
+        )
+    else:  # no run (tests, scripts), so none depends on a checkpoint: rank 0 returns its
+        # metrics with the result
+        hooks = TrainerHooks(on_metrics=metrics.append, should_stop=stop)
+    trainer = RankTrainer(
+        plan,
+        store,
+        rank=rank,
+        world=world,
+        hooks=hooks,
+        run_id=ctx.run.id if ctx else None,
+        datasets=stores.datasets,
+    )
+    if ctx is not None:
+        ctx.reporter.start()  # rank 0 never waits on the database for a report either
+    try:
+        result = trainer.run() | {"stop_reason": stop.reason}
+    finally:
+        if ctx is not None:  # its reports before its result, which the worker records
+            ctx.reporter.close(keep=not ctx.lease_lost.is_set())
+    if evals is not None and plan.evals is not None:
+        result["evaluate_runs"] = evals.queued
+    return {"result": result if ctx else {**result, "metrics": metrics}}
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether a rank failed because another process of the run went away (a collective or
+    the rendezvous store lost its peer), rather than for a fault of its own."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc)
+    return any(
+        sign in text
+        for sign in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+    )
