@@ -1,7 +1,8 @@
 """The README and docs/ hold together: the README stays a page people read (at most 15 KB,
-linking every docs page), every relative link lands on a file and a heading that exist, and
-the `make` targets, `trainctl` commands and options, repository paths and service settings
-the pages quote are the ones the code has.
+linking every docs page; the map, docs/architecture.md, links every design page), every
+relative link lands on a file and a heading that exist, and the `make` targets, `trainctl`
+commands and options, repository paths and service settings the pages quote are the ones the
+code has.
 
 Commands are resolved in process against the CLI's click tree (`typer.main.get_command`), so
 the check costs no subprocess per command."""
@@ -22,6 +23,8 @@ from trainctl.service.settings import Settings
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
+DESIGN = DOCS / "design"
+MAP = DOCS / "architecture.md"
 README_MAX_BYTES = 15 * 1024
 
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")
@@ -46,7 +49,7 @@ REPO_PATH = re.compile(r"^(?:service|store|worker|tests|docker|openapi|bench|doc
 
 
 def pages() -> list[Path]:
-    return [README, *sorted(DOCS.glob("*.md"))]
+    return [README, *sorted(DOCS.glob("*.md")), *sorted(DESIGN.glob("*.md"))]
 
 
 def page_name(page: Path) -> str:
@@ -131,13 +134,17 @@ def broken_links(page: Path) -> list[str]:
     return problems
 
 
-def readme_links() -> set[Path]:
+def linked_pages(page: Path) -> set[Path]:
     found = set()
-    for target in link_targets(README.read_text(encoding="utf-8")):
+    for target in link_targets(page.read_text(encoding="utf-8")):
         path = target.partition("#")[0]
         if path and not SCHEME.match(target):
-            found.add((README.parent / path).resolve())
+            found.add((page.parent / path).resolve())
     return found
+
+
+def readme_links() -> set[Path]:
+    return linked_pages(README)
 
 
 def code_spans(text: str) -> list[str]:
@@ -264,8 +271,19 @@ def test_headings_get_githubs_anchors() -> None:
 
 def test_every_docs_page_is_linked_from_the_readme() -> None:
     linked = readme_links()
-    unlinked = [page_name(page) for page in pages()[1:] if page.resolve() not in linked]
+    top = sorted(DOCS.glob("*.md"))
+    unlinked = [page_name(page) for page in top if page.resolve() not in linked]
     assert not unlinked, f"README.md does not link {unlinked}"
+
+
+def test_every_design_page_is_linked_from_the_map() -> None:
+    """The README links the map; the map links the design pages (docs/design/)."""
+    assert MAP.resolve() in readme_links()
+    linked = linked_pages(MAP)
+    design = sorted(DESIGN.glob("*.md"))
+    assert design, "no design pages"
+    unlinked = [page_name(page) for page in design if page.resolve() not in linked]
+    assert not unlinked, f"docs/architecture.md does not link {unlinked}"
 
 
 def test_the_make_commands_quoted_are_makefile_targets() -> None:
