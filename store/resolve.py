@@ -1,4 +1,4 @@
-"""Resolution: a request becomes its plan at submit time (docs/architecture.md, "Requests and
+"""Resolution: a request becomes its plan at submit time (docs/design/kinds.md, "Requests and
 plans").
 
 `resolve_train`, `resolve_validate`, `resolve_benchmark`, `resolve_prepare`, `resolve_sample`
@@ -637,7 +637,7 @@ def _mixture_plan(
     data: DataSpec, roots: list[Path], datasets_dir: Path | None, bucket: BucketDatasets | None
 ) -> ResolvedData:
     """Each dataset of a mixture read and pinned as data.dataset's is; they must be distinct
-    datasets of one tokenizer (docs/architecture.md, "Data mixtures")."""
+    datasets of one tokenizer (docs/design/data.md, "Data mixtures")."""
     assert data.mixture is not None  # DataSpec's rule
     paths = [f"data.mixture[{i}].dataset" for i in range(len(data.mixture))]
     fields = [f"{path} {s.dataset!r}" for path, s in zip(paths, data.mixture, strict=True)]
@@ -802,7 +802,7 @@ def _fork_point(
     tokenizer: TokenizerId | None,
 ) -> ForkPoint | None:
     """The checkpoint `fork_from` names, pinned, and checked to be one the fork can continue
-    (docs/architecture.md, "Forks"): the model, the tokenizer and the optimizer kind are the
+    (docs/design/forks.md, "Forks"): the model, the tokenizer and the optimizer kind are the
     parent's, and the fork's schedule fits after its step. A fork's own `schedule` is checked
     by `ScheduleSpec.phases` for every train run."""
     phases = request.schedule.phases(request.steps)

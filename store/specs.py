@@ -1,4 +1,4 @@
-"""Run requests: what a client may send, with bounds (docs/architecture.md, "Requests and plans").
+"""Run requests: what a client may send, with bounds (docs/design/kinds.md, "Requests and plans").
 
 A request holds only what a client may ask for; a field left out (or null) means "the
 default", which `store.plans` decides when it turns the request into a plan. The API validates
@@ -101,7 +101,7 @@ MAX_PROMPT_CHARS = 1 << 20
 MAX_PROMPT_TOKENS = 131_072  # the longest context (store.models.presets.BOUNDS)
 TokenId = Annotated[StrictInt, Field(ge=0, lt=int(BOUNDS["vocab_size"][1]))]
 """A token id: below the largest vocabulary (the model's own is checked at submit)."""
-# Where the service can mirror a train run's metrics (docs/architecture.md, "Metrics sinks").
+# Where the service can mirror a train run's metrics (docs/design/sinks.md, "Metrics sinks").
 Tracker = Literal["tensorboard", "mlflow"]
 TRACKERS: tuple[Tracker, ...] = ("tensorboard", "mlflow")
 MLFLOW_SETTING = "TRAINCTL_MLFLOW_URI"

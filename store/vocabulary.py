@@ -1,4 +1,4 @@
-"""The words of the run life cycle and of access (docs/architecture.md, "Runs"), defined once
+"""The words of the run life cycle and of access (docs/design/runs.md, "Runs"), defined once
 (the run kinds are records of their own: store.kinds.registry).
 
 The store checks writes against them, the API publishes them as enums, and the SDK waits for

@@ -20,7 +20,7 @@ model and optimizer state, identical on all of them, so rank 0's checkpoint is e
 fsdp the ranks gather the full state onto rank 0 for it (`worker.training.fsdp`). Resume loads the
 checkpoint on every rank.
 
-A gang run (nnodes > 1, docs/architecture.md "Placement and gangs") is the same program on
+A gang run (nnodes > 1, docs/design/placement.md "Placement and gangs") is the same program on
 several workers at once: each starts torchrun with `--nnodes N --node-rank k` and the c10d
 rendezvous at the leader's address, id `<run>-<attempt>`. The rendezvous, not the node rank,
 decides which process is global rank 0; it reports as its own worker, which the run store
@@ -137,7 +137,7 @@ def launch_train(
 
 def rendezvous_of(ctx: RunContext | None) -> tuple[str, bool]:
     """Where the c10d rendezvous meets, and whether this node hosts it: one node on a free
-    loopback port, a gang at its leader's address (docs/architecture.md, "Multi-GPU and
+    loopback port, a gang at its leader's address (docs/design/training.md, "Multi-GPU and
     multi-node"; worker.rendezvous)."""
     gang = ctx.run.gang if ctx is not None else None
     if gang is None:

@@ -1,4 +1,4 @@
-"""The one place the folder stores are built from the settings (docs/architecture.md,
+"""The one place the folder stores are built from the settings (docs/design/checkpoints.md,
 "Checkpoint store", "Storage"): the service (`Settings.layout`) and the worker
 (`WorkerConfig.data_dir`, and each rank of a multi-process run) open the same stores here,
 so which storage backs them is decided once.

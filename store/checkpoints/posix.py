@@ -1,5 +1,5 @@
 """The storage of the folder stores on a POSIX filesystem: folders, flocks, renames, fsync
-(docs/architecture.md, "Checkpoint store").
+(docs/design/checkpoints.md, "Checkpoint store").
 
 ```
 <root>/

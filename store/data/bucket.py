@@ -1,4 +1,4 @@
-"""Prepared datasets in a bucket (docs/architecture.md, "Object storage"): what nodes that
+"""Prepared datasets in a bucket (docs/design/checkpoints.md, "Object storage"): what nodes that
 share no disk read a dataset from, when TRAINCTL_STORAGE_URL is set.
 
 A dataset is an entry of the storage seam (`store.checkpoints.storage`), ``datasets/<name>``,

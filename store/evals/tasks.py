@@ -3,7 +3,7 @@
 
 No torch and no file reading here: the API lists the catalog (`GET /evals/tasks`) and checks
 a request's task names against it; the worker reads the items (`worker.evals.tasks`). The
-`evaluate` run kind's request and plan are here too (docs/architecture.md, "Run kinds"), next
+`evaluate` run kind's request and plan are here too (docs/design/kinds.md, "Run kinds"), next
 to the catalog they name; `store.kinds.evaluate` resolves one into the other. The fields that name
 what to score (`EvaluateOptions`, and their bounds) are in `store.specs`, since a train
 request's `evals` has them too; the checks the schema cannot make are here (`check_tasks`). The

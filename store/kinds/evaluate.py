@@ -1,4 +1,4 @@
-"""Resolving an evaluate request into its plan at submit (docs/architecture.md, "Run kinds",
+"""Resolving an evaluate request into its plan at submit (docs/design/kinds.md, "Run kinds",
 "Requests and plans"; docs/evals.md).
 
 The checkpoint is pinned as validate, sample and export pin theirs (`store.resolve`), and

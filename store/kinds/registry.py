@@ -1,4 +1,4 @@
-"""Run kinds: one record each, the one place a kind of run is defined (docs/architecture.md,
+"""Run kinds: one record each, the one place a kind of run is defined (docs/design/kinds.md,
 "Run kinds").
 
 A record says everything the rest of trainctl asks of a kind: its request and plan models,

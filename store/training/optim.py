@@ -1,5 +1,5 @@
 """Optimizer kinds: one record each, what the store knows of an optimizer configuration
-(docs/architecture.md, "Optimizers").
+(docs/design/training.md, "Optimizers").
 
 A request picks one with `optimizer.kind`. The record says, without torch, what the rest of
 the store asks of it: which `OptimizerSpec` fields the kind reads (a request that sets
