@@ -57,16 +57,15 @@ browser:
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }
 
 # Two processes (pytest-xdist; `--dist loadfile` keeps a file's tests in one process, so a
-# module's service or trained run is built once). On 2 cores the unit tests run 1.83x faster
-# so (store and API: 475 -> 259 s), the end-to-end and reliability files 1.29x (1,386 ->
-# 1,074 s: their services and ranks already use both cores). `PYTEST_WORKERS=0`: one process.
+# module's service or trained run is built once); what that saves, and every lane's time:
+# docs/performance.md, "Test lanes". `PYTEST_WORKERS=0`: one process.
 PYTEST_WORKERS ?= 2
 pytest: install browser
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 test: lint typecheck pytest
 
-# The edit loop's tests, in under 3 minutes on 2 cores (2:45 for 2,074 tests on two processes):
+# The edit loop's tests (how long: docs/performance.md, "Test lanes"):
 # the unit tests without the end-to-end, reliability, benchmark and Docker lanes, and without
 # the tests marked slow (a real service, worker or browser, training, fuzzing) or gpu. The
 # fuzzer is slow as a whole; leaving it out of the collection too saves building its schemas.

@@ -1,4 +1,4 @@
-"""A checkpoint as a tar stream, produced chunk by chunk (docs/architecture.md, "Checkpoint
+"""A checkpoint as a tar stream, produced chunk by chunk (docs/design/checkpoints.md, "Checkpoint
 store").
 
 Weights can be many GB, so the tar is never built in memory or on disk. `tarfile`'s own

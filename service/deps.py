@@ -1,5 +1,5 @@
 """Dependencies the routes declare: settings, the stores, the checkpoint protection
-policy, and who the caller is and what its token's scope allows (docs/architecture.md,
+policy, and who the caller is and what its token's scope allows (docs/design/access.md,
 "Admission and access").
 
 The settings and the stores live on `app.state` (`create_app` and the lifespan put them

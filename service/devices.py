@@ -1,6 +1,6 @@
 """What accelerators this node has, found without importing torch (service/ never does), and
 what the live workers can take: whether runs can get CUDA, and how much memory
-(docs/architecture.md, "Requests and plans", "Admission and access").
+(docs/design/kinds.md, "Requests and plans"; docs/design/access.md, "Admission and access").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Serving checkpoint files and archives: conditional GET, Range (via Starlette), tar streams.
 
 Files are served from the reader the store opened without following links, never by a path
-of our own: what was checked is what is sent (docs/architecture.md, "Checkpoint store").
+of our own: what was checked is what is sent (docs/design/checkpoints.md, "Checkpoint store").
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Counted on the event loop, which is one thread, so no lock is needed. Beyond a bound the
 answer is an `Overloaded` error (service/errors.py), with Retry-After
-(docs/architecture.md, "Admission and access").
+(docs/design/access.md, "Admission and access").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Per-request plumbing: a request id on every response, an access log line, HTTP metrics,
-the Host allow-list and the security headers (docs/architecture.md, "Admission and access",
+the Host allow-list and the security headers (docs/design/access.md, "Admission and access",
 "Hosts and headers").
 
 A plain ASGI middleware rather than Starlette's BaseHTTPMiddleware, so that event streams

@@ -1,7 +1,7 @@
 """Runs, workers and models as the API shows them: the one place a `RunPublic`'s
 `waiting_reason` is filled in, a `WorkerPublic`'s GPU model and memory read from its `info`,
 and the models a request may name gathered (`ModelsPublic`)
-(docs/architecture.md, "Placement and gangs", "Waiting, not failing").
+(docs/design/placement.md, "Placement and gangs", "Waiting, not failing").
 """
 
 from __future__ import annotations

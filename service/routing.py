@@ -3,7 +3,7 @@
 - Every route first checks the token and its scope (401, 403), then the query, then reads
   the body: nothing a client sends but its headers is read before it is known to be
   allowed. The body is parsed and validated in a worker thread, never on the event loop,
-  each number at a cost linear in its length (docs/architecture.md, "Admission and access").
+  each number at a cost linear in its length (docs/design/access.md, "Admission and access").
 - In the OpenAPI schema the docstring's first line is the summary and the handler's name
   (create_train_run) is the operation id, so generated clients read well.
 - A query parameter the route does not take, or one given twice, is a 422 that names it.

@@ -1,5 +1,5 @@
 """Response (and non-run request) models of the API: the only definition of its JSON
-(docs/architecture.md, "Shapes clients rely on").
+(docs/design/shapes.md, "Shapes clients rely on").
 
 Run requests are the bodies of the submit routes and live in store/kinds/; everything here
 describes what the API sends back, so the OpenAPI schema documents it and FastAPI checks each
@@ -417,7 +417,7 @@ class TokensPublic(BaseModel):
     items: list[TokenPublic]
 
 
-# --- webhooks (service/webhooks; docs/architecture.md, "Webhooks") ---------------------------
+# --- webhooks (service/webhooks; docs/design/webhooks.md, "Webhooks") ---------------------------
 
 TERMINAL_EVENTS: list[RunState] = ["cancelled", "failed", "succeeded"]
 

@@ -1,4 +1,4 @@
-"""A run's event log as a server-sent-event stream (docs/architecture.md, "Runs", "SSE").
+"""A run's event log as a server-sent-event stream (docs/design/runs.md, "Runs", "SSE").
 
 One `EventFeed` per process polls the store for every open stream and wakes only the streams
 whose run has news: a thousand idle streams cost one query a tick, not a thousand (which

@@ -1,5 +1,5 @@
 """Submitting runs: resolve the request into a plan, admit it, enqueue it
-(docs/architecture.md, "Run kinds" and "Admission and access").
+(docs/design/kinds.md, "Run kinds" and docs/design/access.md, "Admission and access").
 
 Everything a run needs is decided at submit time by its kind's resolver (store.kinds.registry), so a
 bad request is a 422 now rather than a failed run later. A plan that reads a checkpoint (a resume,

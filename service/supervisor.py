@@ -1,5 +1,5 @@
 """Starts and watches the local worker processes, and reaps expired leases
-(docs/architecture.md, "Runs", "Reaping").
+(docs/design/runs.md, "Runs", "Reaping").
 
 A worker that lived past `worker_healthy_seconds` is restarted at once. One that crashed
 sooner (a bad environment, a broken install) is restarted after a backoff that doubles with

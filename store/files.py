@@ -1,5 +1,5 @@
-"""Opening files in folders that other people can write to (docs/architecture.md, "Checkpoint
-store", "Datasets", "Metrics sinks").
+"""Opening files in folders that other people can write to (docs/design/checkpoints.md, "Checkpoint
+store"; docs/design/data.md, "Datasets"; docs/design/sinks.md, "Metrics sinks").
 
 Anyone who can write to a data root, a shared checkpoint filesystem or a tracker folder can
 put something else where a file is expected. Each is harmless only if it is never opened as

@@ -1,6 +1,6 @@
 """The data dir's layout and the worker's timing defaults, read by the service and the worker
-alike (docs/architecture.md, "Runs" and "Checkpoint store"): both sides of the database and
-the folders must agree on them, so each is written once, here.
+alike (docs/design/runs.md, "Runs" and docs/design/checkpoints.md, "Checkpoint store"): both sides
+of the database and the folders must agree on them, so each is written once, here.
 
 ```
 <data dir>/

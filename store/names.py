@@ -1,5 +1,5 @@
 """The one rule for names that become path components: experiments, tags, checkpoint files
-(docs/architecture.md, "Checkpoint store", "Names").
+(docs/design/checkpoints.md, "Checkpoint store", "Names").
 
 Requests, plans, the checkpoint store, its manifests and the API's path and query parameters
 all check names here. A final '.' is refused because Windows drops it, so a store copied to or

@@ -1,4 +1,4 @@
-"""Plans: what a worker runs, every default decided (docs/architecture.md, "Requests and
+"""Plans: what a worker runs, every default decided (docs/design/kinds.md, "Requests and
 plans").
 
 A plan is frozen and has no optional field the worker must default; the run row stores it and
@@ -75,7 +75,7 @@ class CheckpointRef(Spec):
 
 
 class ForkPoint(Spec):
-    """Where a fork starts (docs/architecture.md, "Forks"): its parent's checkpoint, pinned at
+    """Where a fork starts (docs/design/forks.md, "Forks"): its parent's checkpoint, pinned at
     submit, the step it holds, and the run that saved it (its lineage)."""
 
     checkpoint: CheckpointRef = Field(description="The parent checkpoint, pinned.")

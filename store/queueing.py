@@ -1,6 +1,6 @@
-"""Queueing a run from its request, wherever the request comes from (docs/architecture.md,
-"Run kinds", "Protection"): a client's submit (`service.submit`), or a train run's worker
-queueing the evaluate runs of its checkpoints (`store.evals.side_runs`).
+"""Queueing a run from its request, wherever the request comes from (docs/design/kinds.md,
+"Run kinds"; docs/design/checkpoints.md, "Protection"): a client's submit (`service.submit`), or a
+train run's worker queueing the evaluate runs of its checkpoints (`store.evals.side_runs`).
 
 Either way the kind's record resolves the request into its plan, the plan says where it runs
 and what it pins, and the run is enqueued under the protection policy's pin of the

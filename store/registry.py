@@ -1,6 +1,6 @@
 """Registries: the one place where a second implementation of something plugs in (run kinds,
-optimizer kinds), by name, as torchtitan registers its model specs (docs/architecture.md,
-"Run kinds", "Optimizers").
+optimizer kinds), by name, as torchtitan registers its model specs (docs/design/kinds.md,
+"Run kinds"; docs/design/training.md, "Optimizers").
 
 A `Registry` maps names to records and refuses a name registered twice, so two plug-ins
 cannot silently replace each other (or a built-in). It loads the records plug-ins declare

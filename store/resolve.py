@@ -1,4 +1,4 @@
-"""Resolution: a request becomes its plan at submit time (docs/architecture.md, "Requests and
+"""Resolution: a request becomes its plan at submit time (docs/design/kinds.md, "Requests and
 plans"); what the kinds' resolvers share.
 
 Each kind's resolver (`resolve_<kind>`, and `plan_<kind>`, which its record names) is in the

@@ -1,4 +1,4 @@
-"""Run requests: what a client may send, with bounds (docs/architecture.md, "Requests and plans");
+"""Run requests: what a client may send, with bounds (docs/design/kinds.md, "Requests and plans");
 the parts the kinds' requests share.
 
 A request holds only what a client may ask for; a field left out (or null) means "the
@@ -72,7 +72,7 @@ MAX_MIXTURE_SOURCES = 16
 MAX_MIXTURE_WEIGHT = 1e6
 # A prompt is checked against the model's context at submit; this bounds the request itself.
 MAX_PROMPT_CHARS = 1 << 20
-# Where the service can mirror a train run's metrics (docs/architecture.md, "Metrics sinks").
+# Where the service can mirror a train run's metrics (docs/design/sinks.md, "Metrics sinks").
 Tracker = Literal["tensorboard", "mlflow"]
 TRACKERS: tuple[Tracker, ...] = ("tensorboard", "mlflow")
 MLFLOW_SETTING = "TRAINCTL_MLFLOW_URI"

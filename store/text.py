@@ -1,5 +1,5 @@
 """Text at the boundary: every string the service takes in can be written as UTF-8
-(docs/architecture.md, "Requests and plans", "Text").
+(docs/design/kinds.md, "Requests and plans", "Text").
 
 A lone surrogate (JSON's `"\\ud800"`, which Python's `json` reads back without complaint),
 taken into a request, was stored in the run's plan and then broke every answer that showed

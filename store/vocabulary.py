@@ -1,4 +1,4 @@
-"""The words of the run life cycle and of access (docs/architecture.md, "Runs"), defined once
+"""The words of the run life cycle and of access (docs/design/runs.md, "Runs"), defined once
 (the run kinds are records of their own: store.kinds.registry; the name of a sweep's route is
 here, since the SDK posts to it without the kinds).
 

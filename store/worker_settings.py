@@ -1,5 +1,5 @@
 """Every setting of a worker, once: its variable (`TRAINCTL_<NAME>`), its flag, its default
-and what it does (docs/architecture.md, "Runs").
+and what it does (docs/design/runs.md, "Runs").
 
 One field list serves every reader and writer. The worker reads its flags and environment
 (`WorkerSettings.from_args`); the service's `Settings` embeds the share a node's workers

@@ -133,7 +133,8 @@ def test_no_code_path_unpickles_with_weights_only_false() -> None:
 
 
 def test_code_cites_the_architecture_document_in_the_repository_only() -> None:
-    """docs/architecture.md is the design's one home; nothing points outside the repository."""
+    """The design lives in docs/ (the map, architecture.md, and the design pages it links);
+    nothing points outside the repository."""
     assert (REPO / "docs" / "architecture.md").is_file()
     for package in [*ROOMS, "bench", "tests"]:
         for path in (REPO / package).rglob("*.py"):
@@ -144,9 +145,9 @@ def test_code_cites_the_architecture_document_in_the_repository_only() -> None:
                 assert outside not in text, (path, outside)
 
 
-# The storage seam (docs/architecture.md, "Checkpoint store", "Storage"): how files are locked,
-# opened without following links and reopened by descriptor is the POSIX backend's alone (and,
-# for the files outside the seam, data and trackers, `store/files.py`'s), and stores are built
+# The storage seam (docs/design/checkpoints.md, "Checkpoint store", "Storage"): how files are
+# locked, opened without following links and reopened by descriptor is the POSIX backend's alone
+# (and, for the files outside the seam, data and trackers, `store/files.py`'s), and stores are built
 # in one place.
 POSIX_MECHANICS = ("/proc/self/fd", "import fcntl", "fcntl.", "O_NOFOLLOW", "sync_file_range")
 POSIX_BACKEND = REPO / "store" / "checkpoints" / "posix.py"

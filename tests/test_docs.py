@@ -1,15 +1,21 @@
 """The README and docs/ hold together: the README stays a page people read (at most 15 KB,
-linking every docs page), every relative link lands on a file and a heading that exist, and
-the `make` targets, `trainctl` commands and options, repository paths and service settings
-the pages quote are the ones the code has.
+linking every docs page; the map, docs/architecture.md, links every design page), every
+relative link lands on a file and a heading that exist, every citation of the docs in code
+(`docs/design/runs.md, "Runs", "Fencing"`) names a page and a section it has, and the `make`
+targets, `trainctl` commands and options, repository paths and service settings the pages
+quote are the ones the code has.
 
 Commands are resolved in process against the CLI's click tree (`typer.main.get_command`), so
 the check costs no subprocess per command."""
 
 from __future__ import annotations
 
+import ast
+import io
+import json
 import re
-from collections.abc import Iterator
+import tokenize
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +29,8 @@ from trainctl.store.worker_settings import WorkerSettings
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
+DESIGN = DOCS / "design"
+MAP = DOCS / "architecture.md"
 README_MAX_BYTES = 15 * 1024
 
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")
@@ -47,7 +55,7 @@ REPO_PATH = re.compile(r"^(?:service|store|worker|tests|docker|openapi|bench|doc
 
 
 def pages() -> list[Path]:
-    return [README, *sorted(DOCS.glob("*.md"))]
+    return [README, *sorted(DOCS.glob("*.md")), *sorted(DESIGN.glob("*.md"))]
 
 
 def page_name(page: Path) -> str:
@@ -132,13 +140,17 @@ def broken_links(page: Path) -> list[str]:
     return problems
 
 
-def readme_links() -> set[Path]:
+def linked_pages(page: Path) -> set[Path]:
     found = set()
-    for target in link_targets(README.read_text(encoding="utf-8")):
+    for target in link_targets(page.read_text(encoding="utf-8")):
         path = target.partition("#")[0]
         if path and not SCHEME.match(target):
-            found.add((README.parent / path).resolve())
+            found.add((page.parent / path).resolve())
     return found
+
+
+def readme_links() -> set[Path]:
+    return linked_pages(README)
 
 
 def code_spans(text: str) -> list[str]:
@@ -231,6 +243,155 @@ def quoted_make_targets(text: str) -> set[str]:
     return {target for line in shell_lines(text) for target in MAKE.findall(line)}
 
 
+# --- citations of the docs in code ------------------------------------------------------------
+
+# Where code cites the docs: comments, docstrings and messages in these folders and files.
+CITING_FOLDERS = ("service", "store", "worker", "bench", "tests", "docker")
+CITING_FILES = ("Makefile", "pyproject.toml", "trainctl/__init__.py")
+CITING_SUFFIXES = {".py", ".js", ".html", ".sh", ".toml", ".yaml", ".yml"}
+# A comment's line break, with its next line's leader (`#`, `//`), reads as a space; a name
+# spans at most one.
+GAP = r"(?:[ \t]+|[ \t]*\n[ \t]*(?:(?:#|//)[ \t]*)?)"
+NAME = r'"[^"\n]+(?:\n[ \t]*(?:(?:#|//)[ \t]*)?[^"\n]+)?"'
+DOC_PAGE = r"(?<![\w/.-])`?(docs/(?:design/)?[\w-]+\.md)`?"
+# `docs/design/runs.md, "Runs", "Fencing"`, `docs/operations.md "Notifications"`,
+# `docs/design/kinds.md, "Run kinds" and "Requests and plans"`, and in prose
+# `"Object storage" in docs/design/checkpoints.md`.
+CITATION = re.compile(
+    rf"{DOC_PAGE}(?:,{GAP}|[ \t]+)({NAME}(?:(?:,{GAP}|{GAP}and{GAP}){NAME})*)"
+    rf"|({NAME}){GAP}in{GAP}{DOC_PAGE}"
+)
+# The lead of a paragraph or list item (`**Fencing.**`, `- **Memory**`, `*The guard*`): what a
+# citation may name after its section.
+LEAD = re.compile(r"^\s*(?:[-*]\s+|\d+\.\s+)?(\*\*?)(?![\s*])([^*\n]+?)\1", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Citation:
+    page: str  # from the repository's root: docs/design/runs.md
+    names: tuple[str, ...]  # the quoted names, each on one line
+    page_span: tuple[int, int]
+    name_spans: tuple[tuple[int, int], ...]  # each name with its quotes
+
+    @property
+    def start(self) -> int:
+        return min(self.page_span[0], self.name_spans[0][0])
+
+
+def one_line(name: str) -> str:
+    return " ".join(re.sub(r"\n[ \t]*(?:#|//)?", " ", name).split())
+
+
+def citations(text: str) -> list[Citation]:
+    found = []
+    for m in CITATION.finditer(text):
+        page_group, names_group = (1, 2) if m.group(1) else (4, 3)
+        start = m.start(names_group)
+        spans = tuple(
+            (start + n.start(), start + n.end()) for n in re.finditer(NAME, m.group(names_group))
+        )
+        names = tuple(one_line(text[a + 1 : b - 1]) for a, b in spans)
+        found.append(Citation(m.group(page_group), names, m.span(page_group), spans))
+    return found
+
+
+def section_names(text: str) -> set[str]:
+    """What a citation of a page may name: its headings, and its paragraphs' leads."""
+    prose = read_page(text).prose
+    headings = {h.group(2) for line in prose.splitlines() if (h := HEADING.match(line))}
+    leads = {" ".join(m.group(2).split()).rstrip(".:") for m in LEAD.finditer(prose)}
+    return headings | leads
+
+
+def citing_files(root: Path) -> list[Path]:
+    files = [root / name for name in CITING_FILES if (root / name).is_file()]
+    for folder in CITING_FOLDERS:
+        files += [p for p in sorted((root / folder).rglob("*")) if p.suffix in CITING_SUFFIXES]
+    return [p for p in files if p.resolve() != Path(__file__).resolve()]
+
+
+def published_texts(root: Path) -> list[str]:
+    """The descriptions of the committed API schema, each on one line: text published there
+    changes with the API, not with the docs."""
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "description" and isinstance(value, str):
+                    found.append(" ".join(value.split()))
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(json.loads((root / "openapi" / "openapi.json").read_text(encoding="utf-8")))
+    return found
+
+
+def string_literals(source: str) -> list[tuple[int, int, str]]:
+    """Each string literal of a Python source: its offsets and its value, on one line."""
+    starts = [0]
+    for line in source.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    found = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type != tokenize.STRING:
+                continue
+            try:
+                value = ast.literal_eval(token.string)
+            except (ValueError, SyntaxError):
+                continue
+            start = starts[token.start[0] - 1] + token.start[1]
+            end = starts[token.end[0] - 1] + token.end[1]
+            found.append((start, end, " ".join(str(value).split())))
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return found
+
+
+def is_published(
+    citation: Citation, literals: list[tuple[int, int, str]], texts: list[str]
+) -> bool:
+    """Whether the citation is in a string the API schema publishes (a model's docstring, a
+    field's description)."""
+    return any(
+        start <= citation.start < end and len(value) >= 20 and any(value in t for t in texts)
+        for start, end, value in literals
+    )
+
+
+def citation_problems(root: Path, files: Iterable[Path]) -> list[str]:
+    """What is wrong with each citation in `files`: a page that does not exist, or a name the
+    page has no section or paragraph lead for. A citation the API schema publishes may name a
+    section the map (docs/architecture.md) links to on another page."""
+    texts = published_texts(root)
+    map_anchors = {
+        t.partition("#")[2]
+        for t in link_targets((root / "docs/architecture.md").read_text("utf-8"))
+    }
+    problems = []
+    for path in files:
+        source = path.read_text(encoding="utf-8")
+        literals = string_literals(source) if path.suffix == ".py" else []
+        for citation in citations(source):
+            line = source.count("\n", 0, citation.start) + 1
+            where = f"{path.relative_to(root)}:{line}: {citation.page}"
+            page = root / citation.page
+            if not page.is_file():
+                problems.append(f"{where}: no such page")
+                continue
+            known = section_names(page.read_text(encoding="utf-8"))
+            missing = [name for name in citation.names if name not in known]
+            if missing and is_published(citation, literals, texts):
+                missing = [name for name in missing if slug(name) not in map_anchors]
+            if missing:
+                problems.append(f"{where} has no section {', '.join(map(repr, missing))}")
+    return problems
+
+
 # --- the tests --------------------------------------------------------------------------------
 
 
@@ -265,8 +426,19 @@ def test_headings_get_githubs_anchors() -> None:
 
 def test_every_docs_page_is_linked_from_the_readme() -> None:
     linked = readme_links()
-    unlinked = [page_name(page) for page in pages()[1:] if page.resolve() not in linked]
+    top = sorted(DOCS.glob("*.md"))
+    unlinked = [page_name(page) for page in top if page.resolve() not in linked]
     assert not unlinked, f"README.md does not link {unlinked}"
+
+
+def test_every_design_page_is_linked_from_the_map() -> None:
+    """The README links the map; the map links the design pages (docs/design/)."""
+    assert MAP.resolve() in readme_links()
+    linked = linked_pages(MAP)
+    design = sorted(DESIGN.glob("*.md"))
+    assert design, "no design pages"
+    unlinked = [page_name(page) for page in design if page.resolve() not in linked]
+    assert not unlinked, f"docs/architecture.md does not link {unlinked}"
 
 
 def test_the_make_commands_quoted_are_makefile_targets() -> None:
@@ -331,3 +503,49 @@ def test_the_repository_paths_quoted_exist() -> None:
         quoted = set(code_spans(page.read_text(encoding="utf-8")))
         missing = sorted(p for p in quoted if REPO_PATH.match(p) and not repository_path_exists(p))
         assert not missing, f"{page_name(page)} quotes {missing}"
+
+
+def test_every_citation_in_code_names_a_page_and_a_section_it_has() -> None:
+    files = citing_files(REPO)
+    assert sum(len(citations(p.read_text(encoding="utf-8"))) for p in files) > 100
+    assert not citation_problems(REPO, files)
+
+
+def test_a_broken_citation_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "docs" / "design").mkdir(parents=True)
+    (tmp_path / "openapi").mkdir()
+    (tmp_path / "openapi" / "openapi.json").write_text(
+        json.dumps(
+            {"Parent": {"description": 'Where a fork started (docs/architecture.md, "Forks").'}}
+        )
+    )
+    (tmp_path / "docs" / "architecture.md").write_text("# Map\n\n[Forks](design/forks.md#forks)\n")
+    (tmp_path / "docs" / "design" / "forks.md").write_text(
+        "# Design: forks\n\n## Forks\n\n**What it keeps.** All.\n\n- **Lineage** too\n"
+    )
+    code = tmp_path / "code.py"
+    code.write_text(
+        '"""Forks (docs/design/forks.md, "Forks", "What it keeps"; docs/design/forks.md,\n'
+        '"Lineage")."""\n\n\n'
+        'class Parent:\n    """Where a fork started (docs/architecture.md, "Forks")."""\n\n\n'
+        '# A fork (docs/architecture.md, "Forks"); its sweeps (docs/design/forks.md,\n'
+        '# "Sweeps"), its parent (docs/design/parents.md "Parents")\n'
+    )
+    assert citation_problems(tmp_path, [code]) == [
+        "code.py:9: docs/architecture.md has no section 'Forks'",
+        "code.py:9: docs/design/forks.md has no section 'Sweeps'",
+        "code.py:10: docs/design/parents.md: no such page",
+    ]
+
+
+def test_citations_are_read_across_lines_and_comment_leaders() -> None:
+    text = (
+        '# docs/design/kinds.md, "Run kinds" and "Requests and\n#   plans"; `docs/x.md`\n'
+        '// "Object storage" in docs/design/checkpoints.md\n'
+        'see docs/performance.md item 7, docs/operations.md "Notifications" gives\n'
+    )
+    assert [(c.page, c.names) for c in citations(text)] == [
+        ("docs/design/kinds.md", ("Run kinds", "Requests and plans")),
+        ("docs/design/checkpoints.md", ("Object storage",)),
+        ("docs/operations.md", ("Notifications",)),
+    ]

@@ -7,7 +7,7 @@ asks the run to stop, because the run belongs to someone else now.
 In a worker, events and progress go through a thread of their own (worker/reporter.py), so
 the training thread never waits on the database; and the worker keeps the monotonic time of
 its last lease renewal, so that an outage longer than the lease stops the run at a step
-(`lease_expired`) before anyone can have reaped it (docs/architecture.md, "Database outages").
+(`lease_expired`) before anyone can have reaped it (docs/design/runs.md, "Database outages").
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ class DoesNotFit(TrainctlError):
 
 class LeaseExpired(LeaseLost):
     """The lease ran out while the run database did not answer: the run may be reaped at any
-    moment, so it stops without saving or reporting (docs/architecture.md, "Database
+    moment, so it stops without saving or reporting (docs/design/runs.md, "Database
     outages")."""
 
 

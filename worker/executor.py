@@ -1,5 +1,5 @@
 """What an executor is: how a worker runs one claimed run of a kind with the training core and
-says how it ended (docs/architecture.md, "Run kinds"). Each built-in kind's executor is its
+says how it ended (docs/design/kinds.md, "Run kinds"). Each built-in kind's executor is its
 module of worker/kinds/, listed in `worker.kinds.registry`; a plug-in kind's executor is
 written with the same parts, imported from here: `read_plan`, `WorkerEnv`, `Outcome`.
 

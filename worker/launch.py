@@ -19,7 +19,7 @@ share the work and write their checkpoints, the plan's strategy's (`worker.train
 `worker.training.parallelism`). Rank 0 alone talks to the run store (events, progress, cancel,
 the lease check before a checkpoint commits) and leaves the result.
 
-A gang run (nnodes > 1, docs/architecture.md "Placement and gangs") is the same program on
+A gang run (nnodes > 1, docs/design/placement.md "Placement and gangs") is the same program on
 several workers at once: each starts torchrun with `--nnodes N --node-rank k` and the c10d
 rendezvous at the leader's address, id `<run>-<attempt>`. The rendezvous, not the node rank,
 decides which process is global rank 0; it reports as its own worker, which the run store
@@ -125,7 +125,7 @@ def build_job(
 
 def rendezvous_of(ctx: RunContext | None) -> tuple[str, bool]:
     """Where the c10d rendezvous meets, and whether this node hosts it: one node on a free
-    loopback port, a gang at its leader's address (docs/architecture.md, "Multi-GPU and
+    loopback port, a gang at its leader's address (docs/design/training.md, "Multi-GPU and
     multi-node"; worker.rendezvous)."""
     gang = ctx.run.gang if ctx is not None else None
     if gang is None:

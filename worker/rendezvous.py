@@ -1,5 +1,5 @@
 """Where the processes of a multi-process run listen: only where they must, loopback for one
-node and the worker's own address in a gang (docs/architecture.md, "Multi-GPU and
+node and the worker's own address in a gang (docs/design/training.md, "Multi-GPU and
 multi-node").
 
 A TCPStore server listens on every interface (`::`) whatever host name it is given, and it

@@ -1,5 +1,5 @@
 """A run's reports to the database, written from a thread of their own, so that the training
-thread never waits on the database (docs/architecture.md, "Database outages").
+thread never waits on the database (docs/design/runs.md, "Database outages").
 
 The training thread hands over events and progress and reads the cancel flag as this thread
 last saw it. Events are written in the order they came, each retried until the database

@@ -1,6 +1,6 @@
 """`trainctl data tokenizer train` and `trainctl data prepare`: corpus files (text, JSONL,
 Parquet) → a tokenizer.json, and → a dataset folder (token shards, tokenizer.json,
-dataset.json; docs/architecture.md, "Datasets").
+dataset.json; docs/design/data.md, "Datasets").
 
 The work is in `store.data.tokenizer` and `store.data.prepare`, imported by the commands: they need
 numpy and tokenizers, which a client-only install (`pip install trainctl`) does not have.

@@ -1,5 +1,5 @@
 """`trainctl evals tasks` and `trainctl evaluate EXP TAG --tasks ...`: the downstream tasks,
-and a checkpoint scored on them by an evaluate run (docs/evals.md; docs/architecture.md, "Run
+and a checkpoint scored on them by an evaluate run (docs/evals.md; docs/design/kinds.md, "Run
 kinds").
 
 `evaluate` queues the run and, unless told `--no-watch`, follows it (state and log lines on

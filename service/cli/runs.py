@@ -79,7 +79,7 @@ def show_tree(
     as_json: AsJson = False,
 ) -> None:
     """Show the tree of forks an experiment's newest train run is in, from its root: each run
-    with the checkpoint it was forked from (docs/architecture.md, "Forks")."""
+    with the checkpoint it was forked from (docs/design/forks.md, "Forks")."""
     with client(ctx) as api:
         newest = next(iter(api.iter_runs(kind="train", experiment=experiment, limit=1)), None)
         if newest is None:

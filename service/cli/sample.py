@@ -1,5 +1,5 @@
 """`trainctl sample EXP TAG PROMPT...`: continue prompts with a checkpoint, printing the text
-as the worker generates it (docs/architecture.md, "Model output: samples, sample runs,
+as the worker generates it (docs/design/models.md, "Model output: samples, sample runs,
 exports", "Sample runs").
 
 A sample run is queued like any run; its `sample` events carry the completions' text piece by

@@ -1,5 +1,5 @@
 """`trainctl webhooks add|list|remove|deliveries`: URLs told of run state changes (admin only;
-docs/architecture.md, "Webhooks")."""
+docs/design/webhooks.md, "Webhooks")."""
 
 from __future__ import annotations
 

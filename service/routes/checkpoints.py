@@ -1,5 +1,5 @@
 """Checkpoints: list, find latest/best, read, download (file or tar), delete, prune
-(docs/architecture.md, "Checkpoint store", "Protection")."""
+(docs/design/checkpoints.md, "Checkpoint store", "Protection")."""
 
 from __future__ import annotations
 

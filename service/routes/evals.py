@@ -1,5 +1,5 @@
 """The downstream evaluation tasks an evaluate run may name (docs/evals.md;
-docs/architecture.md, "Run kinds")."""
+docs/design/kinds.md, "Run kinds")."""
 
 from __future__ import annotations
 

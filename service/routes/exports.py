@@ -3,7 +3,7 @@
 
 An export folder is laid out as a checkpoint is (a manifest of sizes and sha256, written last;
 a metadata.json), in a store of its own under the data dir, so the checkpoint store's checks
-and the same file, Range and archive responses serve it (docs/architecture.md, "Model output:
+and the same file, Range and archive responses serve it (docs/design/models.md, "Model output:
 samples, sample runs, exports", "Exports").
 """
 

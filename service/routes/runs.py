@@ -1,5 +1,5 @@
 """Runs: submit, list, read, cancel, and follow their events, metrics and logs
-(docs/architecture.md, "Runs")."""
+(docs/design/runs.md, "Runs")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """API tokens: create, list, revoke (admin only; store/db/tokens.py says who may do what;
-docs/architecture.md, "Admission and access", "Access")."""
+docs/design/access.md, "Admission and access", "Access")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Webhooks: register, list, remove, and read the delivery log (admin only, reads too:
-docs/architecture.md, "Webhooks")."""
+docs/design/webhooks.md, "Webhooks")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Metrics sinks: train runs' events mirrored to TensorBoard and MLflow, in the service
-(docs/architecture.md, "Metrics sinks").
+(docs/design/sinks.md, "Metrics sinks").
 
 `base` says what a sink is and what of an event it mirrors, `tensorboard` writes event files,
 `mlflow` talks to a tracking server over its REST API, and `mirror` feeds each sink from the

@@ -1,4 +1,4 @@
-"""What a metrics sink is, and what of the event log it mirrors (docs/architecture.md,
+"""What a metrics sink is, and what of the event log it mirrors (docs/design/sinks.md,
 "Metrics sinks").
 
 A sink takes a train run's events in order, a batch at a time, and raises `SinkUnavailable`
@@ -16,7 +16,7 @@ from trainctl.store.db.runs import Event, Run
 from trainctl.store.training.optim import current_metric_names
 
 METRIC_KINDS = ("train", "val", "eval")
-"""The kinds of metrics event a train run's log holds (docs/architecture.md, "Shapes clients
+"""The kinds of metrics event a train run's log holds (docs/design/shapes.md, "Shapes clients
 rely on"): its own training and validation, and the scores evaluate runs record on it at their
 checkpoint's step (docs/evals.md)."""
 NOT_METRICS = frozenset({"kind", "step", "total_steps"})

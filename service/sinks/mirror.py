@@ -1,4 +1,4 @@
-"""Each metrics sink fed from the event log, in a thread of the service (docs/architecture.md,
+"""Each metrics sink fed from the event log, in a thread of the service (docs/design/sinks.md,
 "Metrics sinks").
 
 A `SinkMirror` per sink, so a tracking server that hangs holds up only its own sink. Every

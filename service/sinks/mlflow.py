@@ -1,5 +1,5 @@
 """The mlflow sink: each train run mirrored to an MLflow tracking server (TRAINCTL_MLFLOW_URI;
-docs/architecture.md, "Metrics sinks", "MLflow").
+docs/design/sinks.md, "Metrics sinks", "MLflow").
 
 It speaks the tracking server's REST API (`/api/2.0/mlflow/...`) with httpx, which the service
 has already, rather than importing the mlflow package (databricks-sdk, opentelemetry,

@@ -1,5 +1,5 @@
 """The tensorboard sink: a train run's metrics and samples as TensorBoard event files
-(docs/architecture.md, "Metrics sinks", "TensorBoard").
+(docs/design/sinks.md, "Metrics sinks", "TensorBoard").
 
 Each run gets a folder, `<root>/<experiment>/<run id>/`, where root is the plan's
 `tensorboard_dir` or the data dir's tensorboard/; point `tensorboard --logdir` at the root

@@ -1,6 +1,6 @@
 // The run page: summary, live charts, the result in words, the validation history, eval
 // scores, the model's samples, the log, and buttons to cancel an active run or resume a
-// stopped train run. Forks (docs/architecture.md, "Forks"): a parent's loss chart marks where
+// stopped train run. Forks (docs/design/forks.md, "Forks"): a parent's loss chart marks where
 // each fork branched, linking to it, and a fork's summary names its parent and fork step.
 //
 // A long run is not replayed event by event: the page reads the down-sampled metrics

@@ -1,5 +1,5 @@
 """The webhook dispatcher: reads run state changes from the event log, makes deliveries and
-sends them, in a thread of its own (docs/architecture.md, "Webhooks").
+sends them, in a thread of its own (docs/design/webhooks.md, "Webhooks").
 
 The thread runs an asyncio loop, so that sends wait on the network without holding threads;
 the store's calls, which block, go to worker threads. Every `poll_seconds` it:

@@ -1,5 +1,5 @@
 """One attempt at a delivery: a signed POST with a hard deadline, to an allowed address only
-(docs/architecture.md, "Webhooks", "Attempts", "Where deliveries may go").
+(docs/design/webhooks.md, "Webhooks", "Attempts", "Where deliveries may go").
 
 The attempt never raises: a status code or a one-line error goes to the delivery log. Each
 attempt opens its own connection, follows no redirect and ignores the environment's proxy
@@ -95,7 +95,7 @@ def address_check(
     policy: HostPolicy, host: str
 ) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
     """An httpcore trace hook that closes a connection to a refused address before a byte of
-    the request is written to it (docs/architecture.md, "Webhooks")."""
+    the request is written to it (docs/design/webhooks.md, "Webhooks")."""
 
     async def trace(event: str, info: dict[str, Any]) -> None:
         if event != "connection.connect_tcp.complete":

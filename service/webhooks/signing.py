@@ -1,5 +1,5 @@
 """How a delivery is signed, and how a receiver checks it (the scheme Stripe uses;
-docs/architecture.md, "Webhooks", "What is sent").
+docs/design/webhooks.md, "Webhooks", "What is sent").
 
     X-Trainctl-Signature: t=1767225600,v1=5f2b...  (hex HMAC-SHA256)
 

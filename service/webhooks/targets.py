@@ -1,5 +1,5 @@
 """Where a webhook may send: the URLs a webhook may name, and the hosts and addresses the
-service will connect to (docs/architecture.md, "Webhooks").
+service will connect to (docs/design/webhooks.md, "Webhooks").
 
 A webhook URL is `http` or `https`, a host name or IPv4 address, an optional port and a path
 of printable ASCII; no user name or password (they would sit in the database and the API's

@@ -1,3 +1,3 @@
 """Folder stores of checkpoints and exports: the store's policy (listing, latest and best,
 retention), the storage it runs on, manifests, protection and the Hugging Face export layout
-(docs/architecture.md, "Checkpoint store")."""
+(docs/design/checkpoints.md, "Checkpoint store")."""

@@ -1,5 +1,5 @@
 """One model.safetensors from a sharded checkpoint, stitched without torch and streamed
-(docs/architecture.md, "Sharded checkpoints").
+(docs/design/checkpoints.md, "Sharded checkpoints").
 
 A sharded checkpoint (layout "dcp") holds each rank's tensors in its own safetensors file,
 `rank-<r>.safetensors`, whose header's `__metadata__` says, for every tensor, which global

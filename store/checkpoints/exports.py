@@ -1,6 +1,6 @@
 """A checkpoint exported to Hugging Face transformers: what the folder holds and what it says,
-without torch (issue 15; the worker writes it in `worker.checkpoints.exports`; docs/architecture.md,
-"Model output: samples, sample runs, exports", "Exports").
+without torch (issue 15; the worker writes it in `worker.checkpoints.exports`;
+docs/design/models.md, "Model output: samples, sample runs, exports", "Exports").
 
 ```
 <export>/

@@ -1,6 +1,6 @@
-"""The one place the folder stores are built from the settings (docs/architecture.md,
-"Checkpoint store", "Storage", "Datasets"): the service and the worker, and each rank of a
-multi-process run, open the same stores here from the same settings (the `layout` of
+"""The one place the folder stores are built from the settings (docs/design/checkpoints.md,
+"Checkpoint store", "Storage"; docs/design/data.md, "Datasets"): the service and the worker, and
+each rank of a multi-process run, open the same stores here from the same settings (the `layout` of
 store.worker_settings `NodeSettings`), so which storage backs them is decided once: the
 checkpoints, the exports and the prepared datasets all in the data dir, or all in the bucket.
 """

@@ -1,5 +1,5 @@
 """What the store knows of one checkpoint, read once from its manifest and metadata.json for
-every caller (docs/architecture.md, "Checkpoint store", "One reader").
+every caller (docs/design/checkpoints.md, "Checkpoint store", "One reader").
 
 Plain data that imports neither a storage backend nor fcntl: plans, codecs and the client
 side name these types without pulling in the store's machinery.

@@ -1,5 +1,5 @@
 """The files of one checkpoint: the manifest, the metadata, hashing, bounded reads
-(docs/architecture.md, "Checkpoint store").
+(docs/design/checkpoints.md, "Checkpoint store").
 
 Every read goes through a `storage.Files` (an entry of the store's storage), which opens a
 file without following links: a planted link is a missing file. JSON files are read with a
@@ -27,7 +27,7 @@ MANIFEST_VERSION = 1
 FULL_LAYOUT = "full"
 """One model.safetensors with every weight whole, optimizer.pt by optimizer name."""
 DCP_LAYOUT = "dcp"
-"""Sharded (docs/architecture.md, "Sharded checkpoints"): each rank's shards of the model
+"""Sharded (docs/design/checkpoints.md, "Sharded checkpoints"): each rank's shards of the model
 and the optimizer state in its own files (`rank-<r>.safetensors`), torch.distributed.checkpoint's
 metadata beside them; `store.checkpoints.consolidate` stitches the one model file."""
 LAYOUTS = (FULL_LAYOUT, DCP_LAYOUT)

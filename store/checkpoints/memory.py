@@ -1,4 +1,4 @@
-"""A storage in memory (docs/architecture.md, "Checkpoint store", "Storage"): the second
+"""A storage in memory (docs/design/checkpoints.md, "Checkpoint store", "Storage"): the second
 implementation of the seam, which the store's own tests run against beside the POSIX one.
 
 It is a real storage, safe across threads: entries are immutable dicts of bytes, a commit

@@ -1,5 +1,5 @@
 """The storage of the folder stores on a POSIX filesystem: folders, flocks, renames, fsync
-(docs/architecture.md, "Checkpoint store").
+(docs/design/checkpoints.md, "Checkpoint store").
 
 ```
 <root>/
@@ -371,7 +371,7 @@ class PosixStorage:
 
     def __init__(self, root: Path, marker: str = MANIFEST_FILE, *, hardlinks: bool = False) -> None:
         """`hardlinks`: read a file that has other names too. The datasets' storage does
-        (docs/architecture.md, "Datasets", "Walks and opens": deduplicated copies and snapshots
+        (docs/design/data.md, "Datasets", "Walks and opens": deduplicated copies and snapshots
         are hardlinks, and the kernel lets a user link only a file they could read and write
         already); the checkpoint stores, on filesystems others write to, do not."""
         self.root, self.marker, self.hardlinks = Path(root), marker, hardlinks

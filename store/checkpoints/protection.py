@@ -1,4 +1,4 @@
-"""Which checkpoints must not be deleted now (docs/architecture.md, "Protection").
+"""Which checkpoints must not be deleted now (docs/design/checkpoints.md, "Protection").
 
 One policy, asked by everything that deletes a checkpoint (a user's delete, prune, the
 retention after a save, the worker's own retention) and by everything that starts to depend on

@@ -1,4 +1,4 @@
-"""A storage in an S3-compatible bucket (docs/architecture.md, "Checkpoint store", "Object
+"""A storage in an S3-compatible bucket (docs/design/checkpoints.md, "Checkpoint store", "Object
 storage"): the third implementation of the seam, for nodes that share no disk.
 
 An object store has no rename, so the commit protocol is kept with the manifest as the
@@ -26,7 +26,8 @@ by generation, checked against the manifest, the least recently used evicted pas
 
 The guard is a lease per experiment in the run database (`store.db.guards`), taken under a
 lock of this process; a storage opened without the database (a tool, a test) has the lock
-alone, which docs/architecture.md says what it leaves unsafe across processes.
+alone, and docs/design/checkpoints.md, "Object storage", "The guard", says what that leaves
+unsafe across processes.
 
 Credentials come from the AWS environment or profile (boto3's chain), the server from
 `AWS_ENDPOINT_URL`; errors name the bucket and what to check, never a credential.

@@ -1,4 +1,4 @@
-"""The local cache of an S3 storage's files (docs/architecture.md, "Object storage"):
+"""The local cache of an S3 storage's files (docs/design/checkpoints.md, "Object storage"):
 downloads kept by generation, checked against the manifest, the least recently used evicted.
 
 A generation's files never change, so a cached file is never stale. Only a download that

@@ -1,4 +1,4 @@
-"""Writing to an S3 storage (docs/architecture.md, "Object storage"): a stage's files go up
+"""Writing to an S3 storage (docs/design/checkpoints.md, "Object storage"): a stage's files go up
 as they are written, under the stage's own generation; the manifest is held back, since its
 upload is the commit (`S3Storage.commit`).
 """

@@ -1,5 +1,5 @@
 """The storage seam of the folder stores: what the checkpoint and export stores ask of the
-place their entries live (docs/architecture.md, "Checkpoint store", "Storage").
+place their entries live (docs/design/checkpoints.md, "Checkpoint store", "Storage").
 
 A storage holds entries ``<experiment>/<tag>``, each a set of named files. It knows nothing
 of manifests, latest or retention (that is `CheckpointStore`'s policy); it offers what the
@@ -174,7 +174,7 @@ class Storage(Protocol):
         own last file is its commit marker), and True; FileExistsError when the tag is
         taken. False where it cannot (S3, memory): write the files through `stage`. What
         `DatasetStore.publish` asks first: a prepare publishes its folder in place
-        (docs/architecture.md, "Datasets")."""
+        (docs/design/data.md, "Datasets")."""
         ...
 
     def delete(self, experiment: str, tag: str) -> bool:
@@ -198,7 +198,7 @@ class Storage(Protocol):
         ...
 
     def guard(self, experiment: str) -> AbstractContextManager[None]:
-        """The experiment's guard (docs/architecture.md, "Protection"): exclusive across the
+        """The experiment's guard (docs/design/checkpoints.md, "Protection"): exclusive across the
         processes and nodes that share the storage, re-entrant within a thread."""
         ...
 

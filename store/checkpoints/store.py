@@ -1,5 +1,5 @@
 """The checkpoint store's policy: complete checkpoints only, listing, latest and best,
-downloads by manifest, delete, prune and retention (docs/architecture.md, "Checkpoint store").
+downloads by manifest, delete, prune and retention (docs/design/checkpoints.md, "Checkpoint store").
 
 A checkpoint is *complete* when its manifest parses and every listed file exists with the
 listed size. Readers only ever see complete checkpoints, so a crash mid-save can never become

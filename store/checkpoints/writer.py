@@ -1,5 +1,5 @@
 """Writing one checkpoint (or export) into the store: its files, the manifest last, then the
-commit that makes it visible whole (docs/architecture.md, "Checkpoint store", "Commit
+commit that makes it visible whole (docs/design/checkpoints.md, "Checkpoint store", "Commit
 protocol").
 
 The writer keeps the store's rule; the stage under it (`storage.StagedEntry`) keeps the

@@ -1,2 +1,2 @@
 """Training data without torch: corpora, tokenizers, text codecs, prepared datasets, token
-shards and the data roots that confine them (docs/architecture.md, "Datasets")."""
+shards and the data roots that confine them (docs/design/data.md, "Datasets")."""

@@ -1,5 +1,5 @@
-"""The dataset store (docs/architecture.md, "Datasets", "Object storage"): the prepared
-datasets of a deployment, entries ``datasets/<name>`` of the storage seam
+"""The dataset store (docs/design/data.md, "Datasets"; docs/design/checkpoints.md, "Object
+storage"): the prepared datasets of a deployment, entries ``datasets/<name>`` of the storage seam
 (`store.checkpoints.storage`) over the storage `open_stores` picks: `PosixStorage` on the data
 dir, whose entries are its folders ``datasets/<name>``, or the bucket of TRAINCTL_STORAGE_URL.
 (The module keeps the name it had while only a bucket's datasets were entries.)

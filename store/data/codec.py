@@ -1,5 +1,5 @@
 """Text in and out of a model: a checkpoint's or a dataset's tokenizer as encode and decode
-(docs/architecture.md, "Datasets").
+(docs/design/data.md, "Datasets").
 
 A byte-level model's tokens are the UTF-8 bytes of its text; a bpe one's come from the
 tokenizer.json its dataset was prepared with, which its checkpoints carry. No torch here: the

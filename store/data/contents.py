@@ -1,4 +1,4 @@
-"""What a run's data files hold, checked at submit (docs/architecture.md, "Requests and plans").
+"""What a run's data files hold, checked at submit (docs/design/kinds.md, "Requests and plans").
 
 `store.data.paths` finds the files a run will read; here each is read as far as it takes to
 know it is what its data source says, so that a wrong file is a 422 now rather than a run

@@ -6,7 +6,7 @@ tokenizing processes share the parsing (`store.data.prepare`):
 
 - `read_batches` (the reading process) streams the files and yields raw records in batches of
   about `BATCH_BYTES`: undecoded lines, file bytes, Parquet values. Nothing holds more than a
-  batch and one document, whatever the compression ratio (docs/architecture.md, "Datasets",
+  batch and one document, whatever the compression ratio (docs/design/data.md, "Datasets",
   "Memory of a prepare").
 - `parse_batch` (any process) turns a batch into texts and `Problem`s: a line that is not JSON
   or not an object, a missing, null or non-string field, text that is not UTF-8. Each names

@@ -1,5 +1,5 @@
 """A prepared dataset: token shards, the tokenizer that made them, and `dataset.json`, written
-last as the commit marker (docs/architecture.md, "Datasets").
+last as the commit marker (docs/design/data.md, "Datasets").
 
 ```
 <dataset>/

@@ -1,4 +1,4 @@
-"""Data mixtures (docs/architecture.md, "Data mixtures"): what a checkpoint records of each
+"""Data mixtures (docs/design/data.md, "Data mixtures"): what a checkpoint records of each
 dataset of a mixture, and the one rule a resume or a fork continues them by.
 
 No torch: the worker writes and reads these records, the store reads their token counts back

@@ -1,5 +1,5 @@
 """Where runs may read training data: patterns checked against the data roots before they are
-expanded, and expanded within bounds (docs/architecture.md, "Requests and plans").
+expanded, and expanded within bounds (docs/design/kinds.md, "Requests and plans").
 
 Submit resolves `data.paths` into files, so a typo is a 422 rather than a failed run. That
 must cost the API little whatever a request says: a pattern whose fixed part lies outside

@@ -1,7 +1,7 @@
-"""A run's data as submit resolves it (docs/architecture.md, "Requests and plans", "Datasets",
-"Data mixtures"): data paths expanded and confined, each dataset found, checked and pinned
-(`store.plans.DatasetPin`), and the tokens of each source counted, so that data that cannot
-work is a 422 now rather than a failed run later.
+"""A run's data as submit resolves it (docs/design/kinds.md, "Requests and plans";
+docs/design/data.md, "Datasets", "Data mixtures"): data paths expanded and confined, each dataset
+found, checked and pinned (`store.plans.DatasetPin`), and the tokens of each source counted, so that
+data that cannot work is a 422 now rather than a failed run later.
 
 A dataset is named by its name, found in the deployment's dataset store (`DatasetStore`:
 the data dir's or the bucket's, read alike), or by a path with a '/' to a folder inside the
@@ -86,7 +86,7 @@ def data_plan(data: DataSpec, roots: list[Path], datasets: DatasetStore | None) 
 
 def _mixture_plan(data: DataSpec, roots: list[Path], datasets: DatasetStore) -> ResolvedData:
     """Each dataset of a mixture read and pinned as data.dataset's is; they must be distinct
-    datasets of one tokenizer (docs/architecture.md, "Data mixtures")."""
+    datasets of one tokenizer (docs/design/data.md, "Data mixtures")."""
     assert data.mixture is not None  # DataSpec's rule
     paths = [f"data.mixture[{i}].dataset" for i in range(len(data.mixture))]
     fields = [f"{path} {s.dataset!r}" for path, s in zip(paths, data.mixture, strict=True)]

@@ -1,5 +1,5 @@
 """Corpus files → a dataset folder (`trainctl data prepare`, and a prepare run on a worker;
-docs/architecture.md, "Datasets").
+docs/design/data.md, "Datasets").
 
 ```
 read (this process)  ──batches of raw records──▶  parse + tokenize (`workers` processes)

@@ -1,5 +1,5 @@
 """Token data on disk, without torch: `.bin` shards (the llm.c / modded-nanogpt format) and
-text files read as byte-level tokens (docs/architecture.md, "Datasets").
+text files read as byte-level tokens (docs/design/data.md, "Datasets").
 
 The CLI writes shards (`trainctl data prepare`) and the API checks data paths, neither of which
 may import torch; the worker reads the same formats through `worker.data.loader`. Every file is

@@ -1,6 +1,6 @@
 """Tokenizers: training a byte-level BPE, and loading any `tokenizer.json` that Hugging Face
 `tokenizers` loads (`trainctl data tokenizer train`, `data prepare --tokenizer`;
-docs/architecture.md, "Datasets").
+docs/design/data.md, "Datasets").
 
 The trained tokenizer is GPT-2's kind: the ByteLevel pre-tokenizer (its regex, no prefix
 space) and decoder, so any text round-trips, and `<|endoftext|>` as id 0. Training reads the

@@ -1,5 +1,5 @@
 """Walking data folders and expanding globs within bounds, following no link to a folder
-(docs/architecture.md, "Datasets", "Walks and opens").
+(docs/design/data.md, "Datasets", "Walks and opens").
 
 Python's `glob` follows links to folders under `**`, so two links to `.` make it visit
 2^40 paths, and a bound checked only when it yields a match never fires when nothing

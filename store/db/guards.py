@@ -1,5 +1,5 @@
 """The guard of an experiment in an object store, as a lease in the run database
-(docs/architecture.md, "Object storage", "Protection").
+(docs/design/checkpoints.md, "Object storage", "Protection").
 
 A bucket has no lock, so "a run starts to depend on a checkpoint" and "a checkpoint is
 deleted" take turns through a row per experiment: whoever holds an unexpired lease on it has

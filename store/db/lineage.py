@@ -1,4 +1,4 @@
-"""The lineage of forks: a run's ancestors and its descendants (docs/architecture.md, "Forks").
+"""The lineage of forks: a run's ancestors and its descendants (docs/design/forks.md, "Forks").
 
 A fork's run row records its parent (`Run.parent`: the run that saved the checkpoint it
 started from, the checkpoint and its step). The tree is read from those rows: up the parents

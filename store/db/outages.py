@@ -1,5 +1,5 @@
 """A run database that does not answer, as its clients see it, and waiting one out
-(docs/architecture.md, "Runs", "Database outages").
+(docs/design/runs.md, "Runs", "Database outages").
 
 A restarted or unreachable server raises at once (refused, reset, terminated connections:
 `OperationalError`), or after the pool has waited for a connection (`TimeoutError`). A stopped

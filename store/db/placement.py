@@ -4,7 +4,7 @@ A run asks for `nnodes` workers ("nodes"), each with `gpus_per_node` GPUs (0: th
 CPU, and then each of its `procs_per_node` processes wants a core). A worker advertises what it
 has when it registers (`Capacity`); it claims only runs it can serve, so a run never fails for
 lack of GPUs: it waits, and `why_waiting` says in words what it waits for. A run with
-`nnodes > 1` is a gang: N workers claim it together (docs/architecture.md, "Placement and
+`nnodes > 1` is a gang: N workers claim it together (docs/design/placement.md, "Placement and
 gangs"); `spread` says whether they must share a node name, must each be on another node, or
 may be anywhere. A run of a plug-in model (store/models/plugin.py) needs workers that have
 that plug-in installed, as they report when they register.

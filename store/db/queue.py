@@ -1,7 +1,7 @@
 """The queue's claim, in SQL: which queued runs a worker may take, and gathering a gang.
 
 `RunStore.claim` (store/db/runs.py) drives it inside one write transaction; the rules are
-docs/architecture.md, "Placement and gangs":
+docs/design/placement.md, "Placement and gangs":
 
 - A worker sees the queued runs whose nodes it can serve (GPUs per node, or cores for a CPU
   run's processes), highest priority first, then oldest; runs it cannot serve never block it.

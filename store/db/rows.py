@@ -1,4 +1,4 @@
-"""Reading stored rows so that one bad row never breaks a listing (docs/architecture.md,
+"""Reading stored rows so that one bad row never breaks a listing (docs/design/kinds.md,
 "Requests and plans", "A row never breaks a listing").
 
 A row may hold what the code that reads it cannot show, written by an older trainctl, by hand

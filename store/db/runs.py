@@ -1,5 +1,5 @@
 """The durable run queue and event log: `RunStore`, each method one short transaction
-(docs/architecture.md, "Runs"; the claim of a gang: "Placement and gangs").
+(docs/design/runs.md, "Runs"; the claim of a gang: "Placement and gangs").
 
 The service enqueues runs and reads them; workers claim runs, report progress and events, and
 finish them, every write fenced by `(run, worker, attempt)` ("Runs", "Fencing").
@@ -101,7 +101,7 @@ class GangPlace:
 
 @dataclass(frozen=True)
 class RunParent:
-    """Where a fork started (docs/architecture.md, "Forks"): the run that saved the checkpoint
+    """Where a fork started (docs/design/forks.md, "Forks"): the run that saved the checkpoint
     (None where its metadata names none), the checkpoint and its step."""
 
     run_id: str | None
@@ -462,7 +462,7 @@ class RunStore:
         """Cancel a queued run now; ask the worker of a running run to stop at a step boundary.
 
         With `only_of` (a token name), only a run that token submitted: another's, or one
-        queued without token identities, raises `Forbidden` (docs/architecture.md,
+        queued without token identities, raises `Forbidden` (docs/design/access.md,
         "Admission and access").
         """
         with write_transaction(self.engine) as conn:

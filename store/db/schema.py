@@ -1,4 +1,4 @@
-"""The run database: schema, engine setup and transaction helpers (docs/architecture.md,
+"""The run database: schema, engine setup and transaction helpers (docs/design/runs.md,
 "Runs").
 
 SQLite is the embedded default and PostgreSQL the multi-node one; everything here is written
@@ -130,7 +130,7 @@ runs = Table(
     # When the run last became queued: a gang waiting longer than the reservation time
     # keeps the workers that could join it from taking smaller runs.
     Column("queued_at", UTCDateTime, nullable=True),
-    # A fork's parent (docs/architecture.md, "Forks"): the run that saved the checkpoint it
+    # A fork's parent (docs/design/forks.md, "Forks"): the run that saved the checkpoint it
     # started from (None where the checkpoint names none), the checkpoint and its step.
     Column("parent_run_id", String(32), nullable=True),
     Column("parent_experiment", String(200), nullable=True),
@@ -238,7 +238,7 @@ api_tokens = Table(
 # Names that differ only by case are one name.
 Index("uq_api_tokens_name_lower", func.lower(api_tokens.c.name), unique=True)
 
-# Metrics sinks (docs/architecture.md, "Metrics sinks"; store/db/sinks.py). A cursor is how far
+# Metrics sinks (docs/design/sinks.md, "Metrics sinks"; store/db/sinks.py). A cursor is how far
 # one sink has mirrored one train run's events; `memo` is what the sink keeps of the run
 # (the MLflow run it made). A mirror row per sink says which service mirrors it (a lease) and
 # up to which `runs.seq` it has looked for train runs that name it.
@@ -265,7 +265,7 @@ sink_mirrors = Table(
 )
 
 
-# Webhooks (docs/architecture.md, "Webhooks"): URLs told of run state changes. The secret is
+# Webhooks (docs/design/webhooks.md, "Webhooks"): URLs told of run state changes. The secret is
 # kept as it is, not as a digest: the service signs every delivery with it.
 webhooks = Table(
     "webhooks",

@@ -1,4 +1,4 @@
-"""How far the metrics sinks have mirrored the event log (docs/architecture.md, "Metrics
+"""How far the metrics sinks have mirrored the event log (docs/design/sinks.md, "Metrics
 sinks").
 
 The service mirrors train runs' events into TensorBoard and MLflow; the event log stays the

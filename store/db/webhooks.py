@@ -1,5 +1,5 @@
 """Webhooks: URLs told of run state changes, what is sent to them and how it went
-(docs/architecture.md, "Webhooks").
+(docs/design/webhooks.md, "Webhooks").
 
 The store keeps four things: the webhooks (URL, events, signing secret), one delivery per
 webhook and state change (its body frozen when it is made, so every attempt sends the same

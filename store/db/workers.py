@@ -1,5 +1,5 @@
-"""The worker registry (docs/architecture.md, "Runs", "Placement and gangs"): `WorkerStore`,
-the `workers` table of the run database, each method one short transaction.
+"""The worker registry (docs/design/runs.md, "Runs"; docs/design/placement.md, "Placement and
+gangs"): `WorkerStore`, the `workers` table of the run database, each method one short transaction.
 
 A worker process registers what it has (its node, device, GPUs and CPUs, the plug-in models
 and transformers model types it builds), heartbeats while it lives, may be asked to drain,

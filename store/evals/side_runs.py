@@ -1,5 +1,5 @@
 """The evaluate runs a train run queues for its own checkpoints (docs/evals.md, "Evaluations
-during training"; docs/architecture.md, "Evaluations during training").
+during training"; docs/design/evals.md, "Evaluations during training").
 
 A train plan's `evals` (`store.specs.TrainEvals`) holds what POST /runs/evaluate takes but
 the checkpoint; its worker calls `queue_checkpoint_eval` as each checkpoint `evals.every`

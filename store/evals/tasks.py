@@ -3,7 +3,7 @@
 
 No torch and no file reading here: the API lists the catalog (`GET /evals/tasks`) and checks
 a request's task names against it; the worker reads the items (`worker.evals.tasks`). The
-`evaluate` run kind's request, plan and resolver are `store.kinds.evaluate` (docs/architecture.md,
+`evaluate` run kind's request, plan and resolver are `store.kinds.evaluate` (docs/design/kinds.md,
 "Run kinds"). The fields that name what to score (`EvaluateOptions`, and their bounds) are in
 `store.specs`, since a train request's `evals` has them too; the checks the schema cannot make
 are here (`check_tasks`), for both. The

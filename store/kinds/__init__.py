@@ -1,3 +1,3 @@
 """Run kinds, torch-free half: each kind's request, plan, resolver and registry record
-(docs/architecture.md, "Run kinds"); its executor is worker/kinds/ of the same name.
+(docs/design/kinds.md, "Run kinds"); its executor is worker/kinds/ of the same name.
 """

@@ -1,4 +1,4 @@
-"""What a run kind is: the record each kind declares (docs/architecture.md, "Run kinds").
+"""What a run kind is: the record each kind declares (docs/design/kinds.md, "Run kinds").
 
 A record says everything the rest of trainctl asks of a kind: its request and plan models,
 how a request is resolved into a plan at submit (`resolve`, a reference loaded on first use),

@@ -1,4 +1,4 @@
-"""The benchmark run kind (docs/architecture.md, "Run kinds"): the training step timed on
+"""The benchmark run kind (docs/design/kinds.md, "Run kinds"): the training step timed on
 synthetic tokens, with a device profile's defaults; its request, plan, resolver, memory
 need and record. The worker half, and `python -m trainctl.worker.kinds.benchmark`, are
 worker/kinds/benchmark.py.

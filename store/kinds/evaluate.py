@@ -1,4 +1,4 @@
-"""The evaluate run kind (docs/architecture.md, "Run kinds"; docs/evals.md): a checkpoint
+"""The evaluate run kind (docs/design/kinds.md, "Run kinds"; docs/evals.md): a checkpoint
 scored on downstream tasks; its request, plan, resolver, memory need and record. The task
 catalog its requests name, and the checks a train run's `evals` shares, are
 `store.evals.tasks`.

@@ -1,7 +1,7 @@
-"""The export run kind (docs/architecture.md, "Run kinds", "Model output: samples, sample
-runs, exports"): a checkpoint written as a Hugging Face transformers folder into the exports
-store; its request, plan, resolver and record. It reads one checkpoint on a CPU, so it has no
-memory need.
+"""The export run kind (docs/design/kinds.md, "Run kinds"; docs/design/models.md, "Model output:
+samples, sample runs, exports"): a checkpoint written as a Hugging Face transformers folder into the
+exports store; its request, plan, resolver and record. It reads one checkpoint on a CPU, so it has
+no memory need.
 
 Resolution reads the checkpoints and the data; the modules that read them are imported where
 the resolver runs, not at the top: the CLI imports this module for the request alone.

@@ -1,5 +1,5 @@
 """Where a train run starts: the checkpoint of its own experiment it resumes (`resume_from`)
-or the checkpoint of another it forks from (`fork_from`; docs/architecture.md, "Forks"),
+or the checkpoint of another it forks from (`fork_from`; docs/design/forks.md, "Forks"),
 pinned at submit and checked to be one the run can continue. A train request and a sweep of
 forks (`store.kinds.sweeps`) name a fork's checkpoint alike.
 """
@@ -74,7 +74,7 @@ def fork_point(
     tokenizer: TokenizerId | None,
 ) -> ForkPoint | None:
     """The checkpoint `fork_from` names, pinned, and checked to be one the fork can continue
-    (docs/architecture.md, "Forks"): the model, the tokenizer and the optimizer kind are the
+    (docs/design/forks.md, "Forks"): the model, the tokenizer and the optimizer kind are the
     parent's, and the fork's schedule fits after its step. A fork's own `schedule` is checked
     by `ScheduleSpec.phases` for every train run."""
     phases = request.schedule.phases(request.steps)

@@ -1,4 +1,4 @@
-"""The prepare run kind (docs/architecture.md, "Run kinds"; docs/data.md): corpus files under
+"""The prepare run kind (docs/design/kinds.md, "Run kinds"; docs/data.md): corpus files under
 the data roots tokenized into a dataset of the data dir (or of the bucket); its request, plan,
 resolver and record. Its memory is bounded by its batches, so it has no memory need.
 

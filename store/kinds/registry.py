@@ -1,4 +1,4 @@
-"""Run kinds by name: the one list of them (docs/architecture.md, "Run kinds").
+"""Run kinds by name: the one list of them (docs/design/kinds.md, "Run kinds").
 
 Submit, admission, the routes (`POST /runs/<kind>`), the CLI and the worker read a kind's
 record (`store.kinds.base.RunKind`) here, by its name or its plan. Each built-in kind is a

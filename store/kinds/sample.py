@@ -1,6 +1,6 @@
-"""The sample run kind (docs/architecture.md, "Run kinds", "Model output: samples, sample
-runs, exports"): prompts continued by a checkpoint; its request, plan, resolver, memory need
-and record.
+"""The sample run kind (docs/design/kinds.md, "Run kinds"; docs/design/models.md, "Model output:
+samples, sample runs, exports"): prompts continued by a checkpoint; its request, plan, resolver,
+memory need and record.
 
 Resolution reads the checkpoints and the data; the modules that read them are imported where
 the resolver runs, not at the top: the CLI imports this module for the request alone.

@@ -1,5 +1,5 @@
 """A sweep: several forks of one checkpoint in one request, queued all together or none
-(`POST /runs/forks`; docs/architecture.md, "Forks"), for example three cooldown lengths."""
+(`POST /runs/forks`; docs/design/forks.md, "Forks"), for example three cooldown lengths."""
 
 from __future__ import annotations
 

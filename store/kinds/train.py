@@ -1,4 +1,4 @@
-"""The train run kind (docs/architecture.md, "Run kinds"): a model trained from scratch, or
+"""The train run kind (docs/design/kinds.md, "Run kinds"): a model trained from scratch, or
 on from a checkpoint (a resume, a fork: `store.kinds.forks`), on one node or several; its
 request, plan, resolver, memory need, placement and record.
 

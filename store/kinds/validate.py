@@ -1,4 +1,4 @@
-"""The validate run kind (docs/architecture.md, "Run kinds"): a checkpoint's loss on held-out
+"""The validate run kind (docs/design/kinds.md, "Run kinds"): a checkpoint's loss on held-out
 data encoded with its tokenizer; its request, plan, resolver, memory need and record.
 
 Resolution reads the checkpoints and the data; the modules that read them are imported where

@@ -1,5 +1,5 @@
 """Generation settings: what a sample run or a training sample asks of the decoder, with bounds
-(docs/architecture.md, "Model output: samples, sample runs, exports", "Generation settings").
+(docs/design/models.md, "Model output: samples, sample runs, exports", "Generation settings").
 
 No torch here: the API validates a request's settings with `GenerationSettings` and checks a
 prompt against the model's context with `check_context` at submit; `worker.models.generation`

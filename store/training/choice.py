@@ -1,5 +1,5 @@
 """A spec that chooses one registered kind, and the settings model each kind brings
-(docs/architecture.md, "Optimizers").
+(docs/design/training.md, "Optimizers").
 
 `OptimizerSpec` (store.training.optim) chooses an optimizer kind, `ParallelismSpec`
 (store.training.parallelism) a parallel strategy. Each kind's record carries its own settings

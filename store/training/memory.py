@@ -1,5 +1,5 @@
 """How much memory a run needs at its peak, estimated from its plan before it is queued
-(docs/architecture.md, "Requests and plans").
+(docs/design/kinds.md, "Requests and plans").
 
 A request inside every documented bound can still need far more memory than any worker has
 (preset `base` with 4,096 sequences of 256 tokens per forward pass on a CPU). Run as it is,

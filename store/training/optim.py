@@ -1,5 +1,5 @@
 """Optimizer kinds: one record each, what the store knows of an optimizer configuration, and
-`OptimizerSpec`, a request's choice of one with its settings (docs/architecture.md,
+`OptimizerSpec`, a request's choice of one with its settings (docs/design/training.md,
 "Optimizers").
 
 A request picks a kind with `optimizer.kind`. The record says, without torch, what the rest of

@@ -1,6 +1,6 @@
 """Data-parallel strategies: one record each, what the store knows of how a multi-process
 train run shares its model, and `ParallelismSpec`, a request's choice of one with its settings
-(docs/architecture.md, "Multi-GPU and multi-node").
+(docs/design/training.md, "Multi-GPU and multi-node").
 
 A request picks one with `parallelism.strategy`. The record says, without torch, what the
 rest of the store asks of it: the settings it reads, as a model of their own next to the
@@ -64,7 +64,7 @@ class ParallelStrategy:
     forward is a collective of all ranks."""
     checkpoint_layout: str = FULL_LAYOUT
     """How its checkpoints hold the state (the manifest's `layout`): `full`, written by rank
-    0 from whole tensors, or `dcp`, every rank writing its own shards (docs/architecture.md,
+    0 from whole tensors, or `dcp`, every rank writing its own shards (docs/design/checkpoints.md,
     "Sharded checkpoints")."""
 
     @property

@@ -1,4 +1,4 @@
-"""The phases of a warmup-stable-decay schedule, in steps (docs/architecture.md, "Forks").
+"""The phases of a warmup-stable-decay schedule, in steps (docs/design/forks.md, "Forks").
 
 A schedule is given as fractions of a run's steps (`warmup_frac`, `stable_frac`) or in
 absolute steps (`warmup_steps`, `decay_start`, `decay_steps`); either way it becomes one

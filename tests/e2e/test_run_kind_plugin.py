@@ -1,5 +1,5 @@
 """A run kind that only a plug-in defines runs through the real API and a real worker
-(docs/architecture.md, "Run kinds"): `echo`, from tests/plugins/trainctl_echo, installed by
+(docs/design/kinds.md, "Run kinds"): `echo`, from tests/plugins/trainctl_echo, installed by
 pip as a distribution declaring the entry-point groups, and discovered by the service and
 its worker processes, with no other module edited.
 

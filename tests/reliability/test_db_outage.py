@@ -1,5 +1,5 @@
 """Database outages, with a real PostgreSQL of these tests' own and real worker processes
-(docs/architecture.md, "Database outages"). A paused server (SIGSTOP of its whole process tree)
+(docs/design/runs.md, "Database outages"). A paused server (SIGSTOP of its whole process tree)
 accepts and acknowledges and never answers; a restarted one refuses, then answers again.
 
 - shorter than the lease: the run trains on through it and succeeds in its first attempt;

@@ -1,5 +1,5 @@
 """Faults of a gang member, round after round: the run always ends with the parameters of an
-uninterrupted run (docs/architecture.md, "Placement and gangs").
+uninterrupted run (docs/design/placement.md, "Placement and gangs").
 
 Each round submits a 2-node run to three worker processes (three "nodes", one PostgreSQL
 database) and, once the run has a checkpoint, hits one member with one of the faults below;

@@ -1,4 +1,4 @@
-"""What can be planted in a shared checkpoint filesystem besides links (docs/architecture.md,
+"""What can be planted in a shared checkpoint filesystem besides links (docs/design/checkpoints.md,
 "Checkpoint store", "No links, bounded reads"): FIFOs, sockets, hardlinks to files outside
 the store, and folders swapped for links under a writer. Each is missing, never read, never
 waited on, and nothing is renamed, made or removed outside the store."""

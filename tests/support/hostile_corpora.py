@@ -2,7 +2,7 @@
 without holding them, and the peak memory of a real `trainctl data prepare` over them.
 
 A prepare's memory must be bounded by its batch whatever the compression ratio
-(docs/architecture.md, "Datasets"): these are the issue's three examples, at any size.
+(docs/design/data.md, "Datasets"): these are the issue's three examples, at any size.
 """
 
 from __future__ import annotations

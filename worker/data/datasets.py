@@ -1,4 +1,4 @@
-"""A prepared dataset on the worker (docs/architecture.md, "Datasets"): the pinned folder read
+"""A prepared dataset on the worker (docs/design/data.md, "Datasets"): the pinned folder read
 again and checked against its pin, its shards, and what each checkpoint records of it.
 
 Submit read the dataset's `dataset.json` and pinned what it said (`store.plans.DatasetPin`).

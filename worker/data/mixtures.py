@@ -1,4 +1,4 @@
-"""Data mixtures on the worker (docs/architecture.md, "Data mixtures"): which dataset each
+"""Data mixtures on the worker (docs/design/data.md, "Data mixtures"): which dataset each
 training sequence comes from, and a mixture's batches.
 
 The dataset of global sequence g (micro-batch position p holds sequences p·B to p·B + B - 1)

@@ -1,4 +1,4 @@
-"""A prepare run on a worker (docs/architecture.md, "Datasets"):
+"""A prepare run on a worker (docs/design/data.md, "Datasets"):
 `store.data.prepare.prepare_dataset` over the plan's inputs, into a folder of its own, then
 published into the dataset store (`store.data.bucket.DatasetStore.publish`).
 

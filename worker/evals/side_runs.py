@@ -1,6 +1,6 @@
 """A train run's evaluations: an evaluate run queued for each checkpoint its plan's `evals`
 asks for, as the checkpoint commits (docs/evals.md, "Evaluations during training";
-docs/architecture.md, "Evaluations during training").
+docs/design/evals.md, "Evaluations during training").
 
 `CheckpointEvals` is the trainer's `after_commit`: the checkpoint writer calls it once the
 checkpoint is committed and before its retention, in the thread that wrote it (the training

@@ -62,7 +62,7 @@ def run_benchmark(
     on_step: Callable[[dict[str, Any]], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
-    """Run a benchmark plan; return the benchmark-result shape (docs/architecture.md).
+    """Run a benchmark plan; return the benchmark-result shape (docs/design/shapes.md).
 
     It times the training step itself (`build_training`, `train_step`, the async loader) on
     synthetic tokens, so every optimizer and schedule setting of the plan is the one timed.

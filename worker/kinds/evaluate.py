@@ -1,5 +1,5 @@
 """Evaluate runs: a checkpoint's model, with its own tokenizer, scored on downstream tasks
-(docs/architecture.md, "Run kinds"; docs/evals.md).
+(docs/design/kinds.md, "Run kinds"; docs/evals.md).
 
 The model is loaded as a sample run loads it (`load_for_generation`: the built-in GPT, a
 transformers architecture or a plug-in model, its files checked against the manifest), each

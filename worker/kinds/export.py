@@ -1,4 +1,4 @@
-"""Export runs, torch half (docs/architecture.md, "Model output: samples, sample runs,
+"""Export runs, torch half (docs/design/models.md, "Model output: samples, sample runs,
 exports"): a checkpoint written as a transformers folder into the exports store
 (`worker.checkpoints.exports`); the request, plan and resolver are store/kinds/export.py.
 """

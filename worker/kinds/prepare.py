@@ -1,4 +1,4 @@
-"""Prepare runs, torch half (docs/architecture.md, "Run kinds"): the dataset written by
+"""Prepare runs, torch half (docs/design/kinds.md, "Run kinds"): the dataset written by
 `worker.data.prepare`; the request, plan and resolver are store/kinds/prepare.py.
 """
 

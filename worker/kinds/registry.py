@@ -1,4 +1,4 @@
-"""Executors by name: how a worker runs each kind of run (docs/architecture.md, "Run kinds").
+"""Executors by name: how a worker runs each kind of run (docs/design/kinds.md, "Run kinds").
 
 Each built-in kind's executor is in its module of this shelf, beside the store's record of
 the kind (store/kinds/ of the same name), and is listed here; a plug-in kind's executor is

@@ -1,4 +1,4 @@
-"""Sample runs, torch half (docs/architecture.md, "Model output: samples, sample runs,
+"""Sample runs, torch half (docs/design/models.md, "Model output: samples, sample runs,
 exports"): the prompts continued by `worker.models.sampling`; the request, plan and resolver
 are store/kinds/sample.py.
 """

@@ -1,4 +1,4 @@
-"""Train runs, torch half (docs/architecture.md, "Run kinds"): a claimed train run resumed
+"""Train runs, torch half (docs/design/kinds.md, "Run kinds"): a claimed train run resumed
 from its own last checkpoint where an earlier attempt left one, then trained on this worker's
 one process, or launched across its processes and the gang's nodes (`worker.launch`); the
 request, plan and resolver are store/kinds/train.py.

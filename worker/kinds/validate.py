@@ -1,4 +1,4 @@
-"""Validate runs, torch half (docs/architecture.md, "Run kinds"): a checkpoint's loss on the
+"""Validate runs, torch half (docs/design/kinds.md, "Run kinds"): a checkpoint's loss on the
 held-out data a train run on the same source validates on; the request, plan and resolver
 are store/kinds/validate.py.
 """

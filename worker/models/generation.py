@@ -12,7 +12,7 @@ model's device seeded from the settings: the same seed, prompts and hardware giv
 text.
 
 Text goes in and out through a `TextCodec`: a byte-level checkpoint's tokens are bytes, a bpe
-one's come from the tokenizer.json saved with it (docs/architecture.md, "Datasets").
+one's come from the tokenizer.json saved with it (docs/design/data.md, "Datasets").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Sample runs, and the samples a train run writes every `sample_every` steps (issue 15).
 
 Both continue prompts with `worker.models.generation` and report the text as `sample` events
-(docs/architecture.md, "Model output: samples, sample runs, exports"). A sample run streams
+(docs/design/models.md, "Model output: samples, sample runs, exports"). A sample run streams
 its completions: the pieces of text are gathered and written as one event per completion
 every `STREAM_INTERVAL` seconds, so a client sees the text as it comes without an event per
 token. A train run's samples are

@@ -1,5 +1,5 @@
 """The ranks of a sharded data-parallel run: FSDP2 (`fully_shard`), per transformer block and
-the root (docs/architecture.md, "Multi-GPU and multi-node"; store.training.parallelism `fsdp`).
+the root (docs/design/training.md, "Multi-GPU and multi-node"; store.training.parallelism `fsdp`).
 
 Each of the W ranks keeps 1/W of every parameter (a `DTensor` sharded on dim 0), of its
 gradient and so of its optimizer state: the optimizers are built over the sharded parameters

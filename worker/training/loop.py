@@ -273,7 +273,7 @@ def val_metrics(val: dict[str, float], bytes_per_token: float | None) -> dict[st
 def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> Progress:
     """Continue from the plan's resume point, or a fork's parent checkpoint: weights, both
     optimizers, RNG and data position alike. A resume continues the saved schedule; a fork
-    takes its own from the fork step on (docs/architecture.md, "Forks"). A fork's requeued
+    takes its own from the fork step on (docs/design/forks.md, "Forks"). A fork's requeued
     attempt resumes from its own checkpoint (`resume_from`), so the fork path is its first."""
     fork = plan.fork_from if plan.resume_from is None else None
     ref = fork.checkpoint if fork is not None else plan.resume_from

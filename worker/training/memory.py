@@ -1,5 +1,5 @@
 """Admission at claim: a transformers or plug-in model's real parameter count against this
-worker's memory (docs/architecture.md, "Requests and plans").
+worker's memory (docs/design/kinds.md, "Requests and plans").
 
 Submit has no torch, so its memory estimate for such a model counts parameters from the
 config's widths (store.training.memory), which can be far off (experts, latent attention, a
@@ -10,7 +10,7 @@ fit fails before any step with both numbers. It fails rather than going back to 
 every worker counts the same parameters, so a run that fits no worker would cycle between
 them forever, and one that fits a larger worker says so in its error (submit it again with a
 smaller batch, or where that worker alone serves it). Failing costs no attempt: attempts
-count lost workers, not errors (docs/architecture.md, "Attempts").
+count lost workers, not errors (docs/design/runs.md, "Runs", "Attempts").
 """
 
 from __future__ import annotations

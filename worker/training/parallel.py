@@ -11,7 +11,7 @@ same as a single-process run. Rank r computes micro-batches r, r + W, r + 2W, ..
 `grad_accum_steps` must be a multiple of the world size W), and since a batch is a pure
 function of its position the ranks together read exactly the batches one process would.
 At every step the ranks agree whether to stop (`AgreedStop`), so every rank stops at the same
-step (docs/architecture.md, "Multi-GPU and multi-node").
+step (docs/design/training.md, "Multi-GPU and multi-node").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Warmup-stable-decay (WSD) learning-rate schedule (docs/architecture.md, "Forks").
+"""Warmup-stable-decay (WSD) learning-rate schedule (docs/design/forks.md, "Forks").
 
 `wsd_factor` is a pure function of the step; `WSDScheduler` applies it to each named
 optimizer's *own* base lr (the seed copied the first optimizer's lr to the others, which

@@ -3,7 +3,7 @@
 `torch.optim.Muon` on `fully_shard` parameters (DTensors, `Shard(0)` over a 1-D mesh) computes
 the right update, but DTensor dispatch gathers the matrix again for each Newton-Schulz
 iteration and every rank repeats every iteration: 15 all-gathers and 12 all-reduces for two
-matrices on two ranks (docs/architecture.md, "Muon on shards"). `ShardedMuon` is the same
+matrices on two ranks (docs/design/training.md, "Muon on shards"). `ShardedMuon` is the same
 optimizer with another step:
 
 1. momentum on the local shard, as it is (the buffer is a DTensor sharded like its parameter);

@@ -1,4 +1,4 @@
-"""Who may act on what (docs/architecture.md, "Admission and access"), over real HTTP on
+"""Who may act on what (docs/design/access.md, "Admission and access"), over real HTTP on
 SQLite and PostgreSQL: a submit token cancels only its own runs and an admin any, a run
 queued without a token only an admin; an idempotency key is its token's own; token names
 are one in any case."""

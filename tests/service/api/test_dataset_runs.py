@@ -1,6 +1,6 @@
 """Runs on a prepared dataset through the API: pinned when accepted, refused at submit with a
 422 that says why (an unfinished prepare, a vocabulary larger than the model's, a checkpoint
-trained with another tokenizer); mixtures of datasets (docs/architecture.md, "Data
+trained with another tokenizer); mixtures of datasets (docs/design/data.md, "Data
 mixtures"), each dataset pinned, refused with a 422 naming the entry (another tokenizer, an
 unknown dataset, one named twice, bad weights); and prepare runs, refused with a 409 for a
 name in use."""

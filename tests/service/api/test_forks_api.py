@@ -1,4 +1,4 @@
-"""Forks over the API (docs/architecture.md, "Forks"): what a fork may not change is a 422 at
+"""Forks over the API (docs/design/forks.md, "Forks"): what a fork may not change is a 422 at
 submit naming the field, its parent checkpoint is protected while it is queued, and its
 lineage reads as a tree."""
 

@@ -1,4 +1,4 @@
-"""A sharded checkpoint (docs/architecture.md, "Sharded checkpoints") through the file and
+"""A sharded checkpoint (docs/design/checkpoints.md, "Sharded checkpoints") through the file and
 archive routes: users get one model.safetensors, stitched from the shards as it streams."""
 
 from __future__ import annotations

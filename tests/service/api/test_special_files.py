@@ -1,6 +1,6 @@
 """A FIFO or a hardlink planted in a checkpoint, met by the real API over HTTP (uvicorn on
 loopback): every read answers at once and serves nothing of it, and the service goes on
-answering (docs/architecture.md, "Checkpoint store", "No links, bounded reads")."""
+answering (docs/design/checkpoints.md, "Checkpoint store", "No links, bounded reads")."""
 
 from __future__ import annotations
 

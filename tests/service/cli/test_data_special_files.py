@@ -1,6 +1,6 @@
 """`trainctl data prepare` and `data tokenizer train` on folders holding what others can
 plant: a FIFO is an error naming it (exit 2), never a read that waits for a writer, and link
-loops are walked past (docs/architecture.md, "Datasets", "Walks and opens")."""
+loops are walked past (docs/design/data.md, "Datasets", "Walks and opens")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The TensorBoard sink writes under folders users name (`<root>/<experiment>/<run id>`), in a
 root others can write to: a link planted anywhere on that way, or swapped in between two
 writes, ends the mirroring of the run, saying so, and nothing is written where it points
-(docs/architecture.md, "Metrics sinks")."""
+(docs/design/sinks.md, "Metrics sinks")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What only an object store can do wrong (docs/architecture.md, "Object storage"): a commit
+"""What only an object store can do wrong (docs/design/checkpoints.md, "Object storage"): a commit
 without rename, saves killed mid-upload, multipart uploads, the download cache, and a bucket
 that refuses our credentials. Against a real S3 server (tests/support/s3server.py); the store's own
 tests run on it too (tests/store/checkpoints/test_checkpoints.py)."""

@@ -1,5 +1,5 @@
 """A prepare's memory is bounded by its batch whatever the compression ratio, and a document
-too long to hold is skipped and counted in dataset.json (docs/architecture.md, "Datasets").
+too long to hold is skipped and counted in dataset.json (docs/design/data.md, "Datasets").
 
 The issue's three examples, each a real `trainctl data prepare` in a process of its own whose
 peak memory the kernel reports, at 32 MB with a 1 MiB `--max-document-bytes` (its sizes, 512

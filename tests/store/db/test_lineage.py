@@ -1,4 +1,4 @@
-"""Lineage in the run database (store/db/lineage.py, docs/architecture.md "Forks"): a fork's
+"""Lineage in the run database (store/db/lineage.py, docs/design/forks.md "Forks"): a fork's
 parent is stored with its row and the tree is read back, on SQLite and PostgreSQL."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sharded checkpoints (worker/checkpoints/sharded.py, docs/architecture.md, "Sharded
+"""Sharded checkpoints (worker/checkpoints/sharded.py, docs/design/checkpoints.md, "Sharded
 checkpoints"): real processes, gloo on CPU, the `tiny` model under `fully_shard` per block
 with Muon and AdamW.
 

@@ -1,4 +1,4 @@
-"""Data mixtures on the worker (docs/architecture.md, "Data mixtures"): each sequence's dataset
+"""Data mixtures on the worker (docs/design/data.md, "Data mixtures"): each sequence's dataset
 a pure function of (seed, position) whose proportions follow the weights, every dataset read on
 from its own position across a resume and a fork, and each one's tokens counted."""
 

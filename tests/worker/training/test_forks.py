@@ -1,4 +1,4 @@
-"""Forks (docs/architecture.md, "Forks"): a run started from another experiment's checkpoint
+"""Forks (docs/design/forks.md, "Forks"): a run started from another experiment's checkpoint
 continues its weights, optimizers, data position and RNG, with a schedule of its own."""
 
 from __future__ import annotations

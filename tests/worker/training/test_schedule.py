@@ -96,7 +96,7 @@ def test_scheduler_state_round_trips() -> None:
     assert sched2.lrs() == sched.lrs()
 
 
-# --- absolute steps (docs/architecture.md, "Forks") ------------------------------------------
+# --- absolute steps (docs/design/forks.md, "Forks") ------------------------------------------
 
 
 def test_absolute_steps_replace_the_fractions_in_one_place() -> None:

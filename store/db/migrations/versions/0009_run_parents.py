@@ -4,7 +4,7 @@ Revision ID: 0009
 Revises: 0008
 Create Date: 2027-06-01
 
-`runs` gains a fork's parent (docs/architecture.md, "Forks"): `parent_run_id` (the run that
+`runs` gains a fork's parent (docs/design/forks.md, "Forks"): `parent_run_id` (the run that
 saved the checkpoint the fork started from; indexed, so a run's forks are one lookup),
 `parent_experiment`, `parent_tag` and `parent_step`; null for every run that is no fork, as
 every existing run is. The types are spelled out here, not imported from
