@@ -6,8 +6,9 @@ kind's module of store/kinds/ and decides everything a run needs now, so that a 
 a 422 rather than a failed run later: the device, the model config, the batch geometry, the
 data files or the dataset, and the concrete checkpoint a resume or a validation reads. What
 several of them resolve alike is here: device-dependent defaults (a `Profile`, CPU or CUDA),
-the device, the model and batch plans, the data's files and datasets, the checkpoint a run
-reads and its tokenizer, and the `SubmitContext` they read it all from.
+the device, the model and batch plans, the checkpoint a run reads and its tokenizer, and the
+`SubmitContext` they read it all from. The data's files and datasets are pinned on the data
+shelf (store/data/pins.py).
 """
 
 from __future__ import annotations

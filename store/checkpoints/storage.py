@@ -1,13 +1,15 @@
-"""The storage seam of the folder stores: what the checkpoint and export stores ask of the
-place their entries live (docs/design/checkpoints.md, "Checkpoint store", "Storage").
+"""The storage seam of the folder stores: what the checkpoint, export and dataset stores ask
+of the place their entries live (docs/design/checkpoints.md, "Checkpoint store", "Storage").
 
 A storage holds entries ``<experiment>/<tag>``, each a set of named files. It knows nothing
 of manifests, latest or retention (that is `CheckpointStore`'s policy); it offers what the
 policy needs and nothing more: list the committed entries, read a file without following a
 link, write a new entry that becomes visible whole or not at all, delete one so that it is
 never seen half removed, sweep what interrupted writers left, and the guard that protection
-takes. `posix.PosixStorage` is the one the service and the workers use; `memory.MemoryStorage`
-runs the store's tests a second time, which shows that this protocol is all the store needs.
+takes. `posix.PosixStorage` (a data dir's folders) and `s3.S3Storage` (a bucket,
+TRAINCTL_STORAGE_URL) are the ones the service and the workers use, built in one place
+(`factory.open_stores`); `memory.MemoryStorage` runs the store's tests a third time, which
+shows that this protocol is all the store needs.
 
 Like torchtitan's `CheckpointStorage`, callers never hold a local path of their own: a place
 is described in words (`describe`) for messages, and a reader may offer a path only while it

@@ -2,7 +2,7 @@
 (docs/models.md, "Plug-in models").
 
 An operator installs a package on a worker's node that declares a model under the
-`trainctl.models` entry-point group (worker/models/__init__.py, `ModelPlugin`). The service
+`trainctl.models` entry-point group (worker/models/plugin.py, `ModelPlugin`). The service
 never has it (it may run elsewhere, and it never imports torch): a request may only name a
 plug-in, and the config is data for the plug-in's builder, checked here as a transformers
 config's values are (JSON scalars and lists). Workers report the plug-ins they have when

@@ -21,8 +21,17 @@ from trainctl import Client
 TOKEN = "install-test-token"
 ROOMS = ("service", "store", "worker")
 # What a client install must not bring: the service's and the worker's dependencies.
-NOT_SOURCE = (".venv", ".git", "build", "data", "test-artifacts", "__pycache__", "*.egg-info")
+# Not sources, wherever they are; and the checkout's own folders of output (.gitignore's
+# /data/, /build/), at its root only: `store/data/` is a package.
+NOT_SOURCE = (".venv", ".git", "__pycache__", "*.egg-info")
+ROOT_OUTPUT = frozenset({"build", "data", "test-artifacts"})
 HEAVY = ("torch", "fastapi", "starlette", "uvicorn", "sqlalchemy", "psycopg", "numpy")
+
+
+def not_source(folder: str, names: list[str]) -> set[str]:
+    """What copying the checkout leaves out of `folder` (shutil.copytree's `ignore`)."""
+    ignored = set(shutil.ignore_patterns(*NOT_SOURCE)(folder, names))
+    return ignored | (ROOT_OUTPUT & set(names) if Path(folder) == REPO else set())
 
 
 def plant_rooms(folder: Path) -> Path:
@@ -85,7 +94,7 @@ def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     # A copy of the sources (symlinks kept): pip builds in the source tree, and the checkout
     # should not collect a build/ folder.
     source = tmp_path_factory.mktemp("client-src") / "trainctl"
-    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(*NOT_SOURCE))
+    shutil.copytree(REPO, source, symlinks=True, ignore=not_source)
     install = subprocess.run(
         [str(folder / "bin" / "python"), "-m", "pip", "install", "-q", str(source)],
         capture_output=True, text=True, timeout=900,

@@ -1,5 +1,5 @@
-"""A parallel strategy that only a plug-in defines trains a run on two CPU ranks (docs/
-architecture.md, "Multi-GPU and multi-node"): `replicas`, from tests/plugins/trainctl_replicas,
+"""A parallel strategy that only a plug-in defines trains a run on two CPU ranks (docs/design/
+training.md, "Multi-GPU and multi-node"): `replicas`, from tests/plugins/trainctl_replicas,
 installed by pip as a distribution declaring its record under `trainctl.parallel_strategies`
 and its builder under `trainctl.strategies`, with no trainctl module edited.
 
@@ -43,14 +43,14 @@ LAUNCH = """
 import json, sys
 from pathlib import Path
 from tests.support.ranks import tiny_plan
-from trainctl.store.layout import DataLayout
 from trainctl.store.training.parallelism import PARALLEL_STRATEGIES
+from trainctl.store.worker_settings import WorkerSettings
 from trainctl.worker.launch import launch_train
 from trainctl.worker.training.parallelism import STRATEGY_BUILDERS
 
 root = Path(sys.argv[1])
 plan = tiny_plan(parallelism={"strategy": "replicas"}, nproc_per_node=2)
-result = launch_train(plan, DataLayout(root), ctx=None)
+result = launch_train(plan, WorkerSettings(data_dir=root), ctx=None)
 found = {"records": PARALLEL_STRATEGIES.names(), "builders": STRATEGY_BUILDERS.names()}
 (root / "out.json").write_text(json.dumps({**found, "result": result}, default=str))
 """

@@ -2,8 +2,8 @@
 storages: the folders (POSIX), the one in memory, and a bucket of a real S3 server (its
 guard a lease in a run database). That all pass the same tests shows the storage protocol
 is all the store needs (docs/design/checkpoints.md, "Checkpoint store", "Storage"). What only
-folders can do wrong (links, stray files, interrupted renames) is tested on POSIX below, and
-in tests/store/test_posix_storage.py; what only a bucket can, in test_s3_storage.py."""
+folders can do wrong (links, stray files, interrupted renames) is tested on POSIX below;
+what only a bucket can, in test_s3_storage.py."""
 
 from __future__ import annotations
 
