@@ -3,7 +3,8 @@ linking every docs page; the map, docs/architecture.md, links every design page)
 relative link lands on a file and a heading that exist, every citation of the docs in code
 (`docs/design/runs.md, "Runs", "Fencing"`) names a page and a section it has, and the `make`
 targets, `trainctl` commands and options, repository paths and service settings the pages
-quote are the ones the code has.
+quote are the ones the code has, and the tests docs/extending.md names as a recipe's proof are
+tests `make test` runs (tests/support/make_test.py).
 
 Commands are resolved in process against the CLI's click tree (`typer.main.get_command`), so
 the check costs no subprocess per command."""
@@ -22,6 +23,7 @@ from typing import Any
 
 import typer.main
 
+from tests.support.make_test import make_test_selection, why_not_run
 from trainctl.service.cli import app
 from trainctl.service.settings import Settings
 from trainctl.store.worker_settings import WorkerSettings
@@ -31,6 +33,7 @@ README = REPO / "README.md"
 DOCS = REPO / "docs"
 DESIGN = DOCS / "design"
 MAP = DOCS / "architecture.md"
+EXTENDING = DOCS / "extending.md"
 README_MAX_BYTES = 15 * 1024
 
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")
@@ -52,6 +55,8 @@ COMMAND_POSITION = re.compile(r"(?:^|[;&|(]|\$|\bexec|\b[A-Z_]+=\S*)\s*$")
 COMMAND_WORD = re.compile(r"\s+([a-z][a-z0-9-]*)(?=[\s|]|$)")
 MAKE = re.compile(r"(?:^|\s|\$\s)make\s+([A-Za-z0-9_.-]+)")
 REPO_PATH = re.compile(r"^(?:service|store|worker|tests|docker|openapi|bench|docs)/[\w./-]*$")
+# A test file, or a test in one, as a page quotes it: `tests/e2e/test_x.py::test_y`.
+TEST_NODE = re.compile(r"^tests/(?:[\w.-]+/)*test_\w+\.py(?:::\w+)*$")
 
 
 def pages() -> list[Path]:
@@ -392,6 +397,46 @@ def citation_problems(root: Path, files: Iterable[Path]) -> list[str]:
     return problems
 
 
+# --- the tests a page names as proof -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Section:
+    level: int  # 1 for `#`, 2 for `##`; 0 before the first heading
+    heading: str
+    tests: list[str]  # the test files and nodes it quotes, in order
+
+
+def quoted_tests(text: str) -> list[Section]:
+    """The test files and nodes (`tests/e2e/test_x.py::test_y`) each section of a page quotes."""
+    sections: list[Section] = []
+    level, heading, lines = 0, "", list[str]()
+    for line in [*read_page(text).prose.splitlines(), "# end"]:
+        if found := HEADING.match(line):
+            spans = code_spans("\n".join(lines))
+            nodes = list(dict.fromkeys(s for s in spans if TEST_NODE.match(s)))
+            sections.append(Section(level, heading, nodes))
+            level, heading, lines = len(found.group(1)), found.group(2), []
+        else:
+            lines.append(line)
+    return sections
+
+
+def recipe_test_problems(root: Path, page: Path) -> list[str]:
+    """What is wrong with the tests a page of recipes names as their proof: a recipe (a `##`
+    section) that names none, or a test `make test` does not run (tests/support/make_test.py:
+    missing, soak- or GPU-only, left out)."""
+    selection = make_test_selection(root)
+    problems = []
+    for section in quoted_tests(page.read_text(encoding="utf-8")):
+        if section.level == 2 and not section.tests:
+            problems.append(f"{section.heading}: names no test")
+        for node in section.tests:
+            if why := why_not_run(root, node, selection):
+                problems.append(f"{section.heading}: {node}: {why}")
+    return problems
+
+
 # --- the tests --------------------------------------------------------------------------------
 
 
@@ -548,4 +593,58 @@ def test_citations_are_read_across_lines_and_comment_leaders() -> None:
         ("docs/design/kinds.md", ("Run kinds", "Requests and plans")),
         ("docs/design/checkpoints.md", ("Object storage",)),
         ("docs/operations.md", ("Notifications",)),
+    ]
+
+
+def test_every_test_extending_names_is_one_make_test_runs() -> None:
+    """docs/extending.md's recipes each name the tests that prove them: every one must exist
+    and run in `make test`, not only in `make soak` or on a GPU."""
+    sections = quoted_tests(EXTENDING.read_text(encoding="utf-8"))
+    recipes = [s for s in sections if s.level == 2]
+    assert len(recipes) == 5 and sum(len(s.tests) for s in recipes) > 10
+    assert not recipe_test_problems(REPO, EXTENDING)
+
+
+def test_a_recipe_naming_a_test_make_test_does_not_run_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "Makefile").write_text(
+        "PY := .venv/bin/python\nLEAVE_OUT := --ignore=tests/slow \\\n"
+        "\t--deselect tests/test_a.py::test_deselected\n\n"
+        "test: lint pytest\nlint:\n\truff check .\npytest:\n"
+        '\t$(PY) -m pytest -q $(LEAVE_OUT) -m "not gpu and not slow"\n'
+        "soak:\n\tTRAINCTL_SOAK_ROUNDS=1 pytest -m soak --ignore=tests/test_a.py\n"
+    )
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\ntestpaths = ["tests"]\n')
+    tests = tmp_path / "tests"
+    (tests / "slow").mkdir(parents=True)
+    (tests / "test_a.py").write_text(
+        "import pytest\n\ndef test_good(): pass\n\n@pytest.mark.soak\ndef test_soaked(): pass\n"
+        "\n@pytest.mark.slow\ndef test_slow(): pass\n\ndef test_deselected(): pass\n\n"
+        "@pytest.mark.parametrize('x', [pytest.param(1, marks=pytest.mark.soak), 2])\n"
+        "def test_partly(x): pass\n\n@pytest.mark.gpu\nclass TestOnGpu:\n"
+        "    def test_in_class(self): pass\n"
+    )
+    (tests / "test_soak.py").write_text("import pytest\npytestmark = [pytest.mark.soak]\n"
+                                        "def test_x(): pass\n")  # fmt: skip
+    (tests / "slow" / "test_b.py").write_text("def test_y(): pass\n")
+    page = tmp_path / "extending.md"
+    page.write_text(
+        "# Extending\n\nSee `tests/test_a.py`.\n\n## 1. Fine\n\n`tests/test_a.py::test_good`, "
+        "`tests/test_a.py::test_partly`, `tests/test_a.py`, `tests/helper.py`\n\n"
+        "## 2. Broken\n\n`tests/test_gone.py`, `tests/test_a.py::test_gone`,\n"
+        "`tests/test_a.py::test_soaked`, `tests/test_a.py::test_slow`,\n"
+        "`tests/test_a.py::test_deselected`, `tests/test_a.py::TestOnGpu::test_in_class`,\n"
+        "`tests/slow/test_b.py::test_y`, `tests/test_soak.py`\n\n"
+        "## 3. Untested\n\n```\ntests/test_a.py::test_good\n```\n"
+    )
+    assert recipe_test_problems(tmp_path, page) == [
+        "2. Broken: tests/test_gone.py: no such file",
+        "2. Broken: tests/test_a.py::test_gone: it has no test test_gone",
+        "2. Broken: tests/test_a.py::test_soaked: test_soaked is marked soak",
+        "2. Broken: tests/test_a.py::test_slow: test_slow is marked slow",
+        "2. Broken: tests/test_a.py::test_deselected: make test deselects it",
+        "2. Broken: tests/test_a.py::TestOnGpu::test_in_class: TestOnGpu::test_in_class is "
+        "marked gpu",
+        "2. Broken: tests/slow/test_b.py::test_y: make test leaves out tests/slow",
+        "2. Broken: tests/test_soak.py: the whole file is marked soak",
+        "3. Untested: names no test",
     ]
