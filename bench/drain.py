@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO, Figure, median
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.kinds.registry import kind_of_plan, placement_of
 from trainctl.store.kinds.train import TrainRequest, resolve_train
 

@@ -24,7 +24,8 @@ from trainctl.service.sse import EventFeed
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.bucket import DatasetStore
-from trainctl.store.db.runs import RunStore, is_whole_run_id
+from trainctl.store.db.records import is_whole_run_id
+from trainctl.store.db.runs import RunStore
 from trainctl.store.db.tokens import Principal, TokenStore
 from trainctl.store.db.workers import WorkerStore
 from trainctl.store.exceptions import Forbidden

@@ -24,7 +24,7 @@ from starlette.routing import Match
 from trainctl.service.middleware import REQUEST_ID_HEADER, body_too_large
 from trainctl.service.schemas import ErrorPublic, ValidationErrorPublic
 from trainctl.store.db.outages import UNAVAILABLE
-from trainctl.store.db.runs import QUEUE_RETRY_SECONDS
+from trainctl.store.db.submissions import QUEUE_RETRY_SECONDS
 from trainctl.store.exceptions import (
     CheckpointCorrupt,
     Conflict,

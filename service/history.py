@@ -8,7 +8,8 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from trainctl.store.db.runs import Event, RunStore
+from trainctl.store.db.records import Event
+from trainctl.store.db.runs import RunStore
 from trainctl.store.training.optim import current_metric_names
 
 PAGE = 1000

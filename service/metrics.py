@@ -26,7 +26,8 @@ from prometheus_client.metrics_core import Metric
 from trainctl.service.devices import live_workers
 from trainctl.service.history import PAGE
 from trainctl.service.settings import Settings
-from trainctl.store.db.runs import Event, Run, RunStore
+from trainctl.store.db.records import Event, Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.db.stats import count_runs_by_state
 from trainctl.store.vocabulary import RUN_STATES
 

@@ -22,7 +22,8 @@ from trainctl.service.schemas import (
 )
 from trainctl.store.db.lineage import Lineage, LineageNode
 from trainctl.store.db.placement import why_waiting
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.db.workers import Worker
 from trainctl.store.models.hf_catalog import causal_lm_types
 from trainctl.store.models.presets import PRESETS

@@ -20,7 +20,8 @@ from starlette.concurrency import run_in_threadpool
 
 from trainctl.service.history import PAGE
 from trainctl.service.schemas import EventPublic, StreamEndPublic
-from trainctl.store.db.runs import Event, RunStore
+from trainctl.store.db.records import Event
+from trainctl.store.db.runs import RunStore
 from trainctl.store.db.tokens import TokenStore
 from trainctl.store.vocabulary import EVENT_TYPES, TERMINAL_STATES
 

@@ -26,7 +26,9 @@ from trainctl.service.settings import Settings
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.db.placement import Placement
-from trainctl.store.db.runs import QueueLimits, Run, RunStore, RunToQueue
+from trainctl.store.db.records import Run, RunToQueue
+from trainctl.store.db.runs import RunStore
+from trainctl.store.db.submissions import QueueLimits
 from trainctl.store.db.tokens import Principal
 from trainctl.store.exceptions import InvalidRequest, InVariant, TrainctlError
 from trainctl.store.kinds.registry import RUN_KINDS

@@ -18,7 +18,8 @@ from typing import Any
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.placement import Placement
-from trainctl.store.db.runs import Run, RunStore, RunToQueue
+from trainctl.store.db.records import Run, RunToQueue
+from trainctl.store.db.runs import RunStore
 from trainctl.store.kinds.registry import RUN_KINDS, placement_of
 from trainctl.store.plans import Plan
 from trainctl.store.resolve import SubmitContext

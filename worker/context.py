@@ -20,7 +20,8 @@ from typing import Any, Literal
 
 from trainctl.store.checkpoints.store import Protected
 from trainctl.store.db.outages import within
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost
 from trainctl.store.vocabulary import EventType
 from trainctl.worker.exceptions import LeaseExpired

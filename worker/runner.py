@@ -23,7 +23,8 @@ import torch
 
 from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.db.outages import UNAVAILABLE, until_answered
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost, WorkerNotFound
 from trainctl.store.models.hf_catalog import causal_lm_types
 from trainctl.store.processes import DRAINED_EXIT_CODE

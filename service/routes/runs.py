@@ -36,7 +36,8 @@ from trainctl.service.schemas import (
 from trainctl.service.settings import Settings
 from trainctl.service.submit import submit_run, submit_sweep
 from trainctl.store.db.lineage import read_lineage
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.kinds.registry import RUN_KINDS, RunKindName
 from trainctl.store.kinds.sweeps import ForkSweepRequest
 from trainctl.store.specs import Request

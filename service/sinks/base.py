@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from trainctl.store.db.runs import Event, Run
+from trainctl.store.db.records import Event, Run
 from trainctl.store.training.optim import current_metric_names
 
 METRIC_KINDS = ("train", "val", "eval")

@@ -32,7 +32,8 @@ from trainctl.service.sinks.base import Sink, SinkRefused, SinkUnavailable
 from trainctl.service.sinks.mlflow import MlflowSink
 from trainctl.service.sinks.tensorboard import TensorBoardSink
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.db.runs import Event, Run, RunStore
+from trainctl.store.db.records import Event, Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.db.sinks import REFUSED, Cursor, SinkStore
 from trainctl.store.exceptions import LeaseLost, RunNotFound
 from trainctl.store.vocabulary import TERMINAL_STATES

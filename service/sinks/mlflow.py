@@ -22,7 +22,7 @@ import httpx
 from trainctl.service.sinks.base import SinkRefused, SinkUnavailable, scalars
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.db.runs import Event, Run
+from trainctl.store.db.records import Event, Run
 from trainctl.store.exceptions import NotFound
 from trainctl.store.specs import MLFLOW_SETTING
 

@@ -26,7 +26,7 @@ from tensorboard.compat.proto.types_pb2 import DT_STRING
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from trainctl.service.sinks.base import SinkRefused, SinkUnavailable, sample_tag, scalars
-from trainctl.store.db.runs import Event, Run
+from trainctl.store.db.records import Event, Run
 from trainctl.store.files import create_file_at, make_folder_at, open_folder
 
 FILE_VERSION = "brain.Event:2"

@@ -23,7 +23,8 @@ from contextlib import contextmanager
 
 from trainctl.store.checkpoints.info import CheckpointInfo, PruneOutcome
 from trainctl.store.checkpoints.store import IN_USE, CheckpointStore
-from trainctl.store.db.runs import Checkpoint, RunStore
+from trainctl.store.db.records import Checkpoint
+from trainctl.store.db.runs import RunStore
 
 
 class ProtectionPolicy:

@@ -2,27 +2,40 @@
 (docs/design/runs.md, "Runs"; the claim of a gang: "Placement and gangs").
 
 The service enqueues runs and reads them; workers claim runs, report progress and events, and
-finish them, every write fenced by `(run, worker, attempt)` ("Runs", "Fencing").
+finish them, every write fenced by `(run, worker, attempt)` ("Runs", "Fencing"). The records
+it hands out and reads rows into are store/db/records.py; what an enqueue checks besides its
+row (limits, idempotency keys), store/db/submissions.py; the fencing and event-log helpers its
+transactions share, store/db/fencing.py; the worker registry, store/db/workers.py.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
-import hashlib
-import json
 import re
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, Row, and_, func, insert, literal, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from trainctl.store.db.fencing import (
+    active_train_row,
+    decode_cursor,
+    encode_cursor,
+    fenced_update,
+    fetch_one,
+    insert_event,
+    reaped_unclaimed,
+    require_owned,
+    require_row,
+    running_rows,
+    same_worker,
+    silent_worker,
+    state_data,
+)
 from trainctl.store.db.migrations import upgrade_to_head
 from trainctl.store.db.placement import ONE_NODE, Placement
 from trainctl.store.db.queue import (
@@ -31,7 +44,6 @@ from trainctl.store.db.queue import (
     capacity_of,
     choose_gang_members,
     expired_member,
-    is_member,
     leave_gang,
     lock_queued,
     members_of,
@@ -40,9 +52,19 @@ from trainctl.store.db.queue import (
     placement_of_row,
     reserved_for,
 )
-from trainctl.store.db.rows import RowReader, as_json, is_clean, storable_json
+from trainctl.store.db.records import (
+    Checkpoint,
+    Event,
+    GangPlace,
+    Run,
+    RunToQueue,
+    checkpoint_pairs,
+    event_from_row,
+    run_from_row,
+    utcnow,
+)
+from trainctl.store.db.rows import as_json, storable_json
 from trainctl.store.db.schema import (
-    IDEMPOTENCY_SCOPE,
     UTCDateTime,
     build_engine,
     read_transaction,
@@ -53,21 +75,25 @@ from trainctl.store.db.schema import (
     write_transaction,
 )
 from trainctl.store.db.sinks import reopen_finished
-from trainctl.store.db.tokens import same_name
+from trainctl.store.db.submissions import (
+    QueueLimits,
+    check_owner,
+    key_reused,
+    keyed_by,
+    member_keys,
+    queued_values,
+    replay_rows,
+)
 from trainctl.store.db.workers import WorkerStore
 from trainctl.store.exceptions import (
     AmbiguousRunId,
-    Conflict,
     ExperimentBusy,
-    Forbidden,
-    InvalidRequest,
     LeaseLost,
-    QueueFull,
     RunNotCancellable,
     RunNotFound,
 )
 from trainctl.store.plans import ForkPoint
-from trainctl.store.text import column_text, unencodable
+from trainctl.store.text import column_text
 from trainctl.store.vocabulary import (
     ACTIVE_STATES,
     EVENT_TYPES,
@@ -75,140 +101,7 @@ from trainctl.store.vocabulary import (
     TERMINAL_STATES,
 )
 
-Checkpoint = tuple[str, str]
-"""A checkpoint a run depends on: (experiment, tag)."""
-
-RUN_ID_PATTERN = re.compile(r"[0-9a-f]{32}")
-"""The id `enqueue` gives a run: 32 lowercase hex digits (a uuid4)."""
 _PREFIX_PATTERN = re.compile(rf"[0-9a-f]{{{SHORT_ID_LENGTH},31}}")
-
-
-def is_whole_run_id(text: str) -> bool:
-    """Whether `text` has the shape of a whole run id, which no other run's id starts with:
-    it names at most that run, with no need to look for others."""
-    return RUN_ID_PATTERN.fullmatch(text) is not None
-
-
-@dataclass(frozen=True)
-class GangPlace:
-    """A claimed gang run as one member sees it: its node rank and where the gang meets."""
-
-    node_rank: int
-    nnodes: int
-    rendezvous: str
-    """host:port of the torchrun c10d rendezvous, on the leader (node rank 0)."""
-
-
-@dataclass(frozen=True)
-class RunParent:
-    """Where a fork started (docs/design/forks.md, "Forks"): the run that saved the checkpoint
-    (None where its metadata names none), the checkpoint and its step."""
-
-    run_id: str | None
-    experiment: str
-    tag: str
-    step: int
-
-
-@dataclass(frozen=True)
-class Run:
-    """One run as stored; `service.schemas.RunPublic` is the shape clients see."""
-
-    id: str
-    kind: str
-    experiment: str
-    state: str
-    spec: dict[str, Any]
-    progress: dict[str, int | None]
-    result: dict[str, Any] | None
-    error: str | None
-    worker_id: str | None
-    attempt: int
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    # Internals: the queue needs them, clients do not.
-    max_attempts: int
-    cancel_requested: bool
-    lease_expires_at: datetime | None
-    idempotency_key: str | None
-    depends_on: list[Checkpoint]
-    submitted_by: str | None = None
-    """The name of the API token the run was submitted with, where tokens have names."""
-    priority: int = 0
-    placement: Placement = ONE_NODE
-    queued_at: datetime | None = None
-    gang: GangPlace | None = None
-    """Set on a claimed gang run (nnodes > 1): the claiming worker's place in it."""
-    unreadable: str | None = None
-    """What of the stored row could not be read as it was, and was replaced or repaired
-    (store/db/rows.py); None for every row this trainctl wrote."""
-    parent: RunParent | None = None
-    """A fork's parent; None for a run that is no fork."""
-
-    @property
-    def short_id(self) -> str:
-        """What people read and type: the id's first SHORT_ID_LENGTH characters."""
-        return self.id[:SHORT_ID_LENGTH]
-
-
-@dataclass(frozen=True)
-class Event:
-    """One entry of a run's event log; `id` increases across the whole log."""
-
-    id: int
-    run_id: str
-    type: str
-    data: dict[str, Any]
-    created_at: datetime
-
-
-QUEUE_RETRY_SECONDS = 30
-"""What a client refused for a full queue is told to wait (Retry-After)."""
-
-
-@dataclass(frozen=True)
-class QueueLimits:
-    """How many runs may wait at once: in all, and per token name (None: no limit)."""
-
-    total: int | None = None
-    per_submitter: int | None = None
-
-    def check(self, conn: Connection, submitted_by: str | None) -> None:
-        """Inside the enqueueing transaction, so that concurrent submits cannot all pass."""
-        queued = runs.c.state == "queued"
-        count = select(func.count()).select_from(runs)
-        if self.total is not None and conn.execute(count.where(queued)).scalar_one() >= self.total:
-            raise QueueFull(
-                f"{self.total} runs are queued already, the most this service accepts; "
-                f"retry in {QUEUE_RETRY_SECONDS} s or cancel queued runs"
-            )
-        mine = and_(queued, runs.c.submitted_by == submitted_by)
-        limit = self.per_submitter
-        if (
-            limit is not None
-            and submitted_by is not None
-            and conn.execute(count.where(mine)).scalar_one() >= limit
-        ):
-            raise QueueFull(
-                f"token {submitted_by!r} has {limit} runs queued, the most one token may; "
-                f"retry in {QUEUE_RETRY_SECONDS} s or cancel some of them"
-            )
-
-
-@dataclass(frozen=True)
-class RunToQueue:
-    """One run for `RunStore.enqueue_all` to queue: what `enqueue` takes of each run."""
-
-    kind: str
-    experiment: str
-    spec: dict[str, Any]
-    max_attempts: int = 3
-    depends_on: tuple[Checkpoint, ...] = ()
-    priority: int = 0
-    placement: Placement = ONE_NODE
-    parent: ForkPoint | None = None
-    """Where a fork starts, its lineage."""
 
 
 class RunStore:
@@ -289,13 +182,13 @@ class RunStore:
     ) -> list[Run]:
         """Add the runs of one request (a sweep's forks) in one transaction: all of them, or
         none when one is refused (`enqueue` says why one is). One idempotency key stands for
-        them all: the first run holds it, the others keys derived from it (`_member_keys`),
+        them all: the first run holds it, the others keys derived from it (`member_keys`),
         and a retry gets the same runs back in the same order."""
         if not queue:
             raise ValueError("enqueue_all needs at least one run")
-        keys = _member_keys(idempotency_key, len(queue))
+        keys = member_keys(idempotency_key, len(queue))
         rows = [
-            _queued_values(run, key, request_digest, submitted_by, self.engine.dialect.name)
+            queued_values(run, key, request_digest, submitted_by, self.engine.dialect.name)
             for run, key in zip(queue, keys, strict=True)
         ]
         try:
@@ -309,25 +202,27 @@ class RunStore:
         with write_transaction(self.engine) as conn:
             first = rows[0]
             if first["idempotency_key"] is not None:
-                existing = _fetch_one(conn, _keyed(first["submitted_by"], first["idempotency_key"]))
+                existing = fetch_one(
+                    conn, keyed_by(first["submitted_by"], first["idempotency_key"])
+                )
                 if existing is not None:
-                    return _replay(conn, existing, rows)
+                    return replay_rows(conn, existing, rows)
             queued = []
             for values in rows:
                 if limits is not None:
                     limits.check(conn, values["submitted_by"])
                 if values["kind"] == "train":
-                    active = _active_train_row(conn, values["experiment"])
+                    active = active_train_row(conn, values["experiment"])
                     if active is not None:
                         raise ExperimentBusy(values["experiment"], active.id)
-                run_id, now = uuid.uuid4().hex, _utcnow()
+                run_id, now = uuid.uuid4().hex, utcnow()
                 conn.execute(
                     insert(runs).values(
                         id=run_id, state="queued", created_at=now, queued_at=now,
                         cancel_requested=False, step=0, attempt=1, **values,
                     )
                 )  # fmt: skip
-                queued.append(_run_from_row(_require_row(conn, run_id)))
+                queued.append(run_from_row(require_row(conn, run_id)))
             return queued
 
     def replay(
@@ -355,20 +250,20 @@ class RunStore:
     ) -> list[Run] | None:
         """`replay` for a request that queued `count` runs (`enqueue_all`): all of them, in
         their order, or None where the key is new."""
-        keys = _member_keys(idempotency_key, count)
-        scoped = [_keyed(submitted_by, key) for key in keys if key is not None]
+        keys = member_keys(idempotency_key, count)
+        scoped = [keyed_by(submitted_by, key) for key in keys if key is not None]
         with read_transaction(self.engine) as conn:
-            found = [_fetch_one(conn, condition) for condition in scoped]
+            found = [fetch_one(conn, condition) for condition in scoped]
         first = found[0]
         if first is None:
             return None
         if first.kind != kind or first.request_digest != request_digest:
-            raise _key_reused(idempotency_key, first.id)
-        return [_run_from_row(row) for row in found if row is not None]
+            raise key_reused(idempotency_key, first.id)
+        return [run_from_row(row) for row in found if row is not None]
 
     def get(self, run_id: str) -> Run:
         with read_transaction(self.engine) as conn:
-            return _run_from_row(_require_row(conn, run_id))
+            return run_from_row(require_row(conn, run_id))
 
     def resolve_id(self, id_or_prefix: str) -> str:
         """The id of the run that `id_or_prefix` names: its whole id, or a prefix of it of at
@@ -424,7 +319,7 @@ class RunStore:
         if submitted_by is not None:
             conditions.append(runs.c.submitted_by == submitted_by)
         if cursor is not None:
-            created_at, seq = _decode_cursor(cursor)
+            created_at, seq = decode_cursor(cursor)
             conditions.append(
                 or_(
                     runs.c.created_at < created_at,
@@ -441,9 +336,9 @@ class RunStore:
             rows = conn.execute(query).all()
         page = rows[:limit]
         next_cursor = (
-            _encode_cursor(page[-1].created_at, page[-1].seq) if len(rows) > limit else None
+            encode_cursor(page[-1].created_at, page[-1].seq) if len(rows) > limit else None
         )
-        return [_run_from_row(row) for row in page], next_cursor
+        return [run_from_row(row) for row in page], next_cursor
 
     def forks_of(self, run_ids: Iterable[str]) -> list[Run]:
         """The runs forked from checkpoints that any of `run_ids` saved, oldest first."""
@@ -456,7 +351,7 @@ class RunStore:
             .order_by(runs.c.created_at, runs.c.seq)
         )
         with read_transaction(self.engine) as conn:
-            return [_run_from_row(row) for row in conn.execute(query).all()]
+            return [run_from_row(row) for row in conn.execute(query).all()]
 
     def request_cancel(self, run_id: str, only_of: str | None = None) -> Run:
         """Cancel a queued run now; ask the worker of a running run to stop at a step boundary.
@@ -466,9 +361,9 @@ class RunStore:
         "Admission and access").
         """
         with write_transaction(self.engine) as conn:
-            row = _require_row(conn, run_id, lock=True)
+            row = require_row(conn, run_id, lock=True)
             if only_of is not None:
-                _check_owner(row, only_of)
+                check_owner(row, only_of)
             if row.state in TERMINAL_STATES:
                 raise RunNotCancellable(
                     f"run {run_id} is already {row.state}; only queued or running runs "
@@ -480,27 +375,27 @@ class RunStore:
                 )
             if not row.cancel_requested:
                 conn.execute(update(runs).where(runs.c.id == run_id).values(cancel_requested=True))
-                _insert_event(conn, run_id, "state", _state_data(
+                insert_event(conn, run_id, "state", state_data(
                     row, "running", "cancel requested; the worker stops at the next step"
                 ) | {"cancel_requested": True})  # fmt: skip
-            return _run_from_row(_require_row(conn, run_id))
+            return run_from_row(require_row(conn, run_id))
 
     def is_cancel_requested(self, run_id: str) -> bool:
         with read_transaction(self.engine) as conn:
-            return bool(_require_row(conn, run_id).cancel_requested)
+            return bool(require_row(conn, run_id).cancel_requested)
 
     def active_train_run(self, experiment: str) -> Run | None:
         """The queued or running train run of `experiment`; there is at most one."""
         with read_transaction(self.engine) as conn:
-            row = _active_train_row(conn, experiment)
-        return None if row is None else _run_from_row(row)
+            row = active_train_row(conn, experiment)
+        return None if row is None else run_from_row(row)
 
     def protected_checkpoints(self) -> set[Checkpoint]:
         """Checkpoints that queued or running runs still need; retention must keep them."""
         query = select(runs.c.depends_on).where(runs.c.state.in_(ACTIVE_STATES))
         with read_transaction(self.engine) as conn:
             lists = conn.execute(query).scalars().all()
-        return {pair for depends_on in lists for pair in _checkpoint_pairs(depends_on)}
+        return {pair for depends_on in lists for pair in checkpoint_pairs(depends_on)}
 
     # ---- the worker side: claim, report, finish ---------------------------------------------
 
@@ -521,7 +416,7 @@ class RunStore:
         serialises them with BEGIN IMMEDIATE; PostgreSQL locks the chosen row and lets other
         claimers skip it (FOR UPDATE SKIP LOCKED).
         """
-        now = _utcnow()
+        now = utcnow()
         lease_until = now + timedelta(seconds=lease_seconds)
         with write_transaction(self.engine) as conn:
             me = conn.execute(
@@ -582,14 +477,14 @@ class RunStore:
             .returning(*runs.c)
         ).one()
         conn.execute(update(workers).where(workers.c.id == worker_id).values(run_id=row.id))
-        _insert_event(conn, row.id, "state", _state_data(started, "queued", reason))
-        return _run_from_row(started)
+        insert_event(conn, row.id, "state", state_data(started, "queued", reason))
+        return run_from_row(started)
 
     def _given_place(self, conn: Connection, worker_id: str) -> Run | None:
         place = my_place(conn, worker_id)
         if place is None:
             return None
-        run = _run_from_row(_require_row(conn, place.run_id))
+        run = run_from_row(require_row(conn, place.run_id))
         # The attempt the place was given for: a later one fences this member out.
         gang = GangPlace(place.node_rank, place.nnodes, place.rendezvous)
         return dataclasses.replace(run, attempt=place.attempt, gang=gang)
@@ -602,9 +497,9 @@ class RunStore:
     def heartbeat(self, run_id: str, worker_id: str, attempt: int, lease_seconds: float) -> None:
         """Extend the lease (a gang member's own, and the run's for its leader); raises
         `LeaseLost` when the run is no longer this worker's."""
-        lease = _utcnow() + timedelta(seconds=lease_seconds)
+        lease = utcnow() + timedelta(seconds=lease_seconds)
         with write_transaction(self.engine) as conn:
-            row = _require_owned(conn, run_id, worker_id, attempt)
+            row = require_owned(conn, run_id, worker_id, attempt)
             if row.worker_id == worker_id:
                 conn.execute(update(runs).where(runs.c.id == run_id).values(lease_expires_at=lease))
             if row.nnodes > 1:
@@ -615,7 +510,7 @@ class RunStore:
         self, run_id: str, worker_id: str, attempt: int, step: int, total_steps: int | None
     ) -> None:
         with write_transaction(self.engine) as conn:
-            _fenced_update(conn, run_id, worker_id, attempt, step=step, total_steps=total_steps)
+            fenced_update(conn, run_id, worker_id, attempt, step=step, total_steps=total_steps)
 
     def append_event(
         self,
@@ -633,10 +528,10 @@ class RunStore:
             raise ValueError("pass worker_id and attempt together, or neither")
         with write_transaction(self.engine) as conn:
             if worker_id is not None and attempt is not None:
-                row = _require_owned(conn, run_id, worker_id, attempt)
+                row = require_owned(conn, run_id, worker_id, attempt)
             else:
-                row = _require_row(conn, run_id, lock=True)  # see _insert_event: ids in order
-            event_id = _insert_event(conn, run_id, type, storable_json(as_json(data)))
+                row = require_row(conn, run_id, lock=True)  # see insert_event: ids in order
+            event_id = insert_event(conn, run_id, type, storable_json(as_json(data)))
             if type == "metrics" and row.state in TERMINAL_STATES:
                 # Scores recorded on a run that has ended (docs/evals.md): its sinks mirror them.
                 reopen_finished(conn, run_id)
@@ -651,9 +546,9 @@ class RunStore:
             conditions.append(run_events.c.type == type)
         query = select(run_events).where(*conditions).order_by(run_events.c.id).limit(limit)
         with read_transaction(self.engine) as conn:
-            _require_row(conn, run_id)
+            require_row(conn, run_id)
             rows = conn.execute(query).all()
-        return [_event_from_row(r) for r in rows]
+        return [event_from_row(r) for r in rows]
 
     def last_event_ids(self, run_ids: Iterable[str]) -> dict[str, int]:
         """The id of each run's newest event (a run without events is left out), in one
@@ -684,7 +579,7 @@ class RunStore:
         """Record how the run ended; raises `LeaseLost` when it is no longer this worker's.
 
         A success still counts after the run's lease was reaped, as long as nobody has claimed
-        it since (`_reaped_unclaimed`): its last checkpoint was committed under the lease, so
+        it since (`reaped_unclaimed`): its last checkpoint was committed under the lease, so
         running it again would only redo finished work ("Runs", "Fencing").
         """
         if state not in TERMINAL_STATES:
@@ -693,14 +588,14 @@ class RunStore:
             "state": state,
             "result": None if result is None else storable_json(as_json(result)),
             "error": None if error is None else column_text(error),
-            "finished_at": _utcnow(),
+            "finished_at": utcnow(),
             "lease_expires_at": None,
         }
         with write_transaction(self.engine) as conn:
             try:
-                row = _fenced_update(conn, run_id, worker_id, attempt, **values)
+                row = fenced_update(conn, run_id, worker_id, attempt, **values)
             except LeaseLost:
-                if state != "succeeded" or not _reaped_unclaimed(conn, run_id, worker_id, attempt):
+                if state != "succeeded" or not reaped_unclaimed(conn, run_id, worker_id, attempt):
                     raise
                 row = conn.execute(
                     update(runs).where(runs.c.id == run_id, runs.c.state == "queued")
@@ -710,12 +605,12 @@ class RunStore:
                     f"succeeded in attempt {attempt} on {worker_id}, reported after its lease "
                     f"was reaped and before anyone claimed the run again"
                 )
-                _insert_event(conn, run_id, "state", _state_data(row, "queued", reason))
-                return _run_from_row(row)
+                insert_event(conn, run_id, "state", state_data(row, "queued", reason))
+                return run_from_row(row)
             leave_gang(conn, run_id)
             reason = error or f"finished by {worker_id}"
-            _insert_event(conn, run_id, "state", _state_data(row, "running", reason))
-        return _run_from_row(row)
+            insert_event(conn, run_id, "state", state_data(row, "running", reason))
+        return run_from_row(row)
 
     def requeue(self, run_id: str, worker_id: str, attempt: int, reason: str) -> Run:
         """Give a running run back to the queue (a worker shutting down gracefully).
@@ -725,7 +620,7 @@ class RunStore:
         whose cancel was requested is cancelled instead, since nobody wants it to run again.
         """
         with write_transaction(self.engine) as conn:
-            row = _require_owned(conn, run_id, worker_id, attempt)
+            row = require_owned(conn, run_id, worker_id, attempt)
             if row.cancel_requested:
                 return self._transition(
                     conn, row, "cancelled", f"{reason}; cancel was requested", finished=True
@@ -740,20 +635,20 @@ class RunStore:
         the run as a new attempt (or fail it when none remain), as a reaper would. Raises
         `LeaseLost` when another member or a reaper did so first."""
         with write_transaction(self.engine) as conn:
-            row = _require_owned(conn, run_id, worker_id, attempt)
-            return self._recover(conn, row, requeue_cause=reason, fail_cause=reason, now=_utcnow())
+            row = require_owned(conn, run_id, worker_id, attempt)
+            return self._recover(conn, row, requeue_cause=reason, fail_cause=reason, now=utcnow())
 
     # ---- recovery: runs whose worker is gone -------------------------------------------------
 
     def reap_expired(self, now: datetime | None = None) -> list[Run]:
         """Requeue (or fail, when out of attempts) every running run whose lease has expired."""
-        now = now or _utcnow()
+        now = now or utcnow()
         expired = or_(runs.c.lease_expires_at < now, expired_member(now))
         with write_transaction(self.engine) as conn:
-            rows = _running_rows(conn, expired)
+            rows = running_rows(conn, expired)
             recovered = []
             for row in rows:
-                who = _silent_worker(conn, row, now)
+                who = silent_worker(conn, row, now)
                 recovered.append(
                     self._recover(
                         conn,
@@ -771,9 +666,9 @@ class RunStore:
         `retry` False fails them at once: what killed the worker (running out of memory)
         would kill the next attempt too.
         """
-        now = _utcnow()
+        now = utcnow()
         with write_transaction(self.engine) as conn:
-            rows = _running_rows(conn, runs.c.worker_id == worker_id)
+            rows = running_rows(conn, runs.c.worker_id == worker_id)
             return [
                 self._recover(
                     conn, row, requeue_cause=reason, fail_cause=reason, now=now, retry=retry
@@ -832,7 +727,7 @@ class RunStore:
         PostgreSQL when a row was not locked; losing the race there means another writer
         already moved the run, which `LeaseLost` reports.
         """
-        now = now or _utcnow()
+        now = now or utcnow()
         if values.get("error") is not None:
             values["error"] = column_text(values["error"])
         if finished:
@@ -847,7 +742,7 @@ class RunStore:
                 runs.c.id == row.id,
                 runs.c.state == row.state,
                 runs.c.attempt == row.attempt,
-                _same_worker(row.worker_id),
+                same_worker(row.worker_id),
             )
             .values(state=state, **values)
             .returning(*runs.c)
@@ -856,367 +751,8 @@ class RunStore:
             raise LeaseLost(f"run {row.id} changed while it was being moved to {state}; retry")
         if row.state == "running":
             leave_gang(conn, row.id)
-        _insert_event(conn, row.id, "state", _state_data(moved, row.state, reason))
-        return _run_from_row(moved)
+        insert_event(conn, row.id, "state", state_data(moved, row.state, reason))
+        return run_from_row(moved)
 
 
 # ---- helpers: rows, fencing, events, cursors ------------------------------------------------
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def _plan_json(plan: dict[str, Any]) -> dict[str, Any]:
-    """A plan as stored: refused, not repaired, when it holds text UTF-8 cannot encode,
-    which no answer could show again (the request models refuse it first: store/text.py)."""
-    problem = unencodable(plan)
-    if problem is not None:
-        raise InvalidRequest(f"the run's plan: {problem}")
-    return as_json(plan)
-
-
-def _run_from_row(row: Row[Any]) -> Run:
-    """The run of a row, every column read on its own terms (store/db/rows.py): a row that
-    holds what cannot be shown is listed with that part replaced, never an error."""
-    reader = RowReader(f"run {row.id}")
-    return Run(
-        id=row.id,
-        kind=row.kind,
-        experiment=reader.text("experiment", row.experiment) or "",
-        state=row.state,
-        # A plan is run as it was asked, or not at all: one that cannot be read is replaced
-        # (the worker then fails the run, saying so), never repaired.
-        spec=reader.json("spec", row.spec, repair=False),
-        progress={"step": row.step, "total_steps": row.total_steps},
-        result=None if row.result is None else reader.json("result", row.result),
-        error=reader.text("error", row.error),
-        worker_id=reader.text("worker_id", row.worker_id),
-        attempt=row.attempt,
-        created_at=row.created_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        max_attempts=row.max_attempts,
-        cancel_requested=bool(row.cancel_requested),
-        lease_expires_at=row.lease_expires_at,
-        idempotency_key=reader.text("idempotency_key", row.idempotency_key),
-        depends_on=_dependencies(reader, row.depends_on),
-        submitted_by=reader.text("submitted_by", row.submitted_by),
-        priority=row.priority,
-        placement=placement_of_row(row),
-        queued_at=row.queued_at,
-        parent=_parent(reader, row),
-        unreadable=reader.note,  # last: every column above is read
-    )
-
-
-def _parent(reader: RowReader, row: Row[Any]) -> RunParent | None:
-    if row.parent_experiment is None or row.parent_tag is None or row.parent_step is None:
-        return None
-    return RunParent(
-        run_id=reader.text("parent_run_id", row.parent_run_id),
-        experiment=reader.text("parent_experiment", row.parent_experiment) or "",
-        tag=reader.text("parent_tag", row.parent_tag) or "",
-        step=row.parent_step,
-    )
-
-
-def _checkpoint_pairs(value: Any) -> list[Checkpoint]:
-    """The (experiment, tag) pairs of a stored `depends_on`; an entry of another shape names
-    no checkpoint, so it protects none."""
-    if not isinstance(value, list):
-        return []
-    return [
-        (pair[0], pair[1])
-        for pair in value
-        if isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)
-    ]
-
-
-def _dependencies(reader: RowReader, value: Any) -> list[Checkpoint]:
-    pairs = _checkpoint_pairs(value)
-    if not isinstance(value, list) or len(pairs) != len(value):
-        reader.problems.append("depends_on: what names no (experiment, tag) was left out")
-    return pairs
-
-
-def _event_from_row(row: Row[Any]) -> Event:
-    data = row.data
-    if type(data) is not dict or not is_clean(data):  # the quick test first: pages are long
-        data = RowReader(f"event {row.id}").json("data", data)
-    return Event(row.id, row.run_id, row.type, data, row.created_at)
-
-
-def _keyed(submitted_by: str | None, key: str) -> ColumnElement[bool]:
-    """The run of `submitted_by` with idempotency key `key` (the index `uq_runs_idempotency`
-    is on the same expression)."""
-    return and_(IDEMPOTENCY_SCOPE == (submitted_by or "").lower(), runs.c.idempotency_key == key)
-
-
-def _check_owner(row: Row[Any], name: str) -> None:
-    """A token that is no admin's cancels only the runs it submitted."""
-    if row.submitted_by is None:
-        raise Forbidden(
-            f"run {row.id} was queued without a token (the service had none then); only an "
-            f"admin token may cancel it, and token {name!r} is none"
-        )
-    if not same_name(row.submitted_by, name):
-        raise Forbidden(
-            f"run {row.id} was submitted by {row.submitted_by!r}; token {name!r} may cancel "
-            "only the runs it submitted, and an admin token any run"
-        )
-
-
-def _replay(conn: Connection, existing: Row[Any], rows: list[dict[str, Any]]) -> list[Run]:
-    """The runs an idempotent retry refers to, if the retry asks for the same thing:
-    `existing` holds the key itself, the other runs of its request the keys derived from it."""
-    values = rows[0]
-    if existing.request_digest and values["request_digest"]:
-        body: tuple[str, ...] = ("kind", "request_digest")
-    else:
-        body = ("kind", "experiment", "spec", "depends_on")
-    if any(getattr(existing, name) != values[name] for name in body):
-        raise _key_reused(values["idempotency_key"], existing.id)
-    others = [_fetch_one(conn, _keyed(v["submitted_by"], v["idempotency_key"])) for v in rows[1:]]
-    if any(row is None for row in others):  # the same digest names the same number of runs
-        raise _key_reused(values["idempotency_key"], existing.id)
-    return [_run_from_row(row) for row in (existing, *others) if row is not None]
-
-
-def _member_keys(key: str | None, count: int) -> list[str | None]:
-    """The idempotency keys of the `count` runs of one request: the first run holds the
-    client's key, so that a single-run submit with the same key sees it taken; the others a
-    key derived from it, with a line break no header value can hold, so no client's own key
-    is ever one of them, and the sha256 keeps it within the column's 200 characters."""
-    if key is None:
-        return [None] * count
-    digest = hashlib.sha256(key.encode()).hexdigest()
-    return [key, *(f"member {i}\n{digest}" for i in range(1, count))]
-
-
-def _queued_values(
-    run: RunToQueue,
-    key: str | None,
-    request_digest: str | None,
-    submitted_by: str | None,
-    dialect: str,
-) -> dict[str, Any]:
-    """The columns of one run to enqueue, refused with `ValueError` or `InvalidRequest` where
-    the run cannot be queued at all."""
-    if run.max_attempts < 1:
-        raise ValueError(f"max_attempts must be at least 1, got {run.max_attempts}")
-    placement, parent = run.placement, run.parent
-    if placement.is_gang and dialect == "sqlite":
-        raise InvalidRequest(
-            f"nnodes {placement.nnodes}: a run across several nodes needs PostgreSQL "
-            "(TRAINCTL_DATABASE_URL) as the coordination point; this service keeps its "
-            "runs in SQLite, which serves one node. Use nnodes 1 (nproc_per_node for "
-            "this node's GPUs)"
-        )
-    return {
-        "kind": run.kind,
-        "experiment": run.experiment,
-        "spec": _plan_json(run.spec),
-        "max_attempts": run.max_attempts,
-        "idempotency_key": key,
-        "depends_on": [[exp, tag] for exp, tag in run.depends_on],
-        "request_digest": request_digest,
-        "submitted_by": submitted_by,
-        "priority": run.priority,
-        "nnodes": placement.nnodes,
-        "gpus_per_node": placement.gpus_per_node,
-        "procs_per_node": placement.procs_per_node,
-        "spread": placement.spread,
-        "model_plugin": placement.model_plugin,
-        "parent_run_id": parent.run_id if parent else None,
-        "parent_experiment": parent.checkpoint.experiment if parent else None,
-        "parent_tag": parent.checkpoint.tag if parent else None,
-        "parent_step": parent.step if parent else None,
-    }
-
-
-def _key_reused(key: str, run_id: str) -> Conflict:
-    return Conflict(
-        f"idempotency key {key!r} was already used for a different request (run {run_id}); "
-        "use a new key for a new run"
-    )
-
-
-def _fetch_one(
-    conn: Connection, condition: ColumnElement[bool], *, lock: bool = False
-) -> Row[Any] | None:
-    query = select(runs).where(condition)
-    if lock:
-        query = query.with_for_update()
-    return conn.execute(query).one_or_none()
-
-
-def _require_row(conn: Connection, run_id: str, *, lock: bool = False) -> Row[Any]:
-    row = _fetch_one(conn, runs.c.id == run_id, lock=lock)
-    if row is None:
-        raise RunNotFound(run_id)
-    return row
-
-
-def _active_train_row(conn: Connection, experiment: str) -> Row[Any] | None:
-    condition = and_(
-        runs.c.kind == "train",
-        runs.c.experiment == experiment,
-        runs.c.state.in_(ACTIVE_STATES),
-    )
-    return conn.execute(select(runs).where(condition).limit(1)).one_or_none()
-
-
-def _running_rows(conn: Connection, condition: ColumnElement[bool]) -> Sequence[Row[Any]]:
-    """Running runs matching `condition`, locked; rows another reaper holds are skipped."""
-    query = (
-        select(runs)
-        .where(runs.c.state == "running", condition)
-        .order_by(runs.c.created_at, runs.c.seq)
-        .with_for_update(skip_locked=True)
-    )
-    return conn.execute(query).all()
-
-
-def _same_worker(worker_id: str | None) -> ColumnElement[bool]:
-    return runs.c.worker_id.is_(None) if worker_id is None else runs.c.worker_id == worker_id
-
-
-def _owned(run_id: str, worker_id: str, attempt: int) -> ColumnElement[bool]:
-    """The fence: the run is running under this worker (or a gang with it as a member) and
-    this attempt."""
-    return and_(
-        runs.c.id == run_id,
-        or_(runs.c.worker_id == worker_id, is_member(worker_id, attempt)),
-        runs.c.attempt == attempt,
-        runs.c.state == "running",
-    )
-
-
-def _silent_worker(conn: Connection, row: Row[Any], now: datetime) -> str:
-    """Who of a run's workers stopped heartbeating, in words: a gang member, or its worker."""
-    if row.nnodes > 1:
-        late = select(run_slots.c.worker_id).where(
-            run_slots.c.run_id == row.id, run_slots.c.lease_expires_at < now
-        )
-        names = list(conn.execute(late).scalars())
-        if names:
-            return f"gang member {', '.join(names)}"
-    return f"worker {row.worker_id}"
-
-
-def _fenced_update(
-    conn: Connection, run_id: str, worker_id: str, attempt: int, **values: Any
-) -> Row[Any]:
-    """Update a run only if `worker_id` still owns `attempt` of it; else raise `LeaseLost`."""
-    statement = (
-        update(runs).where(_owned(run_id, worker_id, attempt)).values(**values).returning(*runs.c)
-    )
-    row = conn.execute(statement).one_or_none()
-    if row is None:
-        raise _lease_lost(conn, run_id, worker_id, attempt)
-    return row
-
-
-def _require_owned(conn: Connection, run_id: str, worker_id: str, attempt: int) -> Row[Any]:
-    """Read and lock the run if `worker_id` still owns `attempt` of it; else raise `LeaseLost`.
-
-    The lock (PostgreSQL) or the write transaction (SQLite) keeps a reaper from moving the run
-    before the caller's write commits.
-    """
-    row = _fetch_one(conn, _owned(run_id, worker_id, attempt), lock=True)
-    if row is None:
-        raise _lease_lost(conn, run_id, worker_id, attempt)
-    return row
-
-
-def _reaped_unclaimed(conn: Connection, run_id: str, worker_id: str, attempt: int) -> bool:
-    """Whether the run is queued because `attempt`, which `worker_id` claimed, was reaped,
-    and nobody has claimed it since: its last two state events are that claim and the
-    requeue with the next attempt (every claim and move appends one). One node's runs only:
-    a gang's members report on their own and may still be stopping. The row is locked, so a
-    claimer waits for this transaction and then finds the run no longer queued."""
-    row = _require_row(conn, run_id, lock=True)
-    if row.state != "queued" or row.attempt != attempt + 1 or row.nnodes != 1:
-        return False
-    last_two = conn.execute(
-        select(run_events.c.data)
-        .where(run_events.c.run_id == run_id, run_events.c.type == "state")
-        .order_by(run_events.c.id.desc())
-        .limit(2)
-    ).scalars().all()  # fmt: skip
-    if len(last_two) != 2 or not all(isinstance(data, dict) for data in last_two):
-        return False
-    requeued, claimed = last_two
-    return (
-        (claimed.get("state"), claimed.get("worker_id"), claimed.get("attempt"))
-        == ("running", worker_id, attempt)
-        and (requeued.get("state"), requeued.get("previous")) == ("queued", "running")
-        and requeued.get("attempt") == attempt + 1
-    )
-
-
-def _lease_lost(conn: Connection, run_id: str, worker_id: str, attempt: int) -> Exception:
-    """Explain why a fenced write was refused, so the worker's log says what happened."""
-    row = _fetch_one(conn, runs.c.id == run_id)
-    if row is None:
-        return RunNotFound(run_id)
-    return LeaseLost(
-        f"worker {worker_id} no longer owns run {run_id} (attempt {attempt}): the run is now "
-        f"{row.state}, attempt {row.attempt}, worker {row.worker_id or 'none'}; "
-        "stop working on it"
-    )
-
-
-def _state_data(row: Row[Any], previous: str, reason: str) -> dict[str, Any]:
-    return {
-        "state": row.state,
-        "previous": previous,
-        "reason": reason,
-        "attempt": row.attempt,
-        "worker_id": row.worker_id,
-    }
-
-
-def _insert_event(conn: Connection, run_id: str, type: str, data: dict[str, Any]) -> int:
-    """Append an event; the caller must hold the run's row lock in this transaction.
-
-    A client resuming a stream asks for the events of one run with id > Last-Event-ID, so the
-    ids of one run must become visible in increasing order. On PostgreSQL ids come from a
-    sequence, handed out at INSERT, not at COMMIT: two transactions inserting events of the
-    same run could take ids 10 and 11 and commit 11 first, and a reader between the two
-    commits would move past 10 for good. Every caller therefore takes the run's row lock first
-    (SELECT ... FOR UPDATE, or the UPDATE of a state change), which serialises the event
-    writers of a run: the next one takes its id only after the previous one committed. (The
-    foreign-key check of a bare INSERT takes only a shared key lock, which two inserters hold
-    at once, so it does not serialise them.) Events
-    of different runs need no order between them, and do not wait for each other. On SQLite
-    BEGIN IMMEDIATE serialises every writer anyway.
-    """
-    result = conn.execute(
-        insert(run_events).values(run_id=run_id, type=type, data=data, created_at=_utcnow())
-    )
-    event_id = result.inserted_primary_key[0] if result.inserted_primary_key else None
-    assert isinstance(event_id, int), "the database did not return the new event's id"
-    return event_id
-
-
-def _encode_cursor(created_at: datetime, seq: int) -> str:
-    raw = json.dumps([created_at.isoformat(), seq]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, int]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_text, seq = json.loads(raw)
-        created_at = datetime.fromisoformat(created_text)
-        if created_at.tzinfo is None or not isinstance(seq, int):
-            raise ValueError("cursor fields have the wrong types")
-        if not 0 <= seq < 2**63:  # a forged one: the database's integers are 64-bit
-            raise ValueError("cursor sequence number out of range")
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(
-            f"invalid cursor {cursor!r}: pass the next_cursor of a previous page unchanged"
-        ) from exc
-    return created_at, seq

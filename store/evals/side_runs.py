@@ -18,7 +18,8 @@ plan is built in one place. What differs from a client's submit:
 from __future__ import annotations
 
 from trainctl.store.checkpoints.factory import Stores
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.kinds.evaluate import EvaluateRequest
 from trainctl.store.plans import Device
 from trainctl.store.queueing import enqueue_pinned, resolve_run

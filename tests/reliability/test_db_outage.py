@@ -38,7 +38,8 @@ from tests.support.polling import poll
 from tests.support.stores import folder, posix_store
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost
 from trainctl.worker.context import RunContext
 from trainctl.worker.reporter import Reporter

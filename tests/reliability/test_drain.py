@@ -19,7 +19,8 @@ from tests.support.plans import enqueue, validate_plan
 from tests.support.polling import poll
 from tests.support.s3server import S3Server, running_s3_server
 from tests.support.stores import posix_store, s3_store
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 
 STEPS = 100
 """Long enough that SIGTERM lands mid-run (a tiny step takes milliseconds), short enough that

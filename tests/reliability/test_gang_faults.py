@@ -37,7 +37,8 @@ from tests.support.polling import poll
 from tests.support.soak import rounds
 from tests.support.stores import folder, posix_store
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 
 ROUNDS = rounds(20) // 50
 STEPS, CHECKPOINT_EVERY = 40, 10

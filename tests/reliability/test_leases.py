@@ -19,7 +19,8 @@ from tests.reliability.workers import (
     wait_finished,
 )
 from tests.support.polling import poll
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 
 PAST_THE_LEASE = timedelta(minutes=5)
 

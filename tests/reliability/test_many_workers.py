@@ -21,7 +21,8 @@ from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
 from tests.support.databases import BACKENDS, fresh_database
 from tests.support.plans import benchmark_plan
 from tests.support.polling import poll
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 
 WORKERS = 4
 RUNS = 200

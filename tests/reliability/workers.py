@@ -16,7 +16,8 @@ from tests.support.plans import enqueue, train_plan
 from tests.support.polling import poll
 from tests.support.stores import folder, posix_store
 from trainctl.store.checkpoints.posix import STAGING_PREFIX
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,8 @@ from typing import Any
 
 from trainctl.store.checkpoints.manifests import METADATA_FILE, MODEL_FILE, OPTIMIZER_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.models.presets import get_preset
 from trainctl.store.names import step_tag
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.stores import posix_store
-from trainctl.store.db.runs import RunStore, RunToQueue
+from trainctl.store.db.records import RunToQueue
+from trainctl.store.db.runs import RunStore
 from trainctl.store.queueing import enqueue_pinned
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.stores import posix_store
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.kinds.benchmark import BenchmarkPlan, BenchmarkRequest, resolve_benchmark
 from trainctl.store.kinds.registry import kind_of_plan, placement_of
 from trainctl.store.kinds.train import TrainPlan, TrainRequest, resolve_train

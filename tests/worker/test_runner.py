@@ -25,7 +25,8 @@ from tests.support.polling import poll
 from tests.support.rows import SURROGATE_SPEC, Poison
 from tests.support.s3server import S3Server
 from tests.support.stores import posix_store, s3_store
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.kinds.validate import ValidateRequest, resolve_validate
 from trainctl.store.vocabulary import TERMINAL_STATES
 from trainctl.store.worker_settings import WorkerSettings

@@ -15,7 +15,8 @@ from fastapi.testclient import TestClient
 from tests.service.api.submits import CPU_TRAIN, submit
 from trainctl.service.deps import get_runs
 from trainctl.service.history import downsample, fair_shares
-from trainctl.store.db.runs import Event, RunStore
+from trainctl.store.db.records import Event
+from trainctl.store.db.runs import RunStore
 
 
 def train_rows(n: int) -> list[dict[str, Any]]:

@@ -23,7 +23,8 @@ from trainctl.service.submit import submit_run
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.guards import GuardLeases
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import CheckpointNotFound
 from trainctl.store.kinds.validate import ValidateRequest
 

@@ -25,7 +25,8 @@ from trainctl.service.sinks.base import Sink, scalars
 from trainctl.service.sinks.mirror import BATCH_EVENTS, SinkMirror
 from trainctl.service.sinks.mlflow import MlflowSink
 from trainctl.service.sinks.tensorboard import TensorBoardSink
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.db.schema import run_events, write_transaction
 from trainctl.store.db.sinks import SinkStore
 from trainctl.store.kinds.train import TrainRequest, resolve_train

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.db.schema import sink_mirrors, write_transaction
 from trainctl.store.db.sinks import DISCOVERY_GRACE, SinkStore, _new_mark
 from trainctl.store.exceptions import LeaseLost

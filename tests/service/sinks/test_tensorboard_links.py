@@ -13,7 +13,8 @@ import pytest
 
 from trainctl.service.sinks.mirror import SinkMirror
 from trainctl.service.sinks.tensorboard import TensorBoardSink
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.db.sinks import SinkStore
 from trainctl.store.kinds.train import TrainRequest, resolve_train
 

@@ -15,7 +15,8 @@ from tests.service.serving import serve
 from tests.support.polling import poll
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 
 ANSWER_SECONDS = 10.0
 """How long a send waits for the test's receiver. The receiver answers at once, but it is a

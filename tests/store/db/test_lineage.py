@@ -4,7 +4,8 @@ parent is stored with its row and the tree is read back, on SQLite and PostgreSQ
 from __future__ import annotations
 
 from trainctl.store.db.lineage import read_lineage
-from trainctl.store.db.runs import RunParent, RunStore
+from trainctl.store.db.records import RunParent
+from trainctl.store.db.runs import RunStore
 from trainctl.store.plans import CheckpointRef, ForkPoint
 
 

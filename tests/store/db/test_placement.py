@@ -15,7 +15,8 @@ from sqlalchemy import select
 
 from tests.support.databases import fresh_database
 from trainctl.store.db.placement import ONE_NODE, Capacity, Placement, choose_gang, why_waiting
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.db.schema import read_transaction, run_slots, workers
 from trainctl.store.exceptions import InvalidRequest, LeaseLost, WorkerNotFound
 

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from tests.support.rows import SURROGATE_SPEC, Poison
+from trainctl.store.db.records import Run
 from trainctl.store.db.rows import UNREADABLE
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.runs import RunStore
 from trainctl.store.text import unencodable
 
 DEEP = '{"a": ' * 100 + "1" + "}" * 100

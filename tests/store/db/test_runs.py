@@ -17,7 +17,8 @@ import pytest
 from sqlalchemy import insert, select
 
 from tests.support.pg import PostgresServer
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.db.schema import run_events, runs, write_transaction
 from trainctl.store.exceptions import (
     Conflict,

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.db.scores import checkpoint_results, latest_scores
 from trainctl.store.evals.tasks import EvalResult, TaskScores
 

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.db.workers import WorkerStore
 from trainctl.store.exceptions import WorkerNotFound
 

@@ -15,7 +15,8 @@ from tests.support.stores import dataset_store
 from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.data.datasets import TOKENIZER_FILE, read_dataset
 from trainctl.store.data.shards import DataError
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.kinds.prepare import PreparePlan, PrepareRequest, resolve_prepare
 from trainctl.store.layout import DataLayout
 from trainctl.worker.context import RunContext

@@ -18,7 +18,8 @@ import torch
 from tests.support.plans import enqueue, train_plan
 from tests.support.ranks import LOSS_RTOL, STEPS, tiny_plan, train_losses
 from tests.support.stores import folder, posix_store
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.worker_settings import WorkerSettings

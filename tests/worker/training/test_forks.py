@@ -18,7 +18,8 @@ from tests.support.polling import poll
 from tests.support.stores import folder, posix_store
 from tests.support.train_script import run_script
 from trainctl.store.checkpoints.manifests import MODEL_FILE, OPTIMIZER_FILE
-from trainctl.store.db.runs import Run, RunStore
+from trainctl.store.db.records import Run
+from trainctl.store.db.runs import RunStore
 from trainctl.store.plans import CheckpointRef
 from trainctl.store.vocabulary import TERMINAL_STATES
 from trainctl.worker.training.hooks import TrainerHooks
