@@ -9,6 +9,7 @@ import pytest
 
 from tests.support.hf_archs import hf
 from tests.support.plans import enqueue, train_plan, validate_plan
+from tests.support.registries import registered
 from tests.support.stores import posix_store
 from trainctl.store.db.runs import RunStore
 from trainctl.store.kinds.train import train_need
@@ -101,8 +102,7 @@ def test_every_kind_that_builds_the_model_is_counted_at_claim_not_only_train(
 def test_a_plug_in_model_is_counted_on_the_meta_device_too() -> None:
     from tests.plugins.trainctl_tinylm import MODEL
 
-    MODEL_PLUGINS.register("tiny_mlp_admission", MODEL)
-    try:
+    with registered((MODEL_PLUGINS, "tiny_mlp_admission", MODEL)):
         config = {"vocab_size": 256, "max_seq_len": 64, "d_model": 32}
         plan = train_plan(
             steps=1,
@@ -111,8 +111,6 @@ def test_a_plug_in_model_is_counted_on_the_meta_device_too() -> None:
         )
         real = sum(p.numel() for p in build_model(plan.model.config).parameters())
         assert admit_at_claim(plan, memory_bytes=None) == real
-    finally:
-        MODEL_PLUGINS.unregister("tiny_mlp_admission")
 
 
 def test_a_worker_reports_the_transformers_model_types_it_builds(tmp_path: Path) -> None:

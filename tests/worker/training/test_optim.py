@@ -202,13 +202,9 @@ def sgd_kind() -> Iterator[str]:
         settings=MuonSettings,
         state_per_param=1,  # the momentum buffer
     )
-    OPTIMIZER_KINDS.register(SGD, record)
-    OPTIMIZER_BUILDERS.register(SGD, OptimizerBuilder(sgd_groups, build_sgd))
-    try:
+    builder = OptimizerBuilder(sgd_groups, build_sgd)
+    with registered((OPTIMIZER_KINDS, SGD, record), (OPTIMIZER_BUILDERS, SGD, builder)):
         yield SGD
-    finally:
-        OPTIMIZER_KINDS.unregister(SGD)
-        OPTIMIZER_BUILDERS.unregister(SGD)
 
 
 def short_plan(

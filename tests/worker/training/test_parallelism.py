@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.plans import train_plan
+from tests.support.registries import registered
 from tests.support.stores import posix_store
 from trainctl.store.checkpoints.manifests import FULL_LAYOUT
 from trainctl.store.training.parallelism import (
@@ -39,14 +40,11 @@ def mislabeled() -> Iterator[str]:
         name=MISLABELED, description="says full, writes shards", settings=DDPSettings,
         shards_state=False, checkpoint_layout=FULL_LAYOUT,
     )  # fmt: skip
-    PARALLEL_STRATEGIES.register(MISLABELED, record)
     builder = StrategyBuilder(STRATEGY_BUILDERS.get("ddp").wrap, saves=ShardedSaves)
-    STRATEGY_BUILDERS.register(MISLABELED, builder)
-    try:
+    with registered(
+        (PARALLEL_STRATEGIES, MISLABELED, record), (STRATEGY_BUILDERS, MISLABELED, builder)
+    ):
         yield MISLABELED
-    finally:
-        PARALLEL_STRATEGIES.unregister(MISLABELED)
-        STRATEGY_BUILDERS.unregister(MISLABELED)
 
 
 def test_a_builder_that_writes_another_layout_than_its_record_names_is_refused(
