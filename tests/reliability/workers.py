@@ -3,6 +3,7 @@ tests."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import sqlite3
@@ -15,7 +16,7 @@ from pathlib import Path
 from tests.support.plans import enqueue, train_plan
 from tests.support.polling import poll
 from tests.support.stores import folder, posix_store
-from trainctl.store.checkpoints.posix import STAGING_PREFIX
+from trainctl.store.checkpoints.posix import GUARD_PREFIX, STAGING_PREFIX
 from trainctl.store.db.records import Run
 from trainctl.store.db.runs import RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES
@@ -78,26 +79,44 @@ class Workers:
 
     def stall(self, worker_id: str) -> None:
         """SIGSTOP the worker, at a moment it does not hold SQLite's write lock, nor is
-        between confirming its lease and publishing a checkpoint.
+        between confirming its lease and publishing a checkpoint or deleting old ones.
 
         A process stopped inside a write transaction would block every writer, the reaper
         included: a property of SQLite (one writer at a time), not of leases. One stopped in
         a commit (its manifest staged, its lease just confirmed) publishes on resume a
-        checkpoint it saved under a live lease; the tests reap at once, without waiting the
-        lease out, which would make that look like a fenced worker's save.
+        checkpoint it saved under a live lease, and one stopped in a retention (the
+        experiment's guard held, its lease just confirmed) deletes on resume what it listed
+        under a live lease; the tests reap at once, without waiting the lease out, which
+        would make either look like a fenced worker's write.
         """
         proc = self.procs[worker_id]
         for _ in range(100):
             os.kill(proc.pid, signal.SIGSTOP)
-            if self._write_lock_is_free() and not self._committing():
+            # kill returns before the stop lands: a thread still running on another core
+            # could stage a manifest or take a lock after the checks below.
+            poll(lambda: _stopped(proc.pid), 10, f"{worker_id} to stop", interval=0.002)
+            if self._write_lock_is_free() and not self._committing() and self._guards_free():
                 return
             os.kill(proc.pid, signal.SIGCONT)
             time.sleep(0.01)
-        raise AssertionError(f"{worker_id} always held the database write lock")
+        raise AssertionError(f"{worker_id} was always in a write, a commit or a retention")
 
     def _committing(self) -> bool:
         """Whether a checkpoint's manifest is staged and not yet published (posix store)."""
         return any((self.data_dir / "checkpoints").glob(f"*/{STAGING_PREFIX}*/manifest.json"))
+
+    def _guards_free(self) -> bool:
+        """Whether no process holds an experiment's guard (posix store): a retention holds
+        it from its listing, through its lease check, to its last delete."""
+        for guard in (self.data_dir / "checkpoints").glob(f"{GUARD_PREFIX}*"):
+            fd = os.open(guard, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            finally:
+                os.close(fd)  # releases the lock, if this took it
+        return True
 
     def _write_lock_is_free(self) -> bool:
         conn = sqlite3.connect(self.data_dir / "trainctl.db", timeout=0.2, isolation_level=None)
@@ -119,6 +138,17 @@ class Workers:
                 os.kill(proc.pid, signal.SIGCONT)
                 proc.kill()
             proc.wait()
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is stopped (state T in /proc)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+    return all(state in ("T", "t") for state in states)
 
 
 def enqueue_tiny_train(
