@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install browser serve benchmark bench test test-fast lint typecheck pytest openapi soak clean
+.PHONY: install browser slurm serve benchmark bench test test-fast lint typecheck pytest openapi soak clean
 
 install: $(STAMP)
 
@@ -56,11 +56,16 @@ typecheck: install
 browser:
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }
 
+# The Slurm tests start a cluster of their own on loopback (tests/support/slurm.py) from
+# Debian's daemons and munge; install them on a fresh machine.
+slurm:
+	command -v slurmctld >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq --no-install-recommends slurm-wlm munge; }
+
 # Two processes (pytest-xdist; `--dist loadfile` keeps a file's tests in one process, so a
 # module's service or trained run is built once); what that saves, and every lane's time:
 # docs/performance.md, "Test lanes". `PYTEST_WORKERS=0`: one process.
 PYTEST_WORKERS ?= 2
-pytest: install browser
+pytest: install browser slurm
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 test: lint typecheck pytest
