@@ -4,7 +4,8 @@
 (a fresh database on a real PostgreSQL 15 server that the session starts on first use).
 `runs` is a run store on SQLite where a worker on one node keeps it: the data dir's
 trainctl.db, the data dir being the test's tmp_path (the service's tests have their own,
-their app's).
+their app's). `slurm_cluster` is a real Slurm cluster of three nodes on loopback
+(tests/support/slurm.py) for a test module.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tests.support.databases import BACKENDS, fresh_database
 from tests.support.mlflow_server import MlflowServer
 from tests.support.pg import PostgresServer, PostgresUnavailable
 from tests.support.s3server import S3Server, running_s3_server
+from tests.support.slurm import SlurmCluster, SlurmUnavailable, unavailable_reason
 from tests.support.soak import SKIP_REASON, SOAK
 from trainctl.store.db.runs import RunStore
 from trainctl.store.layout import DataLayout
@@ -71,3 +73,19 @@ def mlflow_server(tmp_path: Path) -> Iterator[MlflowServer]:
     server = MlflowServer(tmp_path / "mlflow")
     yield server
     server.kill()
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A Slurm cluster (n1, n2, n3 in the partition `debug`) for the module. It skips only
+    where Slurm cannot be installed; where apt could install it, a missing Slurm fails."""
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except SlurmUnavailable as exc:
+        pytest.fail(f"cannot start the Slurm cluster for the tests: {exc}", pytrace=False)
+    yield cluster
+    cluster.stop()
