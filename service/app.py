@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
+from trainctl.service.backends import build_backend
 from trainctl.service.deps import AUTH
 from trainctl.service.errors import error_responses, install_error_handlers
 from trainctl.service.limits import Slots, StreamSlots
@@ -41,7 +42,6 @@ from trainctl.service.routing import (
 from trainctl.service.settings import Settings, get_settings
 from trainctl.service.sinks.mirror import SinkMirrors
 from trainctl.service.sse import EventFeed
-from trainctl.service.supervisor import Supervisor, default_worker_count
 from trainctl.service.webhooks.dispatcher import DispatchConfig, Dispatcher
 from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.db.runs import RunStore
@@ -121,14 +121,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
             app.state.webhook_dispatcher = dispatcher
             dispatcher.start()
-            if default_worker_count(settings)[0] > 0:
-                supervisor = Supervisor(settings, store, metrics=app.state.metrics)
-                app.state.supervisor = supervisor
+            # The launch backend (service.backends): local workers, or Slurm jobs.
+            supervisor = build_backend(settings, store, app.state.metrics)
+            app.state.supervisor = supervisor
+            if supervisor is not None:
                 supervisor.start()
             yield
         finally:
             if supervisor is not None:
-                supervisor.stop()  # workers checkpoint and hand their runs back first
+                supervisor.stop()  # local workers checkpoint and hand their runs back first
             mirrors.stop()  # after the workers: a cursor resumes from here at the next start
             if dispatcher is not None:
                 dispatcher.stop()  # a send it cuts short is due again at the next start

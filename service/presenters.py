@@ -20,6 +20,7 @@ from trainctl.service.schemas import (
     RunPublic,
     WorkerPublic,
 )
+from trainctl.store.db.launches import Launch
 from trainctl.store.db.lineage import Lineage, LineageNode
 from trainctl.store.db.placement import why_waiting
 from trainctl.store.db.records import Run
@@ -29,22 +30,36 @@ from trainctl.store.models.hf_catalog import causal_lm_types
 from trainctl.store.models.presets import PRESETS
 
 
-def waiting_reason(run: Run, live: Sequence[Worker]) -> str | None:
-    """Why a queued run waits, in words, when no `live` worker could take it (store.db.placement);
-    None for a run that waits only for a worker to be free, and for any run not queued."""
+def waiting_reason(run: Run, live: Sequence[Worker], jobs: Sequence[Launch] = ()) -> str | None:
+    """Why a queued run waits, in words: the scheduler's reason for its pending job (a
+    launch backend's run), or what no `live` worker has (store.db.placement); None for a run
+    that waits only for a worker to be free, and for any run not queued."""
     if run.state != "queued":
         return None
+    if jobs:
+        waiting = [j for j in jobs if j.claimed_at is None and j.ended_at is None]
+        if not waiting:
+            return f"waiting: a new {jobs[-1].backend} job is being submitted"
+        job = waiting[-1]
+        why = f" ({job.reason})" if job.reason else ""
+        return f"waiting: {job.backend} job {job.job_id} {job.state.lower()}{why}"
     return why_waiting(run.placement, [w.capacity for w in live])
 
 
 def public_runs(runs: RunStore, lease_seconds: float, items: Sequence[Run]) -> list[RunPublic]:
-    """The runs as the API shows them; the workers are read once, and only when one of the
-    runs is queued."""
+    """The runs as the API shows them, with their jobs; the workers are read once, and only
+    when one of the runs is queued."""
     queued = any(run.state == "queued" for run in items)
     live = live_workers(runs.workers, lease_seconds) if queued else []
+    jobs = runs.launches.of_runs(run.id for run in items)
     return [
         RunPublic.model_validate(
-            {**vars(run), "short_id": run.short_id, "waiting_reason": waiting_reason(run, live)}
+            {
+                **vars(run),
+                "short_id": run.short_id,
+                "waiting_reason": waiting_reason(run, live, jobs.get(run.id, [])),
+                "jobs": [vars(job) for job in jobs.get(run.id, [])],
+            }
         )
         for run in items
     ]

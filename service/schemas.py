@@ -95,6 +95,23 @@ class ParentPublic(Public):
     step: int = Field(description="Its step: the fork's first step continues from it.")
 
 
+class JobPublic(Public):
+    """One job a launch backend submitted for a run (a Slurm job)."""
+
+    backend: str = Field(description="Which scheduler: slurm.")
+    job_id: str = Field(description="The scheduler's id (squeue, scancel, scontrol show job).")
+    attempt: int = Field(description="The run's attempt it was submitted (or claimed) for.")
+    state: str = Field(
+        description="The scheduler's state as last seen: PENDING, RUNNING, COMPLETED, "
+        "CANCELLED, NODE_FAIL, TIMEOUT ..., or GONE for a job it no longer lists."
+    )
+    reason: str | None = Field(description="Why a pending job waits (Resources, Priority ...).")
+    nodes: str | None = Field(description="The nodes it ran on.")
+    submitted_at: datetime
+    claimed_at: datetime | None = Field(description="When its worker started the run.")
+    ended_at: datetime | None
+
+
 class RunPublic(Public):
     id: str
     short_id: str = Field(description=SHORT_ID_TEXT)
@@ -129,6 +146,11 @@ class RunPublic(Public):
     )
     parent: ParentPublic | None = Field(
         None, description="A fork's parent: run, checkpoint and step; null for no fork."
+    )
+    jobs: list[JobPublic] = Field(
+        default_factory=list,
+        description="The scheduler jobs its attempts ran in, oldest first (TRAINCTL_BACKEND="
+        "slurm); empty where workers claim runs from the queue.",
     )
 
 

@@ -15,6 +15,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trainctl.service.webhooks.targets import HostPolicy
+from trainctl.store.backends.slurm import NAME as SLURM_NAME
+from trainctl.store.backends.slurm import SlurmDefaults, time_limit_seconds
 from trainctl.store.specs import MLFLOW_SETTING, Tracker
 from trainctl.store.training.memory import LARGEST_GPU_MEMORY_BYTES
 from trainctl.store.worker_settings import NodeSettings, WorkerNice
@@ -46,8 +48,35 @@ class Settings(NodeSettings, BaseSettings):
     download_url_seconds: int = Field(
         300, ge=1, le=7 * 24 * 3600, description="How long a redirect's presigned URL is valid."
     )
+    backend: Literal["local", "slurm"] = Field(
+        "local",
+        description="How runs reach workers: local, workers (this service's own, and any "
+        "started by hand) claim them from the queue; slurm, each attempt is one Slurm job "
+        "whose tasks run it, and no local worker starts (docs/scaling.md, 'Running on Slurm').",
+    )
+    slurm_partition: str | None = Field(
+        None, pattern=SLURM_NAME, description="Slurm: the partition of a run that names none."
+    )
+    slurm_account: str | None = Field(
+        None, pattern=SLURM_NAME, description="Slurm: the account of a run that names none."
+    )
+    slurm_qos: str | None = Field(
+        None, pattern=SLURM_NAME, description="Slurm: the QOS of a run that names none."
+    )
+    slurm_time_limit: str | None = Field(
+        None,
+        description="Slurm: each job's time limit for a run that names none (Slurm's --time "
+        "formats); unset: the partition's.",
+    )
+    slurm_poll_seconds: float = Field(
+        5.0, gt=0, le=600, description="Slurm: how often squeue is read and queued runs submitted."
+    )
     workers: int | None = Field(
-        None, ge=0, le=64, description="Local worker processes; default one per GPU, one on CPU."
+        None,
+        ge=0,
+        le=64,
+        description="Local worker processes; default one per GPU, one on CPU (none with the "
+        "slurm backend).",
     )
     gpus_per_worker: int = Field(
         1,
@@ -200,6 +229,19 @@ class Settings(NodeSettings, BaseSettings):
     webhook_poll_seconds: float = Field(
         0.5, gt=0, le=60, description="How often the webhook dispatcher reads the event log."
     )
+
+    @field_validator("slurm_time_limit")
+    @classmethod
+    def _slurm_time(cls, v: str | None) -> str | None:
+        if v:
+            time_limit_seconds(v)  # a bad value stops the service at start, naming it
+        return v or None
+
+    @property
+    def slurm_defaults(self) -> SlurmDefaults:
+        return SlurmDefaults(
+            self.slurm_partition, self.slurm_account, self.slurm_qos, self.slurm_time_limit
+        )
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

@@ -71,6 +71,8 @@ def default_worker_count(settings: Settings) -> tuple[int, int]:
     """(workers, gpus): one worker per `gpus_per_worker` GPUs, one on a CPU-only node,
     unless configured."""
     gpus = gpu_count()
+    if settings.backend != "local":
+        return 0, gpus  # workers start inside the scheduler's jobs (service.backends)
     if settings.workers is not None:
         return settings.workers, gpus
     return max(gpus // settings.gpus_per_worker, 1), gpus

@@ -55,6 +55,7 @@ def resolve_run(
         priority=request.priority,
         placement=placement,
         parent=record.parent(plan) if record.parent else None,
+        launch={"slurm": request.slurm.model_dump(mode="json")} if request.slurm else None,
     )
 
 

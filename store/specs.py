@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from trainctl.store.backends.slurm import SlurmOptions
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.models.hf import check_hf_fields
 from trainctl.store.models.presets import PRESETS, ModelConfig, get_preset
@@ -107,6 +108,12 @@ class Request(Spec):
         le=MAX_RUN_ATTEMPTS,
         description="Attempts before the run fails (a worker that dies or loses its lease "
         "ends an attempt); default: the service's TRAINCTL_MAX_ATTEMPTS.",
+    )
+    slurm: SlurmOptions | None = Field(
+        None,
+        description="Where Slurm may run it (partition, account, time limit, ...), on a "
+        "service that launches runs as Slurm jobs (TRAINCTL_BACKEND=slurm); refused "
+        "elsewhere. Unset fields: the service's TRAINCTL_SLURM_* defaults.",
     )
 
     @model_validator(mode="before")

@@ -95,7 +95,8 @@ def launch_train(
         job_file.write_text(json.dumps(job))
         command = python_command("trainctl.worker.launch", "launch", str(job_file))
         env = child_env(settings, local_addr or LOOPBACK, gang=gang is not None)
-        with subprocess.Popen(command, env=env) as proc:
+        shield = block_step_signals if in_job_step() else None
+        with subprocess.Popen(command, env=env, preexec_fn=shield) as proc:
             code = watch(proc, workdir, ctx)
         return read_result(workdir, code, gang=gang is not None)
 
@@ -207,7 +208,27 @@ def watch(proc: subprocess.Popen[bytes], workdir: Path, ctx: RunContext | None) 
             if reason in ("lease_lost", "lease_expired"):
                 lost_at = lost_at or time.monotonic()
                 if time.monotonic() - lost_at > STOP_GRACE_SECONDS:
-                    proc.terminate()  # torchrun stops its ranks
+                    proc.send_signal(stop_signal())  # torchrun stops its ranks
+
+
+def in_job_step() -> bool:
+    """Whether this process runs in a Slurm job step: Slurm's stop (scancel, preemption, the
+    `--signal` before the time limit) sends SIGTERM to every process of the step, torchrun
+    and the ranks included, where it would kill them before the worker's drain saves."""
+    return "SLURM_STEP_ID" in os.environ
+
+
+def block_step_signals() -> None:
+    """In the launcher child, before exec: SIGTERM blocked, for it and the ranks it starts
+    (a blocked signal stays blocked across fork and exec). Only the worker hears the step's
+    SIGTERM, and it stops the ranks as it does on any drain: at a step, after the save."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+def stop_signal() -> signal.Signals:
+    """What ends torchrun (it then stops the ranks): SIGTERM, or SIGINT where SIGTERM is
+    blocked (`block_step_signals`); torchrun treats both alike."""
+    return signal.SIGINT if in_job_step() else signal.SIGTERM
 
 
 def maybe_write_drain(workdir: Path, ctx: RunContext) -> None:
@@ -274,12 +295,13 @@ def run_launcher(job_file: str) -> int:
 
 
 def die_with_parent() -> None:
-    """Get SIGTERM when the worker dies (even by SIGKILL); torchrun then stops the ranks."""
+    """Get `stop_signal()` when the worker dies (even by SIGKILL); torchrun then stops the
+    ranks."""
     if not sys.platform.startswith("linux"):
         return
     parent = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    libc.prctl(PR_SET_PDEATHSIG, stop_signal())
     if os.getppid() != parent:  # the worker died before prctl took effect
         sys.exit(1)
 

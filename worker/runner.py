@@ -370,7 +370,21 @@ def _whole_path(folder: str) -> re.Pattern[str]:
 
 def main(argv: list[str] | None = None) -> int:
     configure_logging()
+    # Here, not at the top: worker.backends.slurm builds on this module.
+    from trainctl.worker.backends.slurm import (
+        SlurmTask,
+        node_address,
+        serve_job_run,
+        split_run_flag,
+    )
+
+    job_run, argv = split_run_flag(sys.argv[1:] if argv is None else argv)
     config = WorkerSettings.from_args(argv, prog=PROG, description=__doc__)
+    task = SlurmTask.from_environ(os.environ) if job_run is not None else None
+    if task is not None:
+        # Slurm names this task's node and its address; the worker is the job's, on it.
+        where = {"node_name": task.node_name, "worker_address": node_address(task.node_name)}
+        config = config.model_copy(update={"worker_id": task.worker_id, **where})
     if config.worker_nice:
         # Before torch starts its threads, which inherit it: training takes what CPU is left
         # while the API (at the service's niceness) answers at once.
@@ -378,7 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(config)
     worker.install_signal_handlers()
     try:
-        worker.serve_forever()
+        if job_run is not None and task is not None:
+            serve_job_run(worker, job_run, task)
+        else:
+            worker.serve_forever()
     finally:
         worker.runs.close()
     code = DRAINED_EXIT_CODE if worker.drained else 0

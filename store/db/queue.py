@@ -136,11 +136,12 @@ def reserved_for(
 def place_gang(
     conn: Connection,
     gang: Row[Any],
-    members: Sequence[Capacity],
+    members: Sequence[str],
     rendezvous: str,
     lease_until: datetime,
 ) -> None:
-    """Give each member its node rank (the leader, members[0], is 0) and mark it busy."""
+    """Give each member (a worker id) its node rank (the leader, members[0], is 0) and mark
+    it busy."""
     conn.execute(
         insert(run_slots),
         [
@@ -148,15 +149,14 @@ def place_gang(
                 "run_id": gang.id,
                 "node_rank": rank,
                 "attempt": gang.attempt,
-                "worker_id": member.worker_id,
+                "worker_id": member,
                 "rendezvous": rendezvous,
                 "lease_expires_at": lease_until,
             }
             for rank, member in enumerate(members)
         ],
     )
-    ids = [m.worker_id for m in members]
-    conn.execute(update(workers).where(workers.c.id.in_(ids)).values(run_id=gang.id))
+    conn.execute(update(workers).where(workers.c.id.in_(members)).values(run_id=gang.id))
 
 
 def members_of(conn: Connection, run_id: str) -> list[str]:

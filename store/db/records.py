@@ -94,6 +94,8 @@ class Run:
     (store/db/rows.py); None for every row this trainctl wrote."""
     parent: RunParent | None = None
     """A fork's parent; None for a run that is no fork."""
+    launch: dict[str, Any] | None = None
+    """What the run asked of its launch backend ({"slurm": {...}}); None: nothing."""
 
     @property
     def short_id(self) -> str:
@@ -125,6 +127,8 @@ class RunToQueue:
     placement: Placement = ONE_NODE
     parent: ForkPoint | None = None
     """Where a fork starts, its lineage."""
+    launch: dict[str, Any] | None = None
+    """What the run asks of its launch backend (store/backends)."""
 
 
 def utcnow() -> datetime:
@@ -170,6 +174,7 @@ def run_from_row(row: Row[Any]) -> Run:
         placement=placement_of_row(row),
         queued_at=row.queued_at,
         parent=parent_of_row(reader, row),
+        launch=None if row.launch is None else reader.json("launch", row.launch),
         unreadable=reader.note,  # last: every column above is read
     )
 

@@ -36,6 +36,7 @@ from trainctl.store.db.fencing import (
     silent_worker,
     state_data,
 )
+from trainctl.store.db.launches import Launches
 from trainctl.store.db.migrations import upgrade_to_head
 from trainctl.store.db.placement import ONE_NODE, Placement
 from trainctl.store.db.queue import (
@@ -116,6 +117,8 @@ class RunStore:
         self.engine = build_engine(url)
         self.workers = WorkerStore(self.engine)
         """The worker registry (store/db/workers.py): register, heartbeat, drain, list."""
+        self.launches = Launches(self)
+        """The jobs launch backends submitted (store/db/launches.py)."""
 
     def create_all(self) -> None:
         """Bring the schema to the newest migration (creating it in an empty database).
@@ -444,7 +447,7 @@ class RunStore:
                 members = choose_gang_members(conn, cap, need, now, lease_seconds)
                 if members is not None:
                     endpoint = rendezvous() if rendezvous else f"{me.address or me.host}:29400"
-                    place_gang(conn, row, members, endpoint, lease_until)
+                    place_gang(conn, row, [m.worker_id for m in members], endpoint, lease_until)
                     names = ", ".join(m.worker_id for m in members)
                     reason = (
                         f"claimed by a gang of {len(members)} workers ({names}); leader {worker_id}"

@@ -117,6 +117,9 @@ runs = Table(
     Column("finished_at", UTCDateTime, nullable=True),
     # The name of the API token the run was submitted with; None without token identities.
     Column("submitted_by", String(128), nullable=True),
+    # What the run asked of its launch backend ({"slurm": {...}}, store/backends); None for
+    # a run that asked nothing.
+    Column("launch", JSON, nullable=True),
     # Scheduling (store/db/placement.py): claims take the highest priority first, then the
     # oldest; a worker takes only runs whose nodes it can serve (GPUs per node, or cores for
     # a CPU run's processes); `nnodes` > 1 is a gang that N workers claim together.
@@ -221,6 +224,28 @@ run_slots = Table(
     Column("worker_id", String(100), nullable=False, unique=True),
     Column("rendezvous", String(300), nullable=False),
     Column("lease_expires_at", UTCDateTime, nullable=False),
+)
+
+
+# The jobs a launch backend submitted for runs (docs/design/backends.md): one row per job,
+# the scheduler's state and reason as last seen, and when a worker inside the job claimed the
+# run (`claimed_at`): a queued run with an unclaimed job that has not ended waits for that
+# job; otherwise it needs a new one.
+launches = Table(
+    "launches",
+    metadata,
+    Column("id", _ID_INT, primary_key=True, autoincrement=True),
+    Column("run_id", String(32), ForeignKey("runs.id"), nullable=False, index=True),
+    Column("attempt", Integer, nullable=False),
+    Column("backend", String(16), nullable=False),
+    Column("job_id", String(64), nullable=False),
+    Column("state", String(32), nullable=False),
+    Column("reason", Text, nullable=True),
+    Column("nodes", Text, nullable=True),
+    Column("submitted_at", UTCDateTime, nullable=False),
+    Column("claimed_at", UTCDateTime, nullable=True),
+    Column("ended_at", UTCDateTime, nullable=True),
+    UniqueConstraint("backend", "job_id", name="uq_launches_job"),
 )
 
 

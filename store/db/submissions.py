@@ -143,6 +143,7 @@ def queued_values(
         "parent_experiment": parent.checkpoint.experiment if parent else None,
         "parent_tag": parent.checkpoint.tag if parent else None,
         "parent_step": parent.step if parent else None,
+        "launch": run.launch,
     }
 
 
