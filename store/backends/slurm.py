@@ -24,8 +24,9 @@ NAME = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$"
 """A partition, account, QOS or reservation name: what Slurm's own names are made of."""
 CONSTRAINT = r"^[A-Za-z0-9_.&|()\[\]*:,!-]{1,256}$"
 """A node feature expression (`--constraint`): features and & | [ ] ( ) * : , !"""
-TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-EXTRA_VALUE = re.compile(r"^[^\x00-\x1f\x7f]{1,1024}$")
+TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+EXTRA_VALUE = re.compile(r"[^\x00-\x1f\x7f]{1,1024}")
+"""Read with `fullmatch`: `$` in Python's `re` also matches before a final newline."""
 
 SBATCH_EXTRAS = ("mem", "mem-per-cpu", "mem-per-gpu", "cpus-per-task", "nice", "licenses",
                  "mail-type", "mail-user", "gpus-per-node", "gpu-bind")  # fmt: skip
@@ -96,14 +97,14 @@ class SlurmOptions(TextChecked):
                 )
             if name in FLAG_EXTRAS and given != "true":
                 raise ValueError(f"option {name!r} takes no value: give 'true'")
-            if not EXTRA_VALUE.match(given):
+            if not EXTRA_VALUE.fullmatch(given):
                 raise ValueError(f"option {name!r}: 1 to 1024 characters, no control codes")
         return value
 
 
 def time_limit_seconds(value: str) -> int:
     """Slurm's `--time` formats, in seconds; ValueError for anything else."""
-    match = TIME.match(value)
+    match = TIME.fullmatch(value)
     if match is None or value.count(":") > 2:
         raise ValueError(
             f"time_limit {value!r}: expected minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
