@@ -289,6 +289,15 @@ class Settings(NodeSettings, BaseSettings):
         return v or None
 
     @model_validator(mode="after")
+    def _workers_of_the_backend(self) -> Settings:
+        if self.backend != "local" and self.workers:
+            raise ValueError(
+                f"TRAINCTL_WORKERS={self.workers} with TRAINCTL_BACKEND={self.backend}: workers "
+                "start inside the scheduler's jobs there, none on this node; unset it"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _trackers_configured(self) -> Settings:
         if len(set(self.trackers)) != len(self.trackers):
             raise ValueError(f"TRAINCTL_TRACKERS names a tracker twice: {self.trackers}")

@@ -21,9 +21,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from trainctl.service.backends.slurm import cluster_partitions
 from trainctl.service.devices import cuda_available, memory_limit
 from trainctl.service.settings import Settings
-from trainctl.store.backends.slurm import check_time_limit
+from trainctl.store.backends.slurm import check_partition, check_time_limit
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.db.placement import Placement
@@ -106,7 +107,7 @@ def plan_run(
 
     def admit_plan(plan: Any, placement: Placement) -> None:
         check_gpus_per_node(placement, settings.max_gpus_per_node)
-        check_backend_options(request, settings)
+        check_backend_options(request, placement, settings)
         if record.memory is not None:
             need = record.memory(plan, None)
             limit = memory_limit(
@@ -166,19 +167,25 @@ def submit_context(
     )
 
 
-def check_backend_options(request: Request, settings: Settings) -> None:
-    """A run's `slurm` options mean something only to the Slurm backend; there, a time limit
-    that leaves no time to train before the job's drain signal is refused."""
+def check_backend_options(request: Request, placement: Placement, settings: Settings) -> None:
+    """A run's `slurm` options mean something only to the Slurm backend. There, what Slurm
+    would never run is refused: a time limit that leaves no time to train before the job's
+    drain signal, a partition the cluster does not have, more nodes than it has."""
     if request.slurm is not None and settings.backend != "slurm":
         raise InvalidRequest(
             f"slurm: this service runs its runs on workers that claim them from the queue "
             f"(TRAINCTL_BACKEND={settings.backend}); slurm options need TRAINCTL_BACKEND=slurm"
         )
-    if settings.backend == "slurm":
-        try:
-            check_time_limit(request.slurm, settings.slurm_defaults, settings.drain_seconds)
-        except ValueError as exc:
-            raise InvalidRequest(str(exc)) from None
+    if settings.backend != "slurm":
+        return
+    defaults = settings.slurm_defaults
+    try:
+        check_time_limit(request.slurm, defaults, settings.drain_seconds)
+        partitions = cluster_partitions()
+        if partitions is not None:
+            check_partition(partitions, placement, request.slurm, defaults)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
 
 
 def check_gpus_per_node(placement: Placement, most: int | None) -> None:

@@ -23,15 +23,18 @@ import logging
 import os
 import subprocess
 import threading
+import time
 from typing import Any
 
 from trainctl.service.settings import Settings
 from trainctl.service.supervisor import WORKER_COMMAND, worker_environment
 from trainctl.store.backends.slurm import (
     JobState,
+    Partition,
     SlurmOptions,
     batch_script,
     job_name,
+    parse_partitions,
     parse_squeue,
     sbatch_command,
 )
@@ -206,3 +209,31 @@ class SlurmBackend:
 
 class SlurmRefused(RuntimeError):
     """sbatch refused the job for what it asks (its options): trying again would not help."""
+
+
+PARTITIONS_SECONDS = 10.0
+"""How long submit trusts what sinfo said of the partitions: a burst of submits asks once."""
+_partitions: tuple[float, dict[str, Partition]] | None = None
+_partitions_lock = threading.Lock()
+
+
+def cluster_partitions() -> dict[str, Partition] | None:
+    """The cluster's partitions and their node counts (`sinfo -s`), for submit's checks
+    (store.backends.slurm.check_partition); None when sinfo does not answer: submit then
+    queues the run, and sbatch says what it refuses."""
+    global _partitions
+    with _partitions_lock:
+        now = time.monotonic()
+        if _partitions is not None and now - _partitions[0] < PARTITIONS_SECONDS:
+            return _partitions[1]
+        try:
+            done = subprocess.run(
+                ["sinfo", "-h", "-s", "-o", "%P %F"], capture_output=True, text=True,
+                timeout=COMMAND_SECONDS,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if done.returncode != 0:
+            return None
+        _partitions = (now, parse_partitions(done.stdout))
+        return _partitions[1]

@@ -215,8 +215,16 @@ function summary(run, bpb) {
     item("worker", run.worker_id || "-"), item("created", fmt.time(run.created_at)),
     ...(run.parent ? parentItems(run.parent, item) : []),
     ...(bpb === null ? [] : [item("val bits/byte", h("span", { class: "bpb" }, fmt.num(bpb)))]),
+    ...((run.jobs || []).length ? [item("jobs", jobsText(run.jobs), { id: "run-jobs" })] : []),
     ...(run.waiting_reason ? [item("why it waits", run.waiting_reason,
       { id: "run-waiting", class: "waiting" })] : []));
+}
+
+// The scheduler jobs a run's attempts ran in (a Slurm backend's), newest first: id, state,
+// nodes, as squeue would name them.
+function jobsText(jobs) {
+  return [...jobs].reverse().map((j) =>
+    `${j.backend} ${j.job_id} ${j.state.toLowerCase()}${j.nodes ? ` on ${j.nodes}` : ""}`).join(", ");
 }
 
 // A fork's parent checkpoint, a link to the run that saved it (where its metadata names one),

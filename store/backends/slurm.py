@@ -153,6 +153,54 @@ def check_time_limit(options: SlurmOptions | None, defaults: SlurmDefaults, drai
         )
 
 
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    nodes: int
+    default: bool
+
+
+def parse_partitions(sinfo: str) -> dict[str, Partition]:
+    """`sinfo -h -s -o "%P %F"`: a partition per line, the default marked `*`, its nodes
+    as allocated/idle/other/total."""
+    found = {}
+    for line in sinfo.splitlines():
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].rsplit("/", 1)[-1].isdigit():
+            continue
+        name, default = parts[0].rstrip("*"), parts[0].endswith("*")
+        found[name] = Partition(name, int(parts[1].rsplit("/", 1)[-1]), default)
+    return found
+
+
+def check_partition(
+    partitions: dict[str, Partition],
+    placement: Placement,
+    options: SlurmOptions | None,
+    defaults: SlurmDefaults,
+) -> None:
+    """What Slurm would take and never run: a partition it does not have (sbatch refuses
+    it), or more nodes than the partition has (sbatch accepts it, and the job pends for
+    ever: PartitionNodeLimit). ValueError naming the field."""
+    named = (options.partition if options else None) or defaults.partition
+    where = "slurm.partition" if options and options.partition else "TRAINCTL_SLURM_PARTITION"
+    if named is not None and named not in partitions:
+        raise ValueError(
+            f"{where} {named!r}: no such partition on this cluster "
+            f"(it has {', '.join(sorted(partitions)) or 'none'})"
+        )
+    chosen = (
+        partitions.get(named)
+        if named
+        else next((p for p in partitions.values() if p.default), None)
+    )
+    if chosen is not None and placement.nnodes > chosen.nodes:
+        raise ValueError(
+            f"nnodes {placement.nnodes}: partition {chosen.name!r} has {chosen.nodes} "
+            f"node{'s' if chosen.nodes != 1 else ''}; the job would wait for ever"
+        )
+
+
 def job_name(run_id: str) -> str:
     return f"{JOB_NAME_PREFIX}{run_id}"
 

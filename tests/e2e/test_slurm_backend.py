@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.service.dashboard.pages import CHROMIUM, CHROMIUM_ARGS
 from tests.support.databases import fresh_database
 from tests.support.polling import poll
 from tests.support.service_process import Service
@@ -127,6 +128,23 @@ def slurm(
             service.close()
 
 
+def dashboard_text(url: str, run_id: str) -> dict[str, str]:
+    """What the dashboard's run page shows of a run's jobs and wait, in Chromium."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(f"{url}/#/runs/{run_id}")
+            page.wait_for_selector("#run-waiting")
+            return {
+                "waiting": page.text_content("#run-waiting") or "",
+                "jobs": page.text_content("#run-jobs") or "",
+            }
+        finally:
+            browser.close()
+
+
 def job_of(run: dict[str, Any], index: int = -1) -> dict[str, Any]:
     assert run["jobs"], f"run {run['id']} has no job: {run}"
     job: dict[str, Any] = run["jobs"][index]
@@ -204,6 +222,9 @@ def test_a_run_pending_for_resources_shows_slurms_reason_and_starts_when_a_node_
         assert waiting["state"] == "queued"
         cli = slurm.cluster.run("squeue", "-h", "-o", "%i %T %r", "-j", job_of(waiting)["job_id"])
         assert "PENDING" in cli
+        shown = dashboard_text(slurm.url, run_id)
+        assert re.search(r"slurm job \d+ pending \((Resources|Priority)\)", shown["waiting"])
+        assert shown["jobs"].endswith(f"slurm {job_of(waiting)['job_id']} pending"), shown
     finally:
         slurm.cluster.run("scancel", *blockers)
     run = slurm.finished(run_id)
@@ -258,15 +279,42 @@ def test_kill_9_of_a_nodes_slurmd_mid_run_resumes_in_a_new_job_and_attempt(
 def test_a_time_limit_chains_jobs_without_costing_an_attempt_and_loses_no_bits(
     slurm: SlurmService,
 ) -> None:
-    body = {**TINY, "steps": 1500, "checkpoint_every": 500, "val_every": 1500}
-    chained = slurm.submit(**body, experiment="slurm-chain", slurm={"time_limit": "2"})
-    whole = slurm.submit(**body, experiment="slurm-whole")
-    chained, whole = slurm.finished(chained["id"], 600), slurm.finished(whole["id"], 600)
-    assert chained["state"] == whole["state"] == "succeeded", (chained["error"], whole["error"])
-    assert len(chained["jobs"]) >= 2, "the run fitted one job: make it longer"
-    assert chained["attempt"] == 1, "a time limit cost an attempt"
-    assert [j["claimed_at"] is not None for j in chained["jobs"]] == [True] * len(chained["jobs"])
-    assert slurm.train_losses(chained["id"]) == slurm.train_losses(whole["id"])
+    # Open-ended, both: the chained run is followed across a time limit and some steps past
+    # it, then both are cancelled and their common steps compared.
+    body = {**TINY, "steps": 100_000, "checkpoint_every": 100_000, "val_every": 100_000}
+    chained = slurm.submit(**body, experiment="slurm-chain", slurm={"time_limit": "2"})["id"]
+    whole = slurm.submit(**body, experiment="slurm-whole")["id"]
+    try:
+        resumed = slurm.wait(
+            chained,
+            "to go on in a second job past its drain",
+            lambda r: (
+                len(r["jobs"]) >= 2
+                and r["jobs"][1]["claimed_at"] is not None
+                and r["progress"]["step"] > drained_at(slurm, chained) + 20
+            ),
+            timeout=300,
+        )
+        assert resumed["attempt"] == 1, "a time limit cost an attempt"
+        assert job_of(resumed, 0)["state"] in ("COMPLETED", "GONE"), resumed["jobs"]
+        step = resumed["progress"]["step"]
+        slurm.wait(whole, f"to pass step {step}", lambda r: r["progress"]["step"] >= step)
+    finally:
+        for run_id in (chained, whole):
+            httpx.post(f"{slurm.url}/runs/{run_id}/cancel", timeout=30)
+    assert {slurm.finished(chained)["state"], slurm.finished(whole)["state"]} == {"cancelled"}
+    ours, theirs = slurm.train_losses(chained), slurm.train_losses(whole)
+    assert len(ours) > drained_at(slurm, chained) + 20
+    assert ours == theirs[: len(ours)], "the chain changed the losses"
+
+
+def drained_at(slurm: SlurmService, run_id: str) -> int:
+    """The step of the run's first drain checkpoint (its time limit's); a large number
+    until there is one."""
+    for event in slurm.runs.events(run_id, type="log"):
+        if event.data.get("checkpoint"):
+            return int(event.data["checkpoint"]["step"])
+    return 10**9
 
 
 def test_scancel_drains_and_requeues_and_a_cancel_ends_the_run_and_its_job(
@@ -292,7 +340,8 @@ def test_scancel_drains_and_requeues_and_a_cancel_ends_the_run_and_its_job(
     assert again["attempt"] == 1, "an operator's scancel cost an attempt"
     reasons = [e.data["reason"] for e in slurm.runs.events(run_id, type="state")]
     assert "worker shutting down; the run continues later" in reasons, reasons
-    ckpts = httpx.get(f"{slurm.url}/checkpoints?experiment=slurm-scancel", timeout=30).json()["items"]
+    listed = httpx.get(f"{slurm.url}/checkpoints?experiment=slurm-scancel", timeout=30)
+    ckpts = listed.json()["items"]
     assert ckpts, "the drain saved no checkpoint"
 
     second = job_of(again)["job_id"]
@@ -320,12 +369,16 @@ def test_scancel_drains_and_requeues_and_a_cancel_ends_the_run_and_its_job(
         ({"nodes": 4}, "nodes"),
         ({"time_limit": "1"}, "leaves no time to train"),
         ({"time_limit": "soon"}, "time_limit"),
+        ({"partition": "gpu"}, "'gpu': no such partition on this cluster (it has debug)"),
+        ({}, "nnodes 4: partition 'debug' has 3 nodes"),
     ],
 )
 def test_options_outside_the_allow_list_are_a_422_that_names_them(
     slurm: SlurmService, options: dict[str, Any], named: str
 ) -> None:
     body = {**TINY, "experiment": "slurm-refused", "steps": 5, "slurm": options}
+    if not options:
+        body["nnodes"] = 4
     r = httpx.post(f"{slurm.url}/runs/train", json=body, timeout=30)
     assert r.status_code == 422, r.text
     assert named in r.text

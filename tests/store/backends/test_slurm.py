@@ -14,7 +14,9 @@ from trainctl.store.backends.slurm import (
     SlurmDefaults,
     SlurmOptions,
     batch_script,
+    check_partition,
     check_time_limit,
+    parse_partitions,
     parse_squeue,
     sbatch_command,
     signal_lead_seconds,
@@ -133,3 +135,16 @@ def test_squeue_json_is_read_in_both_shapes_of_job_state() -> None:
     assert jobs["8"].state == "RUNNING" and jobs["8"].reason is None and jobs["8"].nodes == "n[1-2]"
     assert jobs["9"].ended and not jobs["8"].ended
     assert parse_squeue({}) == {} and parse_squeue({"jobs": None}) == {}
+
+
+def test_a_partition_slurm_lacks_or_too_few_nodes_is_refused_before_sbatch() -> None:
+    partitions = parse_partitions("debug* 1/2/0/3\ngpu 0/8/0/8\nnot a line\n")
+    assert partitions["debug"].default and partitions["gpu"].nodes == 8
+    check_partition(partitions, GANG, SlurmOptions(partition="gpu"), SlurmDefaults())
+    check_partition(partitions, GANG, None, SlurmDefaults())  # the default: debug, 3 nodes
+    with pytest.raises(ValueError, match=r"slurm.partition 'a100': no such partition .*debug, gpu"):
+        check_partition(partitions, CPU, SlurmOptions(partition="a100"), SlurmDefaults())
+    with pytest.raises(ValueError, match="TRAINCTL_SLURM_PARTITION 'a100'"):
+        check_partition(partitions, CPU, None, SlurmDefaults(partition="a100"))
+    with pytest.raises(ValueError, match="nnodes 4: partition 'debug' has 3 nodes"):
+        check_partition(partitions, Placement(nnodes=4), None, SlurmDefaults())
