@@ -37,6 +37,7 @@ MODULES = [
     "fsdp_vs_ddp",
     "evals_throughput",
     "drain",
+    "slurm",
 ]
 
 
