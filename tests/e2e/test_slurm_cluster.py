@@ -10,8 +10,9 @@ real daemons, real jobs, the facts its module docstring records.
   with SIGTERM blocked (the mask kept across `subprocess.Popen`'s exec) lives until then.
 - `--signal=TERM@N` reaches the step's task before the time limit.
 
-One cluster serves the module; the slow tests are the ones that wait on Slurm's own clocks
-(SlurmdTimeout, KillWait, the 30 s time-limit check).
+One cluster serves the module. The three that wait on Slurm's own clocks (SlurmdTimeout,
+KillWait, the 30 s time-limit check) run under `make soak`: tests/e2e/test_slurm_backend.py
+meets each of those clocks under a real run in `make test`.
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ def test_squeue_json_lists_a_job_waiting_for_nodes_with_its_reason(
     assert by_id[running]["nodes"] == "n[1-3]"
 
 
+@pytest.mark.soak  # ~30 s; tests/e2e/test_slurm_backend.py kills a slurmd under a run in make test
 def test_a_node_whose_slurmd_is_killed_goes_down_fails_its_job_and_returns(
     slurm_cluster: SlurmCluster, jobs: Jobs, record_property: Callable[[str, object], None]
 ) -> None:
@@ -147,6 +149,7 @@ def test_a_node_whose_slurmd_is_killed_goes_down_fails_its_job_and_returns(
     poll(lambda: slurm_cluster.node_state("n3") == "IDLE", timeout=30, what="n3 back to IDLE")
 
 
+@pytest.mark.soak  # KillWait, 30 s; the backend's scancel test drains a run through the same TERM
 def test_scancel_terms_the_step_and_kills_what_blocks_sigterm_after_kill_wait(
     slurm_cluster: SlurmCluster, jobs: Jobs, tmp_path: Path
 ) -> None:
@@ -181,6 +184,7 @@ def test_scancel_terms_the_step_and_kills_what_blocks_sigterm_after_kill_wait(
     assert not alive(shell)
 
 
+@pytest.mark.soak  # ~25 s; the backend's time-limit test chains jobs on the same --signal
 def test_signal_at_n_reaches_the_task_before_the_time_limit(
     jobs: Jobs, tmp_path: Path, record_property: Callable[[str, object], None]
 ) -> None:
