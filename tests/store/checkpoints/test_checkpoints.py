@@ -1,9 +1,10 @@
 """The checkpoint store's policy, exercised with small fake checkpoints (no torch), on four
 storages: the folders (POSIX), the one in memory, and a bucket of each of two real S3 servers,
-SeaweedFS and `rclone serve s3` (its guard a lease in a run database). That all pass the same tests shows the storage protocol
-is all the store needs (docs/design/checkpoints.md, "Checkpoint store", "Storage"). What only
-folders can do wrong (links, stray files, interrupted renames) is tested on POSIX below;
-what only a bucket can, in test_s3_storage.py."""
+SeaweedFS and `rclone serve s3` (its guard a lease in a run database). That all pass the
+same tests shows the storage protocol is all the store needs (docs/design/checkpoints.md,
+"Checkpoint store", "Storage"). What only folders can do wrong (links, stray files,
+interrupted renames) is tested on POSIX below; what only a bucket can, in
+test_s3_storage.py and test_s3_compatible.py."""
 
 from __future__ import annotations
 
