@@ -84,7 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings.data_dir.mkdir(parents=True, exist_ok=True)  # the SQLite file goes in it
         store = RunStore(settings.db_url)
         store.create_all()
-        stores = open_stores(settings.layout, store)
+        stores = open_stores(settings.layout, store, interactive=True)
         ckpts, exports = stores.checkpoints, stores.exports
         # Before any worker starts: a staging folder now is a save (or an export, or a
         # prepare's upload to the bucket) that died with its worker.

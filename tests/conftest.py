@@ -19,7 +19,7 @@ import torch
 from tests.support.databases import BACKENDS, fresh_database
 from tests.support.mlflow_server import MlflowServer
 from tests.support.pg import PostgresServer, PostgresUnavailable
-from tests.support.s3server import S3Server, running_s3_server
+from tests.support.s3server import S3Server, running_rclone_server, running_s3_server
 from tests.support.slurm import SlurmCluster, SlurmUnavailable, unavailable_reason
 from tests.support.soak import SKIP_REASON, SOAK
 from trainctl.store.db.runs import RunStore
@@ -64,6 +64,15 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """A real S3 server (SeaweedFS on loopback, credentials enforced) for the whole session,
     started on first use; each test makes its own bucket (`S3Server.new_bucket`)."""
     with running_s3_server(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def rclone_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A second S3 server, `rclone serve s3` over a folder (credentials enforced), for the
+    session: the storage's conformance tests run on both (docs/design/checkpoints.md,
+    "Object storage")."""
+    with running_rclone_server(tmp_path_factory.mktemp("rclone")) as server:
         yield server
 
 

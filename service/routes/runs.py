@@ -12,6 +12,7 @@ from pydantic import AfterValidator
 
 from trainctl.service import history, sse
 from trainctl.service.deps import (
+    STORE_SLOT,
     CheckpointsDep,
     DatasetsDep,
     EventFeedDep,
@@ -129,8 +130,10 @@ def _submit_route(kind: str, body: type[Request], summary: str) -> None:
     create.__annotations__["request"] = body  # the body schema FastAPI reads and publishes
     create.__name__ = create.__qualname__ = f"create_{kind}_run"  # the operation id's stem
     create.__doc__ = summary
+    # A slot of the store's (service/limits.py): submit reads the checkpoint, export and
+    # dataset stores, and a frozen bucket must hold up a few submits, never every thread.
     router.post(f"/{kind}", status_code=status.HTTP_202_ACCEPTED, response_model=RunPublic,
-                responses=ACCEPTED)(create)  # fmt: skip
+                responses=ACCEPTED, dependencies=[STORE_SLOT])(create)  # fmt: skip
 
 
 for _kind in RUN_KINDS:
@@ -142,6 +145,7 @@ for _kind in RUN_KINDS:
     status_code=status.HTTP_202_ACCEPTED,
     response_model=ForkSweepPublic,
     responses={**ACCEPTED, 202: {"description": "Queued: a run per variant, in their order."}},
+    dependencies=[STORE_SLOT],
 )
 def create_fork_sweep(
     sweep: ForkSweepRequest,

@@ -35,10 +35,14 @@ class Stores:
     """The prepared datasets: the data dir's `datasets/` folder, or the bucket's."""
 
 
-def open_stores(layout: DataLayout, runs: RunStore | None = None) -> Stores:
+def open_stores(
+    layout: DataLayout, runs: RunStore | None = None, *, interactive: bool = False
+) -> Stores:
     """The checkpoint, export and dataset stores of a data dir: on its filesystem, or in the
     bucket of its `storage_url` (``s3://bucket/prefix``) when it has one, whose guard is
-    then a lease in `runs`' database (without `runs`, a lock of this process only)."""
+    then a lease in `runs`' database (without `runs`, a lock of this process only).
+    `interactive` (the service): each request to the bucket gives up within seconds
+    (`SERVICE_TIMEOUTS`), so that a frozen bucket is a prompt 503, not a held request."""
     if layout.storage_url is None:
         return Stores(
             layout,
@@ -46,11 +50,18 @@ def open_stores(layout: DataLayout, runs: RunStore | None = None) -> Stores:
             CheckpointStore(PosixStorage(layout.exports)),
             _local_datasets(layout),
         )
-    from trainctl.store.checkpoints.s3 import S3Storage, build_client, parse_url
+    from trainctl.store.checkpoints.s3 import (
+        SERVICE_TIMEOUTS,
+        WORKER_TIMEOUTS,
+        S3Storage,
+        build_client,
+        parse_url,
+    )
     from trainctl.store.db.guards import GuardLeases
 
     bucket, prefix = parse_url(layout.storage_url)
-    client = build_client()  # one connection pool for both stores
+    # one connection pool for all the stores
+    client = build_client(SERVICE_TIMEOUTS if interactive else WORKER_TIMEOUTS)
     leases = GuardLeases(runs.engine) if runs is not None else None
 
     def in_bucket(where: str, leases: GuardLeases | None) -> S3Storage:

@@ -6,11 +6,17 @@ commit marker. Keys under ``<prefix>/<experiment>/``:
 
 ```
 .experiment                    written at the first stage: the experiment exists
-<tag>/manifest.json            the commit marker: the store's manifest, with the
-                               generation of the files it lists (and the commit time) in
-                               its user metadata; written last, one PUT, so it is atomic
+<tag>/manifest.json            the commit marker: a line naming the generation of the
+                               files it lists and the commit time, then the store's
+                               manifest; written last, one PUT, so it is atomic
 <tag>/.<generation>/<name>     the files of one save, never overwritten
 ```
+
+A commit is read from the objects and their keys alone: user metadata (x-amz-meta-*) is not
+kept alike by S3-compatible stores (rclone keeps it in memory only), so the generation is in
+the marker's body, not its metadata; a marker of the first layout (the manifest alone, the
+generation in its metadata) is still read. What the bucket says is checked as a request is:
+a generation that is not one of ours makes its entry incomplete, never a local path.
 
 A stage uploads its files under a new generation (multipart and in parallel for large ones),
 then PUTs the manifest, which swaps the tag to that generation at once, then removes the
@@ -38,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 import re
 import threading
 import time
@@ -65,12 +72,24 @@ SCHEME = "s3://"
 EXPERIMENT_MARKER = ".experiment"
 GENERATION_META = "trainctl-generation"
 COMMITTED_META = "trainctl-committed-at"
+"""The first layout's user metadata of a manifest, still read (`_stamp`), no longer written."""
+COMMIT_LINE = b"trainctl-commit 1 "
+"""How a commit marker starts: then the generation, the commit time, a newline, and the
+store's manifest (`_commit_body`)."""
+GENERATION = re.compile(r"[0-9a-f]{32}")
+"""A generation, as a stage names one (uuid4().hex): the only form read back from a bucket."""
+NO_SAVE = (
+    "its manifest names no save of ours (no generation, or one that is no 32 hex digits: "
+    "planted, or of the first layout on a server that lost its metadata)"
+)
 PART_BYTES = 8 * 1024 * 1024
 """Multipart part size: S3's floor is 5 MiB, and 8 MiB is what the AWS CLI uses."""
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 """A manifest object larger than this is not ours (the store reads 4 MiB of it at most)."""
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
 _EXISTS = {"412", "PreconditionFailed"}
+_NO_UPLOAD = {"NoSuchUpload"}
+"""rclone answers ListMultipartUploads so when none is in progress (AWS: an empty list)."""
 _REFUSED = {
     "403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
     "InvalidToken", "ExpiredToken", "AccountProblem",
@@ -85,14 +104,37 @@ def parse_url(url: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
-def build_client() -> Any:
+@dataclass(frozen=True)
+class Timeouts:
+    """How long one request to the bucket may take: `connect` and `read` seconds (a read:
+    any wait for the next bytes of an answer), `attempts` tries in all. A frozen or
+    unreachable server is then a StorageUnavailable after at most about
+    attempts x (connect + read) seconds, never a wait as long as the outage."""
+
+    connect: float
+    read: float
+    attempts: int
+
+
+SERVICE_TIMEOUTS = Timeouts(connect=2.0, read=4.0, attempts=2)
+"""The service's: a request waits for the bucket a few seconds at most, then answers 503
+naming it; its calls are small (listings, manifests) or streamed."""
+WORKER_TIMEOUTS = Timeouts(connect=5.0, read=30.0, attempts=5)
+"""A worker's and a tool's: a save's parts and the completion of a large multipart upload
+may take the server longer to answer, and a retry costs no user a wait."""
+
+
+def build_client(timeouts: Timeouts = WORKER_TIMEOUTS) -> Any:
     """A boto3 S3 client from the standard AWS chain (environment, profile, instance role)
-    and `AWS_ENDPOINT_URL`. Imported here: only a node with an S3 storage needs boto3."""
+    and `AWS_ENDPOINT_URL`, every request bounded by `timeouts`. Imported here: only a node
+    with an S3 storage needs boto3."""
     import boto3
     from botocore.config import Config
 
     config = Config(
-        retries={"max_attempts": 5, "mode": "standard"},
+        connect_timeout=timeouts.connect,
+        read_timeout=timeouts.read,
+        retries={"total_max_attempts": timeouts.attempts, "mode": "standard"},
         max_pool_connections=32,
         # presigned URLs (`url`) in SigV4 as every request is: botocore presigns S3 in the
         # deprecated SigV2 otherwise, which AWS's newer regions refuse
@@ -183,6 +225,8 @@ class S3Storage:
             code = str(exc.response.get("Error", {}).get("Code", "?"))
             if code in _NOT_FOUND:
                 raise FileNotFoundError(f"{where}: no such object") from None
+            if code in _NO_UPLOAD:
+                raise FileNotFoundError(f"{where}: no such multipart upload") from None
             if code in _EXISTS:  # only a conditional write is refused so (`commit`)
                 raise FileExistsError(f"{where}: written by another process first") from None
             if code == "NoSuchBucket":
@@ -260,27 +304,29 @@ class S3Storage:
         return bool(page.get("Contents"))
 
     def _head(self, experiment: str, tag: str) -> tuple[str, float] | None:
-        """The generation and commit time of a committed tag; None when it is not."""
-        key = self.key(experiment, tag, MANIFEST_FILE)
+        """The generation and commit time of a committed tag; None when it is not. (Read
+        from the marker's body: its metadata may be gone, `_stamp`.)"""
         try:
-            head = self.call("head_object", key, Bucket=self.bucket, Key=key)
+            committed = self._read_marker(experiment, tag)
         except FileNotFoundError:
             return None
-        return _stamp(head)
+        return committed.generation, committed.committed_at
 
     def _manifest(self, experiment: str, tag: str) -> _Committed:
         pins: dict[tuple[str, str], _Committed] | None = getattr(self._pins, "held", None)
         if pins is not None and (experiment, tag) in pins:
             return pins[(experiment, tag)]
-        key = self.key(experiment, tag, MANIFEST_FILE)
-        got = self.call("get_object", key, Bucket=self.bucket, Key=key)
-        with contextlib.closing(got["Body"]) as body:
-            data = body.read(MAX_MANIFEST_BYTES + 1)
-        generation, committed_at = _stamp(got)
-        committed = _Committed(data[: MAX_MANIFEST_BYTES + 1], generation, committed_at)
+        committed = self._read_marker(experiment, tag)
         if pins is not None:
             pins[(experiment, tag)] = committed
         return committed
+
+    def _read_marker(self, experiment: str, tag: str) -> _Committed:
+        key = self.key(experiment, tag, MANIFEST_FILE)
+        got = self.call("get_object", key, Bucket=self.bucket, Key=key)
+        with contextlib.closing(got["Body"]) as body:
+            data = body.read(MAX_MANIFEST_BYTES + len(COMMIT_LINE) + 128)
+        return _stamp(got, data)
 
     def open(self, experiment: str, tag: str, name: str) -> CachedReader | ManifestReader:
         validate_name("experiment", experiment)
@@ -290,7 +336,7 @@ class S3Storage:
         if name == MANIFEST_FILE:
             return ManifestReader(committed.data)
         if not committed.generation:
-            raise FileNotFoundError(f"{self.describe(experiment, tag)}: a manifest of no save")
+            raise FileNotFoundError(f"{self.describe(experiment, tag)}: {NO_SAVE}")
         cached = self.cache.path(experiment, tag, committed.generation, name)
         reader = self.cache.open(cached)
         if reader is not None:
@@ -315,7 +361,7 @@ class S3Storage:
             return None
         committed = self._manifest(experiment, tag)
         if not committed.generation:
-            raise FileNotFoundError(f"{self.describe(experiment, tag)}: a manifest of no save")
+            raise FileNotFoundError(f"{self.describe(experiment, tag)}: {NO_SAVE}")
         key = self.key(experiment, tag, "." + committed.generation, name)
         params = {"Bucket": self.bucket, "Key": key}
         url: str = self.call(
@@ -366,7 +412,7 @@ class S3Storage:
     def join(self, experiment: str, tag: str, key: str) -> S3Stage:
         """Objects under the generation `key`; nothing in the bucket says a stage is in
         progress, so a wrong key is found at the commit: files no manifest names."""
-        if re.fullmatch(r"[0-9a-f]{32}", key) is None:
+        if GENERATION.fullmatch(key) is None:
             raise FileNotFoundError(f"{self.describe(experiment, tag)}: no stage {key!r}")
         stage = S3Stage(
             self, validate_name("experiment", experiment), validate_name("tag", tag),
@@ -390,15 +436,15 @@ class S3Storage:
                 self.call("delete_object", key, Bucket=self.bucket, Key=key)
                 stage.abort()
             else:
-                metadata = {GENERATION_META: stage.generation, COMMITTED_META: repr(self.clock())}
+                body = _commit_body(stage.generation, self.clock(), manifest)
                 # The head above is no lock across nodes: without `replace`, S3's conditional
                 # write (If-None-Match: *) lets only the first of two PUTs of the manifest
                 # succeed, and the other is FileExistsError (SeaweedFS honours it, as AWS
                 # has since 2024; a server that ignores it leaves the last PUT the winner).
                 only_new = {} if replace else {"IfNoneMatch": "*"}
                 self.call(
-                    "put_object", key, Bucket=self.bucket, Key=key, Body=manifest,
-                    Metadata=metadata, ContentType="application/json", **only_new,
+                    "put_object", key, Bucket=self.bucket, Key=key, Body=body,
+                    ContentType="text/plain", **only_new,
                 )  # fmt: skip
                 self.forget(stage)
             if old is not None and old[0] and old[0] != stage.generation:
@@ -448,8 +494,8 @@ class S3Storage:
                 elif now - newest < self.stale_after:
                     continue
                 head = self._head(experiment, tag)
-                if head is not None and head[0] == generation:
-                    continue
+                if head is not None and head[0] in (generation, ""):
+                    continue  # named, or maybe named by a marker we cannot read: kept
                 self._delete_keys([o["Key"] for o in objects])
             swept.append((experiment, f"{tag}/.{generation}"))
         return swept
@@ -464,8 +510,7 @@ class S3Storage:
         now = time.time()
         for name in names:
             top = self.key(name) + "/"
-            page = self.call("list_multipart_uploads", top, Bucket=self.bucket, Prefix=top)
-            for upload in page.get("Uploads", []):
+            for upload in self._uploads(top):
                 parts = upload["Key"][len(top) :].split("/")
                 generation = parts[1][1:] if len(parts) == 3 else ""
                 young = now - upload["Initiated"].timestamp() < self.stale_after
@@ -479,6 +524,16 @@ class S3Storage:
         with self._lock:
             self._live -= {live for live in self._live if live[0] in names}
         return done
+
+    def _uploads(self, prefix: str) -> list[dict[str, Any]]:
+        """The multipart uploads in progress under `prefix`; none where the server answers
+        NoSuchUpload to the listing (rclone), as AWS's empty list."""
+        try:
+            page = self.call("list_multipart_uploads", prefix, Bucket=self.bucket, Prefix=prefix)
+        except FileNotFoundError:
+            return []
+        uploads: list[dict[str, Any]] = page.get("Uploads", [])
+        return uploads
 
     @contextmanager
     def guard(self, experiment: str) -> Iterator[None]:
@@ -513,11 +568,32 @@ def _is_name(kind: str, name: str) -> bool:
     return True
 
 
-def _stamp(head: dict[str, Any]) -> tuple[str, float]:
-    """(generation, commit time) of a manifest object, from its metadata."""
-    meta = {k.lower(): v for k, v in head.get("Metadata", {}).items()}
+def _commit_body(generation: str, committed_at: float, manifest: bytes) -> bytes:
+    """A commit marker: the line `_stamp` reads, then the manifest's bytes as they are."""
+    return COMMIT_LINE + f"{generation} {committed_at!r}\n".encode() + manifest
+
+
+def _stamp(got: dict[str, Any], data: bytes) -> _Committed:
+    """A commit marker as read: the manifest, and the generation and commit time from the
+    marker's first line, or (a marker of the first layout, the manifest alone) from its user
+    metadata, which a server may have lost (then the entry reads as a manifest of no save).
+
+    Everything here comes from the bucket: a generation that is not of the form a stage
+    makes (`GENERATION`: never a path, never `..`) or a time that is no finite number makes
+    the entry incomplete, logged, never a local path or a key of ours."""
+    generation, stamp = "", ""
+    if data.startswith(COMMIT_LINE):
+        line, _, data = data[len(COMMIT_LINE) :].partition(b"\n")
+        generation, _, stamp = line.decode("ascii", "replace").partition(" ")
+    else:
+        meta = {str(k).lower(): str(v) for k, v in got.get("Metadata", {}).items()}
+        generation, stamp = meta.get(GENERATION_META, ""), meta.get(COMMITTED_META, "")
     try:
-        committed_at = float(meta[COMMITTED_META])
-    except (KeyError, ValueError):
-        committed_at = head["LastModified"].timestamp()
-    return meta.get(GENERATION_META, ""), committed_at
+        committed_at = float(stamp)
+    except ValueError:
+        committed_at = math.nan
+    if not math.isfinite(committed_at):
+        committed_at = got["LastModified"].timestamp()
+    if GENERATION.fullmatch(generation) is None:
+        generation = ""  # `open` says so, and the store logs it once ("not listing ...")
+    return _Committed(data[: MAX_MANIFEST_BYTES + 1], generation, committed_at)

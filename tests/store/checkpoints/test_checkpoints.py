@@ -1,9 +1,10 @@
-"""The checkpoint store's policy, exercised with small fake checkpoints (no torch), on three
-storages: the folders (POSIX), the one in memory, and a bucket of a real S3 server (its
-guard a lease in a run database). That all pass the same tests shows the storage protocol
-is all the store needs (docs/design/checkpoints.md, "Checkpoint store", "Storage"). What only
-folders can do wrong (links, stray files, interrupted renames) is tested on POSIX below;
-what only a bucket can, in test_s3_storage.py."""
+"""The checkpoint store's policy, exercised with small fake checkpoints (no torch), on four
+storages: the folders (POSIX), the one in memory, and a bucket of each of two real S3 servers,
+SeaweedFS and `rclone serve s3` (its guard a lease in a run database). That all pass the
+same tests shows the storage protocol is all the store needs (docs/design/checkpoints.md,
+"Checkpoint store", "Storage"). What only folders can do wrong (links, stray files,
+interrupted renames) is tested on POSIX below; what only a bucket can, in
+test_s3_storage.py and test_s3_compatible.py."""
 
 from __future__ import annotations
 
@@ -73,12 +74,12 @@ def guard_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunStore]:
     runs.close()
 
 
-@pytest.fixture(params=["posix", "memory", "s3"])
+@pytest.fixture(params=["posix", "memory", "s3", "rclone"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> CheckpointStore:
     if request.param == "posix":
         return posix_store(tmp_path / "checkpoints")
-    if request.param == "s3":
-        server: S3Server = request.getfixturevalue("s3_server")
+    if request.param in ("s3", "rclone"):  # two S3 servers: SeaweedFS, `rclone serve s3`
+        server: S3Server = request.getfixturevalue(f"{request.param}_server")
         leases = GuardLeases(request.getfixturevalue("guard_db").engine)
         return s3_store(
             server, server.new_bucket(), tmp_path / "cache", clock=Clock(), leases=leases
