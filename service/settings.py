@@ -179,8 +179,9 @@ class Settings(NodeSettings, BaseSettings):
         16,
         ge=1,
         le=1024,
-        description="Requests to the checkpoint and export stores served at once (each holds a "
-        "thread of the pool of 40); one more waits for a slot.",
+        description="Requests to the checkpoint and export stores, and submits (which may read "
+        "them), served at once (each holds a thread of the pool of 40); one more waits for a "
+        "slot.",
     )
     store_wait_seconds: float = Field(
         10.0,
