@@ -168,12 +168,6 @@ class Settings(NodeSettings, BaseSettings):
         description="Longest wait between a sink's attempts while its tracker is down; the "
         "first wait is 1 s, doubling after.",
     )
-    max_queued_runs: int = Field(
-        1000, ge=1, le=1_000_000, description="Runs that may wait at once; beyond, 429."
-    )
-    max_queued_runs_per_token: int = Field(
-        100, ge=1, le=1_000_000, description="Runs one API token may have waiting; beyond, 429."
-    )
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body accepted.")
     store_concurrency: int = Field(
         16,

@@ -139,6 +139,12 @@ class NodeSettings(BaseModel):
         description="After a gang has waited this long, workers that could join it take no "
         "smaller run behind it.",
     )
+    max_queued_runs: int = Field(
+        1000, ge=1, le=1_000_000, description="Runs that may wait at once; beyond, 429."
+    )
+    max_queued_runs_per_token: int = Field(
+        100, ge=1, le=1_000_000, description="Runs one API token may have waiting; beyond, 429."
+    )
 
     @field_validator("storage_url")
     @classmethod

@@ -22,6 +22,12 @@ class LeaseExpired(LeaseLost):
     outages")."""
 
 
+class RunStopped(Exception):
+    """Raised inside a run's inner loop (`worker.stops.maybe_stop`) once the run is asked to
+    stop (cancel, drain, lost lease); `execute` turns it into the stopped outcome. Not a
+    TrainctlError: it is no failure, and no handler of errors may take it for one."""
+
+
 class NonFiniteLoss(TrainctlError):
     """Training diverged; the step's update was not applied and nothing was saved."""
 
@@ -33,4 +39,5 @@ __all__ = [
     "DoesNotFit",
     "LeaseExpired",
     "NonFiniteLoss",
+    "RunStopped",
 ]

@@ -383,6 +383,16 @@ class RunStore:
                 ) | {"cancel_requested": True})  # fmt: skip
             return run_from_row(require_row(conn, run_id))
 
+    def cancel_if_queued(self, run_id: str, reason: str) -> bool:
+        """Cancel the run if it is still queued, saying why; False (and nothing written) once
+        a worker has claimed it or it has ended: a run at work is not taken from its worker."""
+        with write_transaction(self.engine) as conn:
+            row = require_row(conn, run_id, lock=True)
+            if row.state != "queued":
+                return False
+            self._transition(conn, row, "cancelled", reason, finished=True)
+            return True
+
     def is_cancel_requested(self, run_id: str) -> bool:
         with read_transaction(self.engine) as conn:
             return bool(require_row(conn, run_id).cancel_requested)

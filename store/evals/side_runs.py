@@ -12,7 +12,10 @@ plan is built in one place. What differs from a client's submit:
 - its attempts and its submitter are the train run's (its owner may cancel it);
 - no admission at queueing: the worker that claims it admits its model (worker.training.memory),
   and a refusal fails the evaluate run, not the training;
-- no queue limit: a train run queues one per checkpoint it was asked to.
+- the queue's limits are the worker's (`max_queued_runs`, `max_queued_runs_per_token`, the
+  service's settings given to every node): a side run counts against its train run's token,
+  and where it would pass a limit the worker coalesces (worker/evals/side_runs.py) instead of
+  locking anyone out.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 from trainctl.store.checkpoints.factory import Stores
 from trainctl.store.db.records import Run
 from trainctl.store.db.runs import RunStore
+from trainctl.store.db.submissions import QueueLimits
 from trainctl.store.kinds.evaluate import EvaluateRequest
 from trainctl.store.plans import Device
 from trainctl.store.queueing import enqueue_pinned, resolve_run
@@ -42,9 +46,11 @@ def queue_checkpoint_eval(
     *,
     runs: RunStore,
     stores: Stores,
+    limits: QueueLimits | None = None,
 ) -> Run:
     """Queue the evaluate run of checkpoint `tag` of `train`'s experiment, just committed,
-    on the train run's device; raises what a POST /runs/evaluate of it would."""
+    on the train run's device, within `limits`; raises what a POST /runs/evaluate of it
+    would (`QueueFull` beyond a limit)."""
     request = EvaluateRequest(
         **{name: getattr(evals, name) for name in EvaluateOptions.model_fields},
         checkpoint=f"{train.experiment}/{tag}",
@@ -62,5 +68,7 @@ def queue_checkpoint_eval(
         cuda=lambda: device == "cuda",
     )
     queued = resolve_run(EVALUATE, request, context, max_attempts=train.max_attempts)
-    [run] = enqueue_pinned([queued], runs, stores.checkpoints, submitted_by=train.submitted_by)
+    [run] = enqueue_pinned(
+        [queued], runs, stores.checkpoints, submitted_by=train.submitted_by, queue_limits=limits
+    )
     return run

@@ -62,6 +62,7 @@ from trainctl.worker.checkpoints.state import load_checkpoint
 from trainctl.worker.models import build_model
 from trainctl.worker.models.gpt import GPT
 from trainctl.worker.models.hf import HFCausalLM
+from trainctl.worker.stops import maybe_stop
 
 # What torch.compile's wrapper (OptimizedModule) puts before every name in its state dict.
 # trainctl compiles in place (`build_model`), so its checkpoints never carry it; a state dict
@@ -192,10 +193,10 @@ def export_transformers(
         MODEL_CARD_FILE: card.encode(),
         METADATA_FILE: _json(export_metadata(meta, architecture, dtype, found, tokenizer.notes)),
     }
-    weights = {
-        k: t.detach().to(TORCH_DTYPES[dtype]).contiguous().clone()
-        for k, t in model.state_dict().items()
-    }
+    weights = {}
+    for k, t in model.state_dict().items():
+        maybe_stop()
+        weights[k] = t.detach().to(TORCH_DTYPES[dtype]).contiguous().clone()
     manifest = write_export(exports, experiment, tag, weights, texts)
     return ExportResult(
         folder=exports.describe(experiment, tag),
@@ -335,6 +336,7 @@ def hf_weights(model: GPT, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The model's weights under transformers names, in `dtype`, each with its own memory."""
     weights = {}
     for name, t in model.state_dict().items():
+        maybe_stop()  # an export stops at a cancel between tensors (worker.stops)
         target = hf_name(name)
         if target is not None:
             weights[target] = t.detach().to(dtype).contiguous().clone()

@@ -33,6 +33,7 @@ from trainctl.store.data.codec import TextCodec
 from trainctl.worker.evals.tasks import TARGET_DELIMITER, Item
 from trainctl.worker.models import LanguageModel
 from trainctl.worker.models.generation import cache_dtype, step_mode
+from trainctl.worker.stops import maybe_stop
 
 Request = tuple[tuple[int, ...], tuple[int, ...]]
 """Context ids, continuation ids."""
@@ -61,6 +62,7 @@ def loglikelihoods(
     rows: list[Request] = []
     sharing = True  # until the model's cache turns out not to fan out
     for ctx, conts in by_context.items():
+        maybe_stop()  # per item: a cancel stops a scoring of any size (worker.stops)
         shared = None
         if sharing and _worth_sharing(model, ctx, conts):
             shared = _shared(model, ctx, conts)
@@ -123,6 +125,7 @@ def _whole_rows(
     results: dict[Request, tuple[float, bool]] = {}
     device = next(model.parameters()).device
     for start in range(0, len(ordered), batch_size):
+        maybe_stop()
         batch = ordered[start : start + batch_size]
         rows = [(ctx + cont)[-(max_len + 1) :][:-1] for ctx, cont in batch]
         tokens = torch.zeros((len(rows), max(map(len, rows))), dtype=torch.long)
@@ -175,11 +178,10 @@ def score_items(
     batch_size: int = 32,
 ) -> list[ItemScore]:
     """Score each item's choices after its context."""
-    requests = [
-        encode_pair(codec, context, TARGET_DELIMITER + choice)
-        for item, context in zip(items, contexts, strict=True)
-        for choice in item.choices
-    ]
+    requests = []
+    for item, context in zip(items, contexts, strict=True):
+        maybe_stop()  # tokenizing 25-shot contexts of thousands of items takes a while too
+        requests += [encode_pair(codec, context, TARGET_DELIMITER + c) for c in item.choices]
     lls = iter(loglikelihoods(model, requests, batch_size=batch_size))
     scores = []
     for item in items:

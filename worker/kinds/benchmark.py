@@ -27,6 +27,7 @@ from trainctl.store.specs import BatchSpec, ModelSpec
 from trainctl.worker.context import RunContext
 from trainctl.worker.data.loader import SyntheticSampler
 from trainctl.worker.executor import Outcome, WorkerEnv, check_device, read_plan, stopped_outcome
+from trainctl.worker.stops import maybe_stop
 from trainctl.worker.training.loop import build_training, data_loader, train_step
 
 # Dense bf16 peak FLOP/s by device name fragment; MFU is reported only where known.
@@ -77,6 +78,7 @@ def run_benchmark(
     loader = data_loader(parts, 0)
     try:
         for i in range(plan.warmup_steps):
+            maybe_stop()  # nothing is measured yet: a stop here has no result to give
             train_step(parts, loader, i)
             if on_step:
                 on_step({"kind": "warmup", "step": i + 1, "total_steps": plan.warmup_steps})

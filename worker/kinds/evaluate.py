@@ -8,7 +8,8 @@ the harness builds them, and `worker.evals.scorer` scores them. Each task's scor
 metrics event `{"kind": "eval", "step": <the checkpoint's step>, "eval/<task>/<metric>": ...}`
 on the evaluate run as the task finishes; when all are done, one event with every score goes
 to the train run that wrote the checkpoint too (if it is still listed), so its history shows
-how its checkpoints score. A cancel is honoured between tasks.
+how its checkpoints score. A cancel stops the scoring within a batch (`worker.stops`); the
+tasks scored by then are the stopped run's result.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from trainctl.worker.context import RunContext
 from trainctl.worker.evals.fewshot import build_contexts
 from trainctl.worker.evals.scorer import score_items, task_metrics
 from trainctl.worker.evals.tasks import read_items
+from trainctl.worker.exceptions import RunStopped
 from trainctl.worker.executor import Outcome, WorkerEnv, check_device, read_plan, stopped_outcome
 from trainctl.worker.models import LanguageModel
 from trainctl.worker.models.generation import load_for_generation
@@ -60,9 +62,10 @@ def run_evaluate(
     ctx.log(f"evaluating checkpoint {ref} (step {info.step}) on {', '.join(plan.tasks)}")
     started, scored, items = time.perf_counter(), {}, 0
     for name in plan.tasks:
-        if ctx.should_stop():
+        try:
+            scored[name] = score_task(model, codec, EVAL_TASKS[name], plan)
+        except RunStopped:  # the scorer stops per batch (worker.stops); the tasks done stay
             break
-        scored[name] = score_task(model, codec, EVAL_TASKS[name], plan)
         items += scored[name]["items"]
         ctx.metrics({"kind": EVAL_KIND, "step": info.step, **event_metrics(name, scored[name])})
     seconds = time.perf_counter() - started

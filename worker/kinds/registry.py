@@ -14,7 +14,8 @@ from trainctl.store.kinds.registry import RUN_KINDS
 from trainctl.store.plans import Plan
 from trainctl.store.registry import Registry
 from trainctl.worker.context import RunContext
-from trainctl.worker.executor import Executor, Outcome, WorkerEnv, read_plan
+from trainctl.worker.exceptions import RunStopped
+from trainctl.worker.executor import Executor, Outcome, WorkerEnv, read_plan, stopped_outcome
 from trainctl.worker.kinds.benchmark import execute_benchmark
 from trainctl.worker.kinds.evaluate import execute_evaluate
 from trainctl.worker.kinds.export import execute_export
@@ -22,6 +23,7 @@ from trainctl.worker.kinds.prepare import execute_prepare
 from trainctl.worker.kinds.sample import execute_sample
 from trainctl.worker.kinds.train import execute_train
 from trainctl.worker.kinds.validate import execute_validate
+from trainctl.worker.stops import stoppable
 from trainctl.worker.training.memory import admit_at_claim
 
 EXECUTORS: Registry[Executor] = Registry("executor", group="trainctl.executors")
@@ -49,11 +51,17 @@ def maybe_log_params(ctx: RunContext, params: int | None) -> None:
 def execute(ctx: RunContext, env: WorkerEnv) -> Outcome:
     """Run `ctx.run` with the executor its kind names, once it is admitted: a kind whose
     memory is estimated is counted again on the model it builds (worker.training.memory), before
-    any of its work, whatever the kind."""
+    any of its work, whatever the kind. Every kind stops where its inner loops call
+    `worker.stops.maybe_stop` (a batch, a token, a step), a plug-in's too: what was asked to
+    stop there ends with the stopped outcome and no result beyond what the kind returns."""
     kind = RUN_KINDS.get(ctx.run.kind)
-    if kind.memory is not None:
-        plan = cast(
-            Plan, read_plan(ctx, kind.plan)
-        )  # a kind's plan is a Plan (store.kinds.registry)
-        maybe_log_params(ctx, admit_at_claim(plan, env.memory_bytes))
-    return EXECUTORS.get(kind.executor)(ctx, env)
+    try:
+        with stoppable(ctx.should_stop):
+            if kind.memory is not None:
+                plan = cast(
+                    Plan, read_plan(ctx, kind.plan)
+                )  # a kind's plan is a Plan (store.kinds.registry)
+                maybe_log_params(ctx, admit_at_claim(plan, env.memory_bytes))
+            return EXECUTORS.get(kind.executor)(ctx, env)
+    except RunStopped:
+        return stopped_outcome(ctx, {"stopped": True})

@@ -11,7 +11,7 @@ from typing import Any
 from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.plans import CheckpointRef
 from trainctl.worker.context import RunContext
-from trainctl.worker.evals.side_runs import CheckpointEvals
+from trainctl.worker.evals.side_runs import CheckpointEvals, side_run_limits
 from trainctl.worker.executor import Outcome, WorkerEnv, check_device, read_plan, stopped_outcome
 from trainctl.worker.launch import launch_train
 from trainctl.worker.training.hooks import TrainerHooks
@@ -57,7 +57,7 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
         assert launched is not None  # a single node's launch has rank 0
         result = launched
     else:
-        evals = CheckpointEvals(plan, ctx, env.stores)
+        evals = CheckpointEvals(plan, ctx, env.stores, side_run_limits(env.settings))
         hooks = TrainerHooks.of_run(ctx, store, plan.experiment, after_commit=evals)
         trainer = Trainer(plan, store, hooks=hooks, run_id=ctx.run.id, datasets=env.stores.datasets)
         result = trainer.run()

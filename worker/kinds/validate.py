@@ -17,6 +17,7 @@ from trainctl.worker.context import RunContext
 from trainctl.worker.data.loader import SyntheticSampler, TokenSampler
 from trainctl.worker.executor import Outcome, WorkerEnv, check_device, read_plan
 from trainctl.worker.models import build_model
+from trainctl.worker.stops import maybe_stop
 from trainctl.worker.training.loop import build_token_arrays, val_metrics
 from trainctl.worker.training.validation import compute_validation_loss, validate_forward_shape
 
@@ -29,7 +30,11 @@ def validation_batches(plan: ValidatePlan, datasets: DatasetStore) -> list[Any]:
         # Same held-out data a train run on this source validates on.
         _, val_arrays = build_token_arrays(data, plan.dataset, datasets)
         sampler = TokenSampler(val_arrays, plan.batch_size, plan.seq_len, seed=data.seed + 1)
-    return [sampler.batch(i) for i in range(plan.num_batches)]
+    batches = []
+    for i in range(plan.num_batches):
+        maybe_stop()
+        batches.append(sampler.batch(i))
+    return batches
 
 
 def execute_validate(ctx: RunContext, env: WorkerEnv) -> Outcome:

@@ -38,6 +38,7 @@ from trainctl.store.models.generation import (
 )
 from trainctl.worker.checkpoints.state import load_checkpoint
 from trainctl.worker.models import LanguageModel, build_model
+from trainctl.worker.stops import maybe_stop
 
 FinishReason = Literal["eot", "stop", "length"]
 # --- sampling ------------------------------------------------------------------------------
@@ -199,6 +200,7 @@ def decode_steps(
         with step_mode(device):
             batch = _Batch(model, prompts, settings, vocab_size, use_cache)
         for pos in range(min(batch.lengths), batch.total):
+            maybe_stop()  # per token: a sample run stops at a cancel (worker.stops)
             with step_mode(device):
                 step = batch.step(pos)
             yield step

@@ -61,10 +61,11 @@ from trainctl.worker.data.loader import (
     stdlib_source_files,
 )
 from trainctl.worker.data.mixtures import MixtureSampler, source_seed
-from trainctl.worker.exceptions import NonFiniteLoss
+from trainctl.worker.exceptions import NonFiniteLoss, RunStopped
 from trainctl.worker.models import build_model, model_files, take_step_metrics
 from trainctl.worker.models.gpt import GPT
 from trainctl.worker.models.sampling import TrainingSamples
+from trainctl.worker.stops import maybe_stop
 from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.optim import Optimizers, build_optimizers
 from trainctl.worker.training.parallel import DataParallel, SingleProcess, rank_and_world
@@ -117,7 +118,7 @@ def build_data(
         val = SyntheticSampler(b.micro_batch_size, b.seq_len, vocab_size, seed=d.seed + 1)
         return (
             SyntheticSampler(b.micro_batch_size, b.seq_len, vocab_size, seed=d.seed),
-            [val.batch(i) for i in range(plan.val_batches)],
+            val_batches(val, plan.val_batches),
         )
     sampler: TokenSampler | MixtureSampler
     val_sampler: TokenSampler | MixtureSampler
@@ -133,7 +134,16 @@ def build_data(
         raise DataError(
             f"data holds token id {sampler.max_token()} but the model's vocab_size is {vocab_size}"
         )
-    return sampler, [val_sampler.batch(i) for i in range(plan.val_batches)]
+    return sampler, val_batches(val_sampler, plan.val_batches)
+
+
+def val_batches(sampler: Sampler, n: int) -> list[Batch]:
+    """The validation's `n` batches, made once (up to 10,000: a cancel stops the making)."""
+    batches = []
+    for i in range(n):
+        maybe_stop()
+        batches.append(sampler.batch(i))
+    return batches
 
 
 def build_mixture(
@@ -500,9 +510,13 @@ class Trainer:
                     self.drained["seen_at"] = time.monotonic()  # the step boundary it stops at
                 if stopped and not logged:
                     self.report(metrics, interval)  # the last step is always written
-                if self.maybe_validate(final):
-                    self.save(BEST_TAG)
-                self.maybe_sample(final)
+                try:
+                    if self.maybe_validate(final):
+                        self.save(BEST_TAG)
+                    self.maybe_sample(final)
+                except RunStopped:  # asked to stop inside a validation or a sample: save, stop
+                    stopped = True
+                    self.drained.setdefault("seen_at", time.monotonic())
                 if self.should_checkpoint(final) or stopped:
                     self.save()
                     saved_at = s.step

@@ -28,7 +28,7 @@ from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.worker_settings import WorkerSettings
 from trainctl.worker.context import RunContext
 from trainctl.worker.drain import Shutdown
-from trainctl.worker.evals.side_runs import CheckpointEvals
+from trainctl.worker.evals.side_runs import CheckpointEvals, side_run_limits
 from trainctl.worker.launch import DRAIN_FILE, ERROR_FILE, RESULT_FILE, STOP_FILE
 from trainctl.worker.rendezvous import rank_store
 from trainctl.worker.training.hooks import TrainerHooks
@@ -123,10 +123,10 @@ def train_rank(
     metrics: list[dict[str, Any]] = []
     ctx = rank_context(job, runs) if runs is not None else None
     stop = AgreedStop(rank_stop(ctx, workdir / STOP_FILE), device or torch.device("cpu"))
-    layout = WorkerSettings.from_job(job["settings"], os.environ).layout
-    stores = open_stores(layout, runs)
+    settings = WorkerSettings.from_job(job["settings"], os.environ)
+    stores = open_stores(settings.layout, runs)
     store = stores.checkpoints
-    evals = CheckpointEvals(plan, ctx, stores) if ctx else None
+    evals = CheckpointEvals(plan, ctx, stores, side_run_limits(settings)) if ctx else None
     if rank != 0:  # rank 0 speaks for the run; every rank agrees on when to stop
         hooks = TrainerHooks.silent(stop)
     elif ctx is not None:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainctl.worker.data.loader import Batch, generate_synthetic_batch
+from trainctl.worker.stops import maybe_stop
 
 
 def synthetic_batches(
@@ -55,6 +56,7 @@ def compute_validation_loss(
     total, n_tokens = 0.0, 0
     try:
         for tokens, targets in batches:
+            maybe_stop()  # a run's validation of many batches stops at a cancel (worker.stops)
             tokens, targets = tokens.to(device), targets.to(device)
             with torch.autocast(
                 device.type,
