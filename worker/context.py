@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from trainctl.store.checkpoints.store import Protected
-from trainctl.store.db.outages import within
+from trainctl.store.db.outages import until_answered, within
 from trainctl.store.db.records import Run
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost
@@ -208,13 +208,18 @@ class RunContext:
         renew = lambda: self.runs.heartbeat(  # noqa: E731
             self.run.id, self.worker_id, self.attempt, self.lease_seconds
         )
+        # A paused server may also refuse a new connection (its connect timeout) before the
+        # lease runs out: that is the database's absence too, tried again until then, never
+        # the run's error (which would spend an attempt on a pause the lease covers).
+        gave_up = threading.Event()
+        what = f"run {self.run.id}: confirming the lease"
         try:
             if left is None:
                 renew()
             else:
                 if self.lease_expired():
                     raise TimeoutError(f"no renewal for {self.lease_seconds:.0f} s")
-                within(left, renew, "confirming the lease")
+                within(left, lambda: until_answered(renew, what, log, stop=gave_up), what)
         except LeaseLost:
             self.lease_lost.set()
             raise
@@ -222,6 +227,8 @@ class RunContext:
             raise LeaseExpired(
                 f"the lease ran out while the run database did not answer ({exc}); not saving"
             ) from None
+        finally:
+            gave_up.set()  # a renewal still trying in its thread stops at its next failure
         self._renewed(started)
 
 

@@ -46,6 +46,8 @@ from trainctl.worker.reporter import Reporter
 
 LEASE = ["--lease-seconds", "6"]
 SHORTER_THAN_THE_LEASE = 3.0
+DOCS_PAUSE = 20.0
+"""docs/operations.md's example: a pause of 20 s within the default 30 s lease."""
 LONGER_THAN_THE_LEASE = 9.0
 PAST_THE_LEASE = timedelta(minutes=5)
 
@@ -119,6 +121,53 @@ def test_a_pause_shorter_than_the_lease_neither_stops_nor_repeats_the_run(
     metrics = runs.events(run.id, type="metrics")
     steps = [e.data["step"] for e in metrics if e.data.get("kind") == "train"]
     assert steps == list(range(1, 101)), "a report was lost or repeated"
+
+
+@pytest.mark.slow
+def test_the_pause_the_docs_name_with_checkpoints_due_and_a_reaper_costs_nothing(
+    server: PostgresServer, runs: RunStore, workers: Workers
+) -> None:
+    """docs/operations.md: a pause shorter than the lease (30 s, the default) costs nothing.
+    20 s of it, with a checkpoint due meanwhile (its commit waits to confirm the lease, on a
+    pool whose open connections are all held by the paused queries, so it opens a new one,
+    which the paused server lets time out) and a reaper polling as the service's does."""
+    run = enqueue_tiny_train(runs, "docs-pause", 1_000_000, checkpoint_every=10)
+    workers.start("w")  # the default lease: 30 s
+    wait_step(runs, run, past=12)
+    stop = threading.Event()
+
+    def reap() -> None:
+        while not stop.wait(1.0):
+            try:
+                runs.reap_expired()
+            except Exception:  # the paused database: as the supervisor's tick, try again
+                continue
+
+    reaper = threading.Thread(target=reap, daemon=True)
+    reaper.start()
+    paused_at = time.monotonic()
+    server.pause()
+    try:
+        time.sleep(DOCS_PAUSE)  # the outage itself, not a wait for a result
+    finally:
+        server.resume()
+    try:
+        after = wait_step(runs, run, past=runs.get(run.id).progress["step"] + 25)
+        assert time.monotonic() - paused_at > DOCS_PAUSE
+    finally:
+        stop.set()
+        reaper.join()
+        runs.request_cancel(run.id)
+    done = wait_finished(runs, run)
+    moves = [(e.data["state"], e.data["reason"]) for e in runs.events(run.id, type="state")]
+    claims = [reason for _, reason in moves if reason.startswith("claimed by")]
+    assert (done.state, done.attempt, claims) == ("cancelled", 1, ["claimed by w"]), (
+        moves,
+        workers.log("w")[-3000:],
+    )
+    assert after > 25 and posix_store(workers.data_dir / "checkpoints").latest_or_none(
+        "docs-pause"
+    ), "no checkpoint was committed"
 
 
 @pytest.mark.slow
