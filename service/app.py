@@ -44,6 +44,7 @@ from trainctl.service.sinks.mirror import SinkMirrors
 from trainctl.service.sse import EventFeed
 from trainctl.service.webhooks.dispatcher import DispatchConfig, Dispatcher
 from trainctl.store.checkpoints.factory import open_stores
+from trainctl.store.db.outages import StallWatch
 from trainctl.store.db.runs import RunStore
 from trainctl.store.db.tokens import TokenStore
 from trainctl.store.db.webhooks import WebhookStore
@@ -98,6 +99,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 # checkpoint routes answer 503 naming the bucket, and the next start sweeps.
                 log.error("checkpoint storage unavailable at start, nothing swept: %s", exc)
         app.state.runs, app.state.checkpoints, app.state.exports = store, ckpts, exports
+        app.state.database_watch = watch = StallWatch.of_database(settings.db_url)
+        watch.start()
         app.state.datasets = stores.datasets
         app.state.store_slots = Slots(
             settings.store_concurrency, settings.store_wait_seconds, "store requests"
@@ -133,6 +136,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             mirrors.stop()  # after the workers: a cursor resumes from here at the next start
             if dispatcher is not None:
                 dispatcher.stop()  # a send it cuts short is due again at the next start
+            watch.stop()
             store.close()
 
     app = TrainctlApi(

@@ -24,6 +24,7 @@ from trainctl.service.sse import EventFeed
 from trainctl.store.checkpoints.protection import ProtectionPolicy
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.bucket import DatasetStore
+from trainctl.store.db.outages import StallWatch
 from trainctl.store.db.records import is_whole_run_id
 from trainctl.store.db.runs import RunStore
 from trainctl.store.db.tokens import Principal, TokenStore
@@ -43,8 +44,16 @@ SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 
 
 async def get_runs(request: Request) -> RunStore:
+    """The run store; a 503 at once while the database does not answer (`StallWatch`)."""
+    check_database(request)
     runs: RunStore = request.app.state.runs
     return runs
+
+
+def check_database(request: Request) -> None:
+    watch: StallWatch | None = getattr(request.app.state, "database_watch", None)
+    if watch is not None:
+        watch.check()
 
 
 async def get_checkpoints(request: Request) -> CheckpointStore:
@@ -133,10 +142,14 @@ PRINCIPAL_KEY = "trainctl.principal"
 """Where `authenticate` keeps the request's principal, in the ASGI scope."""
 
 
-async def identify(tokens: TokenStore, token: str) -> Principal | None:
+async def identify(request: Request, token: str) -> Principal | None:
     """Who holds `token`: from the store's cache on the event loop, else by a query in a
     worker thread, so that no lookup of the run database ever blocks the loop."""
-    return tokens.recall(token) or await run_in_threadpool(tokens.identify, token)
+    tokens: TokenStore = request.app.state.tokens
+    if (known := tokens.recall(token)) is not None:
+        return known
+    check_database(request)
+    return await run_in_threadpool(tokens.identify, token)
 
 
 async def authenticate(
@@ -154,7 +167,7 @@ async def authenticate(
         return principal
     found = None
     if credentials is not None:
-        found = await identify(request.app.state.tokens, credentials.credentials)
+        found = await identify(request, credentials.credentials)
     if found is None:
         raise HTTPException(
             status_code=status.HTTP_401_UNAUTHORIZED,

@@ -28,6 +28,7 @@ from trainctl.store.db.submissions import QUEUE_RETRY_SECONDS
 from trainctl.store.exceptions import (
     CheckpointCorrupt,
     Conflict,
+    DatabaseStalled,
     Forbidden,
     InvalidRequest,
     InVariant,
@@ -52,6 +53,8 @@ STATUS_BY_ERROR: tuple[tuple[type[TrainctlError], int], ...] = (
     # The bucket cannot be reached or refuses our credentials: the service's set-up or an
     # outage, never the request's fault, and it may pass.
     (StorageUnavailable, 503),
+    # The run database stopped answering (a paused server): an outage, refused at once.
+    (DatabaseStalled, 503),
 )
 
 # Seconds a client waits before retrying what a 503 of an outage refused.

@@ -116,3 +116,9 @@ class InVariant(TrainctlError):
     def __init__(self, index: int, cause: TrainctlError) -> None:
         super().__init__(f"variants.{index}: {cause}")
         self.index, self.cause = index, cause
+
+
+class DatabaseStalled(TrainctlError):
+    """The run database has not answered a probe for a while (a paused server, a frozen VM):
+    a request that would query it is refused at once rather than left to wait with it
+    (store/db/outages.py, `StallWatch`)."""

@@ -38,6 +38,7 @@ from tests.support.polling import poll
 from tests.support.stores import folder, posix_store
 from trainctl.service.app import create_app
 from trainctl.service.settings import Settings
+from trainctl.store.db.outages import STALL_PATIENCE_SECONDS, STALL_PROBE_SECONDS
 from trainctl.store.db.records import Run
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost
@@ -46,6 +47,8 @@ from trainctl.worker.reporter import Reporter
 
 LEASE = ["--lease-seconds", "6"]
 SHORTER_THAN_THE_LEASE = 3.0
+PAUSED_API_SECONDS = 20.0
+"""How long the API's test pauses the server: a request that waited for it would take that."""
 DOCS_PAUSE = 20.0
 """docs/operations.md's example: a pause of 20 s within the default 30 s lease."""
 LONGER_THAN_THE_LEASE = 9.0
@@ -302,6 +305,35 @@ def test_the_api_answers_503_while_the_database_is_down_and_serves_again_after(
         assert (down.status_code, down.headers.get("retry-after")) == (503, "5"), down.text
         assert "run database" in down.json()["detail"]
         poll(lambda: client.get("/runs").status_code == 200, what="the API to serve again")
+
+
+def test_the_api_answers_503_at_once_while_the_database_is_paused(
+    tmp_path: Path, server: PostgresServer, database: str
+) -> None:
+    """A paused server answers nothing and refuses nothing: without a watch, /readyz and
+    GET /runs would wait as long as the pause. They answer 503 within seconds instead, and
+    serve again once it is over."""
+    settings = Settings(data_dir=tmp_path, workers=0, database_url=database)
+    with TestClient(create_app(settings), base_url="http://localhost") as client:
+        assert client.get("/runs").status_code == 200
+        server.pause()
+        resume = threading.Timer(PAUSED_API_SECONDS, server.resume)
+        resume.start()
+        try:
+            time.sleep(STALL_PATIENCE_SECONDS + 2 * STALL_PROBE_SECONDS)  # the watch's own wait
+            for path in ("/readyz", "/runs", "/workers"):
+                started = time.monotonic()
+                answer = client.get(path)
+                took = time.monotonic() - started
+                assert answer.status_code == 503, (path, answer.text)
+                assert "run database has not answered" in answer.json()["detail"]
+                assert answer.headers.get("retry-after") == "5"
+                assert took < PAUSED_API_SECONDS / 3, f"{path} waited {took:.1f} s for the pause"
+        finally:
+            resume.cancel()
+            server.resume()
+        poll(lambda: client.get("/runs").status_code == 200, what="the API to serve again")
+        assert client.get("/readyz").json()["database"] == "ok"
 
 
 def test_reports_wait_for_the_database_in_order_and_in_bounded_memory(
