@@ -355,7 +355,8 @@ def only(**params: Any) -> dict[str, Any]:
 
 
 class Download:
-    """One file download into `<target>.part`, resumable, verified against the manifest."""
+    """One file download into `<target>.part`, resumable, verified against the manifest
+    where it lists the file (a sharded checkpoint's stitched model file it does not)."""
 
     def __init__(
         self, checkpoint: CheckpointPublic, name: str, dest: Path, on_progress: Progress | None

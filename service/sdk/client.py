@@ -243,7 +243,9 @@ class TrainctlClient:
         *,
         on_progress: Progress | None = None,
     ) -> Path:
-        """Download one file to `dest` (a file, or a folder to put it in), sha256-checked.
+        """Download one file to `dest` (a file, or a folder to put it in), sha256-checked
+        against the manifest where it lists the file. A sharded checkpoint's model.safetensors
+        is stitched by the service from its shards and listed nowhere: it comes unchecked.
 
         The bytes go to `<dest>.part` first and are renamed only once verified. An interrupted
         download leaves the `.part` file, and the next call resumes it with a Range request
@@ -283,7 +285,8 @@ class TrainctlClient:
         *,
         on_progress: Progress | None = None,
     ) -> Path:
-        """As `download_file`, from the export: resumable, sha256-checked."""
+        """As `download_file`, from the export: resumable, sha256-checked (an export lists
+        every file it holds)."""
         return self._run(calls.download_file("exports", experiment, tag, name, dest, on_progress))
 
     def download_export_archive(self, experiment: str, tag: str, dest: Path) -> Path:
