@@ -39,6 +39,7 @@ from pydantic import BaseModel
 from trainctl.service.schemas import (
     CheckpointPublic,
     DeliveryPublic,
+    EvalItemsPublic,
     EvalTaskPublic,
     EventPublic,
     HealthPublic,
@@ -212,6 +213,13 @@ class TrainctlClient:
     def metrics(self, run_id: str, kind: str | None = None) -> list[MetricPublic]:
         """The run's metrics history; each row has the worker's numbers as extra fields."""
         return self._call(calls.metrics(run_id, kind))
+
+    def eval_items(
+        self, run_id: str, task: str, *, offset: int = 0, limit: int | None = None
+    ) -> EvalItemsPublic:
+        """A page of an evaluate run's predictions for one task's items (`next_offset` the
+        next page's; null on the last)."""
+        return self._call(calls.eval_items(run_id, task, offset, limit))
 
     def lineage(self, run_id: str) -> LineagePublic:
         """The run's ancestors (root first) and the tree of the forks of its checkpoints."""
