@@ -429,7 +429,8 @@ def _parquet_records(path: Path, column: str, limits: Limits) -> Iterator[Record
             rows = metadata.num_rows
             if (problem := _column_problem(schema, column)) is not None:
                 if rows:
-                    yield Record("skip", file, 1, (rows, f"{problem}: all {rows} rows skipped"))
+                    every = "its one row" if rows == 1 else f"all {rows:,} rows"
+                    yield Record("skip", file, 1, (rows, f"{problem}: {every} skipped"))
                 return
             for group in range(metadata.num_row_groups):
                 yield from _row_group(parquet, raw, group, column, row, file, limits)

@@ -431,7 +431,15 @@ def bpe_tokenizer(
     tokenizer = Tokenizer.from_str(data.decode())
     eos_id = _end_of_text(tokenizer, recorded.get("eot_id"))
     eos = tokenizer.id_to_token(eos_id) if eos_id is not None else None
-    notes = [] if eos is not None else ["the tokenizer has no end-of-text token."]
+    notes = (
+        []
+        if eos is not None
+        else [
+            "the tokenizer has no end-of-text token (nor a begin-of-text one): give "
+            "lm-evaluation-harness's HFLM prefix_token_id (docs/evals.md) to score a request "
+            "with an empty context."
+        ]
+    )
     files = {
         TOKENIZER_FILE: data,
         TOKENIZER_CONFIG_FILE: _json(tokenizer_config(eos, config.max_seq_len)),

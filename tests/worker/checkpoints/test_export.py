@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import re
@@ -397,6 +398,38 @@ def test_byte_level_notes_name_no_empty_range_and_a_bos_where_the_model_has_an_i
     else:
         assert tokenizer.token_to_id(settings["bos_token"]) == bos
         assert tokenizer.encode("plain text").ids == list(b"plain text")  # nothing added
+
+
+class TokenizerOnly:
+    """A checkpoint's files as `export_tokenizer` reads them: its tokenizer.json alone."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def open(self, name: str) -> Any:
+        assert name == TOKENIZER_FILE
+        return io.BytesIO(self.data)
+
+    def describe(self, name: str | None = None) -> str:
+        return "exp/step_1"
+
+
+def test_a_bpe_tokenizer_with_no_end_of_text_says_what_the_harness_then_needs() -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate("abc ")}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    data = tokenizer.to_str().encode()
+    recorded = {"kind": "bpe", "sha256": hashlib.sha256(data).hexdigest(), "eot_id": None}
+    config = dataclasses.replace(ModelConfig(), vocab_size=512)
+
+    exported = export.export_tokenizer(cast(Any, TokenizerOnly(data)), {"tokenizer": recorded},
+                                       config)  # fmt: skip
+
+    assert exported.eos_id is None
+    settings = json.loads(exported.files["tokenizer_config.json"])
+    assert "eos_token" not in settings and "bos_token" not in settings
+    assert any("prefix_token_id" in n for n in exported.notes)
 
 
 def _empty(note: str) -> bool:
