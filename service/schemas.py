@@ -401,6 +401,31 @@ class EvalTasksPublic(BaseModel):
     items: list[EvalTaskPublic]
 
 
+class EvalItemPublic(BaseModel):
+    """One item's prediction, named as lm-evaluation-harness's samples name them."""
+
+    doc_id: int = Field(description="The item's place among the task's first `limit` items.")
+    gold: int = Field(description="The index of the right choice.")
+    pred: int = Field(description="The choice of the largest log-likelihood.")
+    pred_norm: int = Field(description="The choice of the largest log-likelihood per character.")
+    acc: float = Field(description="1.0 where `pred` is `gold`, else 0.0.")
+    acc_norm: float = Field(description="1.0 where `pred_norm` is `gold`, else 0.0.")
+    loglikelihoods: list[float] = Field(description="Each choice's log-likelihood, in order.")
+
+
+class EvalItemsPublic(BaseModel):
+    """A page of an evaluate run's predictions for one task (docs/evals.md)."""
+
+    task: str
+    total: int = Field(
+        description="Items the run has scored of the task: all of them once the task ends "
+        "(a retried run's count from its latest attempt)."
+    )
+    offset: int
+    next_offset: int | None = Field(description="The next page's offset; null on the last.")
+    items: list[EvalItemPublic]
+
+
 class HealthPublic(BaseModel):
     status: Literal["ok"]
 

@@ -103,3 +103,16 @@ class TextChecked(BaseModel):
         if problem is not None:
             raise ValueError(problem)
         return value
+
+
+def ids_span(first: int, stop: int) -> str | None:
+    """`range(first, stop)` in a sentence: 'id 7', 'ids 7..9'; None when it is empty, so
+    that nothing is said of no ids ("ids 256..255")."""
+    if stop <= first:
+        return None
+    return f"id {first}" if stop == first + 1 else f"ids {first}..{stop - 1}"
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """'1 file', '2 files', '0 files' (`plural` where adding an s is wrong)."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 RunState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-EventType = Literal["state", "metrics", "log", "sample"]
+EventType = Literal["state", "metrics", "log", "sample", "eval_items"]
 # What an API token may do, each scope allowing what those before it do (store/db/tokens.py).
 Scope = Literal["read", "submit", "admin"]
 

@@ -113,6 +113,10 @@ class RunContext:
         """Generated text: a training sample, or a piece of a sample run's completion."""
         self._event("sample", data)
 
+    def eval_items(self, data: dict[str, Any]) -> None:
+        """A chunk of an evaluate run's per-item predictions (store.evals.items)."""
+        self._event("eval_items", data)
+
     def _event(self, type: EventType, data: dict[str, Any]) -> None:
         if self.reporter.started:
             self.reporter.event(type, data)

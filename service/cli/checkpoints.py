@@ -40,6 +40,7 @@ from trainctl.service.sdk.client import Progress as OnProgress
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE
 from trainctl.store.kinds.export import ExportRequest
+from trainctl.store.text import counted
 
 app = typer.Typer(
     no_args_is_help=True, help="List, inspect, prune, download, delete and export checkpoints."
@@ -168,7 +169,8 @@ def prune_checkpoints(
 def download_checkpoint(
     ctx: typer.Context, experiment: Experiment, tag: Tag, out: Out = None, files: Files = None
 ) -> None:
-    """Download a checkpoint's files: resumable (.part + Range), sha256-verified."""
+    """Download a checkpoint's files: resumable (.part + Range), each the manifest lists
+    sha256-verified (it says which were not: a sharded checkpoint's stitched model)."""
     with client(ctx) as api:
         c = resolve(api, experiment, tag)
         download(api.download_file, c, out, files)
@@ -198,11 +200,30 @@ def download(
                 progress.update(task, completed=done, total=total)
 
             fetch(c.experiment, c.tag, name, folder / name, on_progress=advance)
-    verified = [n for n in names if n != MANIFEST_FILE]  # the manifest is what they match
-    say.print(
-        f"downloaded {c.experiment}/{c.tag} to {folder}/ ({len(verified)} files, sha256 verified)"
-    )
+    say.print(f"downloaded {c.experiment}/{c.tag} to {folder}/ ({checked(c, names)})")
     return folder
+
+
+def checked(c: CheckpointPublic, names: list[str]) -> str:
+    """What was checked of the files `names` just downloaded, and what was not: only a file
+    the manifest lists has a sha256 to verify (the SDK refuses one that differs). The
+    manifest is what they are checked against; a sharded checkpoint's model.safetensors is
+    stitched by the service from its shards and listed nowhere, so nothing can verify it."""
+    listed = {f.name for f in c.files}
+    verified = [n for n in names if n in listed]
+    unlisted = [n for n in names if n not in listed and n != MANIFEST_FILE]
+    said = []
+    if verified:
+        said.append(f"{counted(len(verified), 'file')} sha256 verified against {MANIFEST_FILE}")
+    if unlisted:
+        said.append(
+            f"{', '.join(unlisted)} not verified: stitched by the service from the shards, "
+            f"which it found with the sizes {MANIFEST_FILE} gives; the stitched file has no "
+            "sha256 there (download the shards to verify them)"
+        )
+    if not said:
+        said.append(f"{MANIFEST_FILE} only, which files are verified against")
+    return "; ".join(said)
 
 
 @app.command("delete")
@@ -249,7 +270,7 @@ def export_checkpoint(
         Path | None,
         typer.Option(
             "--download",
-            help="Then download it into this folder (sha256-verified).",
+            help="Then download it into this folder (each file sha256-verified).",
             show_default=False,
         ),
     ] = None,

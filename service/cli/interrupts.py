@@ -6,7 +6,7 @@ exit then waits forever for its refresh thread, which waits for that lock: a com
 ignores Ctrl-C. So a command with a live display says what Ctrl-C does instead, one of:
 
 - `exit_on_interrupt`: nothing needs cleaning up (a watched run is the service's; a download
-  keeps its verified files and its `.part` files, which the same command resumes); write the
+  keeps the files it finished and its `.part` files, which the same command resumes); write the
   error line and exit 130 at once.
 - `stop_on_interrupt`: the work has something to undo (a prepare removes what it wrote); ask it
   to stop through the `should_stop` it polls, and let it unwind.

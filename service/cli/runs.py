@@ -14,6 +14,7 @@ from rich.tree import Tree
 from trainctl.service.cli.common import client, console, err_console, print_json
 from trainctl.service.cli.watch import Samples, state_text, watch_to_end
 from trainctl.service.schemas import LineageNodePublic, LineageRunPublic, RunPublic
+from trainctl.store.evals.items import MAX_ITEMS_PAGE
 from trainctl.store.kinds.registry import RUN_KINDS
 from trainctl.store.vocabulary import METRIC_KINDS_TEXT
 
@@ -179,6 +180,23 @@ def cell(value: Any) -> str:
     if value is None:
         return ""
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+@app.command("evals-items")
+def show_eval_items(
+    ctx: typer.Context,
+    run_id: RunId,
+    task: Annotated[str, typer.Option(help="One of the evaluate run's tasks.")],
+) -> None:
+    """Print an evaluate run's prediction for each item of a task, one JSON object a line
+    (JSONL: doc_id, gold, pred, pred_norm, acc, acc_norm, loglikelihoods)."""
+    with client(ctx) as api:
+        offset: int | None = 0
+        while offset is not None:
+            page = api.eval_items(run_id, task, offset=offset, limit=MAX_ITEMS_PAGE)
+            for item in page.items:
+                print(item.model_dump_json())
+            offset = page.next_offset
 
 
 @app.command("cancel")

@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from trainctl.service.schemas import (
     CheckpointPublic,
     DeliveryPublic,
+    EvalItemsPublic,
     EvalTaskPublic,
     EventPublic,
     HealthPublic,
@@ -184,6 +185,13 @@ class AsyncTrainctlClient:
 
     async def metrics(self, run_id: str, kind: str | None = None) -> list[MetricPublic]:
         return await self._call(calls.metrics(run_id, kind))
+
+    async def eval_items(
+        self, run_id: str, task: str, *, offset: int = 0, limit: int | None = None
+    ) -> EvalItemsPublic:
+        """A page of an evaluate run's predictions for one task's items (`next_offset` the
+        next page's; null on the last)."""
+        return await self._call(calls.eval_items(run_id, task, offset, limit))
 
     async def lineage(self, run_id: str) -> LineagePublic:
         """The run's ancestors (root first) and the tree of the forks of its checkpoints."""

@@ -27,6 +27,7 @@ from trainctl.service.schemas import (
     CheckpointsPublic,
     DeliveriesPublic,
     DeliveryPublic,
+    EvalItemsPublic,
     EvalTaskPublic,
     EvalTasksPublic,
     EventPublic,
@@ -189,6 +190,12 @@ def follow(
 def metrics(run_id: str, kind: str | None) -> Call[list[MetricPublic]]:
     request = Request("GET", f"/runs/{run_id}/metrics", params=only(kind=kind))
     return Call(request, lambda body: MetricsPublic.model_validate_json(body).items)
+
+
+def eval_items(run_id: str, task: str, offset: int, limit: int | None) -> Call[EvalItemsPublic]:
+    params = only(task=task, offset=offset, limit=limit)
+    request = Request("GET", f"/runs/{run_id}/evals/items", params=params)
+    return Call(request, EvalItemsPublic.model_validate_json)
 
 
 def lineage(run_id: str) -> Call[LineagePublic]:
@@ -355,7 +362,8 @@ def only(**params: Any) -> dict[str, Any]:
 
 
 class Download:
-    """One file download into `<target>.part`, resumable, verified against the manifest."""
+    """One file download into `<target>.part`, resumable, verified against the manifest
+    where it lists the file (a sharded checkpoint's stitched model file it does not)."""
 
     def __init__(
         self, checkpoint: CheckpointPublic, name: str, dest: Path, on_progress: Progress | None

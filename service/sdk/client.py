@@ -39,6 +39,7 @@ from pydantic import BaseModel
 from trainctl.service.schemas import (
     CheckpointPublic,
     DeliveryPublic,
+    EvalItemsPublic,
     EvalTaskPublic,
     EventPublic,
     HealthPublic,
@@ -213,6 +214,13 @@ class TrainctlClient:
         """The run's metrics history; each row has the worker's numbers as extra fields."""
         return self._call(calls.metrics(run_id, kind))
 
+    def eval_items(
+        self, run_id: str, task: str, *, offset: int = 0, limit: int | None = None
+    ) -> EvalItemsPublic:
+        """A page of an evaluate run's predictions for one task's items (`next_offset` the
+        next page's; null on the last)."""
+        return self._call(calls.eval_items(run_id, task, offset, limit))
+
     def lineage(self, run_id: str) -> LineagePublic:
         """The run's ancestors (root first) and the tree of the forks of its checkpoints."""
         return self._call(calls.lineage(run_id))
@@ -243,7 +251,9 @@ class TrainctlClient:
         *,
         on_progress: Progress | None = None,
     ) -> Path:
-        """Download one file to `dest` (a file, or a folder to put it in), sha256-checked.
+        """Download one file to `dest` (a file, or a folder to put it in), sha256-checked
+        against the manifest where it lists the file. A sharded checkpoint's model.safetensors
+        is stitched by the service from its shards and listed nowhere: it comes unchecked.
 
         The bytes go to `<dest>.part` first and are renamed only once verified. An interrupted
         download leaves the `.part` file, and the next call resumes it with a Range request
@@ -283,7 +293,8 @@ class TrainctlClient:
         *,
         on_progress: Progress | None = None,
     ) -> Path:
-        """As `download_file`, from the export: resumable, sha256-checked."""
+        """As `download_file`, from the export: resumable, sha256-checked (an export lists
+        every file it holds)."""
         return self._run(calls.download_file("exports", experiment, tag, name, dest, on_progress))
 
     def download_export_archive(self, experiment: str, tag: str, dest: Path) -> Path:

@@ -128,8 +128,11 @@ def generation_config(eos_id: int | None) -> dict[str, Any]:
     return {"bos_token_id": None, "eos_token_id": eos_id, "pad_token_id": eos_id}
 
 
-def tokenizer_config(eos_token: str | None, max_length: int) -> dict[str, Any]:
-    """tokenizer_config.json: the fast tokenizer over tokenizer.json, nothing model-specific."""
+def tokenizer_config(
+    eos_token: str | None, max_length: int, bos_token: str | None = None
+) -> dict[str, Any]:
+    """tokenizer_config.json: the fast tokenizer over tokenizer.json, nothing model-specific.
+    A `bos_token` is named only, never added to an encoding (no post-processor adds it)."""
     data: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": max_length,
@@ -140,6 +143,8 @@ def tokenizer_config(eos_token: str | None, max_length: int) -> dict[str, Any]:
     }
     if eos_token is not None:
         data |= {"eos_token": eos_token, "pad_token": eos_token}
+    if bos_token is not None:
+        data |= {"bos_token": bos_token, "add_bos_token": False}
     return data
 
 

@@ -18,7 +18,9 @@ it. Pre-tokenizers split there (GPT-2's ByteLevel regex, ours, at both; Llama 3'
 first), so for them the pieces' tokens are the whole file's; only a file with no such break
 is cut anywhere else. Such a file is checked for UTF-8 first, in a pass of its own, so that
 a bad byte late in it skips the whole document. A JSONL line or Parquet value longer than
-`max_document_bytes` is *oversized*: skipped and counted, or with `strict` an error.
+`max_document_bytes` is *oversized*: skipped and counted, or with `strict` an error; so are
+the rows of a Parquet row group with a page too large to hold (`Limits.page_limit`), which is
+not read.
 
 A file that cannot be read as its kind (a truncated .gz or .zst, a broken Parquet file) is a
 `DataError`, never a skipped document: what follows the damage is unknown. Files are opened
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal, NamedTuple
 
+from trainctl.store.data.parquet_pages import Page, column_pages
 from trainctl.store.data.shards import DataError, open_data
 from trainctl.store.data.walk import Bounds, walk_files
 from trainctl.store.files import NotRegularFile, check_regular
@@ -51,7 +54,7 @@ PIECE_BYTES = 4 << 20
 READ_BYTES = 1 << 20
 PARQUET_ROWS = 1024
 PARQUET_PAGE_SLACK = 64 << 10
-"""What a column chunk holds besides its values: page headers, levels, lengths."""
+"""What a page holds besides its values: levels, lengths."""
 MAX_DOCUMENT_BYTES = 16 << 20
 """The default `max_document_bytes`: tokenizing a document costs about 30 times its size in
 the process that does it, so this bounds each tokenizing process near half a GB."""
@@ -185,6 +188,13 @@ class Limits:
     batch_bytes: int = BATCH_BYTES
     max_document_bytes: int = MAX_DOCUMENT_BYTES
     should_stop: Callable[[], bool] | None = None
+
+    @property
+    def page_limit(self) -> int:
+        """The largest Parquet page read (pyarrow holds one whole): room for a document of
+        `max_document_bytes` and as much again of its neighbours (a writer closes a page
+        after a batch of values, so a long one shares its page)."""
+        return 2 * self.max_document_bytes + PARQUET_PAGE_SLACK
 
     def check(self) -> None:
         if self.should_stop is not None and self.should_stop():
@@ -405,7 +415,7 @@ class _ZstdFrames(io.RawIOBase):
 def _parquet_records(path: Path, column: str, limits: Limits) -> Iterator[Record]:
     """A record per row of the text column, in batches whose values come to about
     `batch_bytes`; a value longer than `max_document_bytes` is measured, not copied, and a
-    row group whose text column holds it alone is not read at all."""
+    row group with a page too large to hold is not read at all (`_row_group`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -419,32 +429,42 @@ def _parquet_records(path: Path, column: str, limits: Limits) -> Iterator[Record
             rows = metadata.num_rows
             if (problem := _column_problem(schema, column)) is not None:
                 if rows:
-                    yield Record("skip", file, 1, (rows, f"{problem}: all {rows} rows skipped"))
+                    every = "its one row" if rows == 1 else f"all {rows:,} rows"
+                    yield Record("skip", file, 1, (rows, f"{problem}: {every} skipped"))
                 return
             for group in range(metadata.num_row_groups):
-                yield from _row_group(parquet, group, column, row, file, limits)
+                yield from _row_group(parquet, raw, group, column, row, file, limits)
                 row += metadata.row_group(group).num_rows
     except (OSError, pa.ArrowException) as exc:
         raise DataError(f"{file}: unreadable as Parquet at row {row} ({exc})") from exc
 
 
 def _row_group(
-    parquet: Any, group: int, column: str, row: int, file: str, limits: Limits
+    parquet: Any, raw: IO[bytes], group: int, column: str, row: int, file: str, limits: Limits
 ) -> Iterator[Record]:
-    """The records of one row group, whose first row is `row`."""
+    """The records of one row group, whose first row is `row`.
+
+    What pyarrow holds to read it is known from its pages' headers before it reads one
+    (`store.data.parquet_pages`): it holds a page whole, decompressed, and decodes a batch of
+    rows at a time, each value no longer than the page that holds it (a dictionary-encoded
+    value is its dictionary page's). So a row group with a page larger than `page_limit` is
+    not read (its rows are oversized), and batches are of as many rows as a page's worth of
+    the largest value fits: a dictionary page of one long value, repeated in every row, is
+    decoded a few rows at a time, never a thousand."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     meta = parquet.metadata.row_group(group)
     chunks = (meta.column(i) for i in range(meta.num_columns))
-    size = next(c for c in chunks if c.path_in_schema == column).total_uncompressed_size
-    rows, limit = meta.num_rows, limits.max_document_bytes
-    if rows == 1 and size > limit + PARQUET_PAGE_SLACK:
-        # Its one value is nearly all of the column chunk: oversized, and left unread.
-        reason = f"a value of about {size:,} bytes, more than max_document_bytes ({limit:,})"
-        yield Record("oversized", file, row, (1, reason))
+    chunk = next(c for c in chunks if c.path_in_schema == column)
+    rows, limit, page_limit = meta.num_rows, limits.max_document_bytes, limits.page_limit
+    biggest = max((p.cost for p in _pages(raw, chunk)), default=0)
+    if biggest > page_limit:
+        yield Record("oversized", file, row, (rows, _unread(rows, row, biggest, limit)))
         return
-    per_batch = max(1, min(PARQUET_ROWS, limits.batch_bytes * rows // max(size, 1)))
+    size = max(chunk.total_uncompressed_size, 1)
+    per_batch = max(1, min(PARQUET_ROWS, limits.batch_bytes * rows // size,
+                           page_limit // max(biggest, 1)))  # fmt: skip
     batches = parquet.iter_batches(batch_size=per_batch, row_groups=[group], columns=[column])
     for batch in batches:
         values = batch.column(0)
@@ -460,6 +480,25 @@ def _row_group(
             else:
                 yield Record("parquet", file, row, next(kept))
             row += 1
+
+
+def _pages(raw: IO[bytes], chunk: Any) -> list[Page]:
+    """The pages of a column chunk, from their headers (pyarrow seeks before each read)."""
+    start = chunk.data_page_offset
+    if chunk.has_dictionary_page and chunk.dictionary_page_offset:
+        start = min(start, chunk.dictionary_page_offset)
+    return column_pages(raw, start, chunk.total_compressed_size)
+
+
+def _unread(rows: int, row: int, page: int, limit: int) -> str:
+    """Why a row group is not read."""
+    if rows == 1:
+        return f"a value of about {page:,} bytes, more than max_document_bytes ({limit:,})"
+    return (
+        f"rows {row:,} to {row + rows - 1:,} (a row group) not read: one of its pages holds "
+        f"{page:,} bytes, more than a reader holds at once with max_document_bytes "
+        f"{limit:,} (twice that)"
+    )
 
 
 def _column_problem(schema: Any, column: str) -> str | None:

@@ -1,21 +1,25 @@
 """Reading eval scores back from the run database (docs/evals.md, "Reading the results").
 
-Two readers, one per question: what a run's log holds of each task's newest scores (the
-webhooks' payload), and which finished evaluations scored a checkpoint (an export's model
-card). Both read what the evaluate runs wrote (worker/kinds/evaluate.py): metrics events of kind
-`eval` on the evaluate run and on the train run that saved the checkpoint, and each evaluate
-run's result.
+Three readers, one per question: what a run's log holds of each task's newest scores (the
+webhooks' payload), which finished evaluations scored a checkpoint (an export's model card),
+and what an evaluate run predicted for each item (`GET /runs/{id}/evals/items`). They read
+what the evaluate runs wrote (worker/kinds/evaluate.py): metrics events of kind `eval` on the
+evaluate run and on the train run that saved the checkpoint, each evaluate run's result, and
+its `eval_items` events (store.evals.items).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
 
 from trainctl.store.db.runs import RunStore
 from trainctl.store.db.schema import read_transaction, run_events, runs
+from trainctl.store.evals.items import EVAL_ITEMS_EVENT
 from trainctl.store.evals.tasks import EVAL_KIND, EvalResult, TaskScores, split_metric_name
+from trainctl.store.exceptions import InvalidRequest
 
 
 def latest_scores(store: RunStore, run_id: str) -> dict[str, TaskScores]:
@@ -84,3 +88,63 @@ def _by_task(data: dict[str, Any]) -> dict[str, dict[str, float]]:
         if named is not None and isinstance(value, int | float) and not isinstance(value, bool):
             tasks.setdefault(named[0], {})[named[1]] = float(value)
     return tasks
+
+
+@dataclass(frozen=True)
+class EvalItems:
+    """A page of one task's items of an evaluate run."""
+
+    task: str
+    total: int
+    """Items the run's latest attempt has written for the task (all of them once it ends)."""
+    offset: int
+    items: list[dict[str, Any]]
+
+
+def eval_items(store: RunStore, run_id: str, task: str, offset: int, limit: int) -> EvalItems:
+    """Items `offset` to `offset + limit` of the task, from the latest attempt that wrote
+    it; a refusal for a run that is no evaluate run or does not score the task."""
+    run = store.get(run_id)
+    tasks = run.spec.get("tasks") if run.kind == "evaluate" else None
+    if not isinstance(tasks, list):
+        raise InvalidRequest(f"run {run_id} is a {run.kind} run: only evaluate runs score items")
+    if task not in tasks:
+        raise InvalidRequest(f"run {run_id} does not score {task!r}; it scores {', '.join(tasks)}")
+    chunks = _latest_chunks(store, run_id, task)
+    total = sum(count for _, _, count in chunks)
+    wanted = [i for i, start, count in chunks if start < offset + limit and offset < start + count]
+    query = select(run_events.c.data).where(run_events.c.id.in_(wanted)).order_by(run_events.c.id)
+    with read_transaction(store.engine) as conn:
+        events = conn.execute(query).scalars().all()
+    items = [
+        item
+        for data in sorted(events, key=lambda d: d["start"])
+        for n, item in enumerate(data["items"], start=data["start"])
+        if offset <= n < offset + limit
+    ]
+    return EvalItems(task, total, offset, items)
+
+
+def _latest_chunks(store: RunStore, run_id: str, task: str) -> list[tuple[int, int, int]]:
+    """(event id, start, count) of each chunk the latest attempt wrote for the task, by start;
+    the JSON's items stay in the database."""
+    data = run_events.c.data
+    query = (
+        select(
+            run_events.c.id,
+            data["attempt"].as_integer(),
+            data["start"].as_integer(),
+            data["count"].as_integer(),
+        )
+        .where(
+            run_events.c.run_id == run_id,
+            run_events.c.type == EVAL_ITEMS_EVENT,
+            data["task"].as_string() == task,
+        )
+        .order_by(run_events.c.id)
+    )
+    with read_transaction(store.engine) as conn:
+        rows = conn.execute(query).all()
+    latest = max((attempt for _, attempt, _, _ in rows), default=None)
+    chunks = {start: (i, start, count) for i, attempt, start, count in rows if attempt == latest}
+    return [chunks[start] for start in sorted(chunks)]

@@ -9,7 +9,11 @@ own retention until it is scored."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -97,6 +101,56 @@ def test_an_evaluate_run_scores_a_checkpoint_and_records_the_scores_on_both_runs
     folder = service.data_dir / "tensorboard" / "evals" / trained["id"]
     mirrored = {(name, STEPS, float32(value)) for name, value in expected.items()}
     poll(lambda: mirrored <= set(tensorboard_rows(folder)), 30, "the scores in TensorBoard")
+
+
+def item_pages(service: Service, run_id: str, task: str, limit: int) -> list[dict[str, Any]]:
+    """Every page of GET /runs/{id}/evals/items for the task, following next_offset."""
+    pages, offset = [], 0
+    while offset is not None:
+        params = {"task": task, "offset": offset, "limit": limit}
+        r = httpx.get(f"{service.url}/runs/{run_id}/evals/items", params=params, timeout=60)
+        assert r.status_code == 200, r.text
+        pages.append(r.json())
+        offset = pages[-1]["next_offset"]
+    return pages
+
+
+@pytest.mark.slow
+def test_each_item_s_prediction_is_read_from_the_api_and_the_cli_and_adds_up_to_the_scores(
+    service: Service, trained: dict[str, Any]
+) -> None:
+    run = submit(service, "evaluate", checkpoint="latest", experiment="evals", tasks=TASKS,
+                 limit=LIMIT)  # fmt: skip
+    done = finished(service, run["id"])
+    assert done["state"] == "succeeded", done["error"]
+
+    for task in TASKS:
+        pages = item_pages(service, run["id"], task, limit=3)
+        assert [len(p["items"]) for p in pages] == [3, 3, 2]
+        assert {p["total"] for p in pages} == {LIMIT}
+        items = [item for page in pages for item in page["items"]]
+        assert [item["doc_id"] for item in items] == list(range(LIMIT))
+        scores = done["result"]["tasks"][task]
+        for metric in ("acc", "acc_norm"):
+            assert sum(item[metric] for item in items) / LIMIT == pytest.approx(scores[metric])
+        for item in items:
+            lls = item["loglikelihoods"]
+            assert item["pred"] == lls.index(max(lls)) and all(math.isfinite(v) for v in lls)
+            assert item["acc"] == float(item["pred"] == item["gold"])
+
+        cli = [sys.executable, "-m", "trainctl.service.cli", "runs", "evals-items", run["id"][:8],
+               "--task", task]  # fmt: skip
+        env = {**os.environ, "TRAINCTL_URL": service.url}
+        printed = subprocess.run(cli, capture_output=True, text=True, check=True, env=env)
+        assert [json.loads(line) for line in printed.stdout.splitlines()] == items
+
+    url = f"{service.url}/runs/{run['id']}/evals/items"
+    refused = httpx.get(url, params={"task": "hellaswag"}, timeout=60)
+    assert refused.status_code == 422 and "does not score 'hellaswag'" in refused.json()["detail"]
+    other = httpx.get(f"{service.url}/runs/{trained['id']}/evals/items", params={"task": "x"})
+    assert other.status_code == 422 and "only evaluate runs" in other.json()["detail"]
+    missing = httpx.get(f"{service.url}/runs/nosuchrun/evals/items", params={"task": "x"})
+    assert missing.status_code == 404
 
 
 @pytest.mark.slow

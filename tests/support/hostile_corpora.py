@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -63,19 +62,38 @@ def zst_of_many_lines(path: Path, total_bytes: int, line_bytes: int = 100_000) -
 
 def parquet_with_a_long_value(path: Path, value_bytes: int, *, alone: bool) -> int:
     """Normal rows around one value of `value_bytes`: in a row group of its own (`alone`),
-    else among the others in one; its row number."""
+    else first in one with ten others (a writer puts them in one page with it); its row
+    number."""
     texts, schema = normal_texts(), pa.schema([("text", pa.string())])
     long = "a" * value_bytes
     with pq.ParquetWriter(path, schema) as writer:
+        writer.write_table(pa.table({"text": texts[:100]}, schema=schema))
         if alone:
-            writer.write_table(pa.table({"text": texts[:100]}, schema=schema))
             writer.write_table(pa.table({"text": [long]}, schema=schema))
             writer.write_table(pa.table({"text": texts[100:]}, schema=schema))
         else:
-            writer.write_table(
-                pa.table({"text": [*texts[:100], long, *texts[100:]]}, schema=schema)
-            )
+            writer.write_table(pa.table({"text": [long, *texts[100:110]]}, schema=schema))
+            writer.write_table(pa.table({"text": texts[110:]}, schema=schema))
     return 101
+
+
+def parquet_with_a_repeated_value(path: Path, value_bytes: int, rows: int) -> int:
+    """The normal rows, then one value of `value_bytes` in `rows` rows, dictionary-encoded: its
+    dictionary page holds it once, and each row is an index of a few bits (the issue's 1.5 KB
+    file held 8,192 rows of a 1.5 MB value); its first row."""
+    texts = normal_texts()
+    schema = pa.schema([("text", pa.dictionary(pa.int32(), pa.string()))])
+    # Written from a dictionary array, never decoded here; without the Arrow schema the
+    # column reads back as plain text, as another writer's file would.
+    normal = pa.DictionaryArray.from_arrays(pa.array(range(len(texts)), pa.int32()), texts)
+    repeated = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), ["a" * value_bytes])
+    with pq.ParquetWriter(
+        path, schema, store_schema=False, dictionary_pagesize_limit=1 << 30
+    ) as writer:
+        writer.write_table(pa.table({"text": normal}, schema=schema))
+        writer.write_table(pa.table({"text": repeated}, schema=schema))
+    assert path.stat().st_size < value_bytes  # the value once, compressed
+    return len(texts) + 1
 
 
 def small_corpus(path: Path) -> None:
@@ -98,16 +116,27 @@ class Prepared:
     stderr: str
 
 
+# Started from a small process: Linux carries the high-water mark of the memory a process
+# replaces across exec into its ru_maxrss, so a prepare started by pytest itself (hundreds of
+# MB) would report at least pytest's size, and its own growth below that would not show.
+_LAUNCHER = """
+import json, os, subprocess, sys
+with subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL) as proc:
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+print(json.dumps({"code": proc.returncode, "maxrss": usage.ru_maxrss}))
+"""
+
+
 def prepare_peak(corpus: Path, out: Path, *args: str) -> Prepared:
     """Run `trainctl data prepare` (bytes, one process) in a process of its own; its peak
-    resident memory, as the kernel counted it (`wait4`'s ru_maxrss)."""
-    command = [sys.executable, "-m", "trainctl.service.cli", "data", "prepare", str(corpus),
-               "--out", str(out), "--workers", "1", "--val-fraction", "0", *args]  # fmt: skip
-    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
-        assert proc.stderr is not None
-        stderr = proc.stderr.read().decode()
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    assert proc.returncode == 0, stderr
+    resident memory, as the kernel counted it (`wait4`'s ru_maxrss, in a small launcher)."""
+    command = [sys.executable, "-c", _LAUNCHER, sys.executable, "-m", "trainctl.service.cli",
+               "data", "prepare", str(corpus), "--out", str(out), "--workers", "1",
+               "--val-fraction", "0", *args]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, check=True)
+    stderr = done.stderr.decode()
+    launched = json.loads(done.stdout)
+    assert launched["code"] == 0, stderr
     dataset = json.loads((out / "dataset.json").read_text())
-    return Prepared(usage.ru_maxrss * 1024, dataset, stderr)
+    return Prepared(launched["maxrss"] * 1024, dataset, stderr)

@@ -56,6 +56,7 @@ from trainctl.store.exceptions import CheckpointCorrupt, Conflict, InvalidReques
 from trainctl.store.models.hf_config import AnyModelConfig
 from trainctl.store.models.presets import ModelConfig
 from trainctl.store.specs import EXPORT_DTYPES, ExportDtype
+from trainctl.store.text import ids_span
 from trainctl.worker.checkpoints.hashed_file import HashedFile
 from trainctl.worker.checkpoints.safetensors_stream import write_safetensors
 from trainctl.worker.checkpoints.state import load_checkpoint
@@ -345,6 +346,10 @@ def hf_weights(model: GPT, dtype: torch.dtype) -> dict[str, torch.Tensor]:
 
 # --- the tokenizer --------------------------------------------------------------------------
 
+BYTES = 256
+"""The ids of a byte-level tokenizer's bytes: 0..255."""
+BYTE_LEVEL_BOS = "<|begin_of_text|>"
+
 
 @dataclass(frozen=True)
 class TokenizerExport:
@@ -366,19 +371,7 @@ def export_tokenizer(
         assert isinstance(recorded, dict)
         return bpe_tokenizer(checkpoint, recorded, config)
     if kind == "bytes":
-        return TokenizerExport(
-            "bytes",
-            {
-                TOKENIZER_FILE: byte_level_tokenizer_json().encode(),
-                TOKENIZER_CONFIG_FILE: _json(tokenizer_config(None, config.max_seq_len)),
-            },
-            notes=[
-                f"byte-level tokenizer: ids 0..255 are the bytes; ids 256..{config.vocab_size - 1} "
-                "of the model have no token (byte-level data never holds them).",
-                "no end-of-text token (byte-level documents run together): generation stops "
-                "only at its length limit.",
-            ],
-        )
+        return byte_level_export(config)
     return TokenizerExport(
         None,
         notes=[
@@ -386,6 +379,36 @@ def export_tokenizer(
             "shards), so AutoTokenizer cannot load this folder; feed the model token ids."
         ],
     )
+
+
+def byte_level_export(config: AnyModelConfig) -> TokenizerExport:
+    """The byte-level tokenizer, with a begin-of-text token at id 256 where the model has that
+    id: lm-evaluation-harness's HFLM feeds BOS (else EOS) as the context of a request whose
+    context is empty, and fails on a tokenizer with neither. The model never saw the id in
+    training, so it is a neutral start rather than a learned one; nothing adds it to an
+    encoding, and it is no end-of-text (generation would never stop at it)."""
+    bos = BYTE_LEVEL_BOS if config.vocab_size > BYTES else None
+    unused = ids_span(BYTES + (bos is not None), config.vocab_size)
+    bytes_note = "byte-level tokenizer: ids 0..255 are the bytes"
+    if unused is not None:
+        verb = "has" if unused.startswith("id ") else "have"
+        bytes_note += f"; {unused} of the model {verb} no token (byte-level data never holds them)"
+    notes = [
+        bytes_note + ".",
+        "no end-of-text token (byte-level documents run together): generation stops "
+        "only at its length limit.",
+        f"id {BYTES} is {bos}, a begin-of-text token that lm-evaluation-harness's HFLM puts "
+        "before an empty context; the model never saw it in training."
+        if bos is not None
+        else "no begin-of-text token (the model has no id beyond the bytes): give "
+        "lm-evaluation-harness's HFLM prefix_token_id (docs/evals.md) to score a request "
+        "with an empty context.",
+    ]
+    files = {
+        TOKENIZER_FILE: byte_level_tokenizer_json(bos).encode(),
+        TOKENIZER_CONFIG_FILE: _json(tokenizer_config(None, config.max_seq_len, bos)),
+    }
+    return TokenizerExport("bytes", files, notes=notes)
 
 
 def bpe_tokenizer(
@@ -410,7 +433,15 @@ def bpe_tokenizer(
     tokenizer = Tokenizer.from_str(data.decode())
     eos_id = _end_of_text(tokenizer, recorded.get("eot_id"))
     eos = tokenizer.id_to_token(eos_id) if eos_id is not None else None
-    notes = [] if eos is not None else ["the tokenizer has no end-of-text token."]
+    notes = (
+        []
+        if eos is not None
+        else [
+            "the tokenizer has no end-of-text token (nor a begin-of-text one): give "
+            "lm-evaluation-harness's HFLM prefix_token_id (docs/evals.md) to score a request "
+            "with an empty context."
+        ]
+    )
     files = {
         TOKENIZER_FILE: data,
         TOKENIZER_CONFIG_FILE: _json(tokenizer_config(eos, config.max_seq_len)),
@@ -440,10 +471,12 @@ def byte_to_unicode() -> dict[int, str]:
     return table
 
 
-def byte_level_tokenizer_json() -> str:
+def byte_level_tokenizer_json(bos: str | None = None) -> str:
     """tokenizer.json whose token ids are the byte values 0..255: a BPE with no merges over
-    the ByteLevel alphabet, so every text encodes to its UTF-8 bytes and back."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    the ByteLevel alphabet, so every text encodes to its UTF-8 bytes and back; `bos`, a
+    special token, is id 256 (a text holding it literally encodes it as that id, as GPT-2's
+    tokenizer does with its <|endoftext|>)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     table = byte_to_unicode()
     assert set(table.values()) == set(pre_tokenizers.ByteLevel.alphabet())
@@ -451,4 +484,7 @@ def byte_level_tokenizer_json() -> str:
     # No regex split: with no merges, where words break cannot change a token.
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
+    if bos is not None:
+        tokenizer.add_special_tokens([AddedToken(bos, special=True, normalized=False)])
+        assert tokenizer.token_to_id(bos) == BYTES
     return str(tokenizer.to_str())

@@ -6,7 +6,8 @@ transformers architecture or a plug-in model, its files checked against the mani
 task's first `limit` items are read from the shipped data, their few-shot contexts built as
 the harness builds them, and `worker.evals.scorer` scores them. Each task's scores are a
 metrics event `{"kind": "eval", "step": <the checkpoint's step>, "eval/<task>/<metric>": ...}`
-on the evaluate run as the task finishes; when all are done, one event with every score goes
+on the evaluate run as the task finishes, after its items' predictions (`eval_items` events,
+store.evals.items); when all are done, one event with every score goes
 to the train run that wrote the checkpoint too (if it is still listed), so its history shows
 how its checkpoints score. A cancel stops the scoring within a batch (`worker.stops`); the
 tasks scored by then are the stopped run's result.
@@ -22,12 +23,13 @@ import torch
 from trainctl.store.checkpoints.info import check_fits
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.codec import TextCodec
+from trainctl.store.evals.items import item_events, item_record
 from trainctl.store.evals.tasks import EVAL_KIND, EVAL_TASKS, EvalTask, metric_name
 from trainctl.store.exceptions import RunNotFound
 from trainctl.store.kinds.evaluate import EvaluatePlan
 from trainctl.worker.context import RunContext
 from trainctl.worker.evals.fewshot import build_contexts
-from trainctl.worker.evals.scorer import score_items, task_metrics
+from trainctl.worker.evals.scorer import ItemScore, score_items, task_metrics
 from trainctl.worker.evals.tasks import read_items
 from trainctl.worker.exceptions import RunStopped
 from trainctl.worker.executor import Outcome, WorkerEnv, check_device, read_plan, stopped_outcome
@@ -37,13 +39,23 @@ from trainctl.worker.models.generation import load_for_generation
 
 def score_task(
     model: LanguageModel, codec: TextCodec, task: EvalTask, plan: EvaluatePlan
-) -> dict[str, Any]:
-    """One task's metrics over its first `plan.limit` items, and how many items they are."""
+) -> tuple[dict[str, Any], list[ItemScore]]:
+    """One task's metrics over its first `plan.limit` items (and how many items they are),
+    and each item's scores."""
     items = read_items(task)[: plan.limit]
     pool = read_items(task, task.fewshot_split) if plan.num_fewshot else []
     contexts = build_contexts(task, items, pool, plan.num_fewshot, plan.seed)
     scores = score_items(model, codec, items, contexts, batch_size=plan.batch_size)
-    return {"items": len(items), **task_metrics(scores)}
+    return {"items": len(items), **task_metrics(scores)}, scores
+
+
+def record_items(ctx: RunContext, task: str, scores: list[ItemScore]) -> None:
+    """Each item's prediction, as `eval_items` events of this attempt (store.evals.items)."""
+    records = [
+        item_record(i, s.loglikelihoods, s.pred, s.pred_norm, s.gold) for i, s in enumerate(scores)
+    ]
+    for data in item_events(task, ctx.attempt, records):
+        ctx.eval_items(data)
 
 
 def run_evaluate(
@@ -63,9 +75,10 @@ def run_evaluate(
     started, scored, items = time.perf_counter(), {}, 0
     for name in plan.tasks:
         try:
-            scored[name] = score_task(model, codec, EVAL_TASKS[name], plan)
+            scored[name], scores = score_task(model, codec, EVAL_TASKS[name], plan)
         except RunStopped:  # the scorer stops per batch (worker.stops); the tasks done stay
             break
+        record_items(ctx, name, scores)
         items += scored[name]["items"]
         ctx.metrics({"kind": EVAL_KIND, "step": info.step, **event_metrics(name, scored[name])})
     seconds = time.perf_counter() - started

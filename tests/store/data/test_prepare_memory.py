@@ -20,6 +20,7 @@ from tests.support.hostile_corpora import (
     Prepared,
     gz_with_a_long_line,
     parquet_with_a_long_value,
+    parquet_with_a_repeated_value,
     prepare_peak,
     small_corpus,
     zst_of_many_lines,
@@ -89,18 +90,47 @@ def test_a_long_parquet_value_alone_in_its_row_group_is_skipped_unread(tmp_path:
     assert run.dataset["splits"]["train"]["documents"] == NORMAL_DOCUMENTS
 
 
-def test_a_long_parquet_value_among_others_is_measured_before_it_is_copied(
+def test_a_long_parquet_value_among_others_leaves_their_row_group_unread(
     tmp_path: Path,
 ) -> None:
-    """pyarrow decodes the page that holds it (once, and its dictionary); it is measured
-    there and never copied out, parsed or tokenized, which cost ten times its size."""
+    """pyarrow holds a page whole while it decodes it, and a writer puts a long value in a
+    page with its neighbours: the page's header says how large it is, and a row group with a
+    page larger than a reader may hold is not read (the issue's 300 MB value cost +967 MB)."""
     row = parquet_with_a_long_value(tmp_path / "long.parquet", SIZE, alone=False)
 
     run, base = prepared(tmp_path, tmp_path / "long.parquet"), baseline(tmp_path, "s.parquet")
 
-    assert run.peak_bytes - base.peak_bytes < 5 * SIZE + BOUND, (run.peak_bytes, base.peak_bytes)
-    assert run.dataset["skipped"]["oversized"] == 1
-    assert run.dataset["skipped"]["examples"][0]["line"] == row
+    assert run.peak_bytes - base.peak_bytes < BOUND, (run.peak_bytes, base.peak_bytes)
+    skipped = run.dataset["skipped"]
+    assert skipped["documents"] == skipped["oversized"] == 11  # the value and its group
+    [example] = skipped["examples"]
+    assert example["line"] == row and example["reason"].startswith("rows 101 to 111 (a row group)")
+    assert run.dataset["splits"]["train"]["documents"] == NORMAL_DOCUMENTS - 10
+
+
+@pytest.mark.parametrize(
+    ("value_bytes", "rows", "oversized"),
+    [(3 * LIMIT // 2, 256, 256), (LIMIT // 2, 128, 0)],
+    ids=["oversized-1.5MB-in-256-rows", "fits-512KB-in-128-rows"],
+)
+def test_a_value_repeated_by_a_parquet_dictionary_is_decoded_a_few_rows_at_a_time(
+    tmp_path: Path, value_bytes: int, rows: int, oversized: int
+) -> None:
+    """The issue's 1.5 KB file: a dictionary page holds the value once and each row is an
+    index, so a batch of a thousand rows decoded to a thousand copies (+4.6 GB). A value is no
+    longer than the page that holds it: batches hold a page's worth of rows, whether the value
+    is skipped (longer than max_document_bytes) or kept."""
+    first = parquet_with_a_repeated_value(tmp_path / "rep.parquet", value_bytes, rows)
+    assert (tmp_path / "rep.parquet").stat().st_size < value_bytes // 4
+
+    run, base = prepared(tmp_path, tmp_path / "rep.parquet"), baseline(tmp_path, "s.parquet")
+
+    assert run.peak_bytes - base.peak_bytes < BOUND, (run.peak_bytes, base.peak_bytes)
+    assert run.dataset["skipped"]["oversized"] == oversized
+    if oversized:
+        assert run.dataset["skipped"]["examples"][0]["line"] == first
+    train = run.dataset["splits"]["train"]
+    assert train["documents"] == NORMAL_DOCUMENTS + rows - oversized
 
 
 def test_strict_stops_at_an_oversized_document_naming_its_file_and_line(tmp_path: Path) -> None:

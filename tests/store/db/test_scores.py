@@ -10,8 +10,11 @@ import pytest
 
 from trainctl.store.db.records import Run
 from trainctl.store.db.runs import RunStore
-from trainctl.store.db.scores import checkpoint_results, latest_scores
+from trainctl.store.db.scores import checkpoint_results, eval_items, latest_scores
+from trainctl.store.evals import items as items_module
+from trainctl.store.evals.items import item_record
 from trainctl.store.evals.tasks import EvalResult, TaskScores
+from trainctl.store.exceptions import InvalidRequest, RunNotFound
 
 WORKER = "w"
 
@@ -87,3 +90,46 @@ def test_a_checkpoints_results_are_the_finished_evaluations_of_its_run_and_step(
     assert checkpoint_results(store, "exp", "step_40", 40, "train-1") == []
     # A checkpoint that records no run is matched by its tag.
     assert {r.evaluate_run for r in checkpoint_results(store, "exp", "best", 20, None)} == {best.id}
+
+
+def items_of(start: int, count: int, attempt: int) -> list[dict[str, Any]]:
+    """Items whose log-likelihoods say which attempt wrote them."""
+    return [item_record(i, [-1.0, -float(attempt)], 0, 1, 0) for i in range(start, start + count)]
+
+
+def test_eval_items_are_paged_across_events_from_the_latest_attempt_only(
+    store: RunStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(items_module, "ITEMS_PER_EVENT", 3)
+    run = claimed(store, "evaluate", {"tasks": ["arc_easy", "mmlu_anatomy"]})
+    for attempt, count in ((1, 7), (2, 8)):  # a retried run writes every item again
+        for data in items_module.item_events("arc_easy", attempt, items_of(0, count, attempt)):
+            store.append_event(run.id, "eval_items", data)
+    [other] = items_module.item_events("mmlu_anatomy", 2, items_of(0, 2, 2))
+    store.append_event(run.id, "eval_items", other)
+
+    pages = [eval_items(store, run.id, "arc_easy", offset, 3) for offset in (0, 3, 6)]
+
+    assert [p.total for p in pages] == [8, 8, 8]
+    items = [item for page in pages for item in page.items]
+    assert [i["doc_id"] for i in items] == list(range(8))
+    assert {i["loglikelihoods"][1] for i in items} == {-2.0}
+    middle = eval_items(store, run.id, "arc_easy", 2, 3)  # across two events
+    assert [i["doc_id"] for i in middle.items] == [2, 3, 4]
+    assert eval_items(store, run.id, "arc_easy", 8, 3).items == []
+    assert eval_items(store, run.id, "mmlu_anatomy", 0, 100).total == 2
+
+
+def test_eval_items_are_refused_for_a_task_the_run_does_not_score_or_another_kind(
+    store: RunStore,
+) -> None:
+    evaluate = claimed(store, "evaluate", {"tasks": ["arc_easy"]})
+    train = claimed(store, "train", {"steps": 3})
+
+    with pytest.raises(InvalidRequest, match="does not score 'hellaswag'; it scores arc_easy"):
+        eval_items(store, evaluate.id, "hellaswag", 0, 10)
+    with pytest.raises(InvalidRequest, match="is a train run: only evaluate runs score items"):
+        eval_items(store, train.id, "arc_easy", 0, 10)
+    with pytest.raises(RunNotFound):
+        eval_items(store, "nope", "arc_easy", 0, 10)
+    assert eval_items(store, evaluate.id, "arc_easy", 0, 10).total == 0  # none written yet

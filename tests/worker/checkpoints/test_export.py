@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, cast
@@ -353,6 +355,7 @@ def test_a_byte_level_checkpoint_exports_a_byte_tokenizer_that_round_trips(
     result = export_to(checkpoint, tmp_path / "exports", dtype="float32")
     tokenizer = transformers.AutoTokenizer.from_pretrained(Path(result.folder))
     assert result.tokenizer == "bytes" and tokenizer.eos_token is None
+    assert tokenizer.bos_token_id == 256 and tokenizer("ab")["input_ids"] == [97, 98]
     for text in ("plain ascii\n\ttabs", "héllo wörld ✓ 日本語", "".join(map(chr, range(1, 128)))):
         ids = tokenizer(text)["input_ids"]
         assert ids == list(text.encode())
@@ -364,6 +367,96 @@ def test_a_byte_level_checkpoint_exports_a_byte_tokenizer_that_round_trips(
     assert hf_greedy(load_hf(Path(result.folder)), prompt, NEW_TOKENS) == greedy(
         model, prompt, NEW_TOKENS
     )
+
+
+@pytest.mark.parametrize(
+    ("vocab_size", "first_note", "bos"),
+    [
+        (256, "byte-level tokenizer: ids 0..255 are the bytes.", None),
+        (257, "byte-level tokenizer: ids 0..255 are the bytes.", 256),
+        (258, "byte-level tokenizer: ids 0..255 are the bytes; id 257 of the model has no token "
+         "(byte-level data never holds them).", 256),
+        (512, "byte-level tokenizer: ids 0..255 are the bytes; ids 257..511 of the model have no "
+         "token (byte-level data never holds them).", 256),
+    ],
+)  # fmt: skip
+def test_byte_level_notes_name_no_empty_range_and_a_bos_where_the_model_has_an_id(
+    vocab_size: int, first_note: str, bos: int | None
+) -> None:
+    config = dataclasses.replace(ModelConfig(), vocab_size=vocab_size)
+    exported = export.export_tokenizer(cast(Any, None), BYTES, config)
+    assert exported.notes[0] == first_note
+    assert not any(re.search(r"(\d+)\.\.(\d+)", n) and _empty(n) for n in exported.notes)
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(exported.files[TOKENIZER_FILE].decode())
+    settings = json.loads(exported.files["tokenizer_config.json"])
+    assert tokenizer.get_vocab_size() == 256 + (bos is not None) <= vocab_size
+    if bos is None:
+        assert "bos_token" not in settings
+        assert any("prefix_token_id" in n for n in exported.notes)
+    else:
+        assert tokenizer.token_to_id(settings["bos_token"]) == bos
+        assert tokenizer.encode("plain text").ids == list(b"plain text")  # nothing added
+
+
+class TokenizerOnly:
+    """A checkpoint's files as `export_tokenizer` reads them: its tokenizer.json alone."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def open(self, name: str) -> Any:
+        assert name == TOKENIZER_FILE
+        return io.BytesIO(self.data)
+
+    def describe(self, name: str | None = None) -> str:
+        return "exp/step_1"
+
+
+def test_a_bpe_tokenizer_with_no_end_of_text_says_what_the_harness_then_needs() -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate("abc ")}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    data = tokenizer.to_str().encode()
+    recorded = {"kind": "bpe", "sha256": hashlib.sha256(data).hexdigest(), "eot_id": None}
+    config = dataclasses.replace(ModelConfig(), vocab_size=512)
+
+    exported = export.export_tokenizer(cast(Any, TokenizerOnly(data)), {"tokenizer": recorded},
+                                       config)  # fmt: skip
+
+    assert exported.eos_id is None
+    settings = json.loads(exported.files["tokenizer_config.json"])
+    assert "eos_token" not in settings and "bos_token" not in settings
+    assert any("prefix_token_id" in n for n in exported.notes)
+
+
+def _empty(note: str) -> bool:
+    """Whether the note names a range `a..b` with b < a."""
+    return any(int(b) < int(a) for a, b in re.findall(r"(\d+)\.\.(\d+)", note))
+
+
+@pytest.mark.slow
+def test_lm_evaluation_harness_scores_an_empty_context_on_a_byte_level_export(
+    byte_trained: tuple[GPT, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HFLM feeds BOS (else EOS) as the context of a request with none (a rolling
+    perplexity's first window, a continuation scored alone): the export must give it one."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    _, checkpoint = byte_trained
+    result = export_to(checkpoint, tmp_path / "exports", dtype="float32")
+    lm = HFLM(pretrained=result.folder, device="cpu", batch_size=1, dtype="float32")
+    request = Instance("loglikelihood", {}, ("", "def main():"), 0)
+    [(loglikelihood, _)] = lm.loglikelihood([request])
+    ids = torch.tensor([[256, *b"def main():"]])
+    with torch.no_grad():  # the export's own logits: transformers has no softcap
+        logits = load_hf(Path(result.folder))(ids[:, :-1]).logits
+    expected = torch.log_softmax(logits.float(), -1)[0].gather(1, ids[0, 1:, None]).sum()
+    assert loglikelihood == pytest.approx(float(expected), abs=1e-3)
 
 
 @pytest.mark.slow
