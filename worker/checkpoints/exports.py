@@ -85,7 +85,7 @@ BLOCK_NAMES = {
     "mlp.w_up.weight": "mlp.up_proj.weight",
     "mlp.w_down.weight": "mlp.down_proj.weight",
 }
-_BLOCK_RE = re.compile(r"^blocks\.(\d+)\.(.+)$")
+_BLOCK_RE = re.compile(r"blocks\.(\d+)\.(.+)")
 _DROPPED_PREFIX = "mtp_heads."  # training-only; `differences` says so
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
