@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainctl.store.models.hf import check_config
 from trainctl.store.models.hf_config import HfModelConfig
 
 CONFIG_FILE = "config.json"
@@ -37,7 +38,9 @@ class ModelBuildError(ValueError):
 
 
 def build_hf_config(config: HfModelConfig) -> Any:
-    """The transformers config of a plan's model. Raises ModelBuildError with
+    """The transformers config of a plan's model, checked by submit's rules before anything
+    is built: the built config's every field, defaults computed in `__init__` included
+    (store.models.hf.check_config). Raises ModelBuildError naming the field, or with
     transformers' reason for a config it refuses."""
     from transformers import AutoConfig
 
@@ -48,6 +51,10 @@ def build_hf_config(config: HfModelConfig) -> Any:
     refused = sorted(k for k in config.fields if not hasattr(hf, k))
     if refused:
         raise ModelBuildError(f"model.hf: {type(hf).__name__} does not take {', '.join(refused)}")
+    try:
+        check_config(config.model_type, hf.to_dict())
+    except ValueError as exc:
+        raise ModelBuildError(f"model.hf: {exc}") from exc
     hf.architectures = None  # set from the class built, below
     return hf
 
