@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, StrictBool, StrictInt
+from pydantic import Field, StrictBool, StrictInt, model_validator
 
 from trainctl.store.models.hf import (
     MODEL_TYPE,
     SIZE_BOUNDS,
     check_geometry,
+    check_hf_fields,
     common_view,
     known_fields,
 )
@@ -34,6 +35,19 @@ class HfModelConfig(Spec):
     )
     use_compile: StrictBool = Field(False, description="torch.compile the model.")
     compile_mode: str = Field("default", description="torch.compile mode.")
+
+    @model_validator(mode="after")
+    def _as_a_request_is(self) -> HfModelConfig:
+        """Every config, wherever it comes from (a request, a plan, a checkpoint's or an
+        export's metadata.json, written by whoever could write the store), passes the rules a
+        request's does: no field a request may not set (`auto_map`, `_attn_implementation`,
+        `torch_dtype`), a type trainctl trains, the shapes and sizes it can run. The one
+        check on every path that reads a model config (docs/models.md, "What is checked
+        where"); ValueError naming the field."""
+        hf = {MODEL_TYPE: self.model_type, **self.fields}
+        check_hf_fields(hf)
+        check_geometry(hf)
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()

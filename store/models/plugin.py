@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import Field, StrictBool, StrictInt
+from pydantic import Field, StrictBool, StrictInt, model_validator
 
 from trainctl.store.models.hf import MAX_FIELDS, check_values
 from trainctl.store.models.presets import BOUNDS
@@ -77,6 +77,12 @@ class PluginModelConfig(Spec):
     )
     use_compile: StrictBool = Field(False, description="torch.compile the model.")
     compile_mode: str = Field("default", description="torch.compile mode.")
+
+    @model_validator(mode="after")
+    def _as_a_request_is(self) -> PluginModelConfig:
+        """A plug-in's config from a plan or a checkpoint passes the request's rules too."""
+        check_plugin_request({"name": self.plugin, "config": self.config})
+        return self
 
     @classmethod
     def of_request(cls, plugin: dict[str, Any]) -> PluginModelConfig:

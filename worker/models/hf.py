@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainctl.store.models.hf import check_config
+from trainctl.store.models.hf import MODEL_TYPE, check_config, check_hf_fields
 from trainctl.store.models.hf_config import HfModelConfig
 
 CONFIG_FILE = "config.json"
@@ -39,12 +39,14 @@ class ModelBuildError(ValueError):
 
 def build_hf_config(config: HfModelConfig) -> Any:
     """The transformers config of a plan's model, checked by submit's rules before anything
-    is built: the built config's every field, defaults computed in `__init__` included
-    (store.models.hf.check_config). Raises ModelBuildError naming the field, or with
-    transformers' reason for a config it refuses."""
+    is built: the fields a request may not set (a plan or a checkpoint's metadata may have
+    been written by anyone who can write the store), then the built config's every field,
+    defaults computed in `__init__` included (store.models.hf.check_config). Raises
+    ModelBuildError naming the field, or with transformers' reason for a config it refuses."""
     from transformers import AutoConfig
 
     try:
+        check_hf_fields({MODEL_TYPE: config.model_type, **config.fields})
         hf = AutoConfig.for_model(config.model_type, **config.fields)
     except (ValueError, TypeError, KeyError) as exc:
         raise ModelBuildError(f"model.hf: transformers refuses the config: {exc}") from exc
