@@ -203,7 +203,7 @@ def check_rotary(config: dict[str, Any], fields: frozenset[str]) -> None:
         source = f"head_dim {head_dim}"
     elif hidden is not None and heads is not None:
         head_dim = hidden // heads
-        source = f"head_dim {head_dim}, hidden_size {hidden} / num_attention_heads {heads}"
+        source = f"head_dim {head_dim} (hidden_size {hidden} / num_attention_heads {heads})"
     else:
         return
     factor = next(
@@ -216,7 +216,7 @@ def check_rotary(config: dict[str, Any], fields: frozenset[str]) -> None:
     )
     dim = int(head_dim * factor)
     if dim % 2:
-        part = f" x {factor} = {dim}" if factor != 1.0 else ""
+        part = f", times the rotary fraction {factor}: {dim}" if factor != 1.0 else ""
         raise ValueError(f"head_dim: {rule} (got {source}{part})")
 
 
