@@ -17,6 +17,7 @@ does; it is reported as its own metric, `aux_loss`.
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +94,11 @@ class HFCausalLM(nn.Module):
         )
         self._aux: list[torch.Tensor] = []
         self.tied_names = _tied_names(inner)
+        takes = inspect.signature(inner.forward).parameters
+        # Mamba's and RWKV's recurrent state is not a `past_key_values` cache: they decode
+        # without one (the prefix recomputed for each token), as a plug-in does.
+        self.keeps_cache = "past_key_values" in takes
+        self._trims_logits = "logits_to_keep" in takes
 
     # -- the state dict: transformers' names, each tied tensor once --------------------------
 
@@ -151,12 +157,14 @@ class HFCausalLM(nn.Module):
 
     # -- generation ----------------------------------------------------------------------
 
-    def new_cache(self, batch: int, total: int, device: Any, dtype: Any) -> HfCache:
-        return HfCache()
+    def new_cache(self, batch: int, total: int, device: Any, dtype: Any) -> HfCache | None:
+        """transformers' own cache; None (decode without one) where the model keeps none."""
+        return HfCache() if self.keeps_cache else None
 
     def next_logits(self, idx: torch.Tensor) -> torch.Tensor:
         """The last position's logits of idx, without a cache: (B, T) -> (B, vocab)."""
-        out = self.inner(input_ids=idx, use_cache=False, logits_to_keep=1)
+        trim = {"logits_to_keep": 1} if self._trims_logits else {}
+        out = self.inner(input_ids=idx, use_cache=False, **trim)
         return out.logits[:, -1]
 
     def forward_cached(

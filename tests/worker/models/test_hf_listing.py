@@ -16,10 +16,12 @@ from tests.support.hf_archs import BASE, TINY, base, hf
 from tests.support.plans import train_plan
 from trainctl.service.presenters import public_models
 from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.models.generation import GenerationSettings
 from trainctl.store.models.hf_catalog import config_fields
 from trainctl.store.models.hf_config import HfModelConfig
 from trainctl.store.models.hf_rules import ROTARY_FIELDS, dimension_cap
 from trainctl.worker.models import build_model
+from trainctl.worker.models.generation import generate_tokens
 from trainctl.worker.models.hf import ModelBuildError
 from trainctl.worker.training.memory import count_params
 
@@ -58,6 +60,17 @@ def test_the_listing_names_the_types_tested_here() -> None:
 def test_every_listed_type_trains_a_step(model_type: str) -> None:
     plan = train_plan(steps=1, model={"hf": hf(model_type)})
     assert math.isfinite(one_step(plan.model.config))
+
+
+@pytest.mark.parametrize("model_type", LISTED)
+def test_every_listed_type_samples(model_type: str) -> None:
+    """A train run samples as it goes: Mamba's and RWKV's recurrent state is no
+    past_key_values cache, so they decode recomputing the prefix."""
+    config = train_plan(steps=1, model={"hf": hf(model_type)}).model.config
+    model = build_model(config, seed=0).eval()
+    settings = GenerationSettings(max_new_tokens=3, temperature=0.0)
+    out = generate_tokens(model, [[1, 2, 3], [4, 5]], settings)
+    assert [len(row) for row in out] == [3, 3]
 
 
 @pytest.mark.parametrize("model_type", LISTED)
