@@ -304,8 +304,11 @@ def test_a_time_limit_chains_jobs_without_costing_an_attempt_and_loses_no_bits(
             httpx.post(f"{slurm.url}/runs/{run_id}/cancel", timeout=30)
     assert {slurm.finished(chained)["state"], slurm.finished(whole)["state"]} == {"cancelled"}
     ours, theirs = slurm.train_losses(chained), slurm.train_losses(whole)
-    assert len(ours) > drained_at(slurm, chained) + 20
-    assert ours == theirs[: len(ours)], "the chain changed the losses"
+    # Both went on training until their cancels landed, by however much a loaded machine
+    # let each: the steps they share are compared, and those reach past the drain.
+    common = min(len(ours), len(theirs))
+    assert common > drained_at(slurm, chained) + 20, (len(ours), len(theirs))
+    assert ours[:common] == theirs[:common], "the chain changed the losses"
 
 
 def drained_at(slurm: SlurmService, run_id: str) -> int:
