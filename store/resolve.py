@@ -231,6 +231,7 @@ class SubmitContext:
     """Whether runs can get a CUDA device; asked only by kinds that run a model, once."""
     default_trackers: Sequence[Tracker] = ()
     mlflow_configured: bool = False
+    wandb_configured: bool = False
 
     @cached_property
     def cuda_available(self) -> bool:

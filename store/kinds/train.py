@@ -38,6 +38,7 @@ from trainctl.store.specs import (
     MAX_STEPS,
     MLFLOW_SETTING,
     TRACKERS,
+    WANDB_SETTING,
     BatchSpec,
     DataSpec,
     DeviceChoice,
@@ -132,9 +133,10 @@ class TrainOptions(StepOptions):
         description="Where the service mirrors the run's metrics while it trains: "
         "'tensorboard' (event files in <folder>/<experiment>/<run id>/, the folder being "
         "`tensorboard_dir` or the data dir's tensorboard/) and 'mlflow' (the tracking server "
-        "the service's TRAINCTL_MLFLOW_URI names). Null: the service's TRAINCTL_TRACKERS; "
-        "[]: none. The run's event log stays the record: a tracker that is down never slows "
-        "or fails the run, and gets what it missed when it is back.",
+        "the service's TRAINCTL_MLFLOW_URI names) and 'wandb' (Weights & Biases: the project "
+        "TRAINCTL_WANDB_PROJECT names, one W&B run across every attempt). Null: the service's "
+        "TRAINCTL_TRACKERS; []: none. The run's event log stays the record: a tracker that is "
+        "down never slows or fails the run, and gets what it missed when it is back.",
     )
     tensorboard_dir: str | None = Field(
         None,
@@ -302,6 +304,7 @@ def resolve_train(
     datasets: DatasetStore | None = None,
     default_trackers: Sequence[Tracker] = (),
     mlflow_configured: bool = False,
+    wandb_configured: bool = False,
 ) -> TrainPlan:
     """The plan of a train request. A resume needs `checkpoints`, to pin the checkpoint;
     data that names a dataset needs `datasets`, the deployment's (`open_stores`).
@@ -345,7 +348,7 @@ def resolve_train(
     fork = fork_point(request, model.config, checkpoints, tokenizer)
     return TrainPlan(
         **shared_options(request, TrainOptions)
-        | _trackers(request, default_trackers, mlflow_configured, data_roots),
+        | _trackers(request, default_trackers, mlflow_configured, wandb_configured, data_roots),
         device=device,
         model=model,
         batch=_split_across_ranks(geometry, request.batch, request),
@@ -388,7 +391,11 @@ def _check_samples(
 
 
 def _trackers(
-    request: TrainRequest, default: Sequence[Tracker], mlflow_configured: bool, roots: list[Path]
+    request: TrainRequest,
+    default: Sequence[Tracker],
+    mlflow_configured: bool,
+    wandb_configured: bool,
+    roots: list[Path],
 ) -> dict[str, Any]:
     """The trackers the run is mirrored to and the real folder of its TensorBoard files."""
     # Imported when it runs, not above: see the module's docstring.
@@ -399,6 +406,11 @@ def _trackers(
         raise InvalidRequest(
             f"trackers: 'mlflow' needs a tracking server, and this service has none: set "
             f"{MLFLOW_SETTING} (or leave 'mlflow' out)"
+        )
+    if "wandb" in trackers and not wandb_configured:
+        raise InvalidRequest(
+            f"trackers: 'wandb' needs a Weights & Biases project, and this service has none: "
+            f"set {WANDB_SETTING} (or leave 'wandb' out)"
         )
     folder = request.tensorboard_dir
     if folder is not None:
@@ -437,6 +449,7 @@ def plan_train(request: TrainRequest, ctx: SubmitContext) -> TrainPlan:
         datasets=ctx.datasets,
         default_trackers=ctx.default_trackers,
         mlflow_configured=ctx.mlflow_configured,
+        wandb_configured=ctx.wandb_configured,
     )
 
 

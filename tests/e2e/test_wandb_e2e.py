@@ -1,0 +1,142 @@
+"""Metrics out to Weights & Biases, end to end: the real service and worker train with the
+`wandb` tracker in offline mode, and what the service's W&B client wrote under the data dir is
+read back with wandb's own reader (`wandb leet inspect`): every metric at its step, one W&B run
+across two attempts after the worker is killed with SIGKILL, the plan as the config,
+checkpoints as artifacts by reference, and a fork's `fork_from`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from typing import Any
+
+from tests.support.polling import poll
+from tests.support.service_process import Service
+from tests.support.wandb_files import WandbFile, history_rows, wandb_files
+from trainctl.service.schemas import EventPublic, RunPublic
+from trainctl.service.sdk.client import TrainctlClient
+from trainctl.service.sinks.base import scalars
+from trainctl.service.sinks.wandb import wandb_id
+from trainctl.store.vocabulary import TERMINAL_STATES
+
+WANDB_OFFLINE = {
+    "TRAINCTL_WANDB_PROJECT": "trainctl-e2e",
+    "TRAINCTL_WANDB_MODE": "offline",
+    "TRAINCTL_TRACKERS": "wandb",  # every run, its spec naming none
+    "TRAINCTL_SINK_POLL_SECONDS": "0.2",
+    "TRAINCTL_SINK_RETRY_MAX_SECONDS": "1",
+}
+# Long enough that the worker is killed mid-run past its second checkpoint, on a fast machine;
+# a small batch, so that it takes seconds on a slow one.
+STEPS = 80
+KILL_PAST = 12
+STDLIB = {"source": "stdlib", "max_bytes": 1_000_000}
+SMALL = {"batch": {"micro_batch_size": 2, "grad_accum_steps": 1, "seq_len": 64}, "val_batches": 1}
+
+
+def wait_done(client: TrainctlClient, run_id: str) -> RunPublic:
+    return poll(
+        lambda: (r := client.get_run(run_id)).state in TERMINAL_STATES and r,
+        timeout=300,
+        what=f"run {run_id} to finish",
+        interval=0.5,
+    )
+
+
+def first_metrics(events: list[EventPublic]) -> dict[tuple[str, int], float]:
+    """Each (name, step) of the run's train and validation metrics with the value first
+    logged: a resumed attempt repeats steps, W&B takes each once."""
+    found: dict[tuple[str, int], float] = {}
+    for e in events:
+        if e.type == "metrics" and e.data.get("kind") in ("train", "val"):
+            for name, value in scalars(e.data):
+                found.setdefault((name, e.data["step"]), value)
+    return found
+
+
+def config_of(read: WandbFile) -> dict[str, Any]:
+    config: dict[str, Any] = read.runs[0]["config"]["update"]
+    return config
+
+
+def test_a_killed_workers_run_and_its_fork_land_in_wandb_once_each(service: Service) -> None:
+    service.extra_env |= WANDB_OFFLINE
+    service.start()
+    spec = {"experiment": "wb", "steps": STEPS, "log_every": 1, "checkpoint_every": 5,
+            "val_every": 10, "data": STDLIB, "sample_every": 20, **SMALL,
+            "sample_prompts": ["def "], "sample_settings": {"max_new_tokens": 4}}  # fmt: skip
+    with TrainctlClient(service.url) as client:
+        run = client.submit("train", spec)
+        assert run.spec["trackers"] == ["wandb"]
+        running = poll(
+            lambda: (r := client.get_run(run.id)).state == "running"
+            and (r.progress.step or 0) > KILL_PAST
+            and r,
+            timeout=120,
+            what="the run past its second checkpoint",
+            interval=0.2,
+        )
+        worker = next(w for w in client.workers() if w.id == running.worker_id)
+        os.kill(worker.pid, signal.SIGKILL)
+        done = wait_done(client, run.id)
+        assert done.state == "succeeded", done.error
+        assert done.attempt == 2
+        fork = client.submit(
+            "train",
+            {"experiment": "wb-fork", "steps": STEPS + 5, "log_every": 1,
+             "fork_from": f"wb/step_{STEPS}", "data": STDLIB, **SMALL},
+        )  # fmt: skip
+        assert wait_done(client, fork.id).state == "succeeded"
+        events = list(client.events(run.id))
+        fork_events = list(client.events(fork.id))
+        # Mirrored and finished: the sink wrote the W&B run's exit record.
+        poll(
+            lambda: all(
+                (f := wandb_files(service.data_dir, wandb_id(r))) and f[-1].exits
+                for r in (run.id, fork.id)
+            ),
+            timeout=60,
+            what="W&B to catch up",
+            interval=0.5,
+        )
+
+    (read,) = wandb_files(service.data_dir, wandb_id(run.id))  # one W&B run, both attempts
+    steps = [row["_step"] for row in read.history]
+    assert steps == sorted(set(steps)), "a step was logged twice or out of order"
+    replayed = [e for e in events if e.type == "metrics" and e.data.get("kind") == "train"]
+    assert len(replayed) > STEPS  # the second attempt repeated steps the first had logged
+    rows = history_rows([read])
+    expected = first_metrics(events)
+    assert {k: rows.get(k) for k in expected} == expected
+    assert {"train/loss", "train/lr/muon", "train/lr/adamw", "train/tokens_per_sec",
+            "val/loss"} <= {name for name, _ in expected}  # fmt: skip
+    samples = {e.data["step"] for e in events if e.type == "sample"}
+    assert samples and samples == {step for (name, step) in rows if name == "samples"}
+
+    (record,) = read.runs
+    assert record["run_id"] == wandb_id(run.id) and record["project"] == "trainctl-e2e"
+    assert run.id in record["notes"] and "trainctl" in record["tags"]
+    config = config_of(read)
+    assert config["steps"] == STEPS and config["optimizer"] == done.spec["optimizer"]
+    assert read.exits == [{"exit_code": 0}] or read.exits[-1].get("exit_code", 0) == 0
+
+    # Checkpoints by reference: the manifest's location and sha256, no file of the weights.
+    saved = {json.loads(a["metadata"])["tag"]: a for a in read.artifacts if a["type"] == "model"}
+    final = saved[f"step_{STEPS}"]
+    manifest = service.data_dir / "checkpoints" / "wb" / f"step_{STEPS}" / "manifest.json"
+    meta = json.loads(final["metadata"])
+    assert meta["manifest_sha256"] == hashlib.sha256(manifest.read_bytes()).hexdigest()
+    (entry,) = final["manifest"]["contents"]
+    assert entry["ref"] == manifest.as_uri() and "local_path" not in entry
+
+    (forked,) = wandb_files(service.data_dir, wandb_id(fork.id))
+    (fork_record,) = forked.runs
+    assert fork_record["branch_point"] == {"metric": "_step", "run": wandb_id(run.id),
+                                           "value": STEPS}  # fmt: skip
+    fork_steps = [row["_step"] for row in forked.history]
+    assert fork_steps and min(fork_steps) > STEPS
+    assert {k: history_rows([forked]).get(k) for k in first_metrics(fork_events)} == (
+        first_metrics(fork_events)
+    )
