@@ -26,7 +26,11 @@ from trainctl.store.db.placement import why_waiting
 from trainctl.store.db.records import Run
 from trainctl.store.db.runs import RunStore
 from trainctl.store.db.workers import Worker
-from trainctl.store.models.hf_catalog import causal_lm_types
+from trainctl.store.models.hf_catalog import (
+    SUPPORTED_MODEL_TYPES,
+    causal_lm_types,
+    supported_model_types,
+)
 from trainctl.store.models.presets import PRESETS
 
 
@@ -118,10 +122,11 @@ def public_models(live: Sequence[Worker]) -> ModelsPublic:
     for worker in live:
         for plugin in worker.model_plugins:
             having.setdefault(plugin, []).append(worker.id)
-    # What the live workers build, as they reported it; before any has, what the service's
-    # own transformers ships (read from its source), labelled as such.
-    reported = {t for worker in live for t in worker.hf_model_types}
-    catalog = causal_lm_types()
+    # What the live workers build, as they reported it (of the types trainctl trains); before
+    # any has, what the service's own transformers ships of those (read from its source),
+    # labelled as such.
+    reported = {t for worker in live for t in worker.hf_model_types} & SUPPORTED_MODEL_TYPES
+    catalog = supported_model_types() if causal_lm_types() is not None else None
     types: list[str] | None = None
     source: Literal["workers", "service"] | None = None
     if reported:

@@ -58,9 +58,10 @@ def as_shutdown(event: threading.Event) -> Shutdown | None:
 class DeadlineWatch:
     """Hands the run back at the deadline if it has not stopped by then.
 
-    A train run stops at a step and hands back by itself; a run with no step to stop at (a
-    validate, an export) or one stuck (a synchronous save to a store that stopped answering)
-    would hold the node past its preemption. `hand_back` runs on this thread, once the
+    Every built-in kind stops within a unit of its work and hands back by itself
+    (worker/stops.py); a unit that outlasts the deadline (a plug-in that never checks) or a
+    run stuck (a synchronous save to a store that stopped answering) would hold the node past
+    its preemption. `hand_back` runs on this thread, once the
     deadline and the grace have passed with the run still going: it requeues the run (fenced,
     so a run that handed back meanwhile is left alone) and ends the process.
     """

@@ -26,7 +26,7 @@ from trainctl.store.db.outages import UNAVAILABLE, until_answered
 from trainctl.store.db.records import Run
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import LeaseLost, WorkerNotFound
-from trainctl.store.models.hf_catalog import causal_lm_types
+from trainctl.store.models.hf_catalog import causal_lm_types, supported_model_types
 from trainctl.store.processes import DRAINED_EXIT_CODE
 from trainctl.store.training.memory import host_memory_bytes
 from trainctl.store.worker_settings import WorkerSettings
@@ -65,10 +65,11 @@ def _device_info() -> tuple[str, dict[str, object]]:
 
 
 def hf_model_types() -> list[str]:
-    """The causal-LM model types the transformers installed here builds (GET /models lists
-    those of the live workers); none where transformers is missing. Read from transformers'
-    own table without importing it: the import costs seconds of CPU at every worker start."""
-    return sorted(causal_lm_types() or ())
+    """The causal-LM model types trainctl trains that the transformers installed here
+    builds (GET /models lists those of the live workers); none where transformers is
+    missing. Read from transformers' own table without importing it: the import costs
+    seconds of CPU at every worker start."""
+    return sorted(supported_model_types()) if causal_lm_types() is not None else []
 
 
 def cpu_count() -> int:

@@ -186,7 +186,9 @@ def cell(value: Any) -> str:
 def show_eval_items(
     ctx: typer.Context,
     run_id: RunId,
-    task: Annotated[str, typer.Option(help="One of the evaluate run's tasks.")],
+    task: Annotated[
+        str | None, typer.Option(help="One of the evaluate run's tasks; its first if left out.")
+    ] = None,
 ) -> None:
     """Print an evaluate run's prediction for each item of a task, one JSON object a line
     (JSONL: doc_id, gold, pred, pred_norm, acc, acc_norm, loglikelihoods)."""

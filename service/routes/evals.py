@@ -32,7 +32,9 @@ def list_eval_tasks() -> EvalTasksPublic:
 def read_eval_items(
     run_id: RunId,
     runs: RunsDep,
-    task: Annotated[str, Query(description="One of the run's tasks.")],
+    task: Annotated[
+        str | None, Query(description="One of the run's tasks; its first when left out.")
+    ] = None,
     offset: Annotated[int, Query(ge=0, le=1 << 31)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_ITEMS_PAGE)] = 100,
 ) -> EvalItemsPublic:

@@ -187,7 +187,7 @@ class AsyncTrainctlClient:
         return await self._call(calls.metrics(run_id, kind))
 
     async def eval_items(
-        self, run_id: str, task: str, *, offset: int = 0, limit: int | None = None
+        self, run_id: str, task: str | None = None, *, offset: int = 0, limit: int | None = None
     ) -> EvalItemsPublic:
         """A page of an evaluate run's predictions for one task's items (`next_offset` the
         next page's; null on the last)."""

@@ -192,7 +192,9 @@ def metrics(run_id: str, kind: str | None) -> Call[list[MetricPublic]]:
     return Call(request, lambda body: MetricsPublic.model_validate_json(body).items)
 
 
-def eval_items(run_id: str, task: str, offset: int, limit: int | None) -> Call[EvalItemsPublic]:
+def eval_items(
+    run_id: str, task: str | None, offset: int, limit: int | None
+) -> Call[EvalItemsPublic]:
     params = only(task=task, offset=offset, limit=limit)
     request = Request("GET", f"/runs/{run_id}/evals/items", params=params)
     return Call(request, EvalItemsPublic.model_validate_json)

@@ -215,7 +215,7 @@ class TrainctlClient:
         return self._call(calls.metrics(run_id, kind))
 
     def eval_items(
-        self, run_id: str, task: str, *, offset: int = 0, limit: int | None = None
+        self, run_id: str, task: str | None = None, *, offset: int = 0, limit: int | None = None
     ) -> EvalItemsPublic:
         """A page of an evaluate run's predictions for one task's items (`next_offset` the
         next page's; null on the last)."""

@@ -38,7 +38,7 @@ CHUNKS_KEY = "trainctl.chunks"
 MODEL_PREFIX = "model."
 """The model's tensors' names in a sharded checkpoint: `model.<state dict name>`."""
 
-_SHARD_RE = re.compile(r"^rank-(\d+)\.safetensors$")
+_SHARD_RE = re.compile(r"rank-(\d+)\.safetensors")
 _CHUNK = 1 << 20
 # A header of ours lists a few entries per tensor; a larger one is not ours.
 _MAX_HEADER = 64 << 20

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from trainctl.store.checkpoints.manifests import (
     DCP_LAYOUT,
     FULL_LAYOUT,
@@ -70,6 +72,10 @@ class CheckpointInfo:
     model_config: AnyModelConfig | None
     """The model the checkpoint holds; None when metadata.json records none readable."""
 
+    model_config_error: str | None = None
+    """Why the recorded model_config was refused (a field no request may set, a shape the
+    model cannot run): checked as a request's is, whoever wrote the checkpoint."""
+
     tokenizer: TokenizerId | None = None
     """The tokenizer of its training data; None when unknown (synthetic tokens, bare shards,
     a checkpoint from before datasets). A bpe one's tokenizer.json is in the manifest."""
@@ -92,6 +98,12 @@ class CheckpointInfo:
     def require_model_config(self) -> AnyModelConfig:
         """The checkpoint's model config, or a clear error saying why it is unknown."""
         if self.model_config is None:
+            if self.model_config_error is not None:
+                raise InvalidRequest(
+                    f"checkpoint {self.experiment}/{self.tag}: the model_config in its "
+                    f"{METADATA_FILE} is refused, as it would be in a request: "
+                    f"{self.model_config_error}"
+                )
             raise InvalidRequest(
                 f"checkpoint {self.experiment}/{self.tag} records no readable model_config in "
                 f"its {METADATA_FILE}, so the model it holds is unknown"
@@ -135,6 +147,7 @@ def read_info(files: Files, experiment: str, tag: str) -> CheckpointInfo:
     complete."""
     manifest = verify_manifest(files, deep=False)
     meta = read_metadata(files)
+    model_config, model_config_error = _model_config(meta)
     step = _typed(meta, "step", int)
     best_loss = _typed(meta, "best_loss", (int, float))
     return CheckpointInfo(
@@ -147,7 +160,8 @@ def read_info(files: Files, experiment: str, tag: str) -> CheckpointInfo:
         created_at=_typed(meta, "created_at", str),
         size_bytes=sum(f["size"] for f in manifest["files"]),
         files=manifest["files"],
-        model_config=_model_config(meta),
+        model_config=model_config,
+        model_config_error=model_config_error,
         tokenizer=_tokenizer(meta),
         optimizer_kind=_typed(meta, "optimizer_kind", str),
         layout=manifest_layout(manifest),
@@ -155,12 +169,20 @@ def read_info(files: Files, experiment: str, tag: str) -> CheckpointInfo:
     )
 
 
-def _model_config(meta: dict[str, Any]) -> AnyModelConfig | None:
+def _model_config(meta: dict[str, Any]) -> tuple[AnyModelConfig | None, str | None]:
+    """The recorded model config, or None and why: an unreadable one lists, but nothing can
+    load it, and what refused it is said when something tries."""
     saved = meta.get("model_config")
+    if not isinstance(saved, dict):
+        return None, None
     try:
-        return model_config_from_dict(saved) if isinstance(saved, dict) else None
-    except (TypeError, ValueError):
-        return None  # an unreadable config: the checkpoint lists, but nothing can load it
+        return model_config_from_dict(saved), None
+    except ValidationError as exc:
+        return None, "; ".join(
+            str(e.get("msg", "")).removeprefix("Value error, ") for e in exc.errors()
+        )
+    except (TypeError, ValueError) as exc:
+        return None, str(exc)
 
 
 def _source_tokens(meta: dict[str, Any]) -> dict[str, int] | None:

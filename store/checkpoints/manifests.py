@@ -36,7 +36,7 @@ LAYOUTS = (FULL_LAYOUT, DCP_LAYOUT)
 MAX_JSON_BYTES = 4 << 20
 
 _CHUNK = 1 << 20
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 def is_plain_file_name(name: object) -> bool:

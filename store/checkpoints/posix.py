@@ -62,8 +62,8 @@ TRASH_PREFIX = ".trash-"
 GUARD_PREFIX = ".guard-"
 # A trash folder that remembers its tag came from a commit replacing that tag; `delete` uses a
 # tagless trash name so that `cleanup` never resurrects an entry the user deleted.
-_STAGE_RE = re.compile(rf"^{re.escape(STAGING_PREFIX)}.+-[0-9a-f]{{32}}$")
-_TAGGED_TRASH_RE = re.compile(rf"^{re.escape(TRASH_PREFIX)}(?P<tag>.+)-[0-9a-f]{{32}}$")
+_STAGE_RE = re.compile(rf"{re.escape(STAGING_PREFIX)}.+-[0-9a-f]{{32}}")
+_TAGGED_TRASH_RE = re.compile(rf"{re.escape(TRASH_PREFIX)}(?P<tag>.+)-[0-9a-f]{{32}}")
 
 # A sink asks the kernel to start writing out what it was given once this much is pending,
 # so that the fsync at its close finds little left to flush.

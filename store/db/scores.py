@@ -19,7 +19,7 @@ from trainctl.store.db.runs import RunStore
 from trainctl.store.db.schema import read_transaction, run_events, runs
 from trainctl.store.evals.items import EVAL_ITEMS_EVENT
 from trainctl.store.evals.tasks import EVAL_KIND, EvalResult, TaskScores, split_metric_name
-from trainctl.store.exceptions import InvalidRequest
+from trainctl.store.exceptions import Conflict, NotFound
 
 
 def latest_scores(store: RunStore, run_id: str) -> dict[str, TaskScores]:
@@ -101,15 +101,20 @@ class EvalItems:
     items: list[dict[str, Any]]
 
 
-def eval_items(store: RunStore, run_id: str, task: str, offset: int, limit: int) -> EvalItems:
-    """Items `offset` to `offset + limit` of the task, from the latest attempt that wrote
-    it; a refusal for a run that is no evaluate run or does not score the task."""
+def eval_items(
+    store: RunStore, run_id: str, task: str | None, offset: int, limit: int
+) -> EvalItems:
+    """Items `offset` to `offset + limit` of the task (the run's first where none is named),
+    from the latest attempt that wrote it. Another kind of run is a `Conflict` and a task the
+    run does not score is `NotFound`: the request is well formed, the run holds no such
+    items (so an unknown run answers 404 before anything about the task)."""
     run = store.get(run_id)
     tasks = run.spec.get("tasks") if run.kind == "evaluate" else None
-    if not isinstance(tasks, list):
-        raise InvalidRequest(f"run {run_id} is a {run.kind} run: only evaluate runs score items")
+    if not isinstance(tasks, list) or not tasks:
+        raise Conflict(f"run {run_id} is a {run.kind} run: only evaluate runs score items")
+    task = tasks[0] if task is None else task
     if task not in tasks:
-        raise InvalidRequest(f"run {run_id} does not score {task!r}; it scores {', '.join(tasks)}")
+        raise NotFound(f"run {run_id} does not score {task!r}; it scores {', '.join(tasks)}")
     chunks = _latest_chunks(store, run_id, task)
     total = sum(count for _, _, count in chunks)
     wanted = [i for i, start, count in chunks if start < offset + limit and offset < start + count]

@@ -15,11 +15,17 @@ from typing import Any
 
 from trainctl.store.models.hf_catalog import (
     MISSING,
-    causal_lm_types,
+    attribute_map,
     config_fields,
     config_signature,
+    supported_model_types,
 )
-from trainctl.store.models.hf_rules import check_shapes
+from trainctl.store.models.hf_rules import (
+    check_dimensions,
+    check_rotary,
+    check_shapes,
+    check_token_ids,
+)
 from trainctl.store.models.presets import BOUNDS
 
 MODEL_TYPE = "model_type"
@@ -98,11 +104,11 @@ def check_hf_fields(hf: dict[str, Any]) -> dict[str, Any]:
     model_type = hf.get(MODEL_TYPE)
     if not isinstance(model_type, str) or not model_type:
         raise ValueError(f"{MODEL_TYPE}: name a transformers model type, e.g. 'llama' or 'qwen3'")
-    known = causal_lm_types()
+    known = supported_model_types()
     if known is not None and model_type not in known:
         raise ValueError(
-            f"{MODEL_TYPE} {model_type!r} is not a causal LM that transformers ships; "
-            "GET /models lists those the workers accept"
+            f"{MODEL_TYPE} {model_type!r} is not a causal LM that trainctl trains (of those "
+            "transformers ships, the ones tested to build and train); GET /models lists them"
         )
     fields = {k: v for k, v in hf.items() if k != MODEL_TYPE}
     if len(fields) > MAX_FIELDS:
@@ -138,23 +144,46 @@ def known_fields(hf: dict[str, Any]) -> dict[str, Any]:
     return known | {k: v for k, v in hf.items() if k != MODEL_TYPE}
 
 
-def _positive_int(config: dict[str, Any], key: str) -> int | None:
+def common_view(model_type: str, config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with each field the class names its own way (GPT-2's `n_embd`, RWKV's
+    `context_length`) also under its common name (`hidden_size`, `max_position_embeddings`),
+    as transformers' `attribute_map` maps them: the rules read the common names."""
+    view = dict(config)
+    for common, own in attribute_map(model_type).items():
+        if own in config:
+            view[common] = config[own]
+    return view
+
+
+def _positive_int(config: dict[str, Any], key: str, named: str) -> int | None:
     value = config.get(key)
     if value is None:
         return None
     low, high = SIZE_BOUNDS.get(key, (1, 1 << 30))
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ValueError(
-            f"{key} must be an integer from {int(low)} to {int(high):,}, got {value!r}"
+            f"{named} must be an integer from {int(low)} to {int(high):,}, got {value!r}"
         )
     return value
 
 
-def check_geometry(hf: dict[str, Any]) -> tuple[int, int]:
-    """(vocab_size, max_position_embeddings) of the config, after the head counts and sizes
-    that can be checked without building it; ValueError naming the field."""
-    config = known_fields(hf)
-    sizes = {key: _positive_int(config, key) for key in SIZE_BOUNDS}
+def takes_positions(model_type: str) -> bool:
+    """Whether the architecture has a longest context (`max_position_embeddings` under some
+    name); Mamba's recurrence has none. True where the config class cannot be read."""
+    taken = config_fields(model_type)
+    own = attribute_map(model_type).get("max_position_embeddings", "max_position_embeddings")
+    return taken is None or own in taken
+
+
+def check_config(model_type: str, config: dict[str, Any]) -> tuple[int, int]:
+    """(vocab_size, longest context) of `config`, a model type's fields (submit's known
+    ones, or at the worker the built config's every field), after every rule that reads
+    only fields: sizes, head counts, token ids, rotary, the architecture's own shapes.
+    ValueError naming the field."""
+    names = attribute_map(model_type)
+    view = common_view(model_type, config)
+    sizes = {key: _positive_int(view, key, names.get(key, key)) for key in SIZE_BOUNDS}
+    check_dimensions(view, skip=frozenset(SIZE_BOUNDS) | frozenset(names.values()))
     heads, kv = sizes["num_attention_heads"], sizes["num_key_value_heads"]
     hidden = sizes["hidden_size"]
     if heads is not None and kv is not None and heads % kv:
@@ -162,21 +191,27 @@ def check_geometry(hf: dict[str, Any]) -> tuple[int, int]:
             f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}: "
             "grouped-query attention shares each key/value head among a whole number of heads"
         )
-    if (
-        heads is not None
-        and hidden is not None
-        and config.get("head_dim") is None
-        and hidden % heads
-    ):
+    if heads is not None and hidden is not None and view.get("head_dim") is None and hidden % heads:
         raise ValueError(
             f"hidden_size {hidden} is not divisible by num_attention_heads {heads}, and no "
             "head_dim is given"
         )
-    check_shapes(hf[MODEL_TYPE], config)
     vocab, context = sizes["vocab_size"], sizes["max_position_embeddings"]
+    if context is None and not takes_positions(model_type):
+        context = int(SIZE_BOUNDS["max_position_embeddings"][1])  # no limit of its own
     if vocab is None or context is None:
+        positions = names.get("max_position_embeddings", "max_position_embeddings")
         raise ValueError(
-            "give vocab_size and max_position_embeddings: this model type's defaults for "
-            "them cannot be read at submit"
+            f"give vocab_size and {positions}: this model type's defaults for them cannot "
+            "be read at submit"
         )
+    check_token_ids(view, vocab)
+    check_rotary(view, (config_fields(model_type) or frozenset()) | frozenset(view))
+    check_shapes(model_type, view)
     return vocab, context
+
+
+def check_geometry(hf: dict[str, Any]) -> tuple[int, int]:
+    """(vocab_size, max_position_embeddings) of a request's config, after the rules that
+    can be checked without building it (`check_config`); ValueError naming the field."""
+    return check_config(hf[MODEL_TYPE], known_fields(hf))

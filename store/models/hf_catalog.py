@@ -79,6 +79,50 @@ def causal_lm_types() -> frozenset[str] | None:
     return frozenset(dict(mapping))
 
 
+SUPPORTED_MODEL_TYPES = frozenset(
+    {
+        "deepseek_v3",
+        "falcon",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "gpt2",
+        "gpt_neox",
+        "granite",
+        "llama",
+        "mamba",
+        "mistral",
+        "mixtral",
+        "olmo",
+        "olmo2",
+        "olmo3",
+        "olmoe",
+        "phi",
+        "phi3",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "qwen3_next",
+        "rwkv",
+        "stablelm",
+        "starcoder2",
+    }
+)
+"""The decoder-only causal LMs trainctl trains: each one's tiny config trains a step in the
+tests (tests/support/hf_archs.py). `AutoModelForCausalLM` takes many more (encoders used as
+decoders, the decoders of speech and vision models, types that need kernels or a second
+config), which build badly or not at all from a request's fields; GET /models lists only
+these, so that every type it lists trains."""
+
+
+def supported_model_types() -> frozenset[str]:
+    """The model types a request may name: those trainctl trains that the transformers
+    installed here ships (all of them where it cannot be read: the worker checks)."""
+    shipped = causal_lm_types()
+    return SUPPORTED_MODEL_TYPES if shipped is None else SUPPORTED_MODEL_TYPES & shipped
+
+
 @cache
 def _auto_config_tables() -> tuple[dict[str, str], dict[str, str], list[str]] | None:
     root = transformers_root()
@@ -130,6 +174,34 @@ def config_signature(model_type: str) -> ConfigSignature | None:
                     computed = _self_assigned(item) - set(defaults)
                     return ConfigSignature(class_name, defaults, frozenset(computed))
     return None
+
+
+@cache
+def attribute_map(model_type: str) -> dict[str, str]:
+    """The config class's `attribute_map`: a common name (`max_position_embeddings`,
+    `hidden_size`) to the field that holds it in this class (RWKV's `context_length`, GPT-2's
+    `n_embd`). Empty where there is none or it cannot be read."""
+    tables, path = _auto_config_tables(), _model_file(model_type, "configuration")
+    if tables is None or path is None:
+        return {}
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == tables[0][model_type]:
+            for item in node.body:
+                if (
+                    isinstance(item, ast.Assign)
+                    and isinstance(item.targets[0], ast.Name)
+                    and item.targets[0].id == "attribute_map"
+                ):
+                    try:
+                        found = ast.literal_eval(item.value)
+                    except ValueError:
+                        return {}
+                    return {str(k): str(v) for k, v in dict(found).items()}
+    return {}
 
 
 def _self_assigned(function: ast.FunctionDef) -> set[str]:

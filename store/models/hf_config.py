@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, StrictBool, StrictInt
+from pydantic import Field, StrictBool, StrictInt, model_validator
 
-from trainctl.store.models.hf import MODEL_TYPE, check_geometry, known_fields
+from trainctl.store.models.hf import (
+    MODEL_TYPE,
+    SIZE_BOUNDS,
+    check_geometry,
+    check_hf_fields,
+    common_view,
+    known_fields,
+)
+from trainctl.store.models.hf_rules import COUNT_MAX, HEAD_DIM_MAX, dimension_cap
 from trainctl.store.models.plugin import PLUGIN, PluginModelConfig
 from trainctl.store.models.presets import ModelConfig
 from trainctl.store.specs import Spec
@@ -27,6 +35,19 @@ class HfModelConfig(Spec):
     )
     use_compile: StrictBool = Field(False, description="torch.compile the model.")
     compile_mode: str = Field("default", description="torch.compile mode.")
+
+    @model_validator(mode="after")
+    def _as_a_request_is(self) -> HfModelConfig:
+        """Every config, wherever it comes from (a request, a plan, a checkpoint's or an
+        export's metadata.json, written by whoever could write the store), passes the rules a
+        request's does: no field a request may not set (`auto_map`, `_attn_implementation`,
+        `torch_dtype`), a type trainctl trains, the shapes and sizes it can run. The one
+        check on every path that reads a model config (docs/models.md, "What is checked
+        where"); ValueError naming the field."""
+        hf = {MODEL_TYPE: self.model_type, **self.fields}
+        check_hf_fields(hf)
+        check_geometry(hf)
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()
@@ -54,9 +75,14 @@ class HfModelConfig(Spec):
 
     def sizes(self) -> dict[str, int]:
         """Approximate sizes for the memory estimate (store.training.memory): the parameters from
-        the config's widths, as a dense or MoE decoder has them; the worker counts the real ones
-        when it builds the model."""
-        known = known_fields({MODEL_TYPE: self.model_type, **self.fields})
+        the config's widths, as a dense or MoE decoder has them, and at least a matrix of the
+        widest size the config names (any field `hf_rules.dimension_cap` calls a width: a
+        shared expert, a latent rank, a linear-attention head's width times its heads) per
+        layer; the worker counts the real ones when it builds the model, on the meta device,
+        before it allocates anything (worker/training/memory.py)."""
+        known = common_view(
+            self.model_type, known_fields({MODEL_TYPE: self.model_type, **self.fields})
+        )
 
         def get(*keys: str, default: int = 0) -> int:
             for key in keys:
@@ -76,15 +102,41 @@ class HfModelConfig(Spec):
         mlp = 3 * d * (expert_ffn * experts if experts else ffn)
         attention = 2 * d * heads * head_dim + 2 * d * kv
         untied = 1 if known.get("tie_word_embeddings") else 2
-        params = untied * self.vocab_size * d + layers * (attention + mlp + 4 * d)
+        widest = max(ffn, heads * head_dim, *self._widths(known))
+        params = untied * self.vocab_size * d + layers * max(
+            attention + mlp + 4 * d, 3 * d * widest
+        )
         return {
             "params": params,
             "d_model": d,
-            "ffn": ffn,
+            "ffn": widest,
             "kv": kv,
             "layers": layers,
             "cache_layers": layers,
+            "heads": max([heads, *self._counts(known, "heads")]),
         }
+
+    @staticmethod
+    def _counts(known: dict[str, Any], word: str) -> list[int]:
+        return [
+            v
+            for k, v in known.items()
+            if word in k and isinstance(v, int) and not isinstance(v, bool) and v > 0
+        ]
+
+    @classmethod
+    def _widths(cls, known: dict[str, Any]) -> list[int]:
+        """Every width the config names, a per-head one times the most heads it names."""
+        most_heads = max([1, *cls._counts(known, "heads")])
+        widths = []
+        for key, value in known.items():
+            cap = dimension_cap(key)
+            if cap is None or cap == COUNT_MAX or key in SIZE_BOUNDS:
+                continue
+            for v in value if isinstance(value, list) else [value]:
+                if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                    widths.append(v * most_heads if cap == HEAD_DIM_MAX else v)
+        return widths
 
     @classmethod
     def of_request(cls, hf: dict[str, Any]) -> HfModelConfig:

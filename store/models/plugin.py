@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import Field, StrictBool, StrictInt
+from pydantic import Field, StrictBool, StrictInt, model_validator
 
 from trainctl.store.models.hf import MAX_FIELDS, check_values
 from trainctl.store.models.presets import BOUNDS
@@ -25,7 +25,9 @@ from trainctl.store.specs import Spec
 
 PLUGIN = "plugin"
 """The key that tags a plug-in model's config (a plan's, a checkpoint's)."""
-PLUGIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+# Matched whole (fullmatch): `$` with `re.match` also matches before a final newline
+# (store/names.py).
+PLUGIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 SIZE_KEYS = {"vocab_size": BOUNDS["vocab_size"], "max_seq_len": BOUNDS["max_seq_len"]}
 # Widths the memory estimate reads from a config that names them so (any of each row).
 WIDTH_KEYS = {
@@ -41,7 +43,7 @@ def check_plugin_request(plugin: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: a plug-in model takes only name and config")
     name = plugin.get("name")
-    if not isinstance(name, str) or not PLUGIN_NAME.match(name):
+    if not isinstance(name, str) or PLUGIN_NAME.fullmatch(name) is None:
         raise ValueError(
             "name: the name a plug-in model is registered under (GET /models lists those "
             "the live workers have)"
@@ -75,6 +77,12 @@ class PluginModelConfig(Spec):
     )
     use_compile: StrictBool = Field(False, description="torch.compile the model.")
     compile_mode: str = Field("default", description="torch.compile mode.")
+
+    @model_validator(mode="after")
+    def _as_a_request_is(self) -> PluginModelConfig:
+        """A plug-in's config from a plan or a checkpoint passes the request's rules too."""
+        check_plugin_request({"name": self.plugin, "config": self.config})
+        return self
 
     @classmethod
     def of_request(cls, plugin: dict[str, Any]) -> PluginModelConfig:

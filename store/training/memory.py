@@ -10,9 +10,10 @@ The estimate counts, per process: weights, gradients and optimizer state in fp32
 state tensors per parameter as the plan's optimizer kind says it keeps, `store.training.optim`),
 all of it on each rank under ddp and 1/W of it under a sharding strategy
 (`store.training.parallelism`, with what it gathers, `fsdp_gathered_bytes`), the activations kept
-for backward (the layer inputs only, plus one layer's, with per-layer activation checkpointing), the
-tied head's logits, an async checkpoint's staging copy, and a fixed runtime overhead. It errs
-high, but within a small factor of what PyTorch allocates.
+for backward (the layer inputs only, plus one layer's, with per-layer activation checkpointing), a
+transformers model's attention scores (heads x T x T, one layer's), the tied head's logits, an
+async checkpoint's staging copy, and a fixed runtime overhead. It errs high, but within a small
+factor of what PyTorch allocates.
 """
 
 from __future__ import annotations
@@ -111,6 +112,11 @@ def estimate_peak(
         activations = layers * tokens * d * element + per_layer
     else:
         activations = layers * per_layer
+    # A transformers model's attention may materialise every head's T x T scores (its math
+    # kernel does; which kernel runs is transformers' choice): one layer's at a time, in
+    # fp32 where softmax computes them. The built-in model's flash attention keeps none.
+    heads = sizes.get("heads", 0)
+    activations += micro_batch_size * heads * seq_len * seq_len * 4
     vocab_elements = tokens * config.vocab_size
     # Compiled, the head is a plain expression that keeps the logits (and their gradient);
     # eager, a fused function works through them a chunk at a time.

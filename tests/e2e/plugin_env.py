@@ -48,3 +48,14 @@ def install_plugin(env: Path, source: Path, package: str, pyproject_text: str) -
     )  # fmt: skip
     assert install.returncode == 0, install.stdout + install.stderr
     return python
+
+
+ECHO = pyproject(
+    "trainctl-echo",
+    "trainctl_echo",
+    {
+        "trainctl.run_kinds": {"echo": "trainctl_echo.kind:ECHO"},
+        "trainctl.executors": {"echo": "trainctl_echo.executor:execute_echo"},
+    },
+)
+"""The pyproject.toml of the `echo` run kind (tests/plugins/trainctl_echo)."""

@@ -146,9 +146,11 @@ def test_each_item_s_prediction_is_read_from_the_api_and_the_cli_and_adds_up_to_
 
     url = f"{service.url}/runs/{run['id']}/evals/items"
     refused = httpx.get(url, params={"task": "hellaswag"}, timeout=60)
-    assert refused.status_code == 422 and "does not score 'hellaswag'" in refused.json()["detail"]
+    assert refused.status_code == 404 and "does not score 'hellaswag'" in refused.json()["detail"]
+    first = httpx.get(url, timeout=60).json()  # no task: the run's first
+    assert first["task"] == TASKS[0] and first["total"] == LIMIT
     other = httpx.get(f"{service.url}/runs/{trained['id']}/evals/items", params={"task": "x"})
-    assert other.status_code == 422 and "only evaluate runs" in other.json()["detail"]
+    assert other.status_code == 409 and "only evaluate runs" in other.json()["detail"]
     missing = httpx.get(f"{service.url}/runs/nosuchrun/evals/items", params={"task": "x"})
     assert missing.status_code == 404
 

@@ -17,18 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.plugin_env import install_plugin, pyproject
+from tests.e2e.plugin_env import ECHO, install_plugin
 from tests.support.polling import poll
 from tests.support.service_process import Service
-
-ECHO = pyproject(
-    "trainctl-echo",
-    "trainctl_echo",
-    {
-        "trainctl.run_kinds": {"echo": "trainctl_echo.kind:ECHO"},
-        "trainctl.executors": {"echo": "trainctl_echo.executor:execute_echo"},
-    },
-)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +54,7 @@ def test_a_kind_only_a_plugin_defines_is_submitted_run_and_listed(echo_service: 
     assert run["kind"] == "echo" and run["experiment"] == "echo"
     assert run["result"] == {"said": 3, "message": "hello"}
     assert run["progress"] == {"step": 3, "total_steps": 3}
-    assert run["spec"] == {"message": "hello", "steps": 3, "experiment": "echo"}
+    assert run["spec"] == {"message": "hello", "steps": 3, "experiment": "echo", "hold_seconds": 0}
     logs = httpx.get(f"{url}/runs/{run['id']}/logs", params={"format": "text"}, timeout=10).text
     assert "echo 3/3: hello" in logs
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.plugin_env import ECHO, install_plugin
 from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
 from tests.support.plans import enqueue, validate_plan
 from tests.support.polling import poll
@@ -72,17 +73,45 @@ def test_sigterm_saves_at_the_step_reached_and_a_second_worker_finishes_the_run(
 
 
 @pytest.mark.slow
-def test_a_run_with_no_step_to_stop_at_is_handed_back_at_the_deadline(
+def test_a_validate_run_stops_within_a_batch_and_is_handed_back_before_the_deadline(
     runs: RunStore, workers: Workers, tmp_path: Path
 ) -> None:
     trained = enqueue_tiny_train(runs, "v", 1, checkpoint_every=1)
-    worker = workers.start("w", {**os.environ, "TRAINCTL_DRAIN_SECONDS": "1"})
+    worker = workers.start("w", {**os.environ, "TRAINCTL_DRAIN_SECONDS": "30"})
     assert wait_finished(runs, trained).state == "succeeded"
     validate = validate_plan(tmp_path / "checkpoints", checkpoint="v/step_1", num_batches=100_000)
     run = enqueue(runs, validate)
     poll(lambda: runs.get(run.id).state == "running", what="the validate run to start")
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=120) == 0, workers.logs()
+
+    requeued = runs.get(run.id)
+    assert (requeued.state, requeued.attempt) == ("queued", 1)
+    reason = runs.events(run.id, type="state")[-1].data["reason"]
+    assert reason == "worker shutting down; the run continues later"  # its own stop, in time
+
+
+@pytest.fixture(scope="module")
+def echo_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The python of an environment where the `echo` plug-in kind is installed."""
+    env, source = tmp_path_factory.mktemp("echo-env"), tmp_path_factory.mktemp("echo-src")
+    return install_plugin(env, source, "trainctl_echo", ECHO)
+
+
+@pytest.mark.slow
+def test_a_run_whose_unit_of_work_outlasts_the_deadline_is_handed_back_at_it(
+    runs: RunStore, workers: Workers, echo_python: Path
+) -> None:
+    # Every built-in kind stops within one unit of its work (worker/stops.py); a unit longer
+    # than the deadline (here a plug-in's sleep that checks for no stop) must not hold the
+    # worker: the deadline hands the run back and ends the process.
+    plan = {"message": "hold", "steps": 3, "experiment": "echo", "hold_seconds": 600}
+    run = runs.enqueue("echo", "echo", plan)
+    env = {**os.environ, "TRAINCTL_DRAIN_SECONDS": "1"}
+    worker = workers.start("w", env, python=str(echo_python))
+    poll(lambda: runs.get(run.id).progress["step"] == 1, what="the echo run's first line")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=60) == 0, workers.logs()
 
     requeued = runs.get(run.id)
     assert (requeued.state, requeued.attempt) == ("queued", 1)

@@ -40,15 +40,20 @@ class Workers:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(
-        self, worker_id: str, env: dict[str, str] | None = None, extra_args: Sequence[str] = ()
+        self,
+        worker_id: str,
+        env: dict[str, str] | None = None,
+        extra_args: Sequence[str] = (),
+        python: str = sys.executable,
     ) -> subprocess.Popen[bytes]:
+        """`python`: another environment's (one with a plug-in installed)."""
         args = ["--data-dir", str(self.data_dir), "--worker-id", worker_id, *extra_args]
         args += ["--heartbeat-seconds", "0.5", "--poll-seconds", "0.1"]
         if self.database_url is not None:
             args += ["--database-url", self.database_url]
         with open(self.log_path(worker_id), "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "trainctl.worker", *args],
+                [python, "-m", "trainctl.worker", *args],
                 cwd=REPO,
                 env=env if env is not None else self.env,
                 stderr=log,

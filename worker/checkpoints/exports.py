@@ -53,7 +53,7 @@ from trainctl.store.data.datasets import TOKENIZER_FILE
 from trainctl.store.data.tokenizer import EOT_NAMES
 from trainctl.store.evals.tasks import EvalResult
 from trainctl.store.exceptions import CheckpointCorrupt, Conflict, InvalidRequest
-from trainctl.store.models.hf_config import AnyModelConfig
+from trainctl.store.models.hf_config import AnyModelConfig, model_config_from_dict
 from trainctl.store.models.presets import ModelConfig
 from trainctl.store.specs import EXPORT_DTYPES, ExportDtype
 from trainctl.store.text import ids_span
@@ -62,7 +62,7 @@ from trainctl.worker.checkpoints.safetensors_stream import write_safetensors
 from trainctl.worker.checkpoints.state import load_checkpoint
 from trainctl.worker.models import build_model
 from trainctl.worker.models.gpt import GPT
-from trainctl.worker.models.hf import HFCausalLM
+from trainctl.worker.models.hf import HFCausalLM, config_json
 from trainctl.worker.stops import maybe_stop
 
 # What torch.compile's wrapper (OptimizedModule) puts before every name in its state dict.
@@ -87,7 +87,7 @@ BLOCK_NAMES = {
     "mlp.w_up.weight": "mlp.up_proj.weight",
     "mlp.w_down.weight": "mlp.down_proj.weight",
 }
-_BLOCK_RE = re.compile(r"^blocks\.(\d+)\.(.+)$")
+_BLOCK_RE = re.compile(r"blocks\.(\d+)\.(.+)")
 _DROPPED_PREFIX = "mtp_heads."  # training-only; `differences` says so
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -163,9 +163,10 @@ def export_transformers(
     card_facts: CardFacts,
 ) -> ExportResult:
     """A transformers model's export: its checkpoint's weights (already under transformers'
-    names) and config.json, plus the tokenizer files and a model card."""
-    with checkpoint.open(CONFIG_FILE) as f:
-        config = json.loads(f.read())
+    names) and the config.json of the model built from its checked metadata (not the
+    checkpoint's own file, which whoever wrote the store may have given an `auto_map` or a
+    Hub kernel), plus the tokenizer files and a model card."""
+    config = json.loads(config_json(model.inner.config))
     tokenizer = export_tokenizer(checkpoint, meta, model.config)
     config["torch_dtype"] = config["dtype"] = dtype
     if tokenizer.eos_id is not None:
@@ -291,7 +292,13 @@ def load_trained(checkpoint: Files) -> tuple[GPT | HFCausalLM, dict[str, Any]]:
             f"checkpoint {checkpoint.describe()} records no model_config; nothing to export"
         )
     # Runtime switches off: export runs no forward pass and needs no compiled graph.
-    model = build_model(saved, use_compile=False, use_checkpoint_per_layer=False)
+    try:
+        config = model_config_from_dict(saved)
+    except ValueError as exc:  # checked as a request's is: whoever wrote the store wrote it
+        raise InvalidRequest(
+            f"checkpoint {checkpoint.describe()}: its model_config is refused: {exc}"
+        ) from exc
+    model = build_model(config, use_compile=False, use_checkpoint_per_layer=False)
     target: nn.Module = _CompiledNames(model) if saved_compiled(checkpoint) else model
     meta = load_checkpoint(target, None, None, checkpoint)
     return model, meta

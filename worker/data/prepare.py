@@ -123,7 +123,7 @@ def published_by(ctx: RunContext, out: Path | str) -> bool:
 def sweep_attempts(out: Path, ctx: RunContext) -> None:
     """Remove what earlier attempts at this dataset left: this run's, and finished runs'."""
     pattern = re.compile(
-        rf"^{re.escape(STAGING_PREFIX + out.name)}-(?P<run>[0-9a-f]{{32}})-[0-9]+$"
+        rf"{re.escape(STAGING_PREFIX + out.name)}-(?P<run>[0-9a-f]{{32}})-[0-9]+"
     )
     for folder in out.parent.iterdir():
         match = pattern.fullmatch(folder.name)

@@ -17,6 +17,7 @@ does; it is reported as its own metric, `aux_loss`.
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainctl.store.models.hf import MODEL_TYPE, check_config, check_hf_fields
 from trainctl.store.models.hf_config import HfModelConfig
 
 CONFIG_FILE = "config.json"
@@ -37,17 +39,25 @@ class ModelBuildError(ValueError):
 
 
 def build_hf_config(config: HfModelConfig) -> Any:
-    """The transformers config of a plan's model. Raises ModelBuildError with
-    transformers' reason for a config it refuses."""
+    """The transformers config of a plan's model, checked by submit's rules before anything
+    is built: the fields a request may not set (a plan or a checkpoint's metadata may have
+    been written by anyone who can write the store), then the built config's every field,
+    defaults computed in `__init__` included (store.models.hf.check_config). Raises
+    ModelBuildError naming the field, or with transformers' reason for a config it refuses."""
     from transformers import AutoConfig
 
     try:
+        check_hf_fields({MODEL_TYPE: config.model_type, **config.fields})
         hf = AutoConfig.for_model(config.model_type, **config.fields)
     except (ValueError, TypeError, KeyError) as exc:
         raise ModelBuildError(f"model.hf: transformers refuses the config: {exc}") from exc
     refused = sorted(k for k in config.fields if not hasattr(hf, k))
     if refused:
         raise ModelBuildError(f"model.hf: {type(hf).__name__} does not take {', '.join(refused)}")
+    try:
+        check_config(config.model_type, hf.to_dict())
+    except ValueError as exc:
+        raise ModelBuildError(f"model.hf: {exc}") from exc
     hf.architectures = None  # set from the class built, below
     return hf
 
@@ -84,6 +94,11 @@ class HFCausalLM(nn.Module):
         )
         self._aux: list[torch.Tensor] = []
         self.tied_names = _tied_names(inner)
+        takes = inspect.signature(inner.forward).parameters
+        # Mamba's and RWKV's recurrent state is not a `past_key_values` cache: they decode
+        # without one (the prefix recomputed for each token), as a plug-in does.
+        self.keeps_cache = "past_key_values" in takes
+        self._trims_logits = "logits_to_keep" in takes
 
     # -- the state dict: transformers' names, each tied tensor once --------------------------
 
@@ -142,12 +157,14 @@ class HFCausalLM(nn.Module):
 
     # -- generation ----------------------------------------------------------------------
 
-    def new_cache(self, batch: int, total: int, device: Any, dtype: Any) -> HfCache:
-        return HfCache()
+    def new_cache(self, batch: int, total: int, device: Any, dtype: Any) -> HfCache | None:
+        """transformers' own cache; None (decode without one) where the model keeps none."""
+        return HfCache() if self.keeps_cache else None
 
     def next_logits(self, idx: torch.Tensor) -> torch.Tensor:
         """The last position's logits of idx, without a cache: (B, T) -> (B, vocab)."""
-        out = self.inner(input_ids=idx, use_cache=False, logits_to_keep=1)
+        trim = {"logits_to_keep": 1} if self._trims_logits else {}
+        out = self.inner(input_ids=idx, use_cache=False, **trim)
         return out.logits[:, -1]
 
     def forward_cached(

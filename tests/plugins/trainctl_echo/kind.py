@@ -16,12 +16,16 @@ class EchoRequest(Request):
     message: str = Field(min_length=1, max_length=200, description="What to say.")
     steps: StrictInt = Field(3, ge=1, le=1000, description="How many times.")
     experiment: Name = Field("echo", description="Where the run is listed.")
+    hold_seconds: float = Field(
+        0, ge=0, le=600, description="A wait after each line that no stop cuts short."
+    )
 
 
 class EchoPlan(Spec):
     message: str
     steps: StrictInt
     experiment: Name
+    hold_seconds: float = 0
 
     @property
     def filed_under(self) -> str:
@@ -35,7 +39,12 @@ class EchoPlan(Spec):
 def plan_echo(request: EchoRequest, ctx: object) -> EchoPlan:
     if "forbidden" in request.message:
         raise InvalidRequest("message: the echo kind refuses to say 'forbidden'")
-    return EchoPlan(message=request.message, steps=request.steps, experiment=request.experiment)
+    return EchoPlan(
+        message=request.message,
+        steps=request.steps,
+        experiment=request.experiment,
+        hold_seconds=request.hold_seconds,
+    )
 
 
 ECHO = RunKind(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.service.api.submits import CPU_TRAIN, submit
-from tests.support.hf_archs import BASE
+from tests.support.hf_archs import BASE, MOE
 from trainctl.store.db.runs import RunStore
 
 TINY_MOE = {"model_type": "qwen3_moe", **BASE}
@@ -59,3 +62,65 @@ def test_the_1b_and_8b_presets_are_listed_and_refused_on_a_small_cpu_node_with_t
         detail = response.json()["detail"]
         assert "weights, gradients and optimizer state" in detail
         assert "more than the largest worker has: 24.0 GiB" in detail
+
+
+LLAMA = {"model_type": "llama", **BASE}
+# What the estimate did not model, each seen to allocate tens of GB on a worker (issue 43).
+UNMODELLED = [
+    (
+        {"model_type": "qwen3_next", **BASE, "linear_num_value_heads": 1 << 20},
+        {},
+        "linear_num_value_heads 1048576",
+    ),
+    (
+        {"model_type": "deepseek_v3", **BASE, "num_key_value_heads": 4, "v_head_dim": 1 << 26},
+        {},
+        "v_head_dim 67108864",
+    ),
+    (
+        {"model_type": "deepseek_v3", **BASE, "num_key_value_heads": 4, "kv_lora_rank": 1 << 26},
+        {},
+        "kv_lora_rank 67108864",
+    ),
+    (
+        {"model_type": "qwen2_moe", **BASE, "shared_expert_intermediate_size": 1 << 30},
+        {},
+        "shared_expert_intermediate_size 1073741824",
+    ),
+    # 1,024 heads at 65,536 positions: every head's scores, 16 TiB in fp32.
+    (
+        {
+            **LLAMA,
+            "hidden_size": 2048,
+            "num_attention_heads": 1024,
+            "num_key_value_heads": 1024,
+            "max_position_embeddings": 65536,
+        },
+        {"batch": {"micro_batch_size": 1, "seq_len": 65536}},
+        "activations",
+    ),
+    # A size within its bound, but wide: a shared expert the old formula did not know of;
+    # the estimate counts a matrix of the widest size per layer (24 x 1024 x 2^18 x 3).
+    (
+        {
+            "model_type": "qwen2_moe",
+            **BASE,
+            "num_hidden_layers": 24,
+            "hidden_size": 1024,
+            **MOE,
+            "shared_expert_intermediate_size": 1 << 18,
+        },
+        {},
+        "weights, gradients and optimizer state",
+    ),
+]
+
+
+@pytest.mark.parametrize(("hf", "run", "named"), UNMODELLED)
+def test_what_the_estimate_did_not_model_is_a_422_at_submit(
+    client: TestClient, runs: RunStore, hf: dict[str, Any], run: dict[str, Any], named: str
+) -> None:
+    runs.workers.register("w1", host="n1", pid=1, device="cpu", info={"memory_bytes": 24 << 30})
+    response = submit(client, "train", {**CPU_TRAIN, **run, "model": {"hf": hf}})
+    assert response.status_code == 422, response.text
+    assert named in response.json()["detail"]

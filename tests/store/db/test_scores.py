@@ -14,7 +14,7 @@ from trainctl.store.db.scores import checkpoint_results, eval_items, latest_scor
 from trainctl.store.evals import items as items_module
 from trainctl.store.evals.items import item_record
 from trainctl.store.evals.tasks import EvalResult, TaskScores
-from trainctl.store.exceptions import InvalidRequest, RunNotFound
+from trainctl.store.exceptions import Conflict, NotFound, RunNotFound
 
 WORKER = "w"
 
@@ -126,10 +126,11 @@ def test_eval_items_are_refused_for_a_task_the_run_does_not_score_or_another_kin
     evaluate = claimed(store, "evaluate", {"tasks": ["arc_easy"]})
     train = claimed(store, "train", {"steps": 3})
 
-    with pytest.raises(InvalidRequest, match="does not score 'hellaswag'; it scores arc_easy"):
+    with pytest.raises(NotFound, match="does not score 'hellaswag'; it scores arc_easy"):
         eval_items(store, evaluate.id, "hellaswag", 0, 10)
-    with pytest.raises(InvalidRequest, match="is a train run: only evaluate runs score items"):
+    with pytest.raises(Conflict, match="is a train run: only evaluate runs score items"):
         eval_items(store, train.id, "arc_easy", 0, 10)
     with pytest.raises(RunNotFound):
         eval_items(store, "nope", "arc_easy", 0, 10)
     assert eval_items(store, evaluate.id, "arc_easy", 0, 10).total == 0  # none written yet
+    assert eval_items(store, evaluate.id, None, 0, 10).task == "arc_easy"  # the run's first
