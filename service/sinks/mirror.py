@@ -31,7 +31,7 @@ from trainctl.service.settings import Settings
 from trainctl.service.sinks.base import Sink, SinkRefused, SinkUnavailable
 from trainctl.service.sinks.mlflow import MlflowSink
 from trainctl.service.sinks.tensorboard import TensorBoardSink
-from trainctl.service.sinks.wandb import WandbConfig, WandbSink
+from trainctl.service.sinks.wandb import WandbSink, wandb_config
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.records import Event, Run
 from trainctl.store.db.runs import RunStore
@@ -260,20 +260,6 @@ class SinkMirrors:
     def stop(self) -> None:
         for mirror in self.mirrors:
             mirror.stop()
-
-
-def wandb_config(settings: Settings) -> WandbConfig | None:
-    """The service's W&B settings; None where TRAINCTL_WANDB_PROJECT is unset (the sink is off)."""
-    if settings.wandb_project is None:
-        return None
-    return WandbConfig(
-        project=settings.wandb_project,
-        entity=settings.wandb_entity,
-        mode=settings.wandb_mode,
-        base_url=settings.wandb_base_url,
-        dir=settings.wandb_dir.parent,  # W&B adds the wandb/ itself
-        timeout=settings.wandb_timeout_seconds,
-    )
 
 
 def _what(events: Sequence[Event]) -> str:

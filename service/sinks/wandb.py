@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from trainctl.service.settings import Settings
 from trainctl.service.sinks.base import SinkRefused, SinkUnavailable, scalars
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
@@ -60,6 +61,20 @@ class WandbConfig:
     timeout: float
 
 
+def wandb_config(settings: Settings) -> WandbConfig | None:
+    """The service's W&B settings; None where TRAINCTL_WANDB_PROJECT is unset (the sink is off)."""
+    if settings.wandb_project is None:
+        return None
+    return WandbConfig(
+        project=settings.wandb_project,
+        entity=settings.wandb_entity,
+        mode=settings.wandb_mode,
+        base_url=settings.wandb_base_url,
+        dir=settings.wandb_dir.parent,  # W&B adds the wandb/ itself
+        timeout=settings.wandb_timeout_seconds,
+    )
+
+
 def wandb_id(run_id: str) -> str:
     """The W&B run id of trainctl run `run_id`: the same for every attempt and every service,
     the run id itself where W&B accepts it (a trainctl id is 32 hex digits)."""
@@ -68,16 +83,19 @@ def wandb_id(run_id: str) -> str:
     return hashlib.sha256(run_id.encode()).hexdigest()[:32]
 
 
-def wandb_url(config: WandbConfig, run_id: str) -> str | None:
-    """The W&B run page of trainctl run `run_id`; None offline (nothing to link to) or without
-    an entity (W&B's URLs name it, and only the server knows the key's own)."""
-    if config.mode != "online" or config.entity is None:
+def wandb_url(config: WandbConfig | None, run: Run) -> str | None:
+    """The W&B run page of `run`; None where it is not mirrored to W&B, offline (nothing to
+    link to) or without an entity (W&B's URLs name it, and only the server knows the key's
+    own)."""
+    if config is None or config.mode != "online" or config.entity is None:
+        return None
+    if "wandb" not in (run.spec.get("trackers") or []):
         return None
     app = (config.base_url or "https://api.wandb.ai").rstrip("/")
     parts = urlsplit(app)
     if parts.hostname and parts.hostname.startswith("api."):  # W&B's cloud: api.wandb.ai
         app = f"{parts.scheme}://{parts.netloc.removeprefix('api.')}"
-    return f"{app}/{config.entity}/{config.project}/runs/{wandb_id(run_id)}"
+    return f"{app}/{config.entity}/{config.project}/runs/{wandb_id(run.id)}"
 
 
 @dataclass
@@ -247,14 +265,16 @@ class WandbSink:
         experiment, tag, step = saved.get("experiment"), saved.get("tag"), saved.get("step")
         if not (isinstance(experiment, str) and isinstance(tag, str) and isinstance(step, int)):
             return
-        if step <= memo.get("checkpoint_step", -1):
-            return  # logged already (a batch offered again)
+        # A copy: the mirror compares the memo with the cursor's to know whether to save it.
+        logged: dict[str, int] = dict(memo.get("checkpoints", {}))
+        if step <= logged.get(tag, -1):
+            return  # logged already (a batch offered again, a resumed attempt's save)
         try:
             _, reader = self.checkpoints.open_file(experiment, tag, MANIFEST_FILE)
             with reader:
                 manifest = reader.read()
         except NotFound:
-            memo["checkpoint_step"] = step
+            memo["checkpoints"] = logged | {tag: step}
             return  # pruned or deleted since: nothing to point at
         import wandb
 
@@ -273,8 +293,9 @@ class WandbSink:
             },
         )
         artifact.add_reference(uri, name=MANIFEST_FILE, checksum=False)
-        wb.run.log_artifact(artifact, aliases=[tag, f"step-{step}"])
-        memo["checkpoint_step"] = step
+        # The tag as its alias: a moving tag (`best`) moves to its newest version.
+        wb.run.log_artifact(artifact, aliases=[tag])
+        memo["checkpoints"] = logged | {tag: step}
 
 
 def _log_at(wb: _Open, step: object, values: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from tests.support.polling import poll
 from tests.support.service_process import Service
-from tests.support.wandb_files import WandbFile, history_rows, wandb_files
+from tests.support.wandb_files import WandbFile, history_rows, table_rows, wandb_files
 from trainctl.service.schemas import EventPublic, RunPublic
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.service.sinks.base import scalars
@@ -28,9 +28,10 @@ WANDB_OFFLINE = {
     "TRAINCTL_SINK_POLL_SECONDS": "0.2",
     "TRAINCTL_SINK_RETRY_MAX_SECONDS": "1",
 }
-# Long enough that the worker is killed mid-run past its second checkpoint, on a fast machine;
-# a small batch, so that it takes seconds on a slow one.
-STEPS = 80
+# The worker is killed between two checkpoints (CHECKPOINT_EVERY apart), a few steps past the
+# last, so that its second attempt repeats the steps since: W&B must take each once.
+STEPS = 40
+CHECKPOINT_EVERY = 10
 KILL_PAST = 12
 STDLIB = {"source": "stdlib", "max_bytes": 1_000_000}
 SMALL = {"batch": {"micro_batch_size": 2, "grad_accum_steps": 1, "seq_len": 64}, "val_batches": 1}
@@ -64,18 +65,21 @@ def config_of(read: WandbFile) -> dict[str, Any]:
 def test_a_killed_workers_run_and_its_fork_land_in_wandb_once_each(service: Service) -> None:
     service.extra_env |= WANDB_OFFLINE
     service.start()
-    spec = {"experiment": "wb", "steps": STEPS, "log_every": 1, "checkpoint_every": 5,
-            "val_every": 10, "data": STDLIB, "sample_every": 20, **SMALL,
+    spec = {"experiment": "wb", "steps": STEPS, "log_every": 1, "data": STDLIB, **SMALL,
+            "checkpoint_every": CHECKPOINT_EVERY, "val_every": 10, "sample_every": 10,
             "sample_prompts": ["def "], "sample_settings": {"max_new_tokens": 4}}  # fmt: skip
     with TrainctlClient(service.url) as client:
         run = client.submit("train", spec)
         assert run.spec["trackers"] == ["wandb"]
         running = poll(
-            lambda: (r := client.get_run(run.id)).state == "running"
-            and (r.progress.step or 0) > KILL_PAST
-            and r,
+            lambda: (
+                (r := client.get_run(run.id)).state == "running"
+                and (step := r.progress.step or 0) > KILL_PAST
+                and 2 <= step % CHECKPOINT_EVERY <= 7
+                and r
+            ),
             timeout=120,
-            what="the run past its second checkpoint",
+            what="the run a few steps past a checkpoint",
             interval=0.2,
         )
         worker = next(w for w in client.workers() if w.id == running.worker_id)
@@ -112,8 +116,14 @@ def test_a_killed_workers_run_and_its_fork_land_in_wandb_once_each(service: Serv
     assert {k: rows.get(k) for k in expected} == expected
     assert {"train/loss", "train/lr/muon", "train/lr/adamw", "train/tokens_per_sec",
             "val/loss"} <= {name for name, _ in expected}  # fmt: skip
-    samples = {e.data["step"] for e in events if e.type == "sample"}
-    assert samples and samples == {step for (name, step) in rows if name == "samples"}
+    samples: dict[int, list[Any]] = {}  # each step's sample as first logged
+    for e in events:
+        if e.type == "sample":
+            samples.setdefault(
+                e.data["step"], [e.data[k] for k in ("step", "prompt", "completion")]
+            )
+    assert samples and {step for (name, step) in rows if name == "samples._type"} == set(samples)
+    assert sorted(table_rows([read], "samples")) == sorted(samples.values())
 
     (record,) = read.runs
     assert record["run_id"] == wandb_id(run.id) and record["project"] == "trainctl-e2e"
@@ -123,7 +133,12 @@ def test_a_killed_workers_run_and_its_fork_land_in_wandb_once_each(service: Serv
     assert read.exits == [{"exit_code": 0}] or read.exits[-1].get("exit_code", 0) == 0
 
     # Checkpoints by reference: the manifest's location and sha256, no file of the weights.
-    saved = {json.loads(a["metadata"])["tag"]: a for a in read.artifacts if a["type"] == "model"}
+    saves = {
+        (c["tag"], c["step"]) for e in events if isinstance(c := e.data.get("checkpoint"), dict)
+    }
+    models = [(json.loads(a["metadata"]), a) for a in read.artifacts if a["type"] == "model"]
+    assert {(meta["tag"], meta["step"]) for meta, _ in models} == saves
+    saved = {meta["tag"]: a for meta, a in models if meta["step"] == STEPS}
     final = saved[f"step_{STEPS}"]
     manifest = service.data_dir / "checkpoints" / "wb" / f"step_{STEPS}" / "manifest.json"
     meta = json.loads(final["metadata"])

@@ -26,8 +26,12 @@ class WandbFile:
 
 def wandb_files(data_dir: Path, wandb_id: str) -> list[WandbFile]:
     """Every `.wandb` file of W&B run `wandb_id` in the data dir's wandb/ (one per time a
-    service opened it), oldest first."""
-    paths = sorted((data_dir / "wandb").glob(f"offline-run-*-{wandb_id}/run-{wandb_id}.wandb"))
+    service opened it), oldest first. Two opens in one second share the time: W&B adds `-1`,
+    `-2`, ... to the later folders' names."""
+    paths = sorted(
+        (data_dir / "wandb").glob(f"offline-run-*-{wandb_id}*/run-{wandb_id}.wandb"),
+        key=lambda p: (p.parent.name.split("-")[2], len(p.parent.name), p.parent.name),
+    )
     return [read_wandb_file(p) for p in paths]
 
 
@@ -54,8 +58,20 @@ def read_wandb_file(path: Path) -> WandbFile:
     return read
 
 
+def table_rows(files: list[WandbFile], key: str) -> list[list[Any]]:
+    """The rows of every table the files' runs logged under `key`, as the client wrote them
+    beside the `.wandb` file (files/media/table/<key>_*.table.json)."""
+    return [
+        row
+        for f in files
+        for table in sorted((f.path.parent / "files" / "media" / "table").glob(f"{key}_*.json"))
+        for row in json.loads(table.read_text())["data"]
+    ]
+
+
 def history_rows(files: list[WandbFile]) -> dict[tuple[str, int], Any]:
-    """(name, W&B step) -> value over the files' history rows; W&B's own fields left out."""
+    """(name, W&B step) -> value over the files' history rows; W&B's own fields left out. A
+    table is a row's `<key>._type` ("table-file") and its size, `<key>.nrows`."""
     return {
         (name, row["_step"]): value
         for f in files
