@@ -71,7 +71,13 @@ def start_run(store: RunStore, trackers: list[str]) -> Run:
     request = TrainRequest(
         experiment="exp", steps=20, trackers=trackers, sample_every=10, sample_prompts=PROMPTS
     )
-    plan = resolve_train(request, cuda_available=False, data_roots=[], mlflow_configured=True)
+    plan = resolve_train(
+        request,
+        cuda_available=False,
+        data_roots=[],
+        mlflow_configured=True,
+        wandb_configured=True,
+    )
     store.enqueue("train", "exp", plan.model_dump(mode="json"))
     run = store.claim(WORKER, lease_seconds=60)
     assert run is not None
