@@ -165,7 +165,9 @@ class Settings(NodeSettings, BaseSettings):
         "(WANDB_API_KEY or ~/.netrc), never a setting.",
     )
     wandb_entity: str | None = Field(
-        None, description="The W&B entity (user or team) of the project; unset: the key's own."
+        None,
+        description="The W&B entity (user or team) of the project; unset: the key's own. With "
+        "it set the dashboard links each run to its W&B page.",
     )
     wandb_mode: Literal["online", "offline"] = Field(
         "online",
