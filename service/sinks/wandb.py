@@ -183,6 +183,10 @@ class WandbSink:
             )
             handle.define_metric("eval/*", step_metric=EVAL_STEP)
         except wandb.errors.UsageError as exc:
+            if "API key" in str(exc):  # the operator's to fix, and `wandb login` takes effect
+                raise SinkUnavailable(
+                    "no W&B API key: set WANDB_API_KEY or run `wandb login` (~/.netrc)"
+                ) from exc
             raise SinkRefused(f"W&B refused the run: {exc}") from exc
         except Exception as exc:  # unreachable, timed out, no key: the next try may do
             raise SinkUnavailable(f"W&B client could not open the run: {exc}") from exc

@@ -170,3 +170,41 @@ def test_wandb_gets_every_metric_once_across_two_services_and_late_eval_scores(
     )
     assert scores == [(10, 0.5), (20, 0.625)]
     assert all(f.exits for f in files)
+
+
+def test_without_a_key_wandb_waits_saying_so_once_and_gets_everything_once_after(
+    store: RunStore,  # noqa: F811
+    tmp_path: Path,
+    mirror: MirrorFactory,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An outage as the mirror sees it: online with no API key anywhere, the client cannot
+    open the run; the events wait in the log, and the next service (offline here) sends them
+    in order, once, and says so."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc
+    monkeypatch.setenv("NETRC", str(tmp_path / "home" / ".netrc"))
+    run = start_run(store, ["wandb"])
+    write_steps(store, run, range(1, 6))
+    online = WandbConfig(project="unit", entity=None, mode="online",
+                         base_url="http://127.0.0.1:9", dir=tmp_path, timeout=5)  # fmt: skip
+    down = mirror(WandbSink(online, posix_store(tmp_path / "checkpoints")), retry_max_seconds=1)
+    for _ in range(2):
+        down.tick()
+    cursor = down.cursors.cursor(run.id)
+    assert cursor is not None and cursor.last_event_id == 0 and cursor.outage_since is not None
+    down.stop()
+
+    write_steps(store, run, range(6, 11))
+    finish(store, run)
+    back = mirror(offline_sink(tmp_path), holder="service-b")
+    run_until_idle(back)
+    run_until_idle(back)  # past its own "mirroring again" line, the cursor is done
+    assert back.cursors.is_done(run.id)
+
+    (outage, recovered) = [e.data["message"] for e in store.events(run.id, type="log")
+                           if e.data.get("sink") == "wandb"]  # fmt: skip
+    assert "not mirrored: no W&B API key" in outage and "wandb login" in outage
+    assert "mirroring again" in recovered
+    (read,) = wandb_files(tmp_path, wandb_id(run.id))
+    assert [row["_step"] for row in read.history] == list(range(1, 11))
