@@ -12,14 +12,14 @@ import os
 import signal
 from typing import Any
 
+from tests.e2e.runs import wait_done
 from tests.support.polling import poll
 from tests.support.service_process import Service
 from tests.support.wandb_files import WandbFile, history_rows, table_rows, wandb_files
-from trainctl.service.schemas import EventPublic, RunPublic
+from trainctl.service.schemas import EventPublic
 from trainctl.service.sdk.client import TrainctlClient
 from trainctl.service.sinks.base import scalars
 from trainctl.service.sinks.wandb import wandb_id
-from trainctl.store.vocabulary import TERMINAL_STATES
 
 WANDB_OFFLINE = {
     "TRAINCTL_WANDB_PROJECT": "trainctl-e2e",
@@ -35,15 +35,6 @@ CHECKPOINT_EVERY = 10
 KILL_PAST = 12
 STDLIB = {"source": "stdlib", "max_bytes": 1_000_000}
 SMALL = {"batch": {"micro_batch_size": 2, "grad_accum_steps": 1, "seq_len": 64}, "val_batches": 1}
-
-
-def wait_done(client: TrainctlClient, run_id: str) -> RunPublic:
-    return poll(
-        lambda: (r := client.get_run(run_id)).state in TERMINAL_STATES and r,
-        timeout=300,
-        what=f"run {run_id} to finish",
-        interval=0.5,
-    )
 
 
 def first_metrics(events: list[EventPublic]) -> dict[tuple[str, int], float]:
