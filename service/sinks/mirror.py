@@ -239,7 +239,7 @@ class SinkMirrors:
         ]
         wandb = wandb_config(settings)
         if wandb is not None:  # off: no thread, and wandb never imported
-            sinks.append(WandbSink(wandb, checkpoints))
+            sinks.append(WandbSink(wandb, checkpoints, runs))
         return cls(
             [
                 SinkMirror(

@@ -33,7 +33,8 @@ from trainctl.service.sinks.base import SinkRefused, SinkUnavailable, scalars
 from trainctl.store.checkpoints.manifests import MANIFEST_FILE
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.records import Event, Run
-from trainctl.store.exceptions import NotFound
+from trainctl.store.db.runs import RunStore
+from trainctl.store.exceptions import NotFound, RunNotFound
 
 log = logging.getLogger("trainctl.sinks")
 
@@ -95,7 +96,12 @@ def wandb_url(config: WandbConfig | None, run: Run) -> str | None:
     parts = urlsplit(app)
     if parts.hostname and parts.hostname.startswith("api."):  # W&B's cloud: api.wandb.ai
         app = f"{parts.scheme}://{parts.netloc.removeprefix('api.')}"
-    return f"{app}/{config.entity}/{config.project}/runs/{wandb_id(run.id)}"
+    return f"{app}/{config.entity}/{project_of(config, run)}/runs/{wandb_id(run.id)}"
+
+
+def project_of(config: WandbConfig, run: Run) -> str:
+    """The W&B project of `run`: its plan's (pinned at submit), else the service's."""
+    return str(run.spec.get("wandb_project") or config.project)
 
 
 @dataclass
@@ -112,8 +118,9 @@ class _Open:
 class WandbSink:
     name = "wandb"
 
-    def __init__(self, config: WandbConfig, checkpoints: CheckpointStore) -> None:
-        self.config, self.checkpoints = config, checkpoints
+    def __init__(self, config: WandbConfig, checkpoints: CheckpointStore, runs: RunStore) -> None:
+        """`runs`: where a fork's parent is read, to know whether W&B has it to fork from."""
+        self.config, self.checkpoints, self.runs = config, checkpoints, runs
         self._open: dict[str, _Open] = {}
 
     def write(self, run: Run, events: Sequence[Event], memo: dict[str, Any]) -> None:
@@ -160,14 +167,15 @@ class WandbSink:
 
         fork = run.parent
         kwargs: dict[str, Any] = {"resume": "allow"}
-        forked = "step" not in memo and fork is not None and fork.run_id is not None
+        project = project_of(self.config, run)
+        forked = "step" not in memo and self._parent_in(run, project)
         if forked:
             assert fork is not None and fork.run_id is not None
             # fork_from makes a new run; once it exists, later opens resume it.
             kwargs = {"fork_from": f"{wandb_id(fork.run_id)}?_step={fork.step}"}
         try:
             handle = wandb.init(
-                project=self.config.project,
+                project=project,
                 entity=self.config.entity,
                 id=wandb_id(run.id),
                 name=f"{run.experiment}/{run.short_id}",
@@ -199,6 +207,18 @@ class WandbSink:
         wb = _Open(handle, last, keys=None)  # a step before this open is closed to new names
         self._open[run.id] = wb
         return wb
+
+    def _parent_in(self, run: Run, project: str) -> bool:
+        """Whether `run` is a fork whose parent W&B has in `project`: mirrored there by this
+        sink (its trackers name wandb), so that W&B has a run to branch from."""
+        if run.parent is None or run.parent.run_id is None:
+            return False
+        try:
+            parent = self.runs.get(run.parent.run_id)
+        except RunNotFound:
+            return False
+        mirrored = "wandb" in (parent.spec.get("trackers") or [])
+        return mirrored and project_of(self.config, parent) == project
 
     def _settings(self, wandb: Any) -> Any:
         """The client as a guest in the API process: no console capture, no system metrics,

@@ -76,7 +76,7 @@ def start_run(store: RunStore, trackers: list[str]) -> Run:
         cuda_available=False,
         data_roots=[],
         mlflow_configured=True,
-        wandb_configured=True,
+        wandb_project="unit",
     )
     store.enqueue("train", "exp", plan.model_dump(mode="json"))
     run = store.claim(WORKER, lease_seconds=60)

@@ -64,12 +64,25 @@ def test_a_run_mirrored_to_wandb_links_to_its_wandb_page(tmp_path: Path) -> None
         not_mirrored = client.post(
             "/runs/train", json=CPU_TRAIN | {"experiment": "other", "trackers": []}
         ).json()
+        elsewhere = client.post(
+            "/runs/train", json=CPU_TRAIN | {"experiment": "own", "wandb_project": "ablations"}
+        ).json()
+        untracked = client.post(
+            "/runs/train", json=CPU_TRAIN | {"trackers": ["tensorboard"], "wandb_project": "x"}
+        )
         listed = {r["id"]: r for r in client.get("/runs").json()["items"]}
 
     page = f"https://wandb.ai/team/lm/runs/{wandb_id(mirrored['id'])}"
     assert mirrored["spec"]["trackers"] == ["wandb"] and mirrored["wandb_url"] == page
     assert listed[mirrored["id"]]["wandb_url"] == page
     assert not_mirrored["wandb_url"] is None and listed[not_mirrored["id"]]["wandb_url"] is None
+    # The project is pinned in the plan: the service's, or the run's own.
+    assert (
+        mirrored["spec"]["wandb_project"] == "lm" and not_mirrored["spec"]["wandb_project"] is None
+    )
+    assert elsewhere["wandb_url"] == f"https://wandb.ai/team/ablations/runs/{elsewhere['id']}"
+    assert untracked.status_code == 422
+    assert "wandb_project: the run has no 'wandb' tracker" in untracked.json()["detail"]
 
     # A self-hosted server's page; offline, or without an entity, there is none to link to.
     with serve(tmp_path / "b", **settings, wandb_base_url="https://wandb.lab:8443/") as client:
@@ -122,10 +135,10 @@ def test_without_the_setting_the_service_never_imports_wandb(tmp_path: Path) -> 
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
-def offline_sink(tmp_path: Path) -> WandbSink:
+def offline_sink(tmp_path: Path, store: RunStore) -> WandbSink:  # noqa: F811
     config = WandbConfig(project="unit", entity=None, mode="offline", base_url=None,
                          dir=tmp_path, timeout=60)  # fmt: skip
-    return WandbSink(config, posix_store(tmp_path / "checkpoints"))
+    return WandbSink(config, posix_store(tmp_path / "checkpoints"), store)
 
 
 def test_wandb_gets_every_metric_once_across_two_services_and_late_eval_scores(
@@ -136,14 +149,14 @@ def test_wandb_gets_every_metric_once_across_two_services_and_late_eval_scores(
     run = start_run(store, ["wandb"])
     write_steps(store, run, range(1, 11))
     record_scores(store, run, 10, acc=0.5)  # scored while the run trains
-    first = mirror(offline_sink(tmp_path))
+    first = mirror(offline_sink(tmp_path, store))
     run_until_idle(first)
     first.stop()  # the service stops; its W&B run is left to be resumed
 
     # The next attempt resumes from step 5's checkpoint and repeats steps 6 to 10.
     write_steps(store, run, range(6, 21))
     finish(store, run)
-    second = mirror(offline_sink(tmp_path), holder="service-b")
+    second = mirror(offline_sink(tmp_path, store), holder="service-b")
     run_until_idle(second)
     assert second.cursors.is_done(run.id)
     record_scores(store, run, 20, acc=0.625)  # the last checkpoint, scored after the end
@@ -188,7 +201,8 @@ def test_without_a_key_wandb_waits_saying_so_once_and_gets_everything_once_after
     write_steps(store, run, range(1, 6))
     online = WandbConfig(project="unit", entity=None, mode="online",
                          base_url="http://127.0.0.1:9", dir=tmp_path, timeout=5)  # fmt: skip
-    down = mirror(WandbSink(online, posix_store(tmp_path / "checkpoints")), retry_max_seconds=1)
+    sink = WandbSink(online, posix_store(tmp_path / "checkpoints"), store)
+    down = mirror(sink, retry_max_seconds=1)
     for _ in range(2):
         down.tick()
     cursor = down.cursors.cursor(run.id)
@@ -197,7 +211,7 @@ def test_without_a_key_wandb_waits_saying_so_once_and_gets_everything_once_after
 
     write_steps(store, run, range(6, 11))
     finish(store, run)
-    back = mirror(offline_sink(tmp_path), holder="service-b")
+    back = mirror(offline_sink(tmp_path, store), holder="service-b")
     run_until_idle(back)
     run_until_idle(back)  # past its own "mirroring again" line, the cursor is done
     assert back.cursors.is_done(run.id)
