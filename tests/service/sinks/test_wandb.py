@@ -15,14 +15,12 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from tests.service.sinks.test_sinks import (
+from tests.service.sinks.writes import (
     MirrorFactory,
     finish,
-    mirror,  # noqa: F401 (a fixture)
     record_scores,
     run_until_idle,
     start_run,
-    store,  # noqa: F401 (a fixture)
     write_steps,
 )
 from tests.support.stores import posix_store
@@ -135,16 +133,16 @@ def test_without_the_setting_the_service_never_imports_wandb(tmp_path: Path) -> 
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
-def offline_sink(tmp_path: Path, store: RunStore) -> WandbSink:  # noqa: F811
+def offline_sink(tmp_path: Path, store: RunStore) -> WandbSink:
     config = WandbConfig(project="unit", entity=None, mode="offline", base_url=None,
                          dir=tmp_path, timeout=60)  # fmt: skip
     return WandbSink(config, posix_store(tmp_path / "checkpoints"), store)
 
 
 def test_wandb_gets_every_metric_once_across_two_services_and_late_eval_scores(
-    store: RunStore,  # noqa: F811
+    store: RunStore,
     tmp_path: Path,
-    mirror: MirrorFactory,  # noqa: F811
+    mirror: MirrorFactory,
 ) -> None:
     run = start_run(store, ["wandb"])
     write_steps(store, run, range(1, 11))
@@ -186,9 +184,9 @@ def test_wandb_gets_every_metric_once_across_two_services_and_late_eval_scores(
 
 
 def test_without_a_key_wandb_waits_saying_so_once_and_gets_everything_once_after(
-    store: RunStore,  # noqa: F811
+    store: RunStore,
     tmp_path: Path,
-    mirror: MirrorFactory,  # noqa: F811
+    mirror: MirrorFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An outage as the mirror sees it: online with no API key anywhere, the client cannot
