@@ -54,7 +54,8 @@ def config_of(read: WandbFile) -> dict[str, Any]:
 
 
 def test_a_killed_workers_run_and_its_fork_land_in_wandb_once_each(service: Service) -> None:
-    service.extra_env |= WANDB_OFFLINE
+    # W&B's client stages tables under WANDB_DATA_DIR (default ~/.local/share/wandb).
+    service.extra_env |= WANDB_OFFLINE | {"WANDB_DATA_DIR": str(service.data_dir / "wandb-data")}
     service.start()
     spec = {"experiment": "wb", "steps": STEPS, "log_every": 1, "data": STDLIB, **SMALL,
             "checkpoint_every": CHECKPOINT_EVERY, "val_every": 10, "sample_every": 10,

@@ -133,6 +133,12 @@ def test_without_the_setting_the_service_never_imports_wandb(tmp_path: Path) -> 
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.fixture(autouse=True)
+def wandb_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B's client stages tables under WANDB_DATA_DIR (default ~/.local/share/wandb)."""
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))
+
+
 def offline_sink(tmp_path: Path, store: RunStore) -> WandbSink:
     config = WandbConfig(project="unit", entity=None, mode="offline", base_url=None,
                          dir=tmp_path, timeout=60)  # fmt: skip
