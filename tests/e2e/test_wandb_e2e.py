@@ -12,6 +12,8 @@ import os
 import signal
 from typing import Any
 
+import pytest
+
 from tests.e2e.runs import wait_done
 from tests.support.polling import poll
 from tests.support.service_process import Service
@@ -147,3 +149,34 @@ def test_a_killed_workers_run_and_its_fork_land_in_wandb_once_each(service: Serv
     assert {k: history_rows([forked]).get(k) for k in first_metrics(fork_events)} == (
         first_metrics(fork_events)
     )
+
+
+@pytest.mark.soak  # a second service start and a longer run: make test covers it in-process
+def test_a_service_restart_mid_run_resumes_the_same_wandb_run(service: Service) -> None:
+    """The service stops mid-run (its worker hands the run back at a checkpoint) and starts
+    again: its W&B client opens the same W&B run a second time (resume), and between the two
+    `.wandb` files every step is logged once."""
+    service.extra_env |= WANDB_OFFLINE | {"WANDB_DATA_DIR": str(service.data_dir / "wandb-data")}
+    service.start()
+    spec = {"experiment": "wb-restart", "steps": STEPS, "log_every": 1, "data": STDLIB,
+            "checkpoint_every": 5, **SMALL}  # fmt: skip
+    with TrainctlClient(service.url) as client:
+        run = client.submit("train", spec)
+        poll(lambda: (client.get_run(run.id).progress.step or 0) > KILL_PAST, 300, "steps")
+    assert service.stop()
+    service.start()
+    with TrainctlClient(service.url) as client:
+        assert wait_done(client, run.id).state == "succeeded"
+        events = list(client.events(run.id))
+        poll(
+            lambda: len(f := wandb_files(service.data_dir, wandb_id(run.id))) == 2 and f[-1].exits,
+            timeout=120,
+            what="the second service's W&B file",
+            interval=0.5,
+        )
+    files = wandb_files(service.data_dir, wandb_id(run.id))
+    steps = [row["_step"] for f in files for row in f.history]
+    assert steps == sorted(set(steps)), "a step was logged twice or out of order"
+    expected = first_metrics(events)
+    assert {k: history_rows(files).get(k) for k in expected} == expected
+    assert {r["run_id"] for f in files for r in f.runs} == {wandb_id(run.id)}
