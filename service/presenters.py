@@ -20,6 +20,7 @@ from trainctl.service.schemas import (
     RunPublic,
     WorkerPublic,
 )
+from trainctl.service.sinks.wandb import WandbConfig, wandb_url
 from trainctl.store.db.launches import Launch
 from trainctl.store.db.lineage import Lineage, LineageNode
 from trainctl.store.db.placement import why_waiting
@@ -50,9 +51,12 @@ def waiting_reason(run: Run, live: Sequence[Worker], jobs: Sequence[Launch] = ()
     return why_waiting(run.placement, [w.capacity for w in live])
 
 
-def public_runs(runs: RunStore, lease_seconds: float, items: Sequence[Run]) -> list[RunPublic]:
-    """The runs as the API shows them, with their jobs; the workers are read once, and only
-    when one of the runs is queued."""
+def public_runs(
+    runs: RunStore, lease_seconds: float, items: Sequence[Run], wandb: WandbConfig | None = None
+) -> list[RunPublic]:
+    """The runs as the API shows them, with their jobs and, where `wandb` (the service's W&B
+    settings) can name it, their W&B page; the workers are read once, and only when one of the
+    runs is queued."""
     queued = any(run.state == "queued" for run in items)
     live = live_workers(runs.workers, lease_seconds) if queued else []
     jobs = runs.launches.of_runs(run.id for run in items)
@@ -63,14 +67,17 @@ def public_runs(runs: RunStore, lease_seconds: float, items: Sequence[Run]) -> l
                 "short_id": run.short_id,
                 "waiting_reason": waiting_reason(run, live, jobs.get(run.id, [])),
                 "jobs": [vars(job) for job in jobs.get(run.id, [])],
+                "wandb_url": wandb_url(wandb, run),
             }
         )
         for run in items
     ]
 
 
-def public_run(runs: RunStore, lease_seconds: float, run: Run) -> RunPublic:
-    return public_runs(runs, lease_seconds, [run])[0]
+def public_run(
+    runs: RunStore, lease_seconds: float, run: Run, wandb: WandbConfig | None = None
+) -> RunPublic:
+    return public_runs(runs, lease_seconds, [run], wandb)[0]
 
 
 def public_lineage(lineage: Lineage) -> LineagePublic:

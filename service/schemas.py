@@ -152,6 +152,12 @@ class RunPublic(Public):
         description="The scheduler jobs its attempts ran in, oldest first (TRAINCTL_BACKEND="
         "slurm); empty where workers claim runs from the queue.",
     )
+    wandb_url: str | None = Field(
+        None,
+        description="The run's page on Weights & Biases, where the service mirrors it there "
+        "(its trackers name 'wandb') and can name the page (TRAINCTL_WANDB_ENTITY set, mode "
+        "online); null otherwise.",
+    )
 
 
 class RunsPublic(BaseModel):

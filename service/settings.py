@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from trainctl.service.webhooks.targets import HostPolicy
 from trainctl.store.backends.slurm import NAME as SLURM_NAME
 from trainctl.store.backends.slurm import SlurmDefaults, time_limit_seconds
-from trainctl.store.specs import MLFLOW_SETTING, Tracker
+from trainctl.store.specs import MLFLOW_SETTING, WANDB_SETTING, Tracker
 from trainctl.store.training.memory import LARGEST_GPU_MEMORY_BYTES
 from trainctl.store.worker_settings import NodeSettings, WorkerNice
 
@@ -148,7 +148,7 @@ class Settings(NodeSettings, BaseSettings):
     trackers: Annotated[list[Tracker], NoDecode] = Field(
         default_factory=list,
         description="Trackers a train run is mirrored to when its spec names none "
-        "(comma-separated: tensorboard, mlflow).",
+        "(comma-separated: tensorboard, mlflow, wandb).",
     )
     mlflow_uri: str | None = Field(
         None,
@@ -157,6 +157,33 @@ class Settings(NodeSettings, BaseSettings):
     )
     mlflow_timeout_seconds: float = Field(
         10.0, gt=0, le=300, description="The most one request to the MLflow server may take."
+    )
+    wandb_project: str | None = Field(
+        None,
+        description="The Weights & Biases project runs with the 'wandb' tracker are mirrored "
+        "to; unset, the tracker is off and wandb is not imported. The API key is W&B's own "
+        "(WANDB_API_KEY or ~/.netrc), never a setting.",
+    )
+    wandb_entity: str | None = Field(
+        None,
+        description="The W&B entity (user or team) of the project; unset: the key's own. With "
+        "it set the dashboard links each run to its W&B page.",
+    )
+    wandb_mode: Literal["online", "offline"] = Field(
+        "online",
+        description="online: sent to the W&B server; offline: written under the data dir's "
+        "wandb/ only, for `wandb sync` later.",
+    )
+    wandb_base_url: str | None = Field(
+        None,
+        description="The W&B server (http or https) of a self-hosted deployment; unset: W&B's "
+        "own default (WANDB_BASE_URL, else https://api.wandb.ai).",
+    )
+    wandb_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=600,
+        description="The most the W&B client may take to open a run, or to finish one.",
     )
     sink_poll_seconds: float = Field(
         1.0, gt=0, le=60, description="How often the metrics sinks read the event log."
@@ -283,6 +310,19 @@ class Settings(NodeSettings, BaseSettings):
             raise ValueError(f"TRAINCTL_MLFLOW_URI must be an http or https URL, got {v!r}")
         return v or None
 
+    @field_validator("wandb_base_url")
+    @classmethod
+    def _http_base_url(cls, v: str | None) -> str | None:
+        v = v.strip().rstrip("/") if v else None
+        if v and urlsplit(v).scheme not in ("http", "https"):
+            raise ValueError(f"TRAINCTL_WANDB_BASE_URL must be an http or https URL, got {v!r}")
+        return v or None
+
+    @field_validator("wandb_project", "wandb_entity")
+    @classmethod
+    def _blank_is_unset(cls, v: str | None) -> str | None:
+        return (v.strip() or None) if v else None
+
     @model_validator(mode="after")
     def _workers_of_the_backend(self) -> Settings:
         if self.backend != "local" and self.workers:
@@ -298,6 +338,8 @@ class Settings(NodeSettings, BaseSettings):
             raise ValueError(f"TRAINCTL_TRACKERS names a tracker twice: {self.trackers}")
         if "mlflow" in self.trackers and self.mlflow_uri is None:
             raise ValueError(f"TRAINCTL_TRACKERS names mlflow, but {MLFLOW_SETTING} is not set")
+        if "wandb" in self.trackers and self.wandb_project is None:
+            raise ValueError(f"TRAINCTL_TRACKERS names wandb, but {WANDB_SETTING} is not set")
         return self
 
     @field_validator("data_roots", mode="before")
@@ -330,6 +372,10 @@ class Settings(NodeSettings, BaseSettings):
     @property
     def tensorboard_dir(self) -> Path:
         return self.layout.tensorboard
+
+    @property
+    def wandb_dir(self) -> Path:
+        return self.layout.wandb
 
     @property
     def log_dir(self) -> Path:

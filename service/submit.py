@@ -164,6 +164,7 @@ def submit_context(
         cuda=partial(cuda_available, runs.workers, settings.lease_seconds),
         default_trackers=settings.trackers,
         mlflow_configured=settings.mlflow_uri is not None,
+        wandb_project=settings.wandb_project,
     )
 
 

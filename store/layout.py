@@ -9,6 +9,7 @@ of the database and the folders must agree on them, so each is written once, her
   datasets/        what prepare runs write: <name>/ (in a bucket: only their staging folders)
   exports/         what export runs write: <experiment>/<tag>/
   tensorboard/     the tensorboard tracker's files: <experiment>/<run id>/
+  wandb/           the wandb tracker's client's files: offline-run-<time>-<W&B id>/ (offline)
   logs/            the local workers' logs
   cache/           files read from a bucket, when TRAINCTL_STORAGE_URL is set
 ```
@@ -83,6 +84,12 @@ class DataLayout:
     def tensorboard(self) -> Path:
         """Where the tensorboard tracker writes: tensorboard/<experiment>/<run id>."""
         return self.root / "tensorboard"
+
+    @property
+    def wandb(self) -> Path:
+        """Where the wandb tracker's client keeps its files: wandb/offline-run-*-<id>/ (or
+        run-*-<id>/ online), each run's `.wandb` transaction log in it."""
+        return self.root / "wandb"
 
     @property
     def logs(self) -> Path:

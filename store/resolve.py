@@ -231,6 +231,8 @@ class SubmitContext:
     """Whether runs can get a CUDA device; asked only by kinds that run a model, once."""
     default_trackers: Sequence[Tracker] = ()
     mlflow_configured: bool = False
+    wandb_project: str | None = None
+    """The service's W&B project (TRAINCTL_WANDB_PROJECT); None: the wandb tracker is off."""
 
     @cached_property
     def cuda_available(self) -> bool:

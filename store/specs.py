@@ -74,9 +74,10 @@ MAX_MIXTURE_WEIGHT = 1e6
 # A prompt is checked against the model's context at submit; this bounds the request itself.
 MAX_PROMPT_CHARS = 1 << 20
 # Where the service can mirror a train run's metrics (docs/design/sinks.md, "Metrics sinks").
-Tracker = Literal["tensorboard", "mlflow"]
-TRACKERS: tuple[Tracker, ...] = ("tensorboard", "mlflow")
+Tracker = Literal["tensorboard", "mlflow", "wandb"]
+TRACKERS: tuple[Tracker, ...] = ("tensorboard", "mlflow", "wandb")
 MLFLOW_SETTING = "TRAINCTL_MLFLOW_URI"
+WANDB_SETTING = "TRAINCTL_WANDB_PROJECT"
 
 
 # Numbers and booleans are Strict*: a value must have the JSON type the schema publishes.

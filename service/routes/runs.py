@@ -35,6 +35,7 @@ from trainctl.service.schemas import (
     RunsPublic,
 )
 from trainctl.service.settings import Settings
+from trainctl.service.sinks.wandb import wandb_config
 from trainctl.service.submit import submit_run, submit_sweep
 from trainctl.store.db.lineage import read_lineage
 from trainctl.store.db.records import Run
@@ -104,7 +105,7 @@ Cursor = Annotated[
 
 def _accepted(run: Run, response: Response, runs: RunStore, settings: Settings) -> RunPublic:
     response.headers["Location"] = f"/runs/{run.id}"
-    return public_run(runs, settings.lease_seconds, run)
+    return public_run(runs, settings.lease_seconds, run, wandb_config(settings))
 
 
 def _submit_route(kind: str, body: type[Request], summary: str) -> None:
@@ -161,7 +162,9 @@ def create_fork_sweep(
     queued = submit_sweep(sweep, settings=settings, runs=runs, ckpts=ckpts, exports=exports,
                           datasets=datasets,
                           submitter=submitter, idempotency_key=idempotency_key)  # fmt: skip
-    return ForkSweepPublic(items=public_runs(runs, settings.lease_seconds, queued))
+    return ForkSweepPublic(
+        items=public_runs(runs, settings.lease_seconds, queued, wandb_config(settings))
+    )
 
 
 @router.get("", response_model=RunsPublic)
@@ -187,7 +190,8 @@ def list_runs(
         cursor=cursor,
     )
     return RunsPublic(
-        items=public_runs(runs, settings.lease_seconds, page), next_cursor=next_cursor
+        items=public_runs(runs, settings.lease_seconds, page, wandb_config(settings)),
+        next_cursor=next_cursor,
     )
 
 
@@ -196,7 +200,7 @@ def list_runs(
 @router.get("/{run_id}", response_model=RunPublic, responses=RUN_NOT_FOUND)
 def read_run(run_id: RunId, runs: RunsDep, settings: SettingsDep) -> RunPublic:
     """Read one run; a queued one says why it waits, if no live worker could take it."""
-    return public_run(runs, settings.lease_seconds, runs.get(run_id))
+    return public_run(runs, settings.lease_seconds, runs.get(run_id), wandb_config(settings))
 
 
 @router.get("/{run_id}/lineage", response_model=LineagePublic, responses=RUN_NOT_FOUND)
@@ -214,7 +218,9 @@ def cancel_run(
     A submit token cancels only the runs it submitted (another's is a 403), an admin token
     any run."""
     only_of = submitter.name if submitter and not submitter.allows("admin") else None
-    return public_run(runs, settings.lease_seconds, runs.request_cancel(run_id, only_of))
+    return public_run(
+        runs, settings.lease_seconds, runs.request_cancel(run_id, only_of), wandb_config(settings)
+    )
 
 
 @router.get(

@@ -31,6 +31,7 @@ from trainctl.service.settings import Settings
 from trainctl.service.sinks.base import Sink, SinkRefused, SinkUnavailable
 from trainctl.service.sinks.mlflow import MlflowSink
 from trainctl.service.sinks.tensorboard import TensorBoardSink
+from trainctl.service.sinks.wandb import WandbSink, wandb_config
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.db.records import Event, Run
 from trainctl.store.db.runs import RunStore
@@ -236,6 +237,9 @@ class SinkMirrors:
             # log and mirrored once a service with a server takes the sink over.
             MlflowSink(settings.mlflow_uri, checkpoints, settings.mlflow_timeout_seconds),
         ]
+        wandb = wandb_config(settings)
+        if wandb is not None:  # off: no thread, and wandb never imported
+            sinks.append(WandbSink(wandb, checkpoints, runs))
         return cls(
             [
                 SinkMirror(

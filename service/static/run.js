@@ -203,6 +203,7 @@ class EvalSection {
   }
 }
 
+// Where the service mirrors the run to Weights & Biases, a link to its W&B page.
 // bpb: the latest validation's bits per byte, where the run's data says how many bytes a
 // token is (the figure that compares runs with different tokenizers); null otherwise. A
 // queued run that no live worker can take says why, on a line of its own.
@@ -216,6 +217,8 @@ function summary(run, bpb) {
     ...(run.parent ? parentItems(run.parent, item) : []),
     ...(bpb === null ? [] : [item("val bits/byte", h("span", { class: "bpb" }, fmt.num(bpb)))]),
     ...((run.jobs || []).length ? [item("jobs", jobsText(run.jobs), { id: "run-jobs" })] : []),
+    ...(run.wandb_url ? [item("W&B", h("a", { href: run.wandb_url, target: "_blank", rel: "noopener" },
+      "run page"), { id: "run-wandb" })] : []),
     ...(run.waiting_reason ? [item("why it waits", run.waiting_reason,
       { id: "run-waiting", class: "waiting" })] : []));
 }

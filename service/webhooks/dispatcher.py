@@ -37,6 +37,7 @@ import httpx
 from trainctl.service.presenters import public_run
 from trainctl.service.schemas import EvalScoresPublic, WebhookPayload
 from trainctl.service.settings import Settings
+from trainctl.service.sinks.wandb import WandbConfig, wandb_config
 from trainctl.service.webhooks.sending import build_http, send
 from trainctl.service.webhooks.targets import HostPolicy
 from trainctl.store.db.runs import RunStore
@@ -77,6 +78,7 @@ class DispatchConfig:
     retry: RetryPolicy
     policy: HostPolicy
     lease_seconds: float  # the workers': a queued run in a payload says why it waits
+    wandb: WandbConfig | None = None  # a payload's run links to its W&B page, as the API's
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DispatchConfig:
@@ -92,6 +94,7 @@ class DispatchConfig:
             retry,
             settings.webhook_policy,
             settings.lease_seconds,
+            wandb_config(settings),
         )
 
 
@@ -337,7 +340,12 @@ class Dispatcher:
             ]
             if not subscribed:
                 continue
-            run = public_run(self.runs, self.config.lease_seconds, self.runs.get(change.run_id))
+            run = public_run(
+                self.runs,
+                self.config.lease_seconds,
+                self.runs.get(change.run_id),
+                self.config.wandb,
+            )
             evals = {
                 task: EvalScoresPublic(step=scores.step, metrics=scores.metrics)
                 for task, scores in latest_scores(self.runs, change.run_id).items()

@@ -38,6 +38,7 @@ from trainctl.store.specs import (
     MAX_STEPS,
     MLFLOW_SETTING,
     TRACKERS,
+    WANDB_SETTING,
     BatchSpec,
     DataSpec,
     DeviceChoice,
@@ -65,6 +66,8 @@ MAX_NNODES = 64
 MAX_TRAIN_PROMPTS = 8
 # A folder named in a spec: no NUL, line break or other control character.
 FOLDER_PATTERN = r"^[^\x00-\x1f]+$"
+# A W&B project name: what its URLs and the client accept (no slashes, no URL syntax).
+WANDB_PROJECT_PATTERN = r"^[A-Za-z0-9_.-]+$"
 
 
 # --- request and plan -------------------------------------------------------------------------
@@ -132,9 +135,10 @@ class TrainOptions(StepOptions):
         description="Where the service mirrors the run's metrics while it trains: "
         "'tensorboard' (event files in <folder>/<experiment>/<run id>/, the folder being "
         "`tensorboard_dir` or the data dir's tensorboard/) and 'mlflow' (the tracking server "
-        "the service's TRAINCTL_MLFLOW_URI names). Null: the service's TRAINCTL_TRACKERS; "
-        "[]: none. The run's event log stays the record: a tracker that is down never slows "
-        "or fails the run, and gets what it missed when it is back.",
+        "the service's TRAINCTL_MLFLOW_URI names) and 'wandb' (Weights & Biases: the project "
+        "TRAINCTL_WANDB_PROJECT names, one W&B run across every attempt). Null: the service's "
+        "TRAINCTL_TRACKERS; []: none. The run's event log stays the record: a tracker that is "
+        "down never slows or fails the run, and gets what it missed when it is back.",
     )
     tensorboard_dir: str | None = Field(
         None,
@@ -144,6 +148,16 @@ class TrainOptions(StepOptions):
         description="With the 'tensorboard' tracker: an existing folder inside the data roots "
         "(absolute, or relative to the first root) to write the event files under; default: "
         "the data dir's tensorboard/.",
+    )
+    wandb_project: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        pattern=WANDB_PROJECT_PATTERN,
+        description="With the 'wandb' tracker: the Weights & Biases project to mirror the run "
+        "to instead of the service's TRAINCTL_WANDB_PROJECT (which must be set). The plan pins "
+        "it: every attempt logs to the one W&B run there. A fork is drawn as a branch of its "
+        "parent where both are in one project.",
     )
     nproc_per_node: StrictInt = Field(
         1,
@@ -302,6 +316,7 @@ def resolve_train(
     datasets: DatasetStore | None = None,
     default_trackers: Sequence[Tracker] = (),
     mlflow_configured: bool = False,
+    wandb_project: str | None = None,
 ) -> TrainPlan:
     """The plan of a train request. A resume needs `checkpoints`, to pin the checkpoint;
     data that names a dataset needs `datasets`, the deployment's (`open_stores`).
@@ -345,7 +360,7 @@ def resolve_train(
     fork = fork_point(request, model.config, checkpoints, tokenizer)
     return TrainPlan(
         **shared_options(request, TrainOptions)
-        | _trackers(request, default_trackers, mlflow_configured, data_roots),
+        | _trackers(request, default_trackers, mlflow_configured, wandb_project, data_roots),
         device=device,
         model=model,
         batch=_split_across_ranks(geometry, request.batch, request),
@@ -388,9 +403,14 @@ def _check_samples(
 
 
 def _trackers(
-    request: TrainRequest, default: Sequence[Tracker], mlflow_configured: bool, roots: list[Path]
+    request: TrainRequest,
+    default: Sequence[Tracker],
+    mlflow_configured: bool,
+    wandb_project: str | None,
+    roots: list[Path],
 ) -> dict[str, Any]:
-    """The trackers the run is mirrored to and the real folder of its TensorBoard files."""
+    """The trackers the run is mirrored to, the real folder of its TensorBoard files and its
+    W&B project (pinned: every attempt logs to the same W&B run)."""
     # Imported when it runs, not above: see the module's docstring.
     from trainctl.store.data.paths import confine_path
 
@@ -400,6 +420,11 @@ def _trackers(
             f"trackers: 'mlflow' needs a tracking server, and this service has none: set "
             f"{MLFLOW_SETTING} (or leave 'mlflow' out)"
         )
+    if "wandb" in trackers and wandb_project is None:
+        raise InvalidRequest(
+            f"trackers: 'wandb' needs a Weights & Biases project, and this service has none: "
+            f"set {WANDB_SETTING} (or leave 'wandb' out)"
+        )
     folder = request.tensorboard_dir
     if folder is not None:
         if "tensorboard" not in trackers:
@@ -408,7 +433,10 @@ def _trackers(
         if not real.is_dir():
             raise InvalidRequest(f"tensorboard_dir: {folder!r} is not a folder")
         folder = str(real)
-    return {"trackers": trackers, "tensorboard_dir": folder}
+    if request.wandb_project is not None and "wandb" not in trackers:
+        raise InvalidRequest("wandb_project: the run has no 'wandb' tracker")
+    project = (request.wandb_project or wandb_project) if "wandb" in trackers else None
+    return {"trackers": trackers, "tensorboard_dir": folder, "wandb_project": project}
 
 
 def _split_across_ranks(
@@ -437,6 +465,7 @@ def plan_train(request: TrainRequest, ctx: SubmitContext) -> TrainPlan:
         datasets=ctx.datasets,
         default_trackers=ctx.default_trackers,
         mlflow_configured=ctx.mlflow_configured,
+        wandb_project=ctx.wandb_project,
     )
 
 

@@ -177,8 +177,9 @@ EVALS_ABSENCES = ["evals", "evals.limit"]
 def test_a_plan_leaves_the_worker_nothing_to_default(plan: type[BaseModel]) -> None:
     # A run without a resume point, without a dataset or without samples, are the absences a
     # plan states (and one without a TensorBoard folder of its own, which writes to the data
-    # dir's); a prepare's tokenizing processes default to the cores of the worker that runs
-    # it; a checkpoint without a known tokenizer samples from token ids, not text.
+    # dir's, or without a W&B project, not mirrored to W&B); a prepare's tokenizing processes
+    # default to the cores of the worker that runs it; a checkpoint without a known tokenizer
+    # samples from token ids, not text.
     # model.preset, model.hf and model.plugin record what the request named (one of the
     # three); the worker reads model.config alone.
     named_model = ["model.preset", "model.hf", "model.plugin"]
@@ -194,6 +195,7 @@ def test_a_plan_leaves_the_worker_nothing_to_default(plan: type[BaseModel]) -> N
             *FORK_ABSENCES,
             *EVALS_ABSENCES,
             "tensorboard_dir",
+            "wandb_project",
         ],
         BenchmarkPlan: [*named_model, *SCHEDULE_ABSENCES],
         ValidatePlan: ["data.dataset", "data.mixture", *DATASET_ABSENCES],

@@ -9,7 +9,6 @@ import http.server
 import socket
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,91 +16,32 @@ import pytest
 from sqlalchemy import insert
 from tbparse import SummaryReader
 
+from tests.service.sinks.writes import (
+    MirrorFactory,
+    finish,
+    record_scores,
+    run_until_idle,
+    start_run,
+    write_steps,
+)
 from tests.support.mlflow_server import MlflowServer
 from tests.support.ports import free_port
 from tests.support.stores import posix_store
 from tests.support.tensorboard_files import float32, tensorboard_rows
-from trainctl.service.sinks.base import Sink, scalars
-from trainctl.service.sinks.mirror import BATCH_EVENTS, SinkMirror
+from trainctl.service.sinks.base import scalars
+from trainctl.service.sinks.mirror import BATCH_EVENTS
 from trainctl.service.sinks.mlflow import MlflowSink
 from trainctl.service.sinks.tensorboard import TensorBoardSink
 from trainctl.store.db.records import Run
 from trainctl.store.db.runs import RunStore
 from trainctl.store.db.schema import run_events, write_transaction
-from trainctl.store.db.sinks import SinkStore
-from trainctl.store.kinds.train import TrainRequest, resolve_train
 
 # tbparse 0.0.9 sorts with pandas' `inplace=`, which pandas 3.1 deprecates; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:The inplace keyword:DeprecationWarning")
-WORKER = "test-worker"
-PROMPTS = ["def ", "import "]
-MirrorFactory = Callable[..., SinkMirror]
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[RunStore]:
-    with RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}") as run_store:
-        run_store.create_all()
-        yield run_store
-
-
-@pytest.fixture
-def mirror(store: RunStore) -> Iterator[MirrorFactory]:
-    """Makes mirrors on `store` (their threads not started: a test ticks them) and stops them
-    at the end, which closes their files."""
-    made: list[SinkMirror] = []
-
-    def make(sink: Sink, holder: str = "service-a", retry_max_seconds: float = 60) -> SinkMirror:
-        cursors = SinkStore(store.engine, sink.name, holder, lease_seconds=30)
-        made.append(
-            SinkMirror(sink, store, cursors, poll_seconds=0.05, retry_max_seconds=retry_max_seconds)
-        )
-        return made[-1]
-
-    yield make
-    for sink_mirror in made:
-        sink_mirror.stop()
 
 
 def tensorboard(tmp_path: Path) -> TensorBoardSink:
     return TensorBoardSink(tmp_path / "tensorboard", allowed_roots=[])
-
-
-def start_run(store: RunStore, trackers: list[str]) -> Run:
-    request = TrainRequest(
-        experiment="exp", steps=20, trackers=trackers, sample_every=10, sample_prompts=PROMPTS
-    )
-    plan = resolve_train(request, cuda_available=False, data_roots=[], mlflow_configured=True)
-    store.enqueue("train", "exp", plan.model_dump(mode="json"))
-    run = store.claim(WORKER, lease_seconds=60)
-    assert run is not None
-    return run
-
-
-def write_steps(store: RunStore, run: Run, steps: range) -> None:
-    """What a train run writes: train metrics each step, then validation and samples. Its
-    first steps name the learning rates as trainctl did before optimizers had names, as a run
-    that a newer worker resumed has them."""
-    for step in steps:
-        lrs = (
-            {"lr_muon": 0.02, "lr_adamw": 3e-4} if step < 5 else {"lr/muon": 0.02, "lr/adamw": 3e-4}
-        )
-        train = {"kind": "train", "step": step, "total_steps": 20, "loss": 5.0 - step / 10,
-                 "grad_norm": 1.0 + step, **lrs, "tokens": step * 64,
-                 "tokens_per_sec": 1000.0 + step, "step_time_sec": 0.01}  # fmt: skip
-        store.append_event(run.id, "metrics", train, worker_id=WORKER, attempt=run.attempt)
-        if step % 10 == 0:
-            val = {"kind": "val", "step": step, "val_loss": 4.5 - step / 20, "val_ppl": 90.0,
-                   "val_bits_per_byte": 6.5, "best_loss": None}  # fmt: skip
-            store.append_event(run.id, "metrics", val, worker_id=WORKER, attempt=run.attempt)
-            for prompt in PROMPTS:
-                sample = {"step": step, "prompt": prompt, "completion": f"x{step}",
-                          "finish_reason": "length", "seed": 0}  # fmt: skip
-                store.append_event(run.id, "sample", sample, worker_id=WORKER, attempt=run.attempt)
-
-
-def finish(store: RunStore, run: Run) -> None:
-    store.finish(run.id, WORKER, run.attempt, "succeeded", result={"step": 20})
 
 
 def logged_scalars(store: RunStore, run: Run) -> Counter[tuple[str, int, float]]:
@@ -112,13 +52,6 @@ def logged_scalars(store: RunStore, run: Run) -> Counter[tuple[str, int, float]]
         for e in store.events(run.id, type="metrics", limit=100_000)
         for name, value in scalars(e.data)
     )
-
-
-def run_until_idle(sink_mirror: SinkMirror, ticks: int = 100) -> None:
-    for _ in range(ticks):
-        if not sink_mirror.tick():
-            return
-    raise AssertionError(f"still busy after {ticks} ticks")
 
 
 def sink_log(store: RunStore, run: Run, sink: str) -> list[dict[str, Any]]:
@@ -172,15 +105,6 @@ def test_a_restarted_mirror_goes_on_from_its_cursor_without_repeating_anything(
     folder = tmp_path / "tensorboard" / "exp" / run.id
     assert len(list(folder.glob("events.out.tfevents.*"))) == 2
     assert tensorboard_rows(folder) == logged_scalars(store, run)
-
-
-def record_scores(store: RunStore, run: Run, step: int, acc: float) -> None:
-    """What an evaluate run of the run's checkpoint at `step` records on it when it ends
-    (worker/kinds/evaluate.py): every score at the checkpoint's step."""
-    scores = {"kind": "eval", "step": step, "evaluate_run": f"eval-{step}",
-              "eval/arc_easy/acc": acc, "eval/arc_easy/acc_norm": acc + 0.125,
-              "eval/arc_easy/bits_per_byte": 1.5, "eval/mmlu_anatomy/acc": 0.25}  # fmt: skip
-    store.append_event(run.id, "metrics", scores)
 
 
 def test_eval_scores_reach_tensorboard_at_their_step_even_after_the_run_ended(

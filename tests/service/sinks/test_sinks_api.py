@@ -85,7 +85,7 @@ def test_a_tensorboard_dir_inside_the_data_roots_is_pinned_to_its_real_path(
         ({"trackers": ["tensorboard"], "tensorboard_dir": "missing"}, "does not exist"),
         ({"trackers": [], "tensorboard_dir": "boards"}, "has no 'tensorboard' tracker"),
         ({"trackers": ["tensorboard", "tensorboard"]}, "name each tracker once"),
-        ({"trackers": ["wandb"]}, "body.trackers.0: Input should be 'tensorboard' or 'mlflow'"),
+        ({"trackers": ["neptune"]}, "Input should be 'tensorboard', 'mlflow' or 'wandb'"),
     ],
 )
 def test_bad_trackers_are_refused_at_submit(

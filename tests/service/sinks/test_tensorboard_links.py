@@ -6,7 +6,6 @@ writes, ends the mirroring of the run, saying so, and nothing is written where i
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,6 @@ from trainctl.store.db.sinks import SinkStore
 from trainctl.store.kinds.train import TrainRequest, resolve_train
 
 WORKER = "worker-1"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[RunStore]:
-    with RunStore(f"sqlite:///{tmp_path / 'trainctl.db'}") as run_store:
-        run_store.create_all()
-        yield run_store
 
 
 @pytest.fixture
