@@ -232,11 +232,37 @@ class MetricsPublic(BaseModel):
     items: list[MetricPublic]
 
 
+class StragglerPublic(BaseModel):
+    """A change of a run's stragglers (docs/design/hangs.md, "Stragglers")."""
+
+    step: int
+    slowdowns: dict[str, float] = Field(
+        description="By rank: its median own step time over the other ranks', minus 1 "
+        "(0.25: 25 % slower); {} once no rank is a straggler any more."
+    )
+    threshold: float
+    window: int
+
+
+class HangPublic(BaseModel):
+    """A hang that stopped an attempt (docs/design/hangs.md, "Hangs")."""
+
+    ranks: list[int] = Field(description="The ranks past their timeout, the longest first.")
+    step: int = Field(description="The last step the first of them finished.")
+    phase: str = Field(description="What it was in: a training step, or a validation, "
+                       "sample or save.")  # fmt: skip
+    late_seconds: float = Field(description="How long past its timeout it was declared hung.")
+
+
 class LogPublic(BaseModel):
     event_id: int
     created_at: datetime
     level: str
     message: str
+    straggler: StragglerPublic | None = Field(
+        None, description="On a straggler report: the ranks that are stragglers now."
+    )
+    hang: HangPublic | None = Field(None, description="On a hang: what was declared hung.")
 
 
 class LogsPublic(BaseModel):
