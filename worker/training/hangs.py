@@ -289,27 +289,34 @@ class RankWatches:
 
 @dataclass(frozen=True)
 class RankFault:
-    """A fault a test asks of one rank, in TRAINCTL_TEST_RANK_FAULT (never set outside the
-    tests of this module's mechanisms): `<rank>:slow:<seconds>` sleeps that long in each
-    step's own work, `<rank>:stop:<step>` stops the rank (SIGSTOP, as a debugger or a stuck
-    device would) as it starts the step after `<step>`, in an attempt that trained a step."""
+    """The faults a test asks of one rank, in TRAINCTL_TEST_RANK_FAULT (never set outside the
+    tests of this module's mechanisms), comma-separated: `<rank>:slow:<seconds>` sleeps that
+    long in each step's own work, `<rank>:stop:<step>` stops the rank (SIGSTOP, as a debugger
+    or a stuck device would) as it starts the step after `<step>`, in an attempt that trained
+    a step (so that the attempt resumed from that step's checkpoint goes on)."""
 
-    rank: int
-    action: str
-    value: float
+    slow_seconds: float = 0.0
+    stop_after: int | None = None
 
     @classmethod
     def from_env(cls, rank: int) -> RankFault | None:
-        spec = os.environ.get(FAULT_VARIABLE)
-        if not spec:
+        mine = [
+            (action, float(value))
+            for who, action, value in (
+                f.split(":") for f in os.environ.get(FAULT_VARIABLE, "").split(",") if f
+            )
+            if int(who) == rank
+        ]
+        if not mine:
             return None
-        who, action, value = spec.split(":")
-        return cls(rank, action, float(value)) if int(who) == rank else None
+        faults = dict(mine)
+        stop = faults.get("stop")
+        return cls(faults.get("slow", 0.0), int(stop) if stop is not None else None)
 
     def maybe_slow(self) -> None:
-        if self.action == "slow":
-            time.sleep(self.value)
+        if self.slow_seconds:
+            time.sleep(self.slow_seconds)
 
     def maybe_stop(self, step: int, trained: int) -> None:
-        if self.action == "stop" and step == int(self.value) and trained > 0:
+        if step == self.stop_after and trained > 0:
             os.kill(os.getpid(), signal.SIGSTOP)

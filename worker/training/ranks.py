@@ -136,16 +136,14 @@ def train_rank(
     metrics: list[dict[str, Any]] = []
     ctx = rank_context(job, runs) if runs is not None else None
     watches = rank_watches(plan, workdir, rank, device)
-    slow_seen: list[dict[str, Any]] = []  # without a run, the result carries the reports
 
     def report_stragglers(slow: dict[int, float], _: int) -> None:
         message, data = straggler_report(slow, trainer.progress.step, plan.stragglers)
-        if ctx is None:
-            slow_seen.append(data)
-        else:
-            ctx.log(message, level="warning" if slow else "info", straggler=data)
+        assert ctx is not None
+        ctx.log(message, level="warning" if slow else "info", straggler=data)
 
-    timed = rank == 0 and watches.own is not None
+    # Rank 0 of a run watches the own step times; without a run (tests, scripts) nobody hears.
+    timed = rank == 0 and ctx is not None and watches.own is not None
     watch = StragglerWatch(plan.stragglers, world, report_stragglers) if timed else None
     stop = AgreedStop(
         rank_stop(ctx, workdir / STOP_FILE),
@@ -185,7 +183,7 @@ def train_rank(
             ctx.reporter.close(keep=not ctx.lease_lost.is_set())
     if evals is not None and plan.evals is not None:
         result["evaluate_runs"] = evals.queued
-    return {"result": result if ctx else {**result, "metrics": metrics, "stragglers": slow_seen}}
+    return {"result": result if ctx else {**result, "metrics": metrics}}
 
 
 def rank_watches(
