@@ -26,9 +26,9 @@ from trainctl.worker.training.hangs import (
     overdue,
 )
 
-# Small enough for a test, large enough that two shared cores under a CI run never miss one
-# by slowness alone: a tiny step takes about 0.05 s here.
-HANG = {"floor_seconds": 3.0, "multiplier": 10.0, "allowance_seconds": 20.0, "warmup_steps": 2}
+# Small enough for a test, large enough that two shared cores under a CI run never miss a
+# deadline by slowness alone: a tiny step takes about 0.05 s here, 0.25 s with the slow rank.
+HANG = {"floor_seconds": 5.0, "multiplier": 10.0, "allowance_seconds": 20.0, "warmup_steps": 2}
 GLOO_TIMEOUT_SECONDS = 30 * 60  # torch's default for gloo groups: what a hang would wait for
 
 
