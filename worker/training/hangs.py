@@ -228,13 +228,13 @@ class OwnClock:
 
 class StragglerWatch:
     """Rank 0's: every rank's own step times, and a report whenever the set of stragglers
-    changes (`report(slow, window)`: rank -> slowdown, {} once they caught up)."""
+    changes (`report(slow)`: rank -> slowdown, {} once they caught up)."""
 
     def __init__(
         self,
         options: StragglerOptions,
         world: int,
-        report: Callable[[dict[int, float], int], None],
+        report: Callable[[dict[int, float]], None],
     ) -> None:
         self.options, self.report = options, report
         self.times = [deque[float](maxlen=options.window) for _ in range(world)]
@@ -249,7 +249,7 @@ class StragglerWatch:
             return
         slow = stragglers(self.times, self.options)
         if slow.keys() != self.slow.keys():
-            self.report(slow, self.step)
+            self.report(slow)
         self.slow = slow
 
 

@@ -137,7 +137,7 @@ def train_rank(
     ctx = rank_context(job, runs) if runs is not None else None
     watches = rank_watches(plan, workdir, rank, device)
 
-    def report_stragglers(slow: dict[int, float], _: int) -> None:
+    def report_stragglers(slow: dict[int, float]) -> None:
         message, data = straggler_report(slow, trainer.progress.step, plan.stragglers)
         assert ctx is not None
         ctx.log(message, level="warning" if slow else "info", straggler=data)

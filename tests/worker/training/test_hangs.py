@@ -99,9 +99,7 @@ def test_a_rank_past_its_deadline_on_the_board_is_overdue(tmp_path: Path) -> Non
 
 def test_the_straggler_watch_reports_when_the_stragglers_change() -> None:
     reports: list[dict[int, float]] = []
-    watch = StragglerWatch(
-        StragglerOptions(window=2, min_excess_seconds=0), 3, lambda s, _: reports.append(s)
-    )
+    watch = StragglerWatch(StragglerOptions(window=2, min_excess_seconds=0), 3, reports.append)
     watch.observe([0.1, 0.1, 0.3])
     assert reports == []  # the window is not full yet
     watch.observe([0.1, 0.1, 0.3])
