@@ -130,6 +130,8 @@ def log_entries(runs: RunStore, run_id: str) -> list[dict[str, Any]]:
             "created_at": e.created_at.isoformat(),
             "level": str(e.data.get("level", "info")),
             "message": str(e.data.get("message", "")),
+            # what the hang and straggler watches add (worker.training.hangs)
+            **{k: e.data[k] for k in ("straggler", "hang") if isinstance(e.data.get(k), dict)},
         }
         for e in iter_events(runs, run_id, type="log")
     ]

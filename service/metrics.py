@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -46,6 +46,9 @@ class RunFollower:
     loss: float | None = None
     tokens_per_sec: float | None = None
     step: int | None = None
+    slowdowns: dict[str, float] = field(default_factory=dict)
+    """Its stragglers' slowdowns by rank, from its last straggler report (a `straggler` log
+    event: worker.training.hangs); {} when it has none."""
 
 
 class ServiceMetrics:
@@ -74,6 +77,11 @@ class ServiceMetrics:
             "trainctl_checkpoint_save_seconds",
             "Checkpoint save time: from the metrics event before it to its 'saved' log line.",
             buckets=SAVE_BUCKETS,
+            registry=self.registry,
+        )
+        self.hangs = Counter(
+            "trainctl_run_hangs",
+            "Attempts of train runs stopped because a rank hung (a `hang` log event).",
             registry=self.registry,
         )
         self.worker_restarts = Counter(
@@ -128,6 +136,12 @@ class ServiceMetrics:
             "trainctl_run_tokens_per_second", "Latest tokens/s of a step.", labels=labels
         )
         step = GaugeMetricFamily("trainctl_run_step", "Latest step reported.", labels=labels)
+        slow = GaugeMetricFamily(
+            "trainctl_run_straggler_slowdown",
+            "A straggling rank's median own step time over the other ranks', minus 1 (0.25: "
+            "25 % slower), as last reported; no sample while a run has no straggler.",
+            labels=[*labels, "rank"],
+        )
         for run_id, follower in list(self._followers.items()):
             # A run that finished since the last scrape is read one last time, then dropped.
             self._catch_up(runs, follower)
@@ -142,7 +156,9 @@ class ServiceMetrics:
             ):
                 if value is not None:
                     family.add_metric(values, value)
-        return iter([loss, speed, step])
+            for rank, slowdown in follower.slowdowns.items():
+                slow.add_metric([*values, rank], slowdown)
+        return iter([loss, speed, step, slow])
 
     def _catch_up(self, runs: RunStore, follower: RunFollower) -> None:
         while True:
@@ -165,6 +181,13 @@ class ServiceMetrics:
             seconds = _number(saved.get("save_seconds"), None)
             if seconds is not None:
                 self.checkpoint_save.observe(max(seconds, 0.0))
+        elif event.type == "log" and isinstance(straggler := data.get("straggler"), dict):
+            slowdowns = straggler.get("slowdowns")
+            if isinstance(slowdowns, dict):
+                found = {str(rank): _number(v, None) for rank, v in slowdowns.items()}
+                follower.slowdowns = {r: x for r, x in found.items() if x is not None}
+        elif event.type == "log" and isinstance(data.get("hang"), dict):
+            self.hangs.inc()
 
 
 class _Snapshot:

@@ -26,6 +26,7 @@ from trainctl.store.vocabulary import (
     EventType,
     RunState,
     Scope,
+    WebhookEvent,
 )
 
 ServedKindName = Annotated[
@@ -238,11 +239,37 @@ class MetricsPublic(BaseModel):
     items: list[MetricPublic]
 
 
+class StragglerPublic(BaseModel):
+    """A change of a run's stragglers (docs/design/hangs.md, "Stragglers")."""
+
+    step: int
+    slowdowns: dict[str, float] = Field(
+        description="By rank: its median own step time over the other ranks', minus 1 "
+        "(0.25: 25 % slower); {} once no rank is a straggler any more."
+    )
+    threshold: float
+    window: int
+
+
+class HangPublic(BaseModel):
+    """A hang that stopped an attempt (docs/design/hangs.md, "Hangs")."""
+
+    ranks: list[int] = Field(description="The ranks past their timeout, the longest first.")
+    step: int = Field(description="The last step the first of them finished.")
+    phase: str = Field(description="What it was in: a training step, or a validation, "
+                       "sample or save.")  # fmt: skip
+    late_seconds: float = Field(description="How long past its timeout it was declared hung.")
+
+
 class LogPublic(BaseModel):
     event_id: int
     created_at: datetime
     level: str
     message: str
+    straggler: StragglerPublic | None = Field(
+        None, description="On a straggler report: the ranks that are stragglers now."
+    )
+    hang: HangPublic | None = Field(None, description="On a hang: what was declared hung.")
 
 
 class LogsPublic(BaseModel):
@@ -472,7 +499,7 @@ class TokensPublic(BaseModel):
 
 # --- webhooks (service/webhooks; docs/design/webhooks.md, "Webhooks") ---------------------------
 
-TERMINAL_EVENTS: list[RunState] = ["cancelled", "failed", "succeeded"]
+TERMINAL_EVENTS: list[WebhookEvent] = ["cancelled", "failed", "succeeded"]
 
 
 class WebhookCreate(TextChecked):
@@ -491,18 +518,20 @@ class WebhookCreate(TextChecked):
         ),
         AfterValidator(check_url),
     ]
-    events: list[RunState] = Field(
+    events: list[WebhookEvent] = Field(
         default_factory=lambda: list(TERMINAL_EVENTS),
         min_length=1,
         description="The states whose entry is notified; default the terminal ones. `queued` "
-        "is a run put back in the queue (a lost worker), never its submission.",
+        "is a run put back in the queue (a lost worker, a hang), never its submission. Besides "
+        "the states, the alerts of a running run (docs/design/hangs.md): `straggler`, a change "
+        "of its stragglers, and `hang`, an attempt stopped because a rank hung.",
     )
 
 
 class WebhookPublic(Public):
     id: int
     url: str
-    events: list[RunState]
+    events: list[WebhookEvent]
     created_by: str | None = Field(description="The token that registered it.")
     created_at: datetime
 
@@ -531,8 +560,8 @@ class DeliveryPublic(Public):
     id: str = Field(description="The delivery id (X-Trainctl-Delivery): the same on retries.")
     webhook_id: int
     run_id: str
-    event_id: int = Field(description="The run's `state` event this delivery tells of.")
-    event: RunState = Field(description="The state the run entered.")
+    event_id: int = Field(description="The run's event this delivery tells of.")
+    event: WebhookEvent = Field(description="The state the run entered, or the alert.")
     state: Literal["pending", "succeeded", "failed"] = Field(
         description="succeeded: a 2xx came; failed: every attempt was used; pending: neither."
     )
@@ -558,10 +587,20 @@ class WebhookPayload(BaseModel):
     """The JSON body of every delivery, signed in its X-Trainctl-Signature header."""
 
     delivery_id: str = Field(description="Deduplicate on it: a delivery may come twice.")
-    event: RunState = Field(description="The state the run entered.")
-    previous: RunState = Field(description="The state it left.")
-    reason: str = Field(description="Why, in words (as the run's state event says).")
-    event_id: int = Field(description="The run's `state` event in its event log.")
+    event: WebhookEvent = Field(
+        description="The state the run entered, or the alert (`straggler`, `hang`)."
+    )
+    previous: RunState = Field(
+        description="The state it left; for an alert, the state it is in: running."
+    )
+    reason: str = Field(description="Why, in words (as the run's state or log event says).")
+    event_id: int = Field(description="The run's `state` (or, for an alert, `log`) event.")
+    alert: dict[str, Any] | None = Field(
+        None,
+        description="An alert's data: a `straggler`'s {step, slowdowns, threshold, window} or "
+        "a `hang`'s {ranks, step, phase, late_seconds}, as GET /runs/{id}/logs shows them; "
+        "null for a state change.",
+    )
     occurred_at: datetime
     run: RunPublic = Field(
         description="The run when the delivery was made, which may be after the event: a "

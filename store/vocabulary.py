@@ -11,11 +11,17 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 RunState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+AlertEvent = Literal["straggler", "hang"]
+"""What a webhook may hear of besides state changes: a run's `log` event with a field of that
+name (the hang and straggler watches, docs/design/hangs.md)."""
+WebhookEvent = Literal[RunState, AlertEvent]
 EventType = Literal["state", "metrics", "log", "sample", "eval_items"]
 # What an API token may do, each scope allowing what those before it do (store/db/tokens.py).
 Scope = Literal["read", "submit", "admin"]
 
 RUN_STATES: tuple[RunState, ...] = get_args(RunState)
+ALERT_EVENTS: tuple[AlertEvent, ...] = get_args(AlertEvent)
+WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = (*RUN_STATES, *ALERT_EVENTS)
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
 SCOPES: tuple[Scope, ...] = get_args(Scope)
 # The `kind` of a metrics event: what the worker's loops write, and what GET /runs/{id}/metrics

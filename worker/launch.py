@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -50,7 +51,16 @@ from trainctl.store.worker_settings import WorkerSettings, inherited
 from trainctl.worker.context import RunContext
 from trainctl.worker.drain import as_shutdown
 from trainctl.worker.rendezvous import LOOPBACK, host_store, socket_env
+from trainctl.worker.training.hangs import (
+    Hang,
+    ProgressBoard,
+    RanksHung,
+    dump_stacks,
+    kill_ranks,
+    overdue,
+)
 
+log = logging.getLogger("trainctl.worker")
 POLL_SECONDS = 0.2
 RESULT_FILE, STOP_FILE, ERROR_FILE = "result.json", "stop", "error.json"
 DRAIN_FILE = "drain"
@@ -96,8 +106,9 @@ def launch_train(
         command = python_command("trainctl.worker.launch", "launch", str(job_file))
         env = child_env(settings, local_addr or LOOPBACK, gang=gang is not None)
         shield = block_step_signals if in_job_step() else None
+        board = ProgressBoard.create(workdir, plan.nproc_per_node) if plan.hang.enabled else None
         with subprocess.Popen(command, env=env, preexec_fn=shield) as proc:
-            code = watch(proc, workdir, ctx)
+            code = watch(proc, workdir, ctx, board)
         return read_result(workdir, code, gang=gang is not None)
 
 
@@ -188,15 +199,24 @@ def child_env(settings: WorkerSettings, local_addr: str, *, gang: bool) -> dict[
     return env
 
 
-def watch(proc: subprocess.Popen[bytes], workdir: Path, ctx: RunContext | None) -> int:
+def watch(
+    proc: subprocess.Popen[bytes],
+    workdir: Path,
+    ctx: RunContext | None,
+    board: ProgressBoard | None = None,
+) -> int:
     """Wait for the ranks; ask them to stop when the worker shuts down or loses the lease,
-    and end them if, having lost it, they have not stopped within STOP_GRACE_SECONDS."""
+    and end them if, having lost it, they have not stopped within STOP_GRACE_SECONDS. A rank
+    past its deadline on the progress `board` ends the attempt (`stop_hung`)."""
     stop = workdir / STOP_FILE
     lost_at: float | None = None
     while True:
         try:
             return proc.wait(timeout=POLL_SECONDS)
         except subprocess.TimeoutExpired:
+            hang = overdue(board) if board is not None else None
+            if hang is not None:
+                stop_hung(proc, workdir, ctx, hang)
             if ctx is None:
                 continue
             reason = "lease_lost" if ctx.lease_lost.is_set() else None
@@ -209,6 +229,38 @@ def watch(proc: subprocess.Popen[bytes], workdir: Path, ctx: RunContext | None) 
                 lost_at = lost_at or time.monotonic()
                 if time.monotonic() - lost_at > STOP_GRACE_SECONDS:
                     proc.send_signal(stop_signal())  # torchrun stops its ranks
+
+
+def stop_hung(
+    proc: subprocess.Popen[bytes], workdir: Path, ctx: RunContext | None, hang: Hang
+) -> None:
+    """A rank is hung (worker.training.hangs): put every local rank's Python stacks in the
+    run's events (and the worker's log), kill the ranks, wait for torchrun, and raise
+    `RanksHung`, which requeues the run as a new attempt. The collective's own timeout (the
+    NCCL watchdog's 10 minutes) is never waited for."""
+    message = f"hang: {hang.describe()}"
+    log.warning("%s%s", f"run {ctx.run.id}: " if ctx else "", message)
+    for rank, stack in sorted(dump_stacks(hang, workdir).items()):
+        text = stack or "(no stack: the rank did not answer)"
+        log.warning("rank %d's stacks:\n%s", rank, text)
+        if ctx is not None:
+            ctx.log(f"hang: rank {rank}'s Python stacks:\n{text}", level="warning")
+    if ctx is not None:
+        _, step, phase, late = hang.overdue[0]
+        data = {
+            "ranks": [rank for rank, *_ in hang.overdue],
+            "step": step,
+            "phase": phase,
+            "late_seconds": round(late, 3),
+        }
+        ctx.log(message, level="error", hang=data)
+    kill_ranks(hang)
+    try:
+        proc.wait(timeout=STOP_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    raise RanksHung(message)
 
 
 def in_job_step() -> bool:

@@ -38,6 +38,7 @@ from trainctl.worker.launch import PeerLost
 from trainctl.worker.logs import configure_logging, running
 from trainctl.worker.models.plugin import MODEL_PLUGINS
 from trainctl.worker.rendezvous import listener
+from trainctl.worker.training.hangs import RanksHung
 
 log = logging.getLogger("trainctl.worker")
 PROG = "python -m trainctl.worker"
@@ -235,7 +236,7 @@ class Worker:
                     DeadlineWatch(self.shutdown, lambda: self.hand_back_late(ctx)),
                 ):
                     outcome = execute(ctx, self.env)
-            except PeerLost as exc:
+            except (PeerLost, RanksHung) as exc:  # a new attempt, on any workers
                 self.give_up(ctx, exc)
                 return
             except Exception as exc:
@@ -268,18 +269,20 @@ class Worker:
         logging.shutdown()
         os._exit(DRAINED_EXIT_CODE if self.drained else 0)
 
-    def give_up(self, ctx: RunContext, exc: PeerLost) -> None:
-        """A gang member went away: requeue the run as a new attempt, on any N workers.
+    def give_up(self, ctx: RunContext, exc: PeerLost | RanksHung) -> None:
+        """A gang member went away, or a rank hung: requeue the run as a new attempt, on any
+        N workers.
 
         After a pause of one heartbeat, so that a member whose own processes failed (a fault
         of the run, not of a node) records that failure first and the run is not retried in
         vain; whoever of the members comes second is fenced out.
         """
         log.warning("run %s: %s", ctx.run.id, exc)
+        ctx.reporter.flush()  # its events (a hang's stacks) before the attempt ends
         time.sleep(self.config.heartbeat_seconds)
         try:
             run = self.runs.give_up(ctx.run.id, self.config.worker_id, ctx.attempt, str(exc))
-            log.warning("run %s: gang member lost; the run is now %s", run.id, run.state)
+            log.warning("run %s: attempt given up; the run is now %s", run.id, run.state)
         except LeaseLost:
             log.info("run %s: another member or a reaper already ended this attempt", ctx.run.id)
 

@@ -207,7 +207,7 @@ class EvalSection {
 // bpb: the latest validation's bits per byte, where the run's data says how many bytes a
 // token is (the figure that compares runs with different tokenizers); null otherwise. A
 // queued run that no live worker can take says why, on a line of its own.
-function summary(run, bpb) {
+function summary(run, bpb, watch = {}) {
   const item = (label, value, attrs = {}) => h("div", attrs, h("span", {}, label), value);
   return h("div", { class: "summary" }, item("state", stateBadge(run.state)),
     item("kind", run.kind), item("experiment", run.experiment),
@@ -220,7 +220,28 @@ function summary(run, bpb) {
     ...(run.wandb_url ? [item("W&B", h("a", { href: run.wandb_url, target: "_blank", rel: "noopener" },
       "run page"), { id: "run-wandb" })] : []),
     ...(run.waiting_reason ? [item("why it waits", run.waiting_reason,
-      { id: "run-waiting", class: "waiting" })] : []));
+      { id: "run-waiting", class: "waiting" })] : []),
+    ...watchItems(watch, item));
+}
+
+// What the hang and straggler watches reported (docs/design/hangs.md): the stragglers as of
+// the last report, and the hangs that stopped an attempt.
+function watchItems(watch, item) {
+  const items = [];
+  if (watch.straggler) {
+    const slow = Object.entries(watch.straggler.slowdowns);
+    const text = slow.length
+      ? slow.map(([rank, x]) => `rank ${rank} +${Math.round(x * 100)} %`).join(", ")
+      : "none";
+    items.push(item("stragglers", `${text} (step ${fmt.int(watch.straggler.step)})`,
+      { id: "run-stragglers", class: slow.length ? "waiting" : "" }));
+  }
+  if (watch.hangs?.length) {
+    const last = watch.hangs.at(-1);
+    items.push(item("hangs", `${watch.hangs.length} (last: rank ${last.ranks[0]} after step ${last.step})`,
+      { id: "run-hangs", class: "waiting" }));
+  }
+  return items;
 }
 
 // The scheduler jobs a run's attempts ran in (a Slurm backend's), newest first: id, state,
@@ -322,7 +343,8 @@ export async function showRun(view, runId) {
   const forks = run.kind === "train" ? (await api(`${runPath(run.id)}/lineage`)).forks : [];
   let bpb = null;
   const valRows = [];
-  const head = h("div", { id: "run-summary" }, summary(run, bpb));
+  const watch = { straggler: null, hangs: [] };
+  const head = h("div", { id: "run-summary" }, summary(run, bpb, watch));
   // (refresh is defined below; a button calls it only once clicked)
   const bar = h("div", { id: "run-actions", class: "toolbar" },
     ...actions(run, () => refresh().catch(showError)), ...compareForks(run, forks));
@@ -352,7 +374,7 @@ export async function showRun(view, runId) {
   let shownResult = JSON.stringify([run.state, run.result, run.error]);
   const refresh = async () => {
     run = await api(runPath(runId));
-    head.replaceChildren(summary(run, bpb));
+    head.replaceChildren(summary(run, bpb, watch));
     // The buttons change with the state only: one replaced under the pointer loses its click.
     if (run.state !== barState) {
       barState = run.state;
@@ -375,7 +397,7 @@ export async function showRun(view, runId) {
     }
     if (typeof m.val_bits_per_byte === "number") {
       bpb = m.val_bits_per_byte;
-      head.replaceChildren(summary(run, bpb));
+      head.replaceChildren(summary(run, bpb, watch));
     }
   };
 
@@ -386,6 +408,13 @@ export async function showRun(view, runId) {
   const { items: lines } = await api(`${runPath(runId)}/logs`);
   const shownLog = lines.length ? lines.at(-1).event_id : 0;
   logs.append(...lines.map((l) => `${l.level}: ${l.message}\n`));
+  const onWatch = (line) => {
+    if (!line.straggler && !line.hang) return;
+    if (line.straggler) watch.straggler = line.straggler;
+    if (line.hang) watch.hangs.push(line.hang);
+    head.replaceChildren(summary(run, bpb, watch));
+  };
+  lines.forEach(onWatch);
   const after = past.items.length ? past.items.at(-1).event_id : 0;
 
   const controller = new AbortController();
@@ -395,7 +424,10 @@ export async function showRun(view, runId) {
     if (type === "state" && event.data.state === "running") samples?.restart();
     if (event.id <= after) return;  // shown already, from the metrics read above
     if (type === "metrics") onMetrics(metricRow(event));
-    else if (type === "log" && event.id > shownLog) logs.append(`${event.data.level}: ${event.data.message}\n`);
+    else if (type === "log" && event.id > shownLog) {
+      logs.append(`${event.data.level}: ${event.data.message}\n`);
+      onWatch(event.data);
+    }
     else if (type === "state") refresh().catch(showError);
   }, controller.signal);
   follow.then((ended) => ended && refresh()).catch(showError);

@@ -359,6 +359,7 @@ class Dispatcher:
                     reason=change.reason,
                     event_id=change.event_id,
                     occurred_at=change.created_at,
+                    alert=change.alert,
                     run=run,
                     evals=evals,
                 )

@@ -36,7 +36,7 @@ from trainctl.store.db.schema import (
 )
 from trainctl.store.exceptions import NotFound
 from trainctl.store.text import repair
-from trainctl.store.vocabulary import RUN_STATES, RunState
+from trainctl.store.vocabulary import ALERT_EVENTS, WEBHOOK_EVENTS, RunState, WebhookEvent
 
 SECRET_PREFIX = "whsec_"
 DeliveryState = Literal["pending", "succeeded", "failed"]
@@ -47,7 +47,7 @@ _ROW = 1  # the dispatcher's row: there is one
 class Webhook:
     id: int
     url: str
-    events: list[RunState]
+    events: list[WebhookEvent]
     secret: str
     after_event_id: int
     """The newest event when the webhook was made: it hears of later changes only."""
@@ -76,7 +76,7 @@ class Delivery:
     webhook_id: int
     run_id: str
     event_id: int
-    event: RunState
+    event: WebhookEvent
     state: DeliveryState
     next_attempt_at: datetime | None
     created_at: datetime
@@ -85,14 +85,17 @@ class Delivery:
 
 @dataclass(frozen=True)
 class StateChange:
-    """A `state` event of the log that moved a run from one state to another."""
+    """A `state` event of the log that moved a run from one state to another; or an alert, a
+    `log` event of a running run with a field named as one of ALERT_EVENTS (`state` the
+    alert's name, `previous` "running", `alert` the field's value)."""
 
     event_id: int
     run_id: str
-    state: RunState
+    state: WebhookEvent
     previous: RunState
     reason: str
     created_at: datetime
+    alert: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ class NewDelivery:
     webhook_id: int
     event_id: int
     run_id: str
-    event: RunState
+    event: WebhookEvent
     body: str
 
 
@@ -121,7 +124,7 @@ class Outgoing:
     id: str
     url: str
     secret: str
-    event: RunState
+    event: WebhookEvent
     body: str
     attempt: int
     """The number of this attempt: 1 for the first."""
@@ -161,7 +164,7 @@ class WebhookStore:
 
     # ---- the API: register, list, remove, read the log --------------------------------------
 
-    def create(self, url: str, events: Sequence[RunState], created_by: str | None) -> Webhook:
+    def create(self, url: str, events: Sequence[WebhookEvent], created_by: str | None) -> Webhook:
         with write_transaction(self.engine) as conn:
             newest = conn.execute(select(func.max(run_events.c.id))).scalar_one()
             values = {
@@ -280,25 +283,13 @@ class WebhookStore:
             rows = (
                 conn.execute(
                     select(run_events)
-                    .where(run_events.c.id.in_(ids), run_events.c.type == "state")
+                    .where(run_events.c.id.in_(ids), run_events.c.type.in_(("state", "log")))
                     .order_by(run_events.c.id)
                 ).all()
                 if ids
                 else []
             )
-        # A cancel request is a `state` event too, but the run stays where it was.
-        changes = [
-            StateChange(
-                r.id,
-                r.run_id,
-                r.data["state"],
-                r.data["previous"],
-                r.data.get("reason", ""),
-                r.created_at,
-            )
-            for r in rows
-            if r.data.get("state") != r.data.get("previous")
-        ]
+        changes = [change for r in rows if (change := change_of(r)) is not None]
         return LogBatch(ids, changes)
 
     def record(self, holder: str, new: Iterable[NewDelivery], cursor: int) -> bool:
@@ -462,10 +453,27 @@ def _webhook(row: Row[Any]) -> Webhook:
     """Read on the columns' own terms, so one bad row never breaks a listing (rows.py)."""
     reader = RowReader(f"webhook {row.id}")
     url, created_by = reader.text("url", row.url) or "", reader.text("created_by", row.created_by)
-    events = [e for e in reader.json("events", row.events, list) or [] if e in RUN_STATES]
+    events = [e for e in reader.json("events", row.events, list) or [] if e in WEBHOOK_EVENTS]
     return Webhook(row.id, url, events, row.secret, row.after_event_id, created_by,
                    row.created_at)  # fmt: skip
 
 
 def _error(text: str | None) -> str | None:
     return None if text is None else repair(text)
+
+
+def change_of(row: Any) -> StateChange | None:
+    """What an event row tells webhooks of: a `state` event that changed the state (a cancel
+    request is one too, but the run stays where it was), or a `log` event that carries one
+    of ALERT_EVENTS' fields; None for any other."""
+    data = row.data
+    if row.type == "state" and data.get("state") != data.get("previous"):
+        reason = data.get("reason", "")
+        return StateChange(
+            row.id, row.run_id, data["state"], data["previous"], reason, row.created_at
+        )
+    alert = next((a for a in ALERT_EVENTS if isinstance(data.get(a), dict)), None)
+    if row.type != "log" or alert is None:
+        return None
+    message = str(data.get("message", ""))
+    return StateChange(row.id, row.run_id, alert, "running", message, row.created_at, data[alert])

@@ -49,6 +49,7 @@ from trainctl.store.specs import (
     Tracker,
     TrainEvals,
 )
+from trainctl.store.training.hangs import HangOptions, StragglerOptions
 from trainctl.store.training.memory import MemoryEstimate, MemoryNeed, Sharding, step_estimate
 from trainctl.store.training.parallelism import PARALLEL_STRATEGIES, ParallelismSpec
 
@@ -181,6 +182,16 @@ class TrainOptions(StepOptions):
         default_factory=ParallelismSpec,
         description="How the nnodes x nproc_per_node processes share the model: replicated "
         "(ddp, the default) or sharded (fsdp).",
+    )
+    hang: HangOptions = Field(
+        default_factory=HangOptions,
+        description="Hang detection of a multi-process run: when a rank without progress "
+        'counts as hung (docs/design/hangs.md, "Hangs").',
+    )
+    stragglers: StragglerOptions = Field(
+        default_factory=StragglerOptions,
+        description="Straggler reports of a multi-process run: when a rank counts as "
+        'persistently slow (docs/design/hangs.md, "Stragglers").',
     )
     spread: Spread = Field(
         "any",

@@ -66,6 +66,7 @@ from trainctl.worker.models import build_model, model_files, take_step_metrics
 from trainctl.worker.models.gpt import GPT
 from trainctl.worker.models.sampling import TrainingSamples
 from trainctl.worker.stops import maybe_stop
+from trainctl.worker.training.hangs import RankWatches
 from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.optim import Optimizers, build_optimizers
 from trainctl.worker.training.parallel import DataParallel, SingleProcess, rank_and_world
@@ -218,10 +219,13 @@ def train_step(
     loader: AsyncDataLoader,
     step: int,
     before_update: Callable[[], None] | None = None,
+    before_sync: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """One optimizer step over `grad_accum_steps` micro-batches; raises NonFiniteLoss before
     updating. `before_update` runs just before the optimizers change the weights and their
-    state (a background save's copy must be complete by then).
+    state (a background save's copy must be complete by then); `before_sync` just before the
+    last backward, where a multi-process run starts averaging the gradients (the end of a
+    rank's own work: worker.training.hangs.OwnClock).
 
     In a multi-GPU run each rank runs its share of the micro-batches, and the gradients and
     the loss are averaged across ranks before anything below uses them.
@@ -231,13 +235,16 @@ def train_step(
     total = torch.zeros((), device=parts.device)
     for i in range(local_accum):
         tokens, targets = next(loader)
-        with parallel.sync_gradients(last=i == local_accum - 1):
+        last = i == local_accum - 1
+        with parallel.sync_gradients(last=last):
             with torch.autocast(
                 parts.device.type,
                 dtype=parts.autocast_dtype or torch.bfloat16,
                 enabled=parts.autocast_dtype is not None,
             ):
                 loss, main = parallel.loss(model, tokens, targets)
+            if last and before_sync is not None:
+                before_sync()
             (loss / local_accum).backward()
         total += main.detach()
     loss_value = parallel.mean(total / local_accum).item()
@@ -343,9 +350,11 @@ class Trainer:
         run_id: str | None = None,
         ranks: Ranks | None = None,
         datasets: DatasetStore | None = None,
+        watches: RankWatches | None = None,
     ) -> None:
         self.plan, self.run_id = plan, run_id
         self.hooks = hooks or TrainerHooks()
+        self.watches = watches or RankWatches()
         self.drained: dict[str, Any] = {}
         self.store = store
         data = build_data(plan, datasets)
@@ -487,10 +496,26 @@ class Trainer:
         started, wait_total, stopped, saved_at = time.perf_counter(), 0.0, False, -1
         interval = Interval()
         loader = data_loader(self.parts, s.data_position)
+        pulse, own, fault, trained = self.watches.pulse, self.watches.own, self.watches.fault, 0
         try:
             while s.step < plan.steps:
+                pulse.start_step(s.step)
+                if fault is not None:
+                    fault.maybe_stop(s.step, trained)
                 t0, w0 = time.perf_counter(), loader.wait_seconds
-                metrics = train_step(self.parts, loader, s.step, self.saves.before_update)
+                if own is not None:
+                    own.begin()
+                if fault is not None:
+                    fault.maybe_slow()
+                metrics = train_step(
+                    self.parts,
+                    loader,
+                    s.step,
+                    self.saves.before_update,
+                    before_sync=own.end if own is not None else None,
+                )
+                trained += 1
+                pulse.stepped(time.perf_counter() - t0)
                 s.step += 1
                 s.data_position += plan.batch.grad_accum_steps
                 s.token_count += tokens_per_step
@@ -510,6 +535,7 @@ class Trainer:
                     self.drained["seen_at"] = time.monotonic()  # the step boundary it stops at
                 if stopped and not logged:
                     self.report(metrics, interval)  # the last step is always written
+                pulse.section(s.step)  # a validation, sample or save may follow
                 try:
                     if self.maybe_validate(final):
                         self.save(BEST_TAG)
@@ -527,6 +553,7 @@ class Trainer:
             self.finish_saves(failing=exc)
             raise
         finally:
+            pulse.done()  # from here on no step boundary: nothing to watch
             loader.close()
         stopped_at = time.monotonic()  # the ranks stop here; the save may still be writing
         self.finish_saves()

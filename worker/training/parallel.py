@@ -133,7 +133,10 @@ class DDPReplica(LocalState):
     def __init__(self, model: GPT, device: torch.device, world_size: int) -> None:
         self.world_size = world_size
         ids = [torch.cuda.current_device()] if device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(_Loss(model), device_ids=ids)
+        # No buffer broadcast at each forward: the models' buffers (rotary tables) are built
+        # alike on every rank and never trained, and that broadcast would make every forward
+        # wait for the slowest rank, hiding which one it is (worker.training.hangs.OwnClock).
+        self.ddp = DistributedDataParallel(_Loss(model), device_ids=ids, broadcast_buffers=False)
 
     def loss(self, model: GPT, tokens: torch.Tensor, targets: torch.Tensor) -> Any:
         return self.ddp(tokens, targets)  # `model`, wrapped once in __init__
@@ -154,14 +157,33 @@ class AgreedStop:
     (a worker of a gang member shutting down, or losing its lease, reaches only its own
     node's ranks). `reason` is the one agreed on, for rank 0's report."""
 
-    def __init__(self, local: Callable[[], str | None], device: torch.device) -> None:
+    def __init__(
+        self,
+        local: Callable[[], str | None],
+        device: torch.device,
+        own_seconds: Callable[[], float] | None = None,
+        on_times: Callable[[list[float]], None] | None = None,
+    ) -> None:
         self.local, self.device = local, device
+        self.own_seconds, self.on_times = own_seconds, on_times
         self.reason: str | None = None
 
     def __call__(self) -> bool:
+        """With `own_seconds`, each rank's own step time rides along in its slot of the same
+        all-reduce (MAX: the other slots are 0), and `on_times` hears all of them
+        (worker.training.hangs): no collective of their own."""
         mine = self.local()
-        code = torch.tensor([STOP_CODES[mine] if mine else 0], device=self.device)
-        dist.all_reduce(code, op=dist.ReduceOp.MAX)
-        agreed = int(code.item())
+        code = STOP_CODES[mine] if mine else 0
+        if self.own_seconds is None:
+            values = torch.tensor([code], device=self.device)
+        else:
+            rank, world = rank_and_world()
+            values = torch.zeros(1 + world, dtype=torch.float64, device=self.device)
+            values[0], values[1 + rank] = code, self.own_seconds()
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+        got = values.tolist()
+        agreed = int(got[0])
+        if self.on_times is not None and len(got) > 1:
+            self.on_times(got[1:])
         self.reason = next((r for r, c in STOP_CODES.items() if c == agreed), None)
         return agreed > 0

@@ -25,12 +25,24 @@ import torch.distributed as dist
 from trainctl.store.checkpoints.factory import open_stores
 from trainctl.store.db.runs import RunStore
 from trainctl.store.kinds.train import TrainPlan
+from trainctl.store.training.parallelism import PARALLEL_STRATEGIES
 from trainctl.store.worker_settings import WorkerSettings
 from trainctl.worker.context import RunContext
 from trainctl.worker.drain import Shutdown
 from trainctl.worker.evals.side_runs import CheckpointEvals, side_run_limits
 from trainctl.worker.launch import DRAIN_FILE, ERROR_FILE, RESULT_FILE, STOP_FILE
 from trainctl.worker.rendezvous import rank_store
+from trainctl.worker.training.hangs import (
+    BOARD_FILE,
+    OwnClock,
+    ProgressBoard,
+    RankFault,
+    RankPulse,
+    RankWatches,
+    StragglerWatch,
+    register_stack_dump,
+    straggler_report,
+)
 from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import Trainer
 from trainctl.worker.training.parallel import AgreedStop, RankSampler
@@ -83,6 +95,7 @@ def run_rank(job_file: str) -> int:
     workdir = Path(job_file).parent
     plan = TrainPlan.model_validate(job["plan"])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    stacks = register_stack_dump(workdir, rank)  # noqa: F841 (open while the rank lives)
     if plan.device == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     device = torch.device("cuda", torch.cuda.current_device()) if plan.device == "cuda" else None
@@ -122,7 +135,22 @@ def train_rank(
 ) -> dict[str, Any]:
     metrics: list[dict[str, Any]] = []
     ctx = rank_context(job, runs) if runs is not None else None
-    stop = AgreedStop(rank_stop(ctx, workdir / STOP_FILE), device or torch.device("cpu"))
+    watches = rank_watches(plan, workdir, rank, device)
+
+    def report_stragglers(slow: dict[int, float]) -> None:
+        message, data = straggler_report(slow, trainer.progress.step, plan.stragglers)
+        assert ctx is not None
+        ctx.log(message, level="warning" if slow else "info", straggler=data)
+
+    # Rank 0 of a run watches the own step times; without a run (tests, scripts) nobody hears.
+    timed = rank == 0 and ctx is not None and watches.own is not None
+    watch = StragglerWatch(plan.stragglers, world, report_stragglers) if timed else None
+    stop = AgreedStop(
+        rank_stop(ctx, workdir / STOP_FILE),
+        device or torch.device("cpu"),
+        own_seconds=watches.own.seconds if watches.own is not None else None,
+        on_times=watch.observe if watch is not None else None,
+    )
     settings = WorkerSettings.from_job(job["settings"], os.environ)
     stores = open_stores(settings.layout, runs)
     store = stores.checkpoints
@@ -144,6 +172,7 @@ def train_rank(
         hooks=hooks,
         run_id=ctx.run.id if ctx else None,
         datasets=stores.datasets,
+        watches=watches,
     )
     if ctx is not None:
         ctx.reporter.start()  # rank 0 never waits on the database for a report either
@@ -155,6 +184,28 @@ def train_rank(
     if evals is not None and plan.evals is not None:
         result["evaluate_runs"] = evals.queued
     return {"result": result if ctx else {**result, "metrics": metrics}}
+
+
+def rank_watches(
+    plan: TrainPlan, workdir: Path, rank: int, device: torch.device | None
+) -> RankWatches:
+    """What this rank does for the hang and straggler watches (worker.training.hangs): its
+    slot of the launch's progress board, where the worker made one; its own step times,
+    where a rank's forward runs without the others (not under fsdp)."""
+    board = workdir / BOARD_FILE
+    local_rank = int(os.environ["LOCAL_RANK"])
+    pulse = (
+        RankPulse(ProgressBoard(board, plan.nproc_per_node), local_rank, rank, plan.hang)
+        if plan.hang.enabled and board.exists()
+        else None
+    )
+    strategy = PARALLEL_STRATEGIES.get(plan.parallelism.strategy)
+    timed = plan.stragglers.enabled and strategy.runs_alone_on_rank_0
+    own = OwnClock(device or torch.device("cpu")) if timed else None
+    watches = RankWatches(own=own, fault=RankFault.from_env(rank))
+    if pulse is not None:
+        watches.pulse = pulse
+    return watches
 
 
 def peer_lost(exc: BaseException) -> bool:

@@ -27,6 +27,8 @@ from tests.support.leftovers import RunsToStop
 from tests.support.polling import poll
 from trainctl.service.schemas import RunPublic
 from trainctl.service.sdk.client import TrainctlClient
+from trainctl.service.settings import Settings
+from trainctl.store.db.runs import RunStore
 
 # A browser, and runs a worker trains first: slow.
 pytestmark = [needs_chromium, pytest.mark.slow]
@@ -332,6 +334,30 @@ def test_the_run_page_says_why_a_queued_run_waits_and_shows_its_priority(
     badge = f'tr[data-run="{run.id}"] .state.queued'
     table.wait_for_selector(badge)
     assert "needs 2 GPUs per node" in (table.get_attribute(badge, "title") or "")
+
+
+def test_the_run_page_shows_a_runs_stragglers_and_hangs_as_they_are_reported(
+    api: TrainctlClient, settings: Settings, open_page: Any, stop_runs: RunsToStop
+) -> None:
+    # A run that never starts (it asks for GPUs), given the log events the watches write.
+    gpu_run = {**SMALL_RUN, "device": "cuda", "nproc_per_node": 2}
+    run = api.submit("train", {**gpu_run, "experiment": "watched", "data": {"source": "synthetic"}})
+    stop_runs.track(run.id)
+    slow = {"step": 20, "slowdowns": {"1": 0.35}, "threshold": 0.2, "window": 20}
+    with RunStore(settings.db_url) as runs:
+        runs.append_event(run.id, "log", {"level": "warning", "message": "slow", "straggler": slow})
+        page = open_page(f"#/runs/{run.id}")
+        page.wait_for_selector("#run-stragglers")
+        assert page.text_content("#run-stragglers") == "stragglersrank 1 +35 % (step 20)"
+        hang = {"ranks": [1, 0], "step": 30, "phase": "a training step", "late_seconds": 0.2}
+        runs.append_event(run.id, "log", {"level": "error", "message": "hung", "hang": hang})
+        caught_up = {**slow, "step": 40, "slowdowns": {}}
+        runs.append_event(run.id, "log", {"level": "info", "message": "ok", "straggler": caught_up})
+    # the page follows the run's event stream
+    page.wait_for_selector("#run-hangs")
+    assert page.text_content("#run-hangs") == "hangs1 (last: rank 1 after step 30)"
+    poll(lambda: page.text_content("#run-stragglers") == "stragglersnone (step 40)", timeout=30,
+         what="the straggler to catch up")  # fmt: skip
 
 
 # --- eval scores and forks (issues 27 and 28) ---------------------------------------------------

@@ -105,6 +105,32 @@ def test_events_choose_which_state_changes_are_posted(service: Live, receiver: R
 
 
 @pytest.mark.slow
+def test_a_straggler_and_a_hang_are_posted_as_alerts_with_their_data(
+    service: Live, receiver: Receiver
+) -> None:
+    webhook = service.add_webhook(receiver.url, events=["straggler", "hang"])
+    run = service.runs.enqueue("benchmark", "hooks", {"steps": 1})
+    assert service.runs.claim("test-worker", lease_seconds=60) is not None
+    slow = {"step": 20, "slowdowns": {"1": 0.5}, "threshold": 0.2, "window": 20}
+    hang = {"ranks": [1, 0], "step": 30, "phase": "a training step", "late_seconds": 0.2}
+    for message, data in (("rank 1 is slow", {"straggler": slow}), ("saved", {}),
+                          ("rank 1 hung", {"hang": hang})):  # fmt: skip
+        service.runs.append_event(run.id, "log", {"level": "warning", "message": message, **data})
+    service.runs.finish(run.id, "test-worker", 1, "failed", error="it broke")
+
+    service.settled(webhook["id"], count=2)
+
+    got = sorted(
+        (r.payload["event"], r.payload["previous"], r.payload["reason"], r.payload["alert"])
+        for r in receiver.received
+    )
+    assert got == [
+        ("hang", "running", "rank 1 hung", hang),
+        ("straggler", "running", "rank 1 is slow", slow),
+    ]  # and no delivery for the other log line or for `failed`, which it did not ask for
+
+
+@pytest.mark.slow
 def test_a_receiver_that_fails_is_retried_with_the_same_delivery_id_and_logged(
     service: Live, receiver: Receiver
 ) -> None:
