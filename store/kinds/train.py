@@ -48,6 +48,7 @@ from trainctl.store.specs import (
     Tracker,
     TrainEvals,
 )
+from trainctl.store.training.health import HealthSpec
 from trainctl.store.training.memory import MemoryEstimate, MemoryNeed, Sharding, step_estimate
 from trainctl.store.training.parallelism import PARALLEL_STRATEGIES, ParallelismSpec
 
@@ -167,6 +168,11 @@ class TrainOptions(StepOptions):
         default_factory=ParallelismSpec,
         description="How the nnodes x nproc_per_node processes share the model: replicated "
         "(ddp, the default) or sharded (fsdp).",
+    )
+    health: HealthSpec = Field(
+        default_factory=HealthSpec,
+        description="What the loop does about a non-finite loss or gradient norm and about a "
+        'loss spike (docs/design/health.md, "Loss health"); every check is on by default.',
     )
     spread: Spread = Field(
         "any",

@@ -14,13 +14,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from contextlib import closing
-from dataclasses import dataclass, field
+from contextlib import closing, suppress
+from dataclasses import dataclass, field, fields
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
+from trainctl.store.checkpoints.info import CheckpointInfo
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.data.datasets import TOKENIZER_FILE, bits_per_byte
@@ -30,9 +32,9 @@ from trainctl.store.data.mixtures import (
     source_tokens,
     token_metric,
 )
-from trainctl.store.exceptions import CheckpointNotFound
+from trainctl.store.exceptions import CheckpointNotFound, CheckpointProtected
 from trainctl.store.kinds.train import TrainPlan
-from trainctl.store.names import BEST_TAG
+from trainctl.store.names import BEST_TAG, step_tag
 from trainctl.store.plans import BatchPlan, DatasetPin, StepPlan, bytes_per_token
 from trainctl.store.specs import DataSpec
 from trainctl.worker.checkpoints.async_save import SaveAbandoned
@@ -61,11 +63,19 @@ from trainctl.worker.data.loader import (
     stdlib_source_files,
 )
 from trainctl.worker.data.mixtures import MixtureSampler, source_seed
-from trainctl.worker.exceptions import NonFiniteLoss, RunStopped
+from trainctl.worker.exceptions import LossSpikes, NonFiniteLoss, RunStopped
 from trainctl.worker.models import build_model, model_files, take_step_metrics
 from trainctl.worker.models.gpt import GPT
 from trainctl.worker.models.sampling import TrainingSamples
 from trainctl.worker.stops import maybe_stop
+from trainctl.worker.training.health import (
+    Intervention,
+    LossHealth,
+    agreed_step,
+    lower_lrs,
+    maybe_faulty,
+    maybe_plant_nan,
+)
 from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.optim import Optimizers, build_optimizers
 from trainctl.worker.training.parallel import DataParallel, SingleProcess, rank_and_world
@@ -213,15 +223,22 @@ def data_loader(parts: TrainParts, position: int) -> AsyncDataLoader:
     return AsyncDataLoader(parts.sampler.iterate(position), parts.device, prefetch_factor=4)
 
 
+Judge = Callable[[float, float, bool], Intervention | None]
+"""(loss, grad norm, finite on every rank): a step's verdict before its update (the run's
+`LossHealth.judge`); None applies it."""
+
+
 def train_step(
     parts: TrainParts,
     loader: AsyncDataLoader,
     step: int,
     before_update: Callable[[], None] | None = None,
+    judge: Judge | None = None,
 ) -> dict[str, float]:
-    """One optimizer step over `grad_accum_steps` micro-batches; raises NonFiniteLoss before
-    updating. `before_update` runs just before the optimizers change the weights and their
-    state (a background save's copy must be complete by then).
+    """One optimizer step over `grad_accum_steps` micro-batches. `before_update` runs just
+    before the optimizers change the weights and their state (a background save's copy must
+    be complete by then). `judge` decides whether the update is applied (worker.training.health);
+    without one a non-finite step raises NonFiniteLoss before updating.
 
     In a multi-GPU run each rank runs its share of the micro-batches, and the gradients and
     the loss are averaged across ranks before anything below uses them.
@@ -240,12 +257,20 @@ def train_step(
                 loss, main = parallel.loss(model, tokens, targets)
             (loss / local_accum).backward()
         total += main.detach()
-    loss_value = parallel.mean(total / local_accum).item()
-    # The model's own metrics of the step (an MoE's aux loss), averaged across ranks too.
-    extra = {name: parallel.mean(v).item() for name, v in take_step_metrics(model).items()}
+    maybe_plant_nan(model, rank_and_world()[0], step + 1)
     max_norm = parts.grad_clip if parts.grad_clip > 0 else math.inf
     grad_norm = parallel.clip_grad_norm(model, max_norm)
-    if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
+    # One all-reduce carries the loss and whether this rank's norm is finite, as the loss
+    # alone did before: every rank reads the same two numbers, so every rank applies or
+    # skips the step alike (a NaN in one rank's gradient after DDP's average reaches no
+    # other rank's norm). The .tolist() is the step's one read of the loss, as .item() was.
+    bad = torch.tensor(0.0 if math.isfinite(grad_norm) else 1.0, device=parts.device)
+    loss_value, bad_ranks = parallel.mean(torch.stack([total / local_accum, bad])).tolist()
+    # The model's own metrics of the step (an MoE's aux loss), averaged across ranks too.
+    extra = {name: parallel.mean(v).item() for name, v in take_step_metrics(model).items()}
+    finite = math.isfinite(loss_value) and bad_ranks == 0
+    verdict = judge(loss_value, grad_norm, finite) if judge is not None else None
+    if judge is None and not finite:
         parts.optimizers.zero_grad(set_to_none=True)
         raise NonFiniteLoss(
             f"loss became {loss_value} (grad norm {grad_norm}) at step {step + 1}: the update "
@@ -253,13 +278,21 @@ def train_step(
             "the data"
         )
     lrs = parts.optimizers.lr_metrics()  # the lrs this step trains with: `lr/<name>`
+    metrics = {"loss": loss_value, "grad_norm": grad_norm, **extra, **lrs}
+    if verdict is not None and verdict.skips_update:
+        # A skipped step counts, without its update: the schedule moves on, so the lr stays
+        # a function of the step. A rewind's step does not count (nor a failing one's).
+        parts.optimizers.zero_grad(set_to_none=True)
+        if verdict.action == "skip":
+            parts.scheduler.step()
+        return metrics
     if before_update is not None:
         before_update()
     # After the all-reduce: Muon orthogonalises the averaged gradient (worker/training/parallel.py).
     parts.optimizers.step()
     parts.optimizers.zero_grad(set_to_none=True)
     parts.scheduler.step()
-    return {"loss": loss_value, "grad_norm": grad_norm, **extra, **lrs}
+    return metrics
 
 
 def validate(parts: TrainParts) -> dict[str, float]:
@@ -348,11 +381,14 @@ class Trainer:
         self.hooks = hooks or TrainerHooks()
         self.drained: dict[str, Any] = {}
         self.store = store
-        data = build_data(plan, datasets)
-        self.parts = build_training(plan, *data, total_steps=plan.steps, ranks=ranks)
+        sampler, val = build_data(plan, datasets)
+        sampler = maybe_faulty(sampler, plan.model.config.vocab_size)  # tests' faults only
+        self.parts = build_training(plan, sampler, val, total_steps=plan.steps, ranks=ranks)
         self.data_record = build_data_record(plan.data, plan.dataset, plan.datasets, datasets)
         self.bytes_per_token = bytes_per_token(plan.data, plan.dataset, plan.datasets)
         self.progress = maybe_resume(self.parts, self.store, plan)
+        self.health = LossHealth(plan.health)
+        self.health.load_state_dict(self.progress.health)
         # The last losses, for the result: never saved (a resumed run has none until it
         # trains a step).
         self.last_loss: float | None = None
@@ -375,6 +411,7 @@ class Trainer:
     def save(self, tag: str | None = None) -> None:
         """Save a checkpoint at this step (every rank, at the same step); report the saves
         committed since the last report."""
+        self.progress.health = self.health.state_dict()
         for done in self.saves.save(self.training_state(), tag):
             self.hooks.on_checkpoint(done)
 
@@ -481,6 +518,103 @@ class Trainer:
             }
         )
 
+    # --- loss health (worker.training.health) ---
+
+    def judge_step(self) -> Judge:
+        """The verdict on the step about to run, before its update; its lr lowered first
+        while a rewind asks for it."""
+        s, accum = self.progress, self.plan.batch.grad_accum_steps
+        factor = self.health.lr_factor(s.step + 1)
+        if factor < 1:
+            lower_lrs(self.parts.optimizers, factor)
+        window = (s.data_position, s.data_position + accum)
+        return partial(self.health.judge, s.step + 1, window=window)
+
+    def maybe_skip_window(self, loader: AsyncDataLoader) -> AsyncDataLoader:
+        """At the start of a window a rewind skipped, jump past it (a batch is a pure function
+        of its position, so the loader restarts there)."""
+        s = self.progress
+        end = s.skipped_windows.get(s.data_position)
+        if end is None:
+            return loader
+        loader.close()
+        s.data_position = end
+        self.advance_sources()  # a mixture's datasets move past the window's sequences
+        return data_loader(self.parts, end)
+
+    def intervene(self, i: Intervention, loader: AsyncDataLoader) -> AsyncDataLoader:
+        """Report intervention `i` and carry it out; the loader to go on with."""
+        if i.action == "rewind":
+            return self.rewind(i, loader)
+        self.hooks.on_health(i.record() | {"message": i.message()})
+        if i.action == "fail":
+            exc = NonFiniteLoss if i.reason == "nonfinite" else LossSpikes
+            raise exc(self.health.failure(i))
+        return loader
+
+    def rewind(self, spike: Intervention, loader: AsyncDataLoader) -> AsyncDataLoader:
+        """Reload the newest checkpoint of the run at least `min_steps_back` steps before the
+        spike (none: stay, the update was not applied), skip the spike's data window from
+        now on, and save where the run stands, so that any resume skips the window too."""
+        loader.close()
+        self.finish_saves()  # what is in flight commits before the checkpoints are listed
+        s, start, end = self.progress, *spike.window
+        limit = spike.step - self.plan.health.rewind.min_steps_back
+        target = agreed_step(self.rewind_target(limit), self.parts.device)
+        skipped = {**s.skipped_windows, start: end}
+        if target >= 0:
+            info = self.store.get(self.plan.experiment, step_tag(target))
+            meta = load_checkpoint(
+                self.parts.model,
+                self.parts.optimizers,
+                self.parts.scheduler,
+                self.store.entry(info.experiment, info.tag),
+                device=self.parts.device,
+                access=self.parts.parallel,
+            )
+            restore_rng_state(rank_rng(meta, rank_and_world()[0]))
+            loaded = Progress.saved_in(meta, [pin.folder for pin in self.plan.datasets])
+            for f in fields(Progress):
+                setattr(s, f.name, getattr(loaded, f.name))
+            self.health.load_state_dict(loaded.health, detector_only=True)
+            if self.mixture is not None:
+                self.mixture.start_at(s.data_position, [x.sequences for x in s.sources])
+            self.drop_checkpoints_after(target)
+        s.skipped_windows = skipped
+        done = self.health.rewound(spike, s.step)
+        self.hooks.on_health(done.record() | {"message": done.message()})
+        self.save()
+        return data_loader(self.parts, s.data_position)
+
+    def own_steps(self) -> list[CheckpointInfo]:
+        """The step_<N> checkpoints this run wrote, and the one it started from."""
+        fork = self.plan.fork_from
+        started = self.plan.resume_from or (fork.checkpoint if fork is not None else None)
+        return [
+            info
+            for info in self.store.list_checkpoints(self.plan.experiment)
+            if info.step is not None
+            and info.tag == step_tag(info.step)
+            and (info.run_id == self.run_id or (started is not None and info.tag == started.tag))
+        ]
+
+    def rewind_target(self, limit: int) -> int:
+        """The step of the newest of the run's checkpoints at or before `limit`; -1: none."""
+        return max((i.step for i in self.own_steps() if i.step is not None and i.step <= limit),
+                   default=-1)  # fmt: skip
+
+    def drop_checkpoints_after(self, step: int) -> None:
+        """Delete the run's step checkpoints after `step` (rank 0, which commits them): they
+        lie on the path into the spike, and a requeued attempt must not resume from one."""
+        if rank_and_world()[0] != 0:
+            return
+        protected = self.hooks.protected()
+        for info in self.own_steps():
+            if info.step is not None and info.step > step:
+                # One an evaluate run still pins stays; a resume takes the newest, ours.
+                with suppress(CheckpointProtected):
+                    self.store.delete(info.experiment, info.tag, protected=protected)
+
     def run(self) -> dict[str, Any]:
         plan, s = self.plan, self.progress
         tokens_per_step = plan.batch.tokens_per_step
@@ -489,8 +623,17 @@ class Trainer:
         loader = data_loader(self.parts, s.data_position)
         try:
             while s.step < plan.steps:
+                loader = self.maybe_skip_window(loader)
                 t0, w0 = time.perf_counter(), loader.wait_seconds
-                metrics = train_step(self.parts, loader, s.step, self.saves.before_update)
+                metrics = train_step(
+                    self.parts, loader, s.step, self.saves.before_update, self.judge_step()
+                )
+                intervention = self.health.take()
+                if intervention is not None:
+                    loader = self.intervene(intervention, loader)
+                    if intervention.action == "rewind":  # back at the checkpoint's step
+                        interval = Interval()
+                        continue
                 s.step += 1
                 s.data_position += plan.batch.grad_accum_steps
                 s.token_count += tokens_per_step
@@ -546,6 +689,8 @@ class Trainer:
         }
         if s.sources:
             result["source_tokens"] = source_tokens(s.sources)
+        if self.health.counts:
+            result["health"] = self.health.report()
         if stopped and self.hooks.draining():
             result["drain"] = self.drain_report(stopped_at)
         if self.last_val_loss is not None and self.bytes_per_token is not None:
