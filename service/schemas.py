@@ -26,6 +26,7 @@ from trainctl.store.vocabulary import (
     EventType,
     RunState,
     Scope,
+    WebhookEvent,
 )
 
 ServedKindName = Annotated[
@@ -466,7 +467,7 @@ class TokensPublic(BaseModel):
 
 # --- webhooks (service/webhooks; docs/design/webhooks.md, "Webhooks") ---------------------------
 
-TERMINAL_EVENTS: list[RunState] = ["cancelled", "failed", "succeeded"]
+TERMINAL_EVENTS: list[WebhookEvent] = ["cancelled", "failed", "succeeded"]
 
 
 class WebhookCreate(TextChecked):
@@ -485,18 +486,20 @@ class WebhookCreate(TextChecked):
         ),
         AfterValidator(check_url),
     ]
-    events: list[RunState] = Field(
+    events: list[WebhookEvent] = Field(
         default_factory=lambda: list(TERMINAL_EVENTS),
         min_length=1,
         description="The states whose entry is notified; default the terminal ones. `queued` "
-        "is a run put back in the queue (a lost worker), never its submission.",
+        "is a run put back in the queue (a lost worker), never its submission. `health`: a "
+        "train run's loss-health interventions (a skipped step, a rewind; "
+        "docs/design/health.md).",
     )
 
 
 class WebhookPublic(Public):
     id: int
     url: str
-    events: list[RunState]
+    events: list[WebhookEvent]
     created_by: str | None = Field(description="The token that registered it.")
     created_at: datetime
 
@@ -525,8 +528,12 @@ class DeliveryPublic(Public):
     id: str = Field(description="The delivery id (X-Trainctl-Delivery): the same on retries.")
     webhook_id: int
     run_id: str
-    event_id: int = Field(description="The run's `state` event this delivery tells of.")
-    event: RunState = Field(description="The state the run entered.")
+    event_id: int = Field(
+        description="The run's `state` event this delivery tells of (`log`, for `health`)."
+    )
+    event: WebhookEvent = Field(
+        description="The state the run entered, or `health`: a loss-health intervention."
+    )
     state: Literal["pending", "succeeded", "failed"] = Field(
         description="succeeded: a 2xx came; failed: every attempt was used; pending: neither."
     )
@@ -552,10 +559,14 @@ class WebhookPayload(BaseModel):
     """The JSON body of every delivery, signed in its X-Trainctl-Signature header."""
 
     delivery_id: str = Field(description="Deduplicate on it: a delivery may come twice.")
-    event: RunState = Field(description="The state the run entered.")
-    previous: RunState = Field(description="The state it left.")
-    reason: str = Field(description="Why, in words (as the run's state event says).")
-    event_id: int = Field(description="The run's `state` event in its event log.")
+    event: WebhookEvent = Field(
+        description="The state the run entered, or `health`: a loss-health intervention."
+    )
+    previous: RunState | None = Field(description="The state it left; null for `health`.")
+    reason: str = Field(
+        description="Why, in words (as the run's state event says; an intervention's log line)."
+    )
+    event_id: int = Field(description="The run's `state` event (`log`, for `health`) in its log.")
     occurred_at: datetime
     run: RunPublic = Field(
         description="The run when the delivery was made, which may be after the event: a "
@@ -565,4 +576,10 @@ class WebhookPayload(BaseModel):
         description="The run's newest eval scores by task, when the delivery was made: an "
         "evaluate run's own, and those recorded on a train run for its checkpoints; {} for a "
         "run never scored."
+    )
+    health: dict[str, Any] | None = Field(
+        None,
+        description="A `health` event's intervention: step, loss, grad_norm, reason "
+        "('nonfinite', 'spike'), action ('log', 'skip', 'rewind', 'fail'), statistic (the "
+        "z-score), window (the data positions [start, end) of the step), rewound_to.",
     )

@@ -11,12 +11,16 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 RunState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+# What a webhook may be told of: a run entering a state, or a train run's loss-health
+# intervention (docs/design/health.md), which its `log` event records.
+WebhookEvent = Literal["queued", "running", "succeeded", "failed", "cancelled", "health"]
 EventType = Literal["state", "metrics", "log", "sample", "eval_items"]
 # What an API token may do, each scope allowing what those before it do (store/db/tokens.py).
 Scope = Literal["read", "submit", "admin"]
 
 RUN_STATES: tuple[RunState, ...] = get_args(RunState)
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
+WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = get_args(WebhookEvent)
 SCOPES: tuple[Scope, ...] = get_args(Scope)
 # The `kind` of a metrics event: what the worker's loops write, and what GET /runs/{id}/metrics
 # and `trainctl runs metrics` filter by.

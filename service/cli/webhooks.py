@@ -16,25 +16,26 @@ from trainctl.service.schemas import (
     DeliveryPublic,
     WebhookPublic,
 )
-from trainctl.store.vocabulary import RUN_STATES, RunState
+from trainctl.store.vocabulary import WEBHOOK_EVENTS, WebhookEvent
 
 app = typer.Typer(no_args_is_help=True, help="Webhooks: POSTs to a URL when runs change state.")
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 WebhookId = Annotated[int, typer.Argument(help="The webhook's id (`trainctl webhooks list`).")]
 
 
-def parse_events(values: list[str] | None) -> list[RunState] | None:
+def parse_events(values: list[str] | None) -> list[WebhookEvent] | None:
     """`--events succeeded,failed` or `--events succeeded --events failed`; None: the default."""
     if not values:
         return None
     events = [e.strip() for value in values for e in value.split(",") if e.strip()]
-    unknown = [e for e in events if e not in RUN_STATES]
+    unknown = [e for e in events if e not in WEBHOOK_EVENTS]
     if unknown or not events:
         raise typer.BadParameter(
-            f"unknown event {', '.join(map(repr, unknown))}; choose from {', '.join(RUN_STATES)}",
+            f"unknown event {', '.join(map(repr, unknown))}; choose from "
+            f"{', '.join(WEBHOOK_EVENTS)}",
             param_hint="--events",
         )
-    return [state for state in RUN_STATES if state in events]
+    return [event for event in WEBHOOK_EVENTS if event in events]
 
 
 def when(moment: datetime | None) -> str:
@@ -68,7 +69,8 @@ def add_webhook(
     events: Annotated[
         list[str] | None,
         typer.Option(
-            help=f"Run states to notify, comma-separated: {', '.join(RUN_STATES)} "
+            help=f"Run states to notify, and 'health' for a train run's loss-health "
+            f"interventions, comma-separated: {', '.join(WEBHOOK_EVENTS)} "
             f"(default: {','.join(TERMINAL_EVENTS)}).",
             show_default=False,
         ),

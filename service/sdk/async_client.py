@@ -68,7 +68,7 @@ from trainctl.service.sdk.steps import (
     ask,
     client_kwargs,
 )
-from trainctl.store.vocabulary import RunState, Scope
+from trainctl.store.vocabulary import Scope, WebhookEvent
 
 __all__ = [
     "ApiError",
@@ -302,7 +302,7 @@ class AsyncTrainctlClient:
     # --- webhooks (admin) ---
 
     async def create_webhook(
-        self, url: str, events: Sequence[RunState] | None = None
+        self, url: str, events: Sequence[WebhookEvent] | None = None
     ) -> WebhookCreated:
         """Register `url` for run state changes (default: the terminal ones); `.secret` signs
         every delivery and is shown this once."""

@@ -68,7 +68,7 @@ from trainctl.service.sdk.steps import (
     read_bytes,
     read_line,
 )
-from trainctl.store.vocabulary import SWEEP_NAME, TERMINAL_STATES, RunState, Scope
+from trainctl.store.vocabulary import SWEEP_NAME, TERMINAL_STATES, Scope, WebhookEvent
 
 Progress = Callable[[int, int | None], None]
 """Download progress: (bytes on disk, total bytes or None)."""
@@ -333,7 +333,7 @@ def revoke_token(name: str) -> Call[TokenPublic]:
 # --- webhooks (admin) ---
 
 
-def create_webhook(url: str, events: Sequence[RunState] | None) -> Call[WebhookCreated]:
+def create_webhook(url: str, events: Sequence[WebhookEvent] | None) -> Call[WebhookCreated]:
     body: dict[str, Any] = {"url": url}
     if events is not None:
         body["events"] = list(events)

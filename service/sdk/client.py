@@ -82,7 +82,7 @@ from trainctl.service.sdk.steps import (
     ask,
     client_kwargs,
 )
-from trainctl.store.vocabulary import RunState, Scope
+from trainctl.store.vocabulary import Scope, WebhookEvent
 
 __all__ = [
     "ApiError",
@@ -341,7 +341,9 @@ class TrainctlClient:
 
     # --- webhooks (admin) ---
 
-    def create_webhook(self, url: str, events: Sequence[RunState] | None = None) -> WebhookCreated:
+    def create_webhook(
+        self, url: str, events: Sequence[WebhookEvent] | None = None
+    ) -> WebhookCreated:
         """Register `url` for run state changes (default: the terminal ones); `.secret` signs
         every delivery and is shown this once."""
         return self._call(calls.create_webhook(url, events))

@@ -353,6 +353,7 @@ class Dispatcher:
                     occurred_at=change.created_at,
                     run=run,
                     evals=evals,
+                    health=change.health,
                 )
                 new.append(NewDelivery(delivery_id, hook.id, change.event_id, change.run_id,
                                        change.state, payload.model_dump_json()))  # fmt: skip

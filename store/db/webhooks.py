@@ -36,7 +36,7 @@ from trainctl.store.db.schema import (
 )
 from trainctl.store.exceptions import NotFound
 from trainctl.store.text import repair
-from trainctl.store.vocabulary import RUN_STATES, RunState
+from trainctl.store.vocabulary import WEBHOOK_EVENTS, RunState, WebhookEvent
 
 SECRET_PREFIX = "whsec_"
 DeliveryState = Literal["pending", "succeeded", "failed"]
@@ -47,7 +47,7 @@ _ROW = 1  # the dispatcher's row: there is one
 class Webhook:
     id: int
     url: str
-    events: list[RunState]
+    events: list[WebhookEvent]
     secret: str
     after_event_id: int
     """The newest event when the webhook was made: it hears of later changes only."""
@@ -76,7 +76,7 @@ class Delivery:
     webhook_id: int
     run_id: str
     event_id: int
-    event: RunState
+    event: WebhookEvent
     state: DeliveryState
     next_attempt_at: datetime | None
     created_at: datetime
@@ -85,14 +85,16 @@ class Delivery:
 
 @dataclass(frozen=True)
 class StateChange:
-    """A `state` event of the log that moved a run from one state to another."""
+    """A `state` event of the log that moved a run from one state to another, or a `log`
+    event recording a loss-health intervention (`state` "health", its record in `health`)."""
 
     event_id: int
     run_id: str
-    state: RunState
-    previous: RunState
+    state: WebhookEvent
+    previous: RunState | None
     reason: str
     created_at: datetime
+    health: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ class NewDelivery:
     webhook_id: int
     event_id: int
     run_id: str
-    event: RunState
+    event: WebhookEvent
     body: str
 
 
@@ -121,7 +123,7 @@ class Outgoing:
     id: str
     url: str
     secret: str
-    event: RunState
+    event: WebhookEvent
     body: str
     attempt: int
     """The number of this attempt: 1 for the first."""
@@ -161,7 +163,7 @@ class WebhookStore:
 
     # ---- the API: register, list, remove, read the log --------------------------------------
 
-    def create(self, url: str, events: Sequence[RunState], created_by: str | None) -> Webhook:
+    def create(self, url: str, events: Sequence[WebhookEvent], created_by: str | None) -> Webhook:
         with write_transaction(self.engine) as conn:
             newest = conn.execute(select(func.max(run_events.c.id))).scalar_one()
             values = {
@@ -280,26 +282,13 @@ class WebhookStore:
             rows = (
                 conn.execute(
                     select(run_events)
-                    .where(run_events.c.id.in_(ids), run_events.c.type == "state")
+                    .where(run_events.c.id.in_(ids), run_events.c.type.in_(("state", "log")))
                     .order_by(run_events.c.id)
                 ).all()
                 if ids
                 else []
             )
-        # A cancel request is a `state` event too, but the run stays where it was.
-        changes = [
-            StateChange(
-                r.id,
-                r.run_id,
-                r.data["state"],
-                r.data["previous"],
-                r.data.get("reason", ""),
-                r.created_at,
-            )
-            for r in rows
-            if r.data.get("state") != r.data.get("previous")
-        ]
-        return LogBatch(ids, changes)
+        return LogBatch(ids, [c for r in rows if (c := _change(r)) is not None])
 
     def record(self, holder: str, new: Iterable[NewDelivery], cursor: int) -> bool:
         """Add the deliveries (skipping those made already, and those of webhooks removed
@@ -458,11 +447,26 @@ def _require(conn: Connection, webhook_id: int) -> Row[Any]:
     return row
 
 
+def _change(r: Row[Any]) -> StateChange | None:
+    """The change an event of the log notifies, if any."""
+    if r.type == "log":  # only a loss-health intervention's line (worker.training.health)
+        health = r.data.get("health")
+        if not isinstance(health, dict):
+            return None
+        return StateChange(r.id, r.run_id, "health", None, str(r.data.get("message", "")),
+                           r.created_at, health)  # fmt: skip
+    # A cancel request is a `state` event too, but the run stays where it was.
+    if r.data.get("state") == r.data.get("previous"):
+        return None
+    return StateChange(r.id, r.run_id, r.data["state"], r.data["previous"],
+                       r.data.get("reason", ""), r.created_at)  # fmt: skip
+
+
 def _webhook(row: Row[Any]) -> Webhook:
     """Read on the columns' own terms, so one bad row never breaks a listing (rows.py)."""
     reader = RowReader(f"webhook {row.id}")
     url, created_by = reader.text("url", row.url) or "", reader.text("created_by", row.created_by)
-    events = [e for e in reader.json("events", row.events, list) or [] if e in RUN_STATES]
+    events = [e for e in reader.json("events", row.events, list) or [] if e in WEBHOOK_EVENTS]
     return Webhook(row.id, url, events, row.secret, row.after_event_id, created_by,
                    row.created_at)  # fmt: skip
 

@@ -105,6 +105,28 @@ def test_events_choose_which_state_changes_are_posted(service: Live, receiver: R
 
 
 @pytest.mark.slow
+def test_a_loss_health_intervention_is_posted_to_the_webhooks_that_ask_for_health(
+    service: Live, receiver: Receiver
+) -> None:
+    webhook = service.add_webhook(receiver.url, events=["health", "succeeded"])
+    health = {"step": 13, "loss": 6.3, "reason": "spike", "action": "rewind", "statistic": 5.4,
+              "window": [24, 26], "rewound_to": 8}  # fmt: skip
+    lines = [
+        {"level": "info", "message": "saved checkpoint e/step_8 at step 8"},  # not notified
+        {"level": "warning", "message": "health: step 13: rewound", "health": health},
+    ]
+    run = service.run_to_end("succeeded", logs=lines)
+
+    service.settled(webhook["id"], count=2)
+
+    first, last = (r.payload for r in receiver.received)
+    assert (first["event"], first["previous"], first["health"]) == ("health", None, health)
+    assert first["reason"] == "health: step 13: rewound" and first["run"]["id"] == run.id
+    assert receiver.received[0].headers["X-Trainctl-Event"] == "health"
+    assert (last["event"], last["health"]) == ("succeeded", None)
+
+
+@pytest.mark.slow
 def test_a_receiver_that_fails_is_retried_with_the_same_delivery_id_and_logged(
     service: Live, receiver: Receiver
 ) -> None:
