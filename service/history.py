@@ -130,6 +130,7 @@ def log_entries(runs: RunStore, run_id: str) -> list[dict[str, Any]]:
             "created_at": e.created_at.isoformat(),
             "level": str(e.data.get("level", "info")),
             "message": str(e.data.get("message", "")),
+            **({"health": e.data["health"]} if isinstance(e.data.get("health"), dict) else {}),
         }
         for e in iter_events(runs, run_id, type="log")
     ]

@@ -238,6 +238,11 @@ class LogPublic(BaseModel):
     created_at: datetime
     level: str
     message: str
+    health: dict[str, Any] | None = Field(
+        None,
+        description="A loss-health intervention's record (docs/design/health.md): step, loss, "
+        "grad_norm, reason, action, statistic, window, rewound_to; absent on other lines.",
+    )
 
 
 class LogsPublic(BaseModel):
