@@ -261,14 +261,14 @@ data never held them reads). Unset, as in every deployment: nothing is planted."
 
 
 @cache
-def test_faults() -> dict[str, Any]:
+def planted_faults() -> dict[str, Any]:
     raw = os.environ.get(TEST_FAULTS_ENV)
     return json.loads(raw) if raw else {}
 
 
 def maybe_plant_nan(model: nn.Module, rank: int, step: int) -> None:
     """The `nan_grad` fault: one rank's gradient turns NaN at one step."""
-    fault = test_faults().get("nan_grad")
+    fault = planted_faults().get("nan_grad")
     if fault is None or fault != [rank, step]:
         return
     grad = next(p.grad for p in model.parameters() if p.grad is not None)
@@ -304,7 +304,7 @@ class FaultySampler:
 
 
 def maybe_faulty(sampler: Sampler, vocab_size: int) -> Sampler:
-    faults = test_faults()
+    faults = planted_faults()
     if not ("poison" in faults or "drop" in faults):
         return sampler
     return FaultySampler(sampler, vocab_size, faults)
