@@ -38,6 +38,7 @@ MODULES = [
     "evals_throughput",
     "drain",
     "slurm",
+    "loss_health",
 ]
 
 
