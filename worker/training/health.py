@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -22,6 +23,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainctl.store.checkpoints.info import CheckpointInfo
+from trainctl.store.checkpoints.store import CheckpointStore, Protected
+from trainctl.store.exceptions import CheckpointProtected
+from trainctl.store.kinds.train import TrainPlan
+from trainctl.store.names import step_tag
 from trainctl.store.training.health import HealthSpec
 from trainctl.worker.data.loader import Batch, Sampler
 
@@ -248,6 +254,43 @@ def agreed_step(mine: int, device: torch.device) -> int:
     value = torch.tensor([mine if dist.get_rank() == 0 else -1], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return int(value.item())
+
+
+# --- the checkpoints a rewind reads --------------------------------------------------------------
+
+
+def own_step_checkpoints(
+    store: CheckpointStore, plan: TrainPlan, run_id: str | None
+) -> list[CheckpointInfo]:
+    """The step_<N> checkpoints of `plan`'s experiment that run `run_id` wrote, and the one
+    it started from: a rewind goes back to one of them, never to another run's."""
+    fork = plan.fork_from
+    started = plan.resume_from or (fork.checkpoint if fork is not None else None)
+    return [
+        info
+        for info in store.list_checkpoints(plan.experiment)
+        if info.step is not None
+        and info.tag == step_tag(info.step)
+        and (info.run_id == run_id or (started is not None and info.tag == started.tag))
+    ]
+
+
+def rewind_target(store: CheckpointStore, plan: TrainPlan, run_id: str | None, limit: int) -> int:
+    """The step of the newest of the run's checkpoints at or before `limit`; -1: none."""
+    steps = [i.step for i in own_step_checkpoints(store, plan, run_id) if i.step is not None]
+    return max((s for s in steps if s <= limit), default=-1)
+
+
+def drop_checkpoints_after(
+    store: CheckpointStore, plan: TrainPlan, run_id: str | None, step: int, protected: Protected
+) -> None:
+    """Delete the run's step checkpoints after `step`: they lie on the path into the spike,
+    and a requeued attempt must not resume from one. One an evaluate run still pins stays (a
+    resume takes the newest, which the rewind saves next)."""
+    for info in own_step_checkpoints(store, plan, run_id):
+        if info.step is not None and info.step > step:
+            with suppress(CheckpointProtected):
+                store.delete(info.experiment, info.tag, protected=protected)
 
 
 # --- the test seam ----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from contextlib import closing, suppress
+from contextlib import closing
 from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any
@@ -32,7 +32,7 @@ from trainctl.store.data.mixtures import (
     source_tokens,
     token_metric,
 )
-from trainctl.store.exceptions import CheckpointNotFound, CheckpointProtected
+from trainctl.store.exceptions import CheckpointNotFound
 from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.names import BEST_TAG, step_tag
 from trainctl.store.plans import BatchPlan, DatasetPin, StepPlan, bytes_per_token
@@ -72,9 +72,11 @@ from trainctl.worker.training.health import (
     Intervention,
     LossHealth,
     agreed_step,
+    drop_checkpoints_after,
     lower_lrs,
     maybe_faulty,
     maybe_plant_nan,
+    rewind_target,
 )
 from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.optim import Optimizers, build_optimizers
@@ -328,6 +330,18 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> 
     except CheckpointNotFound as exc:
         raise CheckpointNotFound(f"cannot resume from {ref}: {exc}") from exc
     own_schedule = parts.scheduler.state_dict() if fork is not None else None
+    progress = load_training(parts, store, info, folders)
+    if own_schedule is not None:  # the fork's curve, at the parent's step
+        parts.scheduler.load_state_dict({**own_schedule, "last_epoch": progress.step})
+    return progress
+
+
+def load_training(
+    parts: TrainParts, store: CheckpointStore, info: CheckpointInfo, folders: list[str]
+) -> Progress:
+    """Load checkpoint `info` into `parts` (weights, optimizers, schedule) and this rank's RNG;
+    the progress it records, a mixture of `folders` continuing from it. A resume's, and a
+    rewind's (worker.training.health)."""
     meta = load_checkpoint(
         parts.model,
         parts.optimizers,
@@ -336,8 +350,6 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> 
         device=parts.device,
         access=parts.parallel,
     )
-    if own_schedule is not None:  # the fork's curve, at the parent's step
-        parts.scheduler.load_state_dict({**own_schedule, "last_epoch": int(meta["step"])})
     restore_rng_state(rank_rng(meta, rank_and_world()[0]))
     return Progress.saved_in(meta, folders)
 
@@ -560,60 +572,26 @@ class Trainer:
         self.finish_saves()  # what is in flight commits before the checkpoints are listed
         s, start, end = self.progress, *spike.window
         limit = spike.step - self.plan.health.rewind.min_steps_back
-        target = agreed_step(self.rewind_target(limit), self.parts.device)
+        target = agreed_step(rewind_target(self.store, self.plan, self.run_id, limit),
+                             self.parts.device)  # fmt: skip
         skipped = {**s.skipped_windows, start: end}
         if target >= 0:
             info = self.store.get(self.plan.experiment, step_tag(target))
-            meta = load_checkpoint(
-                self.parts.model,
-                self.parts.optimizers,
-                self.parts.scheduler,
-                self.store.entry(info.experiment, info.tag),
-                device=self.parts.device,
-                access=self.parts.parallel,
-            )
-            restore_rng_state(rank_rng(meta, rank_and_world()[0]))
-            loaded = Progress.saved_in(meta, [pin.folder for pin in self.plan.datasets])
+            folders = [pin.folder for pin in self.plan.datasets]
+            loaded = load_training(self.parts, self.store, info, folders)
             for f in fields(Progress):
                 setattr(s, f.name, getattr(loaded, f.name))
             self.health.load_state_dict(loaded.health, detector_only=True)
             if self.mixture is not None:
                 self.mixture.start_at(s.data_position, [x.sequences for x in s.sources])
-            self.drop_checkpoints_after(target)
+            if rank_and_world()[0] == 0:  # rank 0 commits the checkpoints; it deletes them
+                protected = self.hooks.protected()
+                drop_checkpoints_after(self.store, self.plan, self.run_id, target, protected)
         s.skipped_windows = skipped
         done = self.health.rewound(spike, s.step)
         self.hooks.on_health(done.record() | {"message": done.message()})
         self.save()
         return data_loader(self.parts, s.data_position)
-
-    def own_steps(self) -> list[CheckpointInfo]:
-        """The step_<N> checkpoints this run wrote, and the one it started from."""
-        fork = self.plan.fork_from
-        started = self.plan.resume_from or (fork.checkpoint if fork is not None else None)
-        return [
-            info
-            for info in self.store.list_checkpoints(self.plan.experiment)
-            if info.step is not None
-            and info.tag == step_tag(info.step)
-            and (info.run_id == self.run_id or (started is not None and info.tag == started.tag))
-        ]
-
-    def rewind_target(self, limit: int) -> int:
-        """The step of the newest of the run's checkpoints at or before `limit`; -1: none."""
-        return max((i.step for i in self.own_steps() if i.step is not None and i.step <= limit),
-                   default=-1)  # fmt: skip
-
-    def drop_checkpoints_after(self, step: int) -> None:
-        """Delete the run's step checkpoints after `step` (rank 0, which commits them): they
-        lie on the path into the spike, and a requeued attempt must not resume from one."""
-        if rank_and_world()[0] != 0:
-            return
-        protected = self.hooks.protected()
-        for info in self.own_steps():
-            if info.step is not None and info.step > step:
-                # One an evaluate run still pins stays; a resume takes the newest, ours.
-                with suppress(CheckpointProtected):
-                    self.store.delete(info.experiment, info.tag, protected=protected)
 
     def run(self) -> dict[str, Any]:
         plan, s = self.plan, self.progress
