@@ -29,6 +29,7 @@ from trainctl.worker.training.health import (
     TEST_FAULTS_ENV,
     LossHealth,
     SpikeDetector,
+    lower_lrs,
     planted_faults,
 )
 from trainctl.worker.training.hooks import TrainerHooks
@@ -88,6 +89,22 @@ def test_the_rewind_cap_fails_the_next_spike_naming_the_steps_rewound_from() -> 
     again = health.judge(2, 90.0, 1.0, True, (2, 3))
     assert again is not None and again.action == "fail"
     assert "after 1 rewinds (from steps [2])" in health.failure(again)
+
+
+def test_a_rewind_lowers_the_lr_for_its_steps_and_the_schedule_takes_it_back() -> None:
+    health = LossHealth(HealthSpec(spike={"warmup_steps": 1},
+                                   rewind={"lr_factor": 0.25, "lr_steps": 2}))  # fmt: skip
+    health.judge(1, 4.0, 1.0, True, (0, 1))
+    spike = health.judge(9, 90.0, 1.0, True, (8, 9))
+    assert spike is not None
+    health.rewound(spike, 6)
+    assert [health.lr_factor(s) for s in (7, 8, 9)] == [0.25, 0.25, 1.0]
+
+    param = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    lower_lrs({"sgd": optimizer}, 0.25)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.025)
+    assert health.state_dict()["low_lr_until"] == 8  # a resume lowers the same steps
 
 
 # --- real runs -----------------------------------------------------------------------------------
@@ -207,3 +224,20 @@ def test_a_nan_in_one_ranks_gradients_is_skipped_on_every_rank(
     store = posix_store(tmp_path / "checkpoints")
     weights = load_file(str(folder(store, "ddp", "step_6") / "model.safetensors"))
     assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+# make soak: the same rewind on two gloo ranks, which agree on rank 0's checkpoint and reload
+# it together; make test's run of one process covers the rewind itself.
+@pytest.mark.soak
+def test_two_ranks_rewind_together_and_end_as_two_ranks_on_data_without_the_window(
+    tmp_path: Path, plant: Callable[[dict[str, Any]], None]
+) -> None:
+    data = tmp_path / "data"
+    ends = {}
+    for name, faults in (("rewound", {"poison": POISONED}), ("clean", {"drop": WINDOW})):
+        plant(faults)
+        plan = pattern_plan(data, nproc_per_node=2)
+        ends[name] = launch_train(plan, WorkerSettings(data_dir=tmp_path / name), ctx=None)
+
+    assert ends["rewound"]["health"] == {"interventions": {"rewind": 1}, "rewinds_from": [8]}
+    assert last_per_step(ends["rewound"]["metrics"]) == train_losses(ends["clean"]["metrics"])
