@@ -142,4 +142,5 @@ def test_the_loss_health_measurement_runs_at_toy_sizes(monkeypatch: pytest.Monke
     )
     figures = {f.name: f for f in loss_health.run(quick=True)}
     assert figures["loss health: steps trained again per rewind"].value == 3
-    assert all(math.isfinite(f.value) and f.value > 0 for f in figures.values())
+    # Finite, not positive: a rewind's seconds beyond the clean run are within the noise.
+    assert all(math.isfinite(f.value) for f in figures.values())
