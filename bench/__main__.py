@@ -39,6 +39,7 @@ MODULES = [
     "drain",
     "slurm",
     "hangs",
+    "loss_health",
 ]
 
 

@@ -131,7 +131,11 @@ def log_entries(runs: RunStore, run_id: str) -> list[dict[str, Any]]:
             "level": str(e.data.get("level", "info")),
             "message": str(e.data.get("message", "")),
             # what the hang and straggler watches add (worker.training.hangs)
-            **{k: e.data[k] for k in ("straggler", "hang") if isinstance(e.data.get(k), dict)},
+            **{
+                k: e.data[k]
+                for k in ("straggler", "hang", "health")
+                if isinstance(e.data.get(k), dict)
+            },
         }
         for e in iter_events(runs, run_id, type="log")
     ]

@@ -3,7 +3,8 @@
 Gauges (runs by state, queue depth, workers alive, each running run's loss and tokens/s) are
 read from the run store when Prometheus scrapes. Step times and checkpoint saves come from
 the runs' event logs: each scrape reads the events written since the previous one and
-observes them into histograms. A checkpoint save's duration is the gap between the last
+observes them into histograms, and counts the loss-health interventions (their log lines'
+`health`). A checkpoint save's duration is the gap between the last
 metrics event before it (the step, or the validation, that it follows) and its "saved
 checkpoint" log line, both stamped by the store's clock. The supervisor counts the local
 workers it restarts and the slots it gave up on (their worker kept crashing at start), when
@@ -82,6 +83,13 @@ class ServiceMetrics:
         self.hangs = Counter(
             "trainctl_run_hangs",
             "Attempts of train runs stopped because a rank hung (a `hang` log event).",
+            registry=self.registry,
+        )
+        self.health_interventions = Counter(
+            "trainctl_health_interventions",
+            "Loss-health interventions of train runs (docs/design/health.md), by action: "
+            "log, skip, rewind, fail.",
+            ["action"],
             registry=self.registry,
         )
         self.worker_restarts = Counter(
@@ -177,6 +185,8 @@ class ServiceMetrics:
                 follower.loss = _number(data.get("loss"), follower.loss)
                 follower.tokens_per_sec = _number(data.get("tokens_per_sec"), None)
                 follower.step = int(data.get("step", 0))
+        elif event.type == "log" and isinstance(health := data.get("health"), dict):
+            self.health_interventions.labels(str(health.get("action"))).inc()
         elif event.type == "log" and isinstance(saved := data.get("checkpoint"), dict):
             seconds = _number(saved.get("save_seconds"), None)
             if seconds is not None:

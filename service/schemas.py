@@ -270,6 +270,11 @@ class LogPublic(BaseModel):
         None, description="On a straggler report: the ranks that are stragglers now."
     )
     hang: HangPublic | None = Field(None, description="On a hang: what was declared hung.")
+    health: dict[str, Any] | None = Field(
+        None,
+        description="A loss-health intervention's record (docs/design/health.md): step, loss, "
+        "grad_norm, reason, action, statistic, window, rewound_to; absent on other lines.",
+    )
 
 
 class LogsPublic(BaseModel):
@@ -523,8 +528,9 @@ class WebhookCreate(TextChecked):
         min_length=1,
         description="The states whose entry is notified; default the terminal ones. `queued` "
         "is a run put back in the queue (a lost worker, a hang), never its submission. Besides "
-        "the states, the alerts of a running run (docs/design/hangs.md): `straggler`, a change "
-        "of its stragglers, and `hang`, an attempt stopped because a rank hung.",
+        "the states, the alerts of a running run: `straggler`, a change of its stragglers, and "
+        "`hang`, an attempt stopped because a rank hung (docs/design/hangs.md); `health`, a "
+        "train run's loss-health intervention (a skipped step, a rewind; docs/design/health.md).",
     )
 
 
@@ -588,7 +594,7 @@ class WebhookPayload(BaseModel):
 
     delivery_id: str = Field(description="Deduplicate on it: a delivery may come twice.")
     event: WebhookEvent = Field(
-        description="The state the run entered, or the alert (`straggler`, `hang`)."
+        description="The state the run entered, or the alert (`straggler`, `hang`, `health`)."
     )
     previous: RunState = Field(
         description="The state it left; for an alert, the state it is in: running."
@@ -597,9 +603,11 @@ class WebhookPayload(BaseModel):
     event_id: int = Field(description="The run's `state` (or, for an alert, `log`) event.")
     alert: dict[str, Any] | None = Field(
         None,
-        description="An alert's data: a `straggler`'s {step, slowdowns, threshold, window} or "
-        "a `hang`'s {ranks, step, phase, late_seconds}, as GET /runs/{id}/logs shows them; "
-        "null for a state change.",
+        description="An alert's data, as GET /runs/{id}/logs shows them: a `straggler`'s "
+        "{step, slowdowns, threshold, window}, a `hang`'s {ranks, step, phase, late_seconds}, "
+        "or a `health` intervention's {step, loss, grad_norm, reason ('nonfinite', 'spike'), "
+        "action ('log', 'skip', 'rewind', 'fail'), statistic (the z-score), window (the data "
+        "positions [start, end) of the step), rewound_to}; null for a state change.",
     )
     occurred_at: datetime
     run: RunPublic = Field(

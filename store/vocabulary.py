@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 RunState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-AlertEvent = Literal["straggler", "hang"]
+AlertEvent = Literal["straggler", "hang", "health"]
 """What a webhook may hear of besides state changes: a run's `log` event with a field of that
-name (the hang and straggler watches, docs/design/hangs.md)."""
+name (the hang and straggler watches, docs/design/hangs.md; a loss-health intervention,
+docs/design/health.md)."""
 WebhookEvent = Literal[RunState, AlertEvent]
 EventType = Literal["state", "metrics", "log", "sample", "eval_items"]
 # What an API token may do, each scope allowing what those before it do (store/db/tokens.py).

@@ -104,6 +104,12 @@ class RunContext:
         where = f"{saved['experiment']}/{saved['tag']}"
         self.log(f"saved checkpoint {where} at step {saved['step']}", checkpoint=checkpoint)
 
+    def log_health(self, record: dict[str, Any]) -> None:
+        """A Trainer's `on_health`: a loss-health intervention, in words and as data (the
+        service's /metrics counts `health.action`, webhooks and the dashboard read it)."""
+        health = {k: v for k, v in record.items() if k != "message"}
+        self.log(record["message"], level="warning", health=health)
+
     def metrics(self, data: dict[str, Any]) -> None:
         self._event("metrics", data)
         if "step" in data and "total_steps" in data:

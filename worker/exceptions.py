@@ -32,12 +32,18 @@ class NonFiniteLoss(TrainctlError):
     """Training diverged; the step's update was not applied and nothing was saved."""
 
 
+class LossSpikes(TrainctlError):
+    """The loss spiked again after as many rewinds as the run may make
+    (`health.rewind.max_rewinds`); the spike's update was not applied."""
+
+
 __all__ = [
     "CheckpointCorrupt",
     "CheckpointMismatch",
     "CheckpointWriteFailed",
     "DoesNotFit",
     "LeaseExpired",
+    "LossSpikes",
     "NonFiniteLoss",
     "RunStopped",
 ]

@@ -30,7 +30,7 @@ const CHARTS = [
   { id: "tps", title: "Tokens / s", series: [["tokens_per_sec", "tokens/s", "#0c8599"]] },
 ];
 
-function chartOptions(spec, forks = []) {
+function chartOptions(spec, forks = [], health = null) {
   const axes = [{ label: "step", values: (u, vals) => vals.map(fmt.compact) }];
   spec.series.forEach(([, , stroke, scale], i) => {
     // Muon's and AdamW's lrs differ ~70x: each optimizer's has a scale of its own, the first
@@ -43,7 +43,45 @@ function chartOptions(spec, forks = []) {
     series: [{ label: "step" }, ...spec.series.map(([, label, stroke, scale]) => ({
       label, stroke, spanGaps: true, points: { show: Boolean(spec.points) || label.startsWith("val") },
       ...(scale ? { scale } : {}) }))],
-    plugins: spec.id === "loss" && forks.length ? [forkMarkers(forks)] : [],
+    plugins: spec.id === "loss"
+      ? [...(forks.length ? [forkMarkers(forks)] : []), ...(health ? [health.plugin] : [])] : [],
+  };
+}
+
+// A mark on the loss chart at each loss-health intervention (docs/design/health.md): a line at
+// the step, coloured by the action (a rewind's, a skip's, a logged spike's), titled with the
+// log line that reported it. Interventions arrive with the log, after the chart is made, so the
+// plugin keeps them and adds a mark to the chart it drew, if any yet.
+function healthMarkers() {
+  const records = [];
+  let plot = null;
+  let marks = [];
+  const make = (u, r) => {
+    const mark = h("div", { class: `health-marker ${r.action}`, "data-step": r.step,
+      "data-action": r.action, title: r.message });
+    u.over.after(mark);
+    return [r.step, mark];
+  };
+  const place = (u) => {
+    const { offsetLeft: left, offsetTop: top, clientWidth: width, clientHeight: height } = u.over;
+    for (const [step, mark] of marks) {
+      const x = u.valToPos(step, "x");
+      mark.hidden = !(Number.isFinite(x) && x >= 0 && x <= width);
+      Object.assign(mark.style, { left: `${left + x}px`, top: `${top}px`, height: `${height}px` });
+    }
+  };
+  return {
+    // r: a log line's `health` record, with the line's message.
+    add(r) {
+      records.push(r);
+      if (!plot) return;
+      marks.push(make(plot, r));
+      place(plot);
+    },
+    plugin: { hooks: {
+      init: [(u) => { plot = u; marks = records.map((r) => make(u, r)); }],
+      draw: [place],
+    } },
   };
 }
 
@@ -89,6 +127,7 @@ class RunCharts {
   // forks: the run's forks (GET /runs/{id}/lineage), marked on its loss chart.
   constructor(forks = []) {
     this.forks = forks;
+    this.health = healthMarkers();
     this.steps = [];  // x values; one entry per train or benchmark-measure step
     this.specs = CHARTS.map((c) => ({ ...c, series: [...c.series] }));  // this run's series
     this.data = Object.fromEntries(this.specs.map((c) => [c.id, c.series.map(() => [])]));
@@ -101,7 +140,8 @@ class RunCharts {
   plot(spec) {
     const container = document.getElementById(`chart-${spec.id}`);
     container.replaceChildren();
-    return new FittedChart(container, chartOptions(spec, this.forks), [[], ...spec.series.map(() => [])]);
+    return new FittedChart(container, chartOptions(spec, this.forks, this.health),
+      [[], ...spec.series.map(() => [])]);
   }
 
   // An optimizer's lr not seen before gets a series, empty for the steps before.
@@ -415,6 +455,7 @@ export async function showRun(view, runId) {
     head.replaceChildren(summary(run, bpb, watch));
   };
   lines.forEach(onWatch);
+  for (const l of lines) if (l.health) charts?.health.add({ ...l.health, message: l.message });
   const after = past.items.length ? past.items.at(-1).event_id : 0;
 
   const controller = new AbortController();
@@ -427,6 +468,7 @@ export async function showRun(view, runId) {
     else if (type === "log" && event.id > shownLog) {
       logs.append(`${event.data.level}: ${event.data.message}\n`);
       onWatch(event.data);
+      if (event.data.health) charts?.health.add({ ...event.data.health, message: event.data.message });
     }
     else if (type === "state") refresh().catch(showError);
   }, controller.signal);

@@ -50,6 +50,7 @@ from trainctl.store.specs import (
     TrainEvals,
 )
 from trainctl.store.training.hangs import HangOptions, StragglerOptions
+from trainctl.store.training.health import HealthSpec
 from trainctl.store.training.memory import MemoryEstimate, MemoryNeed, Sharding, step_estimate
 from trainctl.store.training.parallelism import PARALLEL_STRATEGIES, ParallelismSpec
 
@@ -192,6 +193,11 @@ class TrainOptions(StepOptions):
         default_factory=StragglerOptions,
         description="Straggler reports of a multi-process run: when a rank counts as "
         'persistently slow (docs/design/hangs.md, "Stragglers").',
+    )
+    health: HealthSpec = Field(
+        default_factory=HealthSpec,
+        description="What the loop does about a non-finite loss or gradient norm and about a "
+        'loss spike (docs/design/health.md, "Loss health"); every check is on by default.',
     )
     spread: Spread = Field(
         "any",

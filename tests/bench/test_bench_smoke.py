@@ -15,6 +15,7 @@ from bench import (
     generate,
     hf_train,
     hf_vs_gpt,
+    loss_health,
     model_step,
     time_to_quality,
     tokenize,
@@ -133,3 +134,13 @@ def test_the_object_storage_measurement_runs_at_toy_sizes(monkeypatch: pytest.Mo
 
     assert all(math.isfinite(f.value) and f.value > 0 for f in figures), figures
     assert "s3: trainctl upload / rclone copy" in [f.name for f in figures]
+
+
+def test_the_loss_health_measurement_runs_at_toy_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        loss_health, "QUICK", dict(preset="tiny", n_layers=1, batch=1, seq=16, steps=1, rounds=1)
+    )
+    figures = {f.name: f for f in loss_health.run(quick=True)}
+    assert figures["loss health: steps trained again per rewind"].value == 3
+    # Finite, not positive: a rewind's seconds beyond the clean run are within the noise.
+    assert all(math.isfinite(f.value) for f in figures.values())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.support.stores import posix_store
 from trainctl.store.db.records import Run
@@ -13,6 +13,9 @@ from trainctl.store.kinds.registry import kind_of_plan, placement_of
 from trainctl.store.kinds.train import TrainPlan, TrainRequest, resolve_train
 from trainctl.store.kinds.validate import ValidatePlan, ValidateRequest, resolve_validate
 from trainctl.store.plans import CheckpointRef
+
+if TYPE_CHECKING:
+    from trainctl.worker.runner import Worker
 
 
 def train_plan(checkpoints: Path | None = None, **request: Any) -> TrainPlan:
@@ -70,3 +73,13 @@ def until_cancelled(experiment: str, **placement: int) -> TrainPlan:
         val_batches=1,
         **placement,
     )
+
+
+def run_to_end(runs: RunStore, worker: Worker, plan: TrainPlan) -> Run:
+    """Queue `plan`, and have `worker` (worker id "w1") claim and run it; the run once it has
+    ended."""
+    queued = enqueue(runs, plan)
+    claimed = runs.claim("w1", lease_seconds=60)
+    assert claimed is not None and claimed.id == queued.id
+    worker.run_one(claimed)
+    return runs.get(queued.id)

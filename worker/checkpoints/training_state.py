@@ -92,6 +92,11 @@ class Progress:
     sources: list[SourcePosition] = field(default_factory=list)
     """A mixture's datasets at `data_position`: the rest of the data position (one run of a
     mixture, "Data mixtures"); [] for one source."""
+    skipped_windows: dict[int, int] = field(default_factory=dict)
+    """Data windows [start, end) a loss-health rewind skipped, by start: the rest of the data
+    position, so that a resume skips them too (worker.training.health)."""
+    health: dict[str, Any] = field(default_factory=dict)
+    """The loss-health record at this step (`LossHealth.state_dict`); {} before any step."""
 
     @classmethod
     def saved_in(cls, metadata: dict[str, Any], folders: Sequence[str]) -> Progress:
@@ -103,6 +108,8 @@ class Progress:
             best_loss=metadata.get("best_loss"),
             data_position=int(metadata["data_position"]),
             sources=continue_sources(read_sources(metadata), folders),
+            skipped_windows={int(a): int(b) for a, b in metadata.get("skipped_windows", [])},
+            health=dict(metadata.get("health") or {}),
         )
 
 
@@ -144,6 +151,11 @@ def checkpoint_metadata(
     model, progress = state.model, state.progress
     config = getattr(model, "config", None)
     sources = {SOURCES_KEY: sources_metadata(progress.sources)} if progress.sources else {}
+    health: dict[str, Any] = {}
+    if progress.skipped_windows:
+        health["skipped_windows"] = sorted([a, b] for a, b in progress.skipped_windows.items())
+    if progress.health:
+        health["health"] = progress.health
     return {
         "format_version": FORMAT_VERSION,
         "step": progress.step,
@@ -162,5 +174,6 @@ def checkpoint_metadata(
         "versions": versions(),
         **state.extra,
         **sources,
+        **health,
         **(extra or {}),
     }

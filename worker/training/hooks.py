@@ -51,6 +51,8 @@ class TrainerHooks:
     (RunContext.progress)."""
     on_sample: Callback = ignore
     """A training sample's generated text."""
+    on_health: Callback = ignore
+    """A loss-health intervention (worker.training.health): its record, `message` in words."""
     should_stop: Callable[[], bool] = never
     """Asked at every step boundary; True stops the run there, with a checkpoint."""
     protected: Callable[[], Protected] = nothing_protected
@@ -97,6 +99,7 @@ class TrainerHooks:
             on_checkpoint=ctx.log_checkpoint,
             on_progress=ctx.progress,
             on_sample=ctx.sample,
+            on_health=ctx.log_health,
             should_stop=should_stop or ctx.should_stop,
             protected=ctx.while_owned(protected),
             before_commit=ctx.confirm_lease,

@@ -15,12 +15,14 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
+from trainctl.store.checkpoints.info import CheckpointInfo
 from trainctl.store.checkpoints.store import CheckpointStore
 from trainctl.store.data.bucket import DatasetStore
 from trainctl.store.data.datasets import TOKENIZER_FILE, bits_per_byte
@@ -32,7 +34,7 @@ from trainctl.store.data.mixtures import (
 )
 from trainctl.store.exceptions import CheckpointNotFound
 from trainctl.store.kinds.train import TrainPlan
-from trainctl.store.names import BEST_TAG
+from trainctl.store.names import BEST_TAG, step_tag
 from trainctl.store.plans import BatchPlan, DatasetPin, StepPlan, bytes_per_token
 from trainctl.store.specs import DataSpec
 from trainctl.worker.checkpoints.async_save import SaveAbandoned
@@ -61,12 +63,22 @@ from trainctl.worker.data.loader import (
     stdlib_source_files,
 )
 from trainctl.worker.data.mixtures import MixtureSampler, source_seed
-from trainctl.worker.exceptions import NonFiniteLoss, RunStopped
+from trainctl.worker.exceptions import LossSpikes, NonFiniteLoss, RunStopped
 from trainctl.worker.models import build_model, model_files, take_step_metrics
 from trainctl.worker.models.gpt import GPT
 from trainctl.worker.models.sampling import TrainingSamples
 from trainctl.worker.stops import maybe_stop
 from trainctl.worker.training.hangs import RankWatches
+from trainctl.worker.training.health import (
+    Intervention,
+    LossHealth,
+    agreed_step,
+    drop_checkpoints_after,
+    lower_lrs,
+    maybe_faulty,
+    maybe_plant_nan,
+    rewind_target,
+)
 from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.optim import Optimizers, build_optimizers
 from trainctl.worker.training.parallel import DataParallel, SingleProcess, rank_and_world
@@ -214,18 +226,25 @@ def data_loader(parts: TrainParts, position: int) -> AsyncDataLoader:
     return AsyncDataLoader(parts.sampler.iterate(position), parts.device, prefetch_factor=4)
 
 
+Judge = Callable[[float, float, bool], Intervention | None]
+"""(loss, grad norm, finite on every rank): a step's verdict before its update (the run's
+`LossHealth.judge`); None applies it."""
+
+
 def train_step(
     parts: TrainParts,
     loader: AsyncDataLoader,
     step: int,
     before_update: Callable[[], None] | None = None,
+    judge: Judge | None = None,
     before_sync: Callable[[], None] | None = None,
 ) -> dict[str, float]:
-    """One optimizer step over `grad_accum_steps` micro-batches; raises NonFiniteLoss before
-    updating. `before_update` runs just before the optimizers change the weights and their
-    state (a background save's copy must be complete by then); `before_sync` just before the
-    last backward, where a multi-process run starts averaging the gradients (the end of a
-    rank's own work: worker.training.hangs.OwnClock).
+    """One optimizer step over `grad_accum_steps` micro-batches. `before_update` runs just
+    before the optimizers change the weights and their state (a background save's copy must
+    be complete by then). `judge` decides whether the update is applied (worker.training.health);
+    without one a non-finite step raises NonFiniteLoss before updating. `before_sync` runs just
+    before the last backward, where a multi-process run starts averaging the gradients (the end
+    of a rank's own work: worker.training.hangs.OwnClock).
 
     In a multi-GPU run each rank runs its share of the micro-batches, and the gradients and
     the loss are averaged across ranks before anything below uses them.
@@ -247,12 +266,20 @@ def train_step(
                 before_sync()
             (loss / local_accum).backward()
         total += main.detach()
-    loss_value = parallel.mean(total / local_accum).item()
-    # The model's own metrics of the step (an MoE's aux loss), averaged across ranks too.
-    extra = {name: parallel.mean(v).item() for name, v in take_step_metrics(model).items()}
+    maybe_plant_nan(model, rank_and_world()[0], step + 1)
     max_norm = parts.grad_clip if parts.grad_clip > 0 else math.inf
     grad_norm = parallel.clip_grad_norm(model, max_norm)
-    if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
+    # One all-reduce carries the loss and whether this rank's norm is finite, as the loss
+    # alone did before: every rank reads the same two numbers, so every rank applies or
+    # skips the step alike (a NaN in one rank's gradient after DDP's average reaches no
+    # other rank's norm). The .tolist() is the step's one read of the loss, as .item() was.
+    bad = torch.tensor(0.0 if math.isfinite(grad_norm) else 1.0, device=parts.device)
+    loss_value, bad_ranks = parallel.mean(torch.stack([total / local_accum, bad])).tolist()
+    # The model's own metrics of the step (an MoE's aux loss), averaged across ranks too.
+    extra = {name: parallel.mean(v).item() for name, v in take_step_metrics(model).items()}
+    finite = math.isfinite(loss_value) and bad_ranks == 0
+    verdict = judge(loss_value, grad_norm, finite) if judge is not None else None
+    if judge is None and not finite:
         parts.optimizers.zero_grad(set_to_none=True)
         raise NonFiniteLoss(
             f"loss became {loss_value} (grad norm {grad_norm}) at step {step + 1}: the update "
@@ -260,13 +287,21 @@ def train_step(
             "the data"
         )
     lrs = parts.optimizers.lr_metrics()  # the lrs this step trains with: `lr/<name>`
+    metrics = {"loss": loss_value, "grad_norm": grad_norm, **extra, **lrs}
+    if verdict is not None and verdict.skips_update:
+        # A skipped step counts, without its update: the schedule moves on, so the lr stays
+        # a function of the step. A rewind's step does not count (nor a failing one's).
+        parts.optimizers.zero_grad(set_to_none=True)
+        if verdict.action == "skip":
+            parts.scheduler.step()
+        return metrics
     if before_update is not None:
         before_update()
     # After the all-reduce: Muon orthogonalises the averaged gradient (worker/training/parallel.py).
     parts.optimizers.step()
     parts.optimizers.zero_grad(set_to_none=True)
     parts.scheduler.step()
-    return {"loss": loss_value, "grad_norm": grad_norm, **extra, **lrs}
+    return metrics
 
 
 def validate(parts: TrainParts) -> dict[str, float]:
@@ -302,6 +337,18 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> 
     except CheckpointNotFound as exc:
         raise CheckpointNotFound(f"cannot resume from {ref}: {exc}") from exc
     own_schedule = parts.scheduler.state_dict() if fork is not None else None
+    progress = load_training(parts, store, info, folders)
+    if own_schedule is not None:  # the fork's curve, at the parent's step
+        parts.scheduler.load_state_dict({**own_schedule, "last_epoch": progress.step})
+    return progress
+
+
+def load_training(
+    parts: TrainParts, store: CheckpointStore, info: CheckpointInfo, folders: list[str]
+) -> Progress:
+    """Load checkpoint `info` into `parts` (weights, optimizers, schedule) and this rank's RNG;
+    the progress it records, a mixture of `folders` continuing from it. A resume's, and a
+    rewind's (worker.training.health)."""
     meta = load_checkpoint(
         parts.model,
         parts.optimizers,
@@ -310,8 +357,6 @@ def maybe_resume(parts: TrainParts, store: CheckpointStore, plan: TrainPlan) -> 
         device=parts.device,
         access=parts.parallel,
     )
-    if own_schedule is not None:  # the fork's curve, at the parent's step
-        parts.scheduler.load_state_dict({**own_schedule, "last_epoch": int(meta["step"])})
     restore_rng_state(rank_rng(meta, rank_and_world()[0]))
     return Progress.saved_in(meta, folders)
 
@@ -357,11 +402,14 @@ class Trainer:
         self.watches = watches or RankWatches()
         self.drained: dict[str, Any] = {}
         self.store = store
-        data = build_data(plan, datasets)
-        self.parts = build_training(plan, *data, total_steps=plan.steps, ranks=ranks)
+        sampler, val = build_data(plan, datasets)
+        sampler = maybe_faulty(sampler, plan.model.config.vocab_size)  # tests' faults only
+        self.parts = build_training(plan, sampler, val, total_steps=plan.steps, ranks=ranks)
         self.data_record = build_data_record(plan.data, plan.dataset, plan.datasets, datasets)
         self.bytes_per_token = bytes_per_token(plan.data, plan.dataset, plan.datasets)
         self.progress = maybe_resume(self.parts, self.store, plan)
+        self.health = LossHealth(plan.health)
+        self.health.load_state_dict(self.progress.health)
         # The last losses, for the result: never saved (a resumed run has none until it
         # trains a step).
         self.last_loss: float | None = None
@@ -384,6 +432,7 @@ class Trainer:
     def save(self, tag: str | None = None) -> None:
         """Save a checkpoint at this step (every rank, at the same step); report the saves
         committed since the last report."""
+        self.progress.health = self.health.state_dict()
         for done in self.saves.save(self.training_state(), tag):
             self.hooks.on_checkpoint(done)
 
@@ -490,6 +539,69 @@ class Trainer:
             }
         )
 
+    # --- loss health (worker.training.health) ---
+
+    def judge_step(self) -> Judge:
+        """The verdict on the step about to run, before its update; its lr lowered first
+        while a rewind asks for it."""
+        s, accum = self.progress, self.plan.batch.grad_accum_steps
+        factor = self.health.lr_factor(s.step + 1)
+        if factor < 1:
+            lower_lrs(self.parts.optimizers, factor)
+        window = (s.data_position, s.data_position + accum)
+        return partial(self.health.judge, s.step + 1, window=window)
+
+    def maybe_skip_window(self, loader: AsyncDataLoader) -> AsyncDataLoader:
+        """At the start of a window a rewind skipped, jump past it (a batch is a pure function
+        of its position, so the loader restarts there)."""
+        s = self.progress
+        end = s.skipped_windows.get(s.data_position)
+        if end is None:
+            return loader
+        loader.close()
+        s.data_position = end
+        self.advance_sources()  # a mixture's datasets move past the window's sequences
+        return data_loader(self.parts, end)
+
+    def intervene(self, i: Intervention, loader: AsyncDataLoader) -> AsyncDataLoader:
+        """Report intervention `i` and carry it out; the loader to go on with."""
+        if i.action == "rewind":
+            return self.rewind(i, loader)
+        self.hooks.on_health(i.record() | {"message": i.message()})
+        if i.action == "fail":
+            exc = NonFiniteLoss if i.reason == "nonfinite" else LossSpikes
+            raise exc(self.health.failure(i))
+        return loader
+
+    def rewind(self, spike: Intervention, loader: AsyncDataLoader) -> AsyncDataLoader:
+        """Reload the newest checkpoint of the run at least `min_steps_back` steps before the
+        spike (none: stay, the update was not applied), skip the spike's data window from
+        now on, and save where the run stands, so that any resume skips the window too."""
+        loader.close()
+        self.finish_saves()  # what is in flight commits before the checkpoints are listed
+        s, start, end = self.progress, *spike.window
+        limit = spike.step - self.plan.health.rewind.min_steps_back
+        target = agreed_step(rewind_target(self.store, self.plan, self.run_id, limit),
+                             self.parts.device)  # fmt: skip
+        skipped = {**s.skipped_windows, start: end}
+        if target >= 0:
+            info = self.store.get(self.plan.experiment, step_tag(target))
+            folders = [pin.folder for pin in self.plan.datasets]
+            loaded = load_training(self.parts, self.store, info, folders)
+            for f in fields(Progress):
+                setattr(s, f.name, getattr(loaded, f.name))
+            self.health.load_state_dict(loaded.health, detector_only=True)
+            if self.mixture is not None:
+                self.mixture.start_at(s.data_position, [x.sequences for x in s.sources])
+            if rank_and_world()[0] == 0:  # rank 0 commits the checkpoints; it deletes them
+                protected = self.hooks.protected()
+                drop_checkpoints_after(self.store, self.plan, self.run_id, target, protected)
+        s.skipped_windows = skipped
+        done = self.health.rewound(spike, s.step)
+        self.hooks.on_health(done.record() | {"message": done.message()})
+        self.save()
+        return data_loader(self.parts, s.data_position)
+
     def run(self) -> dict[str, Any]:
         plan, s = self.plan, self.progress
         tokens_per_step = plan.batch.tokens_per_step
@@ -499,6 +611,7 @@ class Trainer:
         pulse, own, fault, trained = self.watches.pulse, self.watches.own, self.watches.fault, 0
         try:
             while s.step < plan.steps:
+                loader = self.maybe_skip_window(loader)
                 pulse.start_step(s.step)
                 if fault is not None:
                     fault.maybe_stop(s.step, trained)
@@ -512,10 +625,18 @@ class Trainer:
                     loader,
                     s.step,
                     self.saves.before_update,
+                    self.judge_step(),
                     before_sync=own.end if own is not None else None,
                 )
                 trained += 1
                 pulse.stepped(time.perf_counter() - t0)
+                intervention = self.health.take()
+                if intervention is not None:
+                    pulse.section(s.step)  # a rewind loads and saves: a save's allowance
+                    loader = self.intervene(intervention, loader)
+                    if intervention.action == "rewind":  # back at the checkpoint's step
+                        interval = Interval()
+                        continue
                 s.step += 1
                 s.data_position += plan.batch.grad_accum_steps
                 s.token_count += tokens_per_step
@@ -573,6 +694,8 @@ class Trainer:
         }
         if s.sources:
             result["source_tokens"] = source_tokens(s.sources)
+        if self.health.counts:
+            result["health"] = self.health.report()
         if stopped and self.hooks.draining():
             result["drain"] = self.drain_report(stopped_at)
         if self.last_val_loss is not None and self.bytes_per_token is not None:

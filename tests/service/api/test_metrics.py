@@ -119,3 +119,20 @@ def test_http_requests_are_counted_by_route_template_and_status(client: TestClie
                  method="GET", route="unmatched", status="404") == 1  # fmt: skip
     assert value(found, "trainctl_http_request_duration_seconds_count",
                  method="GET", route="/runs/{run_id}", status="404") == 2  # fmt: skip
+
+
+def test_loss_health_interventions_are_counted_by_action(
+    client: TestClient, runs: RunStore
+) -> None:
+    run_id = client.post("/runs/train", json=CPU_TRAIN).json()["id"]
+    assert runs.claim("w1", lease_seconds=60) is not None
+    for step, action in ((7, "skip"), (9, "rewind"), (12, "skip")):
+        health = {"step": step, "loss": 9.0, "reason": "spike", "action": action}
+        runs.append_event(
+            run_id, "log", {"level": "warning", "message": "health", "health": health}
+        )
+
+    found = samples(client)
+
+    assert value(found, "trainctl_health_interventions_total", action="skip") == 2
+    assert value(found, "trainctl_health_interventions_total", action="rewind") == 1

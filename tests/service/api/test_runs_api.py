@@ -166,7 +166,14 @@ BAD_TRAIN_BODIES = [
     ({"steps": 10, "experiment": "../etc"}, "body.experiment: String should match pattern"),
     ({"steps": 10, "resume_from": "a/b"}, "body.resume_from"),
     ([1, 2], "body: Input should be a valid dictionary"),
-]
+    # Loss health (store/training/health.py): bounds, and settings that contradict each other.
+    ({"steps": 10, "health": {"spike": {"action": "retry"}}}, "body.health.spike.action"),
+    ({"steps": 10, "health": {"spike": {"ema_decay": 1}}}, "body.health.spike.ema_decay"),
+    ({"steps": 10, "health": {"spike": {"action": "log"}, "rewind": {"max_rewinds": 9}}},
+     "health.rewind is read only when health.spike.action is 'rewind', not 'log'"),
+    ({"steps": 10, "health": {"rewind": {"lr_factor": 0.5}}},
+     "health.rewind.lr_factor 0.5 with health.rewind.lr_steps 0"),
+]  # fmt: skip
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from trainctl.service.settings import Settings
 
 @pytest.fixture(scope="module")
 def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """The served app's settings: one worker process and a token."""
     return Settings(
         data_dir=tmp_path_factory.mktemp("dashboard"),
         workers=1,
@@ -30,8 +31,8 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 
 @pytest.fixture(scope="module")
 def base_url(settings: Settings) -> Iterator[str]:
-    """The app with one worker process and a token, served by uvicorn on a free port; one
-    for the module, so that its finished runs are trained once."""
+    """The app served by uvicorn on a free port; one for the module, so that its finished
+    runs are trained once."""
     with serve(create_app(settings), stop_timeout=60) as url:
         yield url
 

@@ -137,6 +137,37 @@ def test_a_finished_runs_page_fits_its_cards_at_every_width_and_follows_resizes(
     assert lr_series(baseline) == ["adamw"]
 
 
+# Each loss-health mark on the loss chart: its action, title and place on the x axis.
+HEALTH_MARKERS = """() => {
+  const over = document.querySelector("#chart-loss .u-over").getBoundingClientRect();
+  return [...document.querySelectorAll("#chart-loss .health-marker")].map((m) => ({
+    action: m.dataset.action, title: m.title, hidden: m.hidden,
+    x: (m.getBoundingClientRect().left - over.left) / over.width }));
+}"""
+
+
+def test_the_loss_chart_marks_each_loss_health_intervention_at_its_step(
+    finished: tuple[RunPublic, RunPublic], open_page: Any, settings: Settings
+) -> None:
+    _, run = finished
+    message = "health: step 12: loss 9.1 is 7.0 standard deviations above its average; rewound"
+    health = {"step": 12, "loss": 9.1, "reason": "spike", "action": "rewind", "statistic": 7.0,
+              "window": [22, 24], "rewound_to": 8}  # fmt: skip
+    with RunStore(settings.db_url) as runs:  # as a worker logs it (worker/context.py)
+        runs.append_event(run.id, "log", {"level": "warning", "message": message,
+                                          "health": health})  # fmt: skip
+    page = open_page(f"#/runs/{run.id}")
+    poll(lambda: points(page, "chart-loss") == STEPS, what="the run's points")
+    page.wait_for_selector("#chart-loss .health-marker")  # the log is read after the metrics
+
+    for width in WIDTHS:
+        fits(page, width)
+        (mark,) = page.evaluate(HEALTH_MARKERS)
+        assert (mark["action"], mark["title"], mark["hidden"]) == ("rewind", message, False)
+        assert 0.4 < mark["x"] < 0.55, mark  # step 12 of steps 1 to 24
+        page.screenshot(path=artifact(f"run-health-{width}.png"), full_page=True)
+
+
 # Where each row's state cell is, and whether the page or the table scrolls sideways.
 RUNS_TABLE = """() => {
   const wrap = document.querySelector("#runs").closest(".table-wrap");

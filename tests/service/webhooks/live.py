@@ -74,14 +74,21 @@ class Live:
             what=f"{count} deliveries of webhook {webhook_id} to settle",
         )
 
-    def run_to_end(self, state: str = "succeeded", metrics: Sequence[dict[str, Any]] = ()) -> Run:
-        """A run claimed and finished as a worker would: running, its `metrics` events, then
-        `state`."""
+    def run_to_end(
+        self,
+        state: str = "succeeded",
+        metrics: Sequence[dict[str, Any]] = (),
+        logs: Sequence[dict[str, Any]] = (),
+    ) -> Run:
+        """A run claimed and finished as a worker would: running, its `metrics` events, its
+        `logs` lines, then `state`."""
         run = self.runs.enqueue("benchmark", "hooks", {"steps": 1})
         claimed = self.runs.claim("test-worker", lease_seconds=60)
         assert claimed is not None and claimed.id == run.id
         for data in metrics:
             self.runs.append_event(run.id, "metrics", data, worker_id="test-worker", attempt=1)
+        for data in logs:
+            self.runs.append_event(run.id, "log", data, worker_id="test-worker", attempt=1)
         result = {"tokens_per_sec": 1.0} if state == "succeeded" else None
         error = None if state == "succeeded" else "it broke"
         return self.runs.finish(run.id, "test-worker", 1, state, result=result, error=error)

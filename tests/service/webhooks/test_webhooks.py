@@ -130,6 +130,27 @@ def test_a_straggler_and_a_hang_are_posted_as_alerts_with_their_data(
     ]  # and no delivery for the other log line or for `failed`, which it did not ask for
 
 
+def test_a_loss_health_intervention_is_posted_to_the_webhooks_that_ask_for_health(
+    service: Live, receiver: Receiver
+) -> None:
+    webhook = service.add_webhook(receiver.url, events=["health", "succeeded"])
+    health = {"step": 13, "loss": 6.3, "reason": "spike", "action": "rewind", "statistic": 5.4,
+              "window": [24, 26], "rewound_to": 8}  # fmt: skip
+    lines = [
+        {"level": "info", "message": "saved checkpoint e/step_8 at step 8"},  # not notified
+        {"level": "warning", "message": "health: step 13: rewound", "health": health},
+    ]
+    run = service.run_to_end("succeeded", logs=lines)
+
+    service.settled(webhook["id"], count=2)
+
+    first, last = (r.payload for r in receiver.received)
+    assert (first["event"], first["previous"], first["alert"]) == ("health", "running", health)
+    assert first["reason"] == "health: step 13: rewound" and first["run"]["id"] == run.id
+    assert receiver.received[0].headers["X-Trainctl-Event"] == "health"
+    assert (last["event"], last["alert"]) == ("succeeded", None)
+
+
 @pytest.mark.slow
 def test_a_receiver_that_fails_is_retried_with_the_same_delivery_id_and_logged(
     service: Live, receiver: Receiver

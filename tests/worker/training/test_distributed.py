@@ -15,13 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-from tests.support.plans import enqueue, train_plan
+from tests.support.plans import run_to_end, train_plan
 from tests.support.ranks import LOSS_RTOL, STEPS, tiny_plan, train_losses
 from tests.support.stores import folder, posix_store
-from trainctl.store.db.records import Run
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import InvalidRequest
-from trainctl.store.kinds.train import TrainPlan
 from trainctl.store.worker_settings import WorkerSettings
 from trainctl.worker.launch import check_world, launch_train
 from trainctl.worker.runner import Worker
@@ -68,26 +66,6 @@ def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batch(tmp_path
     assert got == pytest.approx(expected, rel=LOSS_RTOL)
     assert result["final_val_loss"] == pytest.approx(single[-1]["val_loss"], rel=LOSS_RTOL)
     assert result["token_count"] == STEPS * 4 * 2 * 32  # the global batch, counted once
-
-
-@pytest.fixture
-def worker(runs: RunStore, tmp_path: Path) -> Worker:
-    """The worker of the data dir `tmp_path`, as its process is (without its loop)."""
-    return Worker(
-        WorkerSettings(
-            database_url=runs.engine.url.render_as_string(), data_dir=tmp_path, worker_id="w1"
-        ),
-        runs,
-    )
-
-
-def run_to_end(runs: RunStore, worker: Worker, plan: TrainPlan) -> Run:
-    """Queue `plan`, and have `worker` claim and run it; the run once it has ended."""
-    queued = enqueue(runs, plan)
-    claimed = runs.claim("w1", lease_seconds=60)
-    assert claimed is not None and claimed.id == queued.id
-    worker.run_one(claimed)
-    return runs.get(queued.id)
 
 
 @pytest.mark.slow

@@ -90,7 +90,7 @@ def test_a_non_finite_loss_stops_the_run_and_never_saves_nan(tmp_path: Path) -> 
                 trainer.parts.model.final_norm.weight.fill_(float("nan"))
 
     trainer = Trainer(
-        train_plan(experiment="nan", steps=20, checkpoint_every=5),
+        train_plan(experiment="nan", steps=20, checkpoint_every=5, health={"nonfinite": "fail"}),
         posix_store(tmp_path),
         hooks=TrainerHooks(on_metrics=poison),
     )
