@@ -15,6 +15,9 @@ docs/design/placement.md, "Placement and gangs":
   or equal priority, younger); it stays idle, and so do the others, until the gang's members
   are all free and the next of them to poll gathers it. Small runs therefore cannot starve a
   gang for longer than that delay plus the longest run already going.
+- Elastic gangs (`min_nnodes`): a gang is placed on as many of its `nnodes` as are idle, but
+  on fewer than all of them only once it has waited its `shrink_after_seconds` since it was
+  queued (`waited_fewest`); a resize from the last attempt's size is a `log` event.
 """
 
 from __future__ import annotations
@@ -50,8 +53,21 @@ def capacity_of(row: Row[Any]) -> Capacity:
 
 def placement_of_row(row: Row[Any]) -> Placement:
     return Placement(
-        row.nnodes, row.gpus_per_node, row.procs_per_node, row.spread, row.model_plugin
+        row.nnodes,
+        row.gpus_per_node,
+        row.procs_per_node,
+        row.spread,
+        row.model_plugin,
+        row.min_nnodes,
+        row.shrink_after_seconds or 0.0,
     )
+
+
+def waited_fewest(gang: Row[Any], now: datetime) -> int:
+    """The fewest nodes a queued gang takes now: all its nodes until it has waited its
+    grace period since it was (re)queued, then its minimum."""
+    since = gang.queued_at or gang.created_at
+    return placement_of_row(gang).fewest((now - since).total_seconds())
 
 
 def servable_by(cap: Capacity | None) -> ColumnElement[bool]:
@@ -111,10 +127,12 @@ def idle_peers(
 
 
 def choose_gang_members(
-    conn: Connection, me: Capacity, need: Placement, now: datetime, lease_seconds: float
+    conn: Connection, me: Capacity, gang: Row[Any], now: datetime, lease_seconds: float
 ) -> list[Capacity] | None:
     """The gang's members with `me` leading, from the idle live peers; None if too few."""
-    return choose_gang(me, idle_peers(conn, me.worker_id, need, now, lease_seconds), need)
+    need = placement_of_row(gang)
+    peers = idle_peers(conn, me.worker_id, need, now, lease_seconds)
+    return choose_gang(me, peers, need, waited_fewest(gang, now))
 
 
 def reserved_for(
@@ -130,7 +148,7 @@ def reserved_for(
     if now - since < timedelta(seconds=reserve_after):
         return False
     live = [capacity_of(r) for r in conn.execute(select(workers).where(_live(now, lease_seconds)))]
-    return could_serve(live, placement_of_row(gang))
+    return could_serve(live, placement_of_row(gang), waited_fewest(gang, now))
 
 
 def place_gang(
@@ -157,6 +175,21 @@ def place_gang(
         ],
     )
     conn.execute(update(workers).where(workers.c.id.in_(members)).values(run_id=gang.id))
+    conn.execute(update(runs).where(runs.c.id == gang.id).values(gang_nnodes=len(members)))
+
+
+def resize_data(gang: Row[Any], nnodes: int) -> dict[str, Any]:
+    """The `log` event of a gang placed on another number of nodes than its last attempt:
+    `resize` is the data (from, to, and the step the run had reached; it resumes from its
+    last checkpoint at or before that step)."""
+    before, step = gang.gang_nnodes, gang.step
+    grew = "grew" if nnodes > before else "shrank"
+    return {
+        "level": "warning" if nnodes < before else "info",
+        "message": f"{grew} from {before} to {nnodes} nodes at step {step} (elastic gang; "
+        "it resumes from its last checkpoint with the same global batch)",
+        "resize": {"from": before, "to": nnodes, "step": step},
+    }
 
 
 def members_of(conn: Connection, run_id: str) -> list[str]:
@@ -166,7 +199,7 @@ def members_of(conn: Connection, run_id: str) -> list[str]:
 
 def my_place(conn: Connection, worker_id: str) -> Row[Any] | None:
     """The gang place a leader gave this worker, if its run is still running that attempt."""
-    query = select(run_slots, runs.c.state, runs.c.nnodes).join(
+    query = select(run_slots, runs.c.state, runs.c.gang_nnodes.label("nnodes")).join(
         runs, and_(runs.c.id == run_slots.c.run_id, runs.c.attempt == run_slots.c.attempt)
     )
     row = conn.execute(

@@ -50,8 +50,8 @@ from trainctl.store.db.queue import (
     members_of,
     my_place,
     place_gang,
-    placement_of_row,
     reserved_for,
+    resize_data,
 )
 from trainctl.store.db.records import (
     Checkpoint,
@@ -453,8 +453,7 @@ class RunStore:
                         conn, row, worker_id, now, lease_until, f"claimed by {worker_id}"
                     )
                 assert me is not None and cap is not None  # the unregistered see no gangs
-                need = placement_of_row(row)
-                members = choose_gang_members(conn, cap, need, now, lease_seconds)
+                members = choose_gang_members(conn, cap, row, now, lease_seconds)
                 if members is not None:
                     endpoint = rendezvous() if rendezvous else f"{me.address or me.host}:29400"
                     place_gang(conn, row, [m.worker_id for m in members], endpoint, lease_until)
@@ -463,7 +462,9 @@ class RunStore:
                         f"claimed by a gang of {len(members)} workers ({names}); leader {worker_id}"
                     )
                     started = self._start(conn, row, worker_id, now, lease_until, reason)
-                    gang = GangPlace(0, row.nnodes, endpoint)
+                    if row.gang_nnodes is not None and row.gang_nnodes != len(members):
+                        insert_event(conn, row.id, "log", resize_data(row, len(members)))
+                    gang = GangPlace(0, len(members), endpoint)
                     return dataclasses.replace(started, gang=gang)
                 if reserved_for(conn, row, now, lease_seconds, reserve_after):
                     return None  # keep this worker free for the gang (store/db/queue.py)

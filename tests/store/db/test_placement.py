@@ -17,7 +17,7 @@ from tests.support.databases import fresh_database
 from trainctl.store.db.placement import ONE_NODE, Capacity, Placement, choose_gang, why_waiting
 from trainctl.store.db.records import Run
 from trainctl.store.db.runs import RunStore
-from trainctl.store.db.schema import read_transaction, run_slots, workers
+from trainctl.store.db.schema import read_transaction, run_slots, runs, workers
 from trainctl.store.exceptions import InvalidRequest, LeaseLost, WorkerNotFound
 
 GPU1 = Placement(gpus_per_node=1)
@@ -101,6 +101,20 @@ def test_a_gang_is_gathered_by_the_spread_it_asks_for() -> None:
     assert ids(choose_gang(me, peers, distinct)) == ["a", "c", "d"]
     assert choose_gang(me, [cap("b", "n1"), cap("c", "n1")], distinct) is None
     assert choose_gang(cap("a", "n1"), peers, Placement(nnodes=2, gpus_per_node=1)) is None
+
+
+def test_an_elastic_gang_takes_fewer_nodes_only_after_its_grace_period() -> None:
+    me, peers = cap("a", "n1"), [cap("b", "n2")]
+    elastic = Placement(nnodes=3, min_nnodes=2, shrink_after_seconds=60.0)
+    ids = lambda members: [m.worker_id for m in members or []]  # noqa: E731
+    assert elastic.fewest(59.0) == 3 and elastic.fewest(60.0) == 2
+    assert Placement(nnodes=3).fewest(1e9) == 3  # a fixed gang never shrinks
+    assert choose_gang(me, peers, elastic, elastic.fewest(10.0)) is None
+    assert ids(choose_gang(me, peers, elastic, elastic.fewest(60.0))) == ["a", "b"]
+    # With enough idle workers it takes them all, grace period or not.
+    more = [*peers, cap("c", "n3"), cap("d", "n4")]
+    assert ids(choose_gang(me, more, elastic, elastic.fewest(60.0))) == ["a", "b", "c"]
+    assert choose_gang(me, [], elastic, elastic.fewest(60.0)) is None
 
 
 # ---- claims on both databases ---------------------------------------------------------------
@@ -244,6 +258,34 @@ def test_every_member_is_fenced_and_a_silent_member_requeues_the_gang(pg: RunSto
     again = claim(pg, "c")
     assert again is not None and again.attempt == 2
     assert {s[2] for s in slots(pg)} == {"a", "c"}
+
+
+def test_an_elastic_gang_that_lost_a_member_shrinks_after_its_grace_period(pg: RunStore) -> None:
+    elastic = Placement(nnodes=3, min_nnodes=2, shrink_after_seconds=30.0)
+    gang = enqueue(pg, elastic, max_attempts=3)
+    for worker_id in ("a", "b", "c"):
+        register(pg, worker_id)
+    assert claim(pg, "a") is not None  # all three idle: it takes all three at once
+    assert pg.get(gang.id).gang_nnodes == 3
+    pg.set_progress(gang.id, "a", 1, step=7, total_steps=10)
+    pg.give_up(gang.id, "b", 1, "a gang member's processes exited")  # c is gone for good
+    with pg.engine.begin() as conn:
+        conn.execute(workers.delete().where(workers.c.id == "c"))
+    pg.workers.release("a")
+    pg.workers.release("b")
+    assert claim(pg, "a") is None  # two of three, within the grace period: it waits
+    # Once it has waited long enough, two will do.
+    requeued = datetime.now(UTC) - timedelta(seconds=31)
+    with pg.engine.begin() as conn:
+        conn.execute(runs.update().where(runs.c.id == gang.id).values(queued_at=requeued))
+    assert claim(pg, "a") is not None
+    run = pg.get(gang.id)
+    assert (run.state, run.attempt, run.gang_nnodes) == ("running", 2, 2)
+    place = claim(pg, "b")
+    assert place is not None and place.gang is not None and place.gang.nnodes == 2
+    resize = pg.events(gang.id)[-1].data
+    assert resize["resize"] == {"from": 3, "to": 2, "step": 7}
+    assert "shrank from 3 to 2 nodes at step 7" in resize["message"]
 
 
 def test_a_member_that_loses_its_peers_requeues_the_gang_once(pg: RunStore) -> None:
