@@ -42,6 +42,10 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
     elif plan.fork_from is not None:
         ctx.log(f"forking from checkpoint {plan.fork_from.checkpoint} (step {plan.fork_from.step})")
 
+    if gang is not None and gang.nnodes != plan.nnodes:
+        # An elastic gang placed on fewer nodes (docs/design/placement.md, "Elastic gangs"):
+        # the ranks split the same grad_accum_steps among fewer, so the global batch holds.
+        plan = plan.model_copy(update={"nnodes": gang.nnodes})
     if gang is not None:
         ctx.log(
             f"joining the gang as node {gang.node_rank} of {gang.nnodes} with "
