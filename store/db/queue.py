@@ -17,7 +17,8 @@ docs/design/placement.md, "Placement and gangs":
   gang for longer than that delay plus the longest run already going.
 - Elastic gangs (`min_nnodes`): a gang is placed on as many of its `nnodes` as are idle, but
   on fewer than all of them only once it has waited its `shrink_after_seconds` since it was
-  queued (`waited_fewest`); a resize from the last attempt's size is a `log` event.
+  queued (`waited_fewest`); the leader's place says the last attempt's size when it differs,
+  and its worker reports the resize.
 """
 
 from __future__ import annotations
@@ -176,20 +177,6 @@ def place_gang(
     )
     conn.execute(update(workers).where(workers.c.id.in_(members)).values(run_id=gang.id))
     conn.execute(update(runs).where(runs.c.id == gang.id).values(gang_nnodes=len(members)))
-
-
-def resize_data(gang: Row[Any], nnodes: int) -> dict[str, Any]:
-    """The `log` event of a gang placed on another number of nodes than its last attempt:
-    `resize` is the data (from, to, and the step the run had reached; it resumes from its
-    last checkpoint at or before that step)."""
-    before, step = gang.gang_nnodes, gang.step
-    grew = "grew" if nnodes > before else "shrank"
-    return {
-        "level": "warning" if nnodes < before else "info",
-        "message": f"{grew} from {before} to {nnodes} nodes at step {step} (elastic gang; "
-        "it resumes from its last checkpoint with the same global batch)",
-        "resize": {"from": before, "to": nnodes, "step": step},
-    }
 
 
 def members_of(conn: Connection, run_id: str) -> list[str]:

@@ -46,6 +46,9 @@ class GangPlace:
     nnodes: int
     rendezvous: str
     """host:port of the torchrun c10d rendezvous, on the leader (node rank 0)."""
+    resized_from: int | None = None
+    """The leader's alone: the nodes the last attempt ran on, where this one has another
+    number (an elastic gang that shrank or grew); its worker reports the resize."""
 
 
 @dataclass(frozen=True)

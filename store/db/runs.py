@@ -51,7 +51,6 @@ from trainctl.store.db.queue import (
     my_place,
     place_gang,
     reserved_for,
-    resize_data,
 )
 from trainctl.store.db.records import (
     Checkpoint,
@@ -462,9 +461,9 @@ class RunStore:
                         f"claimed by a gang of {len(members)} workers ({names}); leader {worker_id}"
                     )
                     started = self._start(conn, row, worker_id, now, lease_until, reason)
-                    if row.gang_nnodes is not None and row.gang_nnodes != len(members):
-                        insert_event(conn, row.id, "log", resize_data(row, len(members)))
-                    gang = GangPlace(0, len(members), endpoint)
+                    before = row.gang_nnodes
+                    resized = before if before not in (None, len(members)) else None
+                    gang = GangPlace(0, len(members), endpoint, resized)
                     return dataclasses.replace(started, gang=gang)
                 if reserved_for(conn, row, now, lease_seconds, reserve_after):
                     return None  # keep this worker free for the gang (store/db/queue.py)
