@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, and_, insert, or_, select, update
+from sqlalchemy import ColumnElement, Row, and_, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
 from trainctl.store.db.placement import Capacity, Placement, choose_gang, could_serve
@@ -186,7 +186,9 @@ def members_of(conn: Connection, run_id: str) -> list[str]:
 
 def my_place(conn: Connection, worker_id: str) -> Row[Any] | None:
     """The gang place a leader gave this worker, if its run is still running that attempt."""
-    query = select(run_slots, runs.c.state, runs.c.gang_nnodes.label("nnodes")).join(
+    # A gang placed before elastic gangs existed has no gang_nnodes: it has all its nnodes.
+    size = func.coalesce(runs.c.gang_nnodes, runs.c.nnodes).label("nnodes")
+    query = select(run_slots, runs.c.state, size).join(
         runs, and_(runs.c.id == run_slots.c.run_id, runs.c.attempt == run_slots.c.attempt)
     )
     row = conn.execute(
