@@ -18,7 +18,8 @@ docs/design/placement.md, "Placement and gangs":
 - Elastic gangs (`min_nnodes`): a gang is placed on as many of its `nnodes` as are idle, but
   on fewer than all of them only once it has waited its `shrink_after_seconds` since it was
   queued (`waited_fewest`); the leader's place says the last attempt's size when it differs,
-  and its worker reports the resize.
+  and its worker reports the resize. A shrunk gang whose missing workers are all idle again
+  (`room_to_grow`) hands back after its next checkpoint, to be placed on all of them.
 """
 
 from __future__ import annotations
@@ -107,24 +108,45 @@ def _live(now: datetime, lease_seconds: float) -> ColumnElement[bool]:
     return workers.c.last_seen_at >= now - timedelta(seconds=lease_seconds)
 
 
-def idle_peers(
-    conn: Connection, me: str, need: Placement, now: datetime, lease_seconds: float
-) -> list[Capacity]:
-    """Live idle workers other than `me` that could each serve a node of `need`, locked; one
-    busy claiming for itself right now is skipped."""
+def _idle(need: Placement, now: datetime, lease_seconds: float) -> ColumnElement[bool]:
+    """Live idle workers that could each serve a node of `need`."""
     fits = (
         workers.c.gpus >= need.gpus_per_node
         if need.gpus_per_node
         else workers.c.cpus >= need.procs_per_node
     )
+    return and_(
+        workers.c.run_id.is_(None),
+        _live(now, lease_seconds),
+        fits,
+        workers.c.drain_requested_at.is_(None),  # a draining worker joins nothing
+    )
+
+
+def idle_peers(
+    conn: Connection, me: str, need: Placement, now: datetime, lease_seconds: float
+) -> list[Capacity]:
+    """Live idle workers other than `me` that could each serve a node of `need`, locked; one
+    busy claiming for itself right now is skipped."""
     query = (
         select(workers)
-        .where(workers.c.id != me, workers.c.run_id.is_(None), _live(now, lease_seconds), fits)
-        .where(workers.c.drain_requested_at.is_(None))  # a draining worker joins nothing
+        .where(workers.c.id != me, _idle(need, now, lease_seconds))
         .order_by(workers.c.node_name, workers.c.id)
         .with_for_update(skip_locked=True)
     )
     return [capacity_of(row) for row in conn.execute(query)]
+
+
+def room_to_grow(conn: Connection, gang: Row[Any], now: datetime, lease_seconds: float) -> bool:
+    """Whether a running elastic gang placed on fewer than its nnodes would get all of them
+    if it were queued now: enough idle live workers could each serve one of the missing
+    nodes (by capacity; its spread is not checked). All of them, not some: a gang requeued
+    for fewer would wait out its grace period before it took what it had."""
+    if gang.state != "running" or gang.gang_nnodes is None or gang.gang_nnodes >= gang.nnodes:
+        return False
+    idle = select(func.count()).select_from(workers)
+    count = conn.execute(idle.where(_idle(placement_of_row(gang), now, lease_seconds))).scalar()
+    return (count or 0) >= gang.nnodes - gang.gang_nnodes
 
 
 def choose_gang_members(

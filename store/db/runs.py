@@ -51,6 +51,7 @@ from trainctl.store.db.queue import (
     my_place,
     place_gang,
     reserved_for,
+    room_to_grow,
 )
 from trainctl.store.db.records import (
     Checkpoint,
@@ -501,6 +502,12 @@ class RunStore:
         # The attempt the place was given for: a later one fences this member out.
         gang = GangPlace(place.node_rank, place.nnodes, place.rendezvous)
         return dataclasses.replace(run, attempt=place.attempt, gang=gang)
+
+    def room_to_grow(self, run_id: str, lease_seconds: float) -> bool:
+        """Whether a running elastic gang on fewer than its nnodes could have all of them
+        now (store/db/queue.py); asked by its rank 0 after each checkpoint."""
+        with read_transaction(self.engine) as conn:
+            return room_to_grow(conn, require_row(conn, run_id), utcnow(), lease_seconds)
 
     def gang_members(self, run_id: str) -> list[str]:
         """The workers of a running gang, by node rank (empty for other runs)."""

@@ -8,6 +8,10 @@ take it: it resumes from its last checkpoint on 2 ranks, each running 3 of the s
 micro-batches (the global batch is unchanged), and finishes. Its losses after the resume stay
 within float tolerance of an uninterrupted 2-node run forked from that same checkpoint, which
 reads the same batches from the same data position.
+
+Under `make soak` (about a minute on 2 cores; the claim's rule is tested without training in
+tests/store/db/test_placement.py): the shrunk gang grows back when a new worker turns up,
+after its next checkpoint, and ends on all three nodes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from tests.support.plans import enqueue, train_plan
 from tests.support.polling import poll
 from tests.support.stores import posix_store
 from trainctl.store.db.runs import RunStore
+from trainctl.store.vocabulary import TERMINAL_STATES
 
 STEPS, CHECKPOINT_EVERY, ACCUM = 8, 2, 6
 LOSS_RTOL = 1e-4
@@ -109,3 +114,37 @@ def test_a_three_node_gang_that_loses_a_member_for_good_finishes_on_two(
     expected = losses_after(runs, reference.id)
     assert shrunk.keys() == expected.keys()
     assert list(shrunk.values()) == pytest.approx(list(expected.values()), rel=LOSS_RTOL)
+
+
+def resizes(runs: RunStore, run_id: str) -> list[dict[str, int]]:
+    return [e.data["resize"] for e in runs.events(run_id, type="log") if "resize" in e.data]
+
+
+@pytest.mark.soak
+def test_a_shrunk_gang_grows_back_at_a_checkpoint_when_a_worker_returns(
+    nodes: tuple[Workers, RunStore], tmp_path: Path
+) -> None:
+    pool, runs = nodes
+    elastic = {"min": 2, "max": 3, "shrink_after_seconds": 1.0}
+    longer = REQUEST | {"steps": 60, "max_keep": 3}
+    run = enqueue(runs, train_plan(experiment="grows", nnodes=elastic, **longer), max_attempts=3)
+    store = posix_store(tmp_path / "checkpoints")
+    poll(lambda: store.latest_or_none("grows"), timeout=120, what="a first checkpoint")
+    victim = pool.procs[runs.gang_members(run.id)[1]]
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    poll(lambda: resizes(runs, run.id), timeout=120, what=f"the shrink; {pool.logs()}")
+    pool.start_node("worker-d", "node-d", runs)  # a new node: the gang may have all three
+
+    done = poll(
+        lambda: (r := runs.get(run.id)).state in TERMINAL_STATES and r,
+        timeout=300,
+        what=f"the run to end; {pool.logs()}",
+    )
+    assert (done.state, done.gang_nnodes) == ("succeeded", 3), pool.logs()
+    (shrank, grew) = resizes(runs, run.id)
+    assert (shrank["from"], shrank["to"], grew["from"], grew["to"]) == (3, 2, 2, 3)
+    assert shrank["step"] < grew["step"] < 60
+    reasons = [e.data["reason"] for e in runs.events(run.id, type="state")]
+    assert any("growing back" in r for r in reasons), reasons
+    assert done.max_attempts == 4  # handing back to grow costs no attempt

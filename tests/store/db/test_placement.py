@@ -260,7 +260,7 @@ def test_every_member_is_fenced_and_a_silent_member_requeues_the_gang(pg: RunSto
     assert {s[2] for s in slots(pg)} == {"a", "c"}
 
 
-def test_an_elastic_gang_that_lost_a_member_shrinks_after_its_grace_period(pg: RunStore) -> None:
+def test_an_elastic_gang_shrinks_after_its_grace_period_and_grows_back(pg: RunStore) -> None:
     elastic = Placement(nnodes=3, min_nnodes=2, shrink_after_seconds=30.0)
     gang = enqueue(pg, elastic, max_attempts=3)
     for worker_id in ("a", "b", "c"):
@@ -285,6 +285,17 @@ def test_an_elastic_gang_that_lost_a_member_shrinks_after_its_grace_period(pg: R
     place = claim(pg, "b")
     assert place is not None and place.gang is not None
     assert (place.gang.nnodes, place.gang.resized_from) == (2, None)
+    # A third worker again: the shrunk gang has room to grow (rank 0 asks after a save).
+    assert not pg.room_to_grow(gang.id, LEASE)
+    register(pg, "d")
+    assert pg.room_to_grow(gang.id, LEASE)
+    pg.requeue(gang.id, "a", 2, "elastic gang growing back")
+    pg.workers.release("a")
+    pg.workers.release("b")
+    grown = claim(pg, "d")  # within the grace period, but all three are idle
+    assert grown is not None and grown.gang is not None
+    assert (grown.gang.nnodes, grown.gang.resized_from) == (3, 2)
+    assert not pg.room_to_grow(gang.id, LEASE)  # at its most
 
 
 def test_a_member_that_loses_its_peers_requeues_the_gang_once(pg: RunStore) -> None:
