@@ -51,8 +51,10 @@ class Placement:
         return self.nnodes > 1
 
     def describe(self) -> str:
-        """'2 nodes of 8 GPUs', '1 node of 2 CPU processes', ..."""
-        nodes = f"{self.nnodes} node{'s' if self.nnodes > 1 else ''}"
+        """'2 nodes of 8 GPUs', '1 node of 2 CPU processes', '2 to 3 nodes of 1 GPU', ..."""
+        low = self.min_nnodes if self.min_nnodes is not None else self.nnodes
+        count = f"{low} to {self.nnodes}" if low < self.nnodes else str(self.nnodes)
+        nodes = f"{count} node{'s' if self.nnodes > 1 else ''}"
         if self.gpus_per_node:
             each = f"{self.gpus_per_node} GPU{'s' if self.gpus_per_node > 1 else ''}"
         else:
@@ -122,8 +124,8 @@ def could_serve(workers: Sequence[Capacity], need: Placement, fewest: int | None
 
 def why_waiting(need: Placement, live: Sequence[Capacity]) -> str | None:
     """Why no live worker can take the run, in words; None when some could (it waits only
-    for one to be free)."""
-    if could_serve(live, need):
+    for one to be free, or an elastic gang for its grace period to pass)."""
+    if could_serve(live, need, need.min_nnodes):
         return None
     prefix = f"waiting: needs {need.describe()}"
     if not live:

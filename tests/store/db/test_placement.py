@@ -115,6 +115,11 @@ def test_an_elastic_gang_takes_fewer_nodes_only_after_its_grace_period() -> None
     more = [*peers, cap("c", "n3"), cap("d", "n4")]
     assert ids(choose_gang(me, more, elastic, elastic.fewest(60.0))) == ["a", "b", "c"]
     assert choose_gang(me, [], elastic, elastic.fewest(60.0)) is None
+    # Two live workers will do once it has waited: it lacks nothing.
+    assert why_waiting(elastic, [me, *peers]) is None
+    assert why_waiting(elastic, [me]) == (
+        "waiting: needs 2 to 3 nodes of 1 CPU process; 1 live worker on 1 node can serve it"
+    )
 
 
 # ---- claims on both databases ---------------------------------------------------------------
