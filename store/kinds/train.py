@@ -568,8 +568,9 @@ def plan_train(request: TrainRequest, ctx: SubmitContext) -> TrainPlan:
 
 def train_need(plan: TrainPlan, params: int | None = None) -> MemoryNeed:
     """A train run's need under its strategy; a replicated run of several ranks also gets its
-    need under the first sharding strategy, which a refusal suggests."""
-    world = plan.nnodes * plan.nproc_per_node
+    need under the first sharding strategy, which a refusal suggests. An elastic gang is
+    measured at its fewest nodes, where each rank holds the largest shard."""
+    world = (plan.min_nnodes or plan.nnodes) * plan.nproc_per_node
     chosen = PARALLEL_STRATEGIES.get(plan.parallelism.strategy)
 
     def under(shards_state: bool, reshard: bool) -> MemoryEstimate:
