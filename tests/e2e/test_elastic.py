@@ -31,7 +31,7 @@ from tests.support.stores import posix_store
 from trainctl.store.db.runs import RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES
 
-STEPS, CHECKPOINT_EVERY, ACCUM = 8, 2, 6
+STEPS, CHECKPOINT_EVERY, ACCUM = 6, 2, 6
 LOSS_RTOL = 1e-4
 REQUEST: dict[str, Any] = {
     "steps": STEPS,
