@@ -83,6 +83,14 @@ class PlacementPublic(Public):
         description="any: on any nodes; same_node: all on one node name; distinct_nodes: "
         "each on a node name of its own."
     )
+    min_nnodes: int | None = Field(
+        None,
+        description="An elastic gang's fewest nodes: after waiting shrink_after_seconds "
+        "for all nnodes it runs on as few as this; null: exactly nnodes.",
+    )
+    shrink_after_seconds: float = Field(
+        0.0, description="How long an elastic gang waits for all its nnodes workers."
+    )
 
 
 class ParentPublic(Public):
@@ -140,6 +148,11 @@ class RunPublic(Public):
     priority: int = Field(description="Claims take the highest priority first, then the oldest.")
     max_attempts: int = Field(description="Attempts before the run fails.")
     placement: PlacementPublic
+    gang_nnodes: int | None = Field(
+        None,
+        description="The nodes a gang's current (or last) attempt was placed on: nnodes, or "
+        "fewer for an elastic gang that shrank; null for a run never placed as a gang.",
+    )
     waiting_reason: str | None = Field(
         description="Why a queued run waits: no live worker could take it (for example "
         "'waiting: needs 8 GPUs per node; largest worker has 4'); null otherwise, and for a "

@@ -28,7 +28,7 @@ from trainctl.worker.exceptions import LeaseExpired
 from trainctl.worker.reporter import CANCEL_POLL_INTERVAL, Reporter
 
 log = logging.getLogger("trainctl.worker")
-StopReason = Literal["cancel", "shutdown", "lease_lost", "lease_expired"]
+StopReason = Literal["cancel", "shutdown", "lease_lost", "lease_expired", "grow"]
 PROGRESS_INTERVAL = 0.5  # seconds between progress writes; metrics are all kept
 
 

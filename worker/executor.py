@@ -58,6 +58,10 @@ def stopped_outcome(ctx: RunContext, result: dict[str, Any]) -> Outcome:
         return Outcome("requeue", result, "worker shutting down; the run continues later")
     if reason == "lease_expired":
         return Outcome("abandoned", result, "the lease ran out while the database was away")
+    if reason == "grow":
+        return Outcome(
+            "requeue", result, "elastic gang growing back: its missing workers are idle again"
+        )
     return Outcome("abandoned", result, "lease lost")
 
 

@@ -7,7 +7,9 @@ lack of GPUs: it waits, and `why_waiting` says in words what it waits for. A run
 `nnodes > 1` is a gang: N workers claim it together (docs/design/placement.md, "Placement and
 gangs"); `spread` says whether they must share a node name, must each be on another node, or
 may be anywhere. A run of a plug-in model (store/models/plugin.py) needs workers that have
-that plug-in installed, as they report when they register.
+that plug-in installed, as they report when they register. An elastic gang (`min_nnodes`
+below `nnodes`) that has waited `shrink_after_seconds` seconds for all its nodes takes as few as
+`min_nnodes` (docs/design/placement.md, "Elastic gangs").
 
 This module is pure (no database, no torch): the run store asks it, and so does the service
 when it explains a queued run.
@@ -33,14 +35,26 @@ class Placement:
     spread: Spread = "any"
     model_plugin: str | None = None
     """The plug-in model each worker must have; None: a built-in or transformers model."""
+    min_nnodes: int | None = None
+    """The fewest nodes an elastic gang runs on; None: exactly `nnodes`."""
+    shrink_after_seconds: float = 0.0
+    """Seconds an elastic gang waits for `nnodes` workers before it takes fewer."""
+
+    def fewest(self, waited: float) -> int:
+        """The fewest nodes the run may be placed on after `waited` seconds in the queue."""
+        if self.min_nnodes is None or waited < self.shrink_after_seconds:
+            return self.nnodes
+        return self.min_nnodes
 
     @property
     def is_gang(self) -> bool:
         return self.nnodes > 1
 
     def describe(self) -> str:
-        """'2 nodes of 8 GPUs', '1 node of 2 CPU processes', ..."""
-        nodes = f"{self.nnodes} node{'s' if self.nnodes > 1 else ''}"
+        """'2 nodes of 8 GPUs', '1 node of 2 CPU processes', '2 to 3 nodes of 1 GPU', ..."""
+        low = self.min_nnodes if self.min_nnodes is not None else self.nnodes
+        count = f"{low} to {self.nnodes}" if low < self.nnodes else str(self.nnodes)
+        nodes = f"{count} node{'s' if self.nnodes > 1 else ''}"
         if self.gpus_per_node:
             each = f"{self.gpus_per_node} GPU{'s' if self.gpus_per_node > 1 else ''}"
         else:
@@ -73,10 +87,13 @@ class Capacity:
         return self.cpus >= need.procs_per_node
 
 
-def choose_gang(me: Capacity, peers: Sequence[Capacity], need: Placement) -> list[Capacity] | None:
-    """`need.nnodes` workers for a gang, `me` first (it leads: node rank 0, the rendezvous
-    host), or None when the idle `peers` cannot complete it. Peers on other nodes come first
-    under "any", so a gang spreads its load unless told to stay together."""
+def choose_gang(
+    me: Capacity, peers: Sequence[Capacity], need: Placement, fewest: int | None = None
+) -> list[Capacity] | None:
+    """Up to `need.nnodes` workers for a gang, `me` first (it leads: node rank 0, the
+    rendezvous host), or None when the idle `peers` cannot give it `fewest` (by default
+    `need.nnodes`: all of them). Peers on other nodes come first under "any", so a gang
+    spreads its load unless told to stay together."""
     if not me.serves(need):
         return None
     able = [p for p in peers if p.worker_id != me.worker_id and p.serves(need)]
@@ -93,21 +110,22 @@ def choose_gang(me: Capacity, peers: Sequence[Capacity], need: Placement) -> lis
     else:
         able.sort(key=lambda p: p.node_name == me.node_name)  # stable: other nodes first
     members = [me, *able[: need.nnodes - 1]]
-    return members if len(members) == need.nnodes else None
+    return members if len(members) >= (fewest or need.nnodes) else None
 
 
-def could_serve(workers: Sequence[Capacity], need: Placement) -> bool:
-    """Whether these workers, were they all idle, could take the run."""
+def could_serve(workers: Sequence[Capacity], need: Placement, fewest: int | None = None) -> bool:
+    """Whether these workers, were they all idle, could take the run (on `fewest` nodes or
+    more, by default all its `nnodes`)."""
     able = [w for w in workers if w.serves(need)]
     if not able:
         return False
-    return any(choose_gang(w, able, need) is not None for w in able)
+    return any(choose_gang(w, able, need, fewest) is not None for w in able)
 
 
 def why_waiting(need: Placement, live: Sequence[Capacity]) -> str | None:
     """Why no live worker can take the run, in words; None when some could (it waits only
-    for one to be free)."""
-    if could_serve(live, need):
+    for one to be free, or an elastic gang for its grace period to pass)."""
+    if could_serve(live, need, need.min_nnodes):
         return None
     prefix = f"waiting: needs {need.describe()}"
     if not live:

@@ -15,6 +15,11 @@ docs/design/placement.md, "Placement and gangs":
   or equal priority, younger); it stays idle, and so do the others, until the gang's members
   are all free and the next of them to poll gathers it. Small runs therefore cannot starve a
   gang for longer than that delay plus the longest run already going.
+- Elastic gangs (`min_nnodes`): a gang is placed on as many of its `nnodes` as are idle, but
+  on fewer than all of them only once it has waited its `shrink_after_seconds` since it was
+  queued (`waited_fewest`); the leader's place says the last attempt's size when it differs,
+  and its worker reports the resize. A shrunk gang whose missing workers are all idle again
+  (`room_to_grow`) hands back after its next checkpoint, to be placed on all of them.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, and_, insert, or_, select, update
+from sqlalchemy import ColumnElement, Row, and_, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
 from trainctl.store.db.placement import Capacity, Placement, choose_gang, could_serve
@@ -50,8 +55,21 @@ def capacity_of(row: Row[Any]) -> Capacity:
 
 def placement_of_row(row: Row[Any]) -> Placement:
     return Placement(
-        row.nnodes, row.gpus_per_node, row.procs_per_node, row.spread, row.model_plugin
+        row.nnodes,
+        row.gpus_per_node,
+        row.procs_per_node,
+        row.spread,
+        row.model_plugin,
+        row.min_nnodes,
+        row.shrink_after_seconds or 0.0,
     )
+
+
+def waited_fewest(gang: Row[Any], now: datetime) -> int:
+    """The fewest nodes a queued gang takes now: all its nodes until it has waited its
+    grace period since it was (re)queued, then its minimum."""
+    since = gang.queued_at or gang.created_at
+    return placement_of_row(gang).fewest((now - since).total_seconds())
 
 
 def servable_by(cap: Capacity | None) -> ColumnElement[bool]:
@@ -90,31 +108,54 @@ def _live(now: datetime, lease_seconds: float) -> ColumnElement[bool]:
     return workers.c.last_seen_at >= now - timedelta(seconds=lease_seconds)
 
 
-def idle_peers(
-    conn: Connection, me: str, need: Placement, now: datetime, lease_seconds: float
-) -> list[Capacity]:
-    """Live idle workers other than `me` that could each serve a node of `need`, locked; one
-    busy claiming for itself right now is skipped."""
+def _idle(need: Placement, now: datetime, lease_seconds: float) -> ColumnElement[bool]:
+    """Live idle workers that could each serve a node of `need`."""
     fits = (
         workers.c.gpus >= need.gpus_per_node
         if need.gpus_per_node
         else workers.c.cpus >= need.procs_per_node
     )
+    return and_(
+        workers.c.run_id.is_(None),
+        _live(now, lease_seconds),
+        fits,
+        workers.c.drain_requested_at.is_(None),  # a draining worker joins nothing
+    )
+
+
+def idle_peers(
+    conn: Connection, me: str, need: Placement, now: datetime, lease_seconds: float
+) -> list[Capacity]:
+    """Live idle workers other than `me` that could each serve a node of `need`, locked; one
+    busy claiming for itself right now is skipped."""
     query = (
         select(workers)
-        .where(workers.c.id != me, workers.c.run_id.is_(None), _live(now, lease_seconds), fits)
-        .where(workers.c.drain_requested_at.is_(None))  # a draining worker joins nothing
+        .where(workers.c.id != me, _idle(need, now, lease_seconds))
         .order_by(workers.c.node_name, workers.c.id)
         .with_for_update(skip_locked=True)
     )
     return [capacity_of(row) for row in conn.execute(query)]
 
 
+def room_to_grow(conn: Connection, gang: Row[Any], now: datetime, lease_seconds: float) -> bool:
+    """Whether a running elastic gang placed on fewer than its nnodes would get all of them
+    if it were queued now: enough idle live workers could each serve one of the missing
+    nodes (by capacity; its spread is not checked). All of them, not some: a gang requeued
+    for fewer would wait out its grace period before it took what it had."""
+    if gang.state != "running" or gang.gang_nnodes is None or gang.gang_nnodes >= gang.nnodes:
+        return False
+    idle = select(func.count()).select_from(workers)
+    count = conn.execute(idle.where(_idle(placement_of_row(gang), now, lease_seconds))).scalar()
+    return (count or 0) >= gang.nnodes - gang.gang_nnodes
+
+
 def choose_gang_members(
-    conn: Connection, me: Capacity, need: Placement, now: datetime, lease_seconds: float
+    conn: Connection, me: Capacity, gang: Row[Any], now: datetime, lease_seconds: float
 ) -> list[Capacity] | None:
     """The gang's members with `me` leading, from the idle live peers; None if too few."""
-    return choose_gang(me, idle_peers(conn, me.worker_id, need, now, lease_seconds), need)
+    need = placement_of_row(gang)
+    peers = idle_peers(conn, me.worker_id, need, now, lease_seconds)
+    return choose_gang(me, peers, need, waited_fewest(gang, now))
 
 
 def reserved_for(
@@ -130,7 +171,7 @@ def reserved_for(
     if now - since < timedelta(seconds=reserve_after):
         return False
     live = [capacity_of(r) for r in conn.execute(select(workers).where(_live(now, lease_seconds)))]
-    return could_serve(live, placement_of_row(gang))
+    return could_serve(live, placement_of_row(gang), waited_fewest(gang, now))
 
 
 def place_gang(
@@ -157,6 +198,7 @@ def place_gang(
         ],
     )
     conn.execute(update(workers).where(workers.c.id.in_(members)).values(run_id=gang.id))
+    conn.execute(update(runs).where(runs.c.id == gang.id).values(gang_nnodes=len(members)))
 
 
 def members_of(conn: Connection, run_id: str) -> list[str]:
@@ -166,7 +208,9 @@ def members_of(conn: Connection, run_id: str) -> list[str]:
 
 def my_place(conn: Connection, worker_id: str) -> Row[Any] | None:
     """The gang place a leader gave this worker, if its run is still running that attempt."""
-    query = select(run_slots, runs.c.state, runs.c.nnodes).join(
+    # A gang placed before elastic gangs existed has no gang_nnodes: it has all its nnodes.
+    size = func.coalesce(runs.c.gang_nnodes, runs.c.nnodes).label("nnodes")
+    query = select(run_slots, runs.c.state, size).join(
         runs, and_(runs.c.id == run_slots.c.run_id, runs.c.attempt == run_slots.c.attempt)
     )
     row = conn.execute(

@@ -46,6 +46,9 @@ class GangPlace:
     nnodes: int
     rendezvous: str
     """host:port of the torchrun c10d rendezvous, on the leader (node rank 0)."""
+    resized_from: int | None = None
+    """The leader's alone: the nodes the last attempt ran on, where this one has another
+    number (an elastic gang that shrank or grew); its worker reports the resize."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,8 @@ class Run:
     priority: int = 0
     placement: Placement = ONE_NODE
     queued_at: datetime | None = None
+    gang_nnodes: int | None = None
+    """The nodes a gang's current (or last) attempt was placed on; None before its first."""
     gang: GangPlace | None = None
     """Set on a claimed gang run (nnodes > 1): the claiming worker's place in it."""
     unreadable: str | None = None
@@ -173,6 +178,7 @@ def run_from_row(row: Row[Any]) -> Run:
         priority=row.priority,
         placement=placement_of_row(row),
         queued_at=row.queued_at,
+        gang_nnodes=row.gang_nnodes,
         parent=parent_of_row(reader, row),
         launch=None if row.launch is None else reader.json("launch", row.launch),
         unreadable=reader.note,  # last: every column above is read

@@ -50,8 +50,8 @@ from trainctl.store.db.queue import (
     members_of,
     my_place,
     place_gang,
-    placement_of_row,
     reserved_for,
+    room_to_grow,
 )
 from trainctl.store.db.records import (
     Checkpoint,
@@ -453,8 +453,7 @@ class RunStore:
                         conn, row, worker_id, now, lease_until, f"claimed by {worker_id}"
                     )
                 assert me is not None and cap is not None  # the unregistered see no gangs
-                need = placement_of_row(row)
-                members = choose_gang_members(conn, cap, need, now, lease_seconds)
+                members = choose_gang_members(conn, cap, row, now, lease_seconds)
                 if members is not None:
                     endpoint = rendezvous() if rendezvous else f"{me.address or me.host}:29400"
                     place_gang(conn, row, [m.worker_id for m in members], endpoint, lease_until)
@@ -463,7 +462,9 @@ class RunStore:
                         f"claimed by a gang of {len(members)} workers ({names}); leader {worker_id}"
                     )
                     started = self._start(conn, row, worker_id, now, lease_until, reason)
-                    gang = GangPlace(0, row.nnodes, endpoint)
+                    before = row.gang_nnodes
+                    resized = before if before not in (None, len(members)) else None
+                    gang = GangPlace(0, len(members), endpoint, resized)
                     return dataclasses.replace(started, gang=gang)
                 if reserved_for(conn, row, now, lease_seconds, reserve_after):
                     return None  # keep this worker free for the gang (store/db/queue.py)
@@ -501,6 +502,12 @@ class RunStore:
         # The attempt the place was given for: a later one fences this member out.
         gang = GangPlace(place.node_rank, place.nnodes, place.rendezvous)
         return dataclasses.replace(run, attempt=place.attempt, gang=gang)
+
+    def room_to_grow(self, run_id: str, lease_seconds: float) -> bool:
+        """Whether a running elastic gang on fewer than its nnodes could have all of them
+        now (store/db/queue.py); asked by its rank 0 after each checkpoint."""
+        with read_transaction(self.engine) as conn:
+            return room_to_grow(conn, require_row(conn, run_id), utcnow(), lease_seconds)
 
     def gang_members(self, run_id: str) -> list[str]:
         """The workers of a running gang, by node rank (empty for other runs)."""

@@ -130,6 +130,12 @@ runs = Table(
     Column("spread", String(16), nullable=False, default="any", server_default="any"),
     # The plug-in model a worker must have installed to take the run; None: any worker.
     Column("model_plugin", String(100), nullable=True),
+    # An elastic gang (docs/design/placement.md, "Elastic gangs"): the fewest nodes it runs
+    # on (None: exactly nnodes) once it has waited `shrink_after_seconds` for all of them, and
+    # the nodes its current (or last) attempt was placed on, which a resize is measured from.
+    Column("min_nnodes", Integer, nullable=True),
+    Column("shrink_after_seconds", Float, nullable=True),
+    Column("gang_nnodes", Integer, nullable=True),
     # When the run last became queued: a gang waiting longer than the reservation time
     # keeps the workers that could join it from taking smaller runs.
     Column("queued_at", UTCDateTime, nullable=True),

@@ -139,6 +139,8 @@ def queued_values(
         "procs_per_node": placement.procs_per_node,
         "spread": placement.spread,
         "model_plugin": placement.model_plugin,
+        "min_nnodes": placement.min_nnodes,
+        "shrink_after_seconds": placement.shrink_after_seconds if placement.min_nnodes else None,
         "parent_run_id": parent.run_id if parent else None,
         "parent_experiment": parent.checkpoint.experiment if parent else None,
         "parent_tag": parent.checkpoint.tag if parent else None,

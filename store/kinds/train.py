@@ -9,11 +9,20 @@ the request alone and never resolves one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictInt,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from trainctl.store.checkpoints.manifests import FULL_LAYOUT
 from trainctl.store.db.placement import Placement, Spread
@@ -45,6 +54,7 @@ from trainctl.store.specs import (
     ModelSpec,
     Prompt,
     Request,
+    Spec,
     StepOptions,
     Tracker,
     TrainEvals,
@@ -73,6 +83,36 @@ WANDB_PROJECT_PATTERN = r"^[A-Za-z0-9_.-]+$"
 
 
 # --- request and plan -------------------------------------------------------------------------
+
+
+# How long an elastic gang waits for all its nodes before it runs on fewer.
+SHRINK_AFTER_SECONDS = 300.0
+NNODES_TEXT = (
+    "Workers (nodes) the run spans, claimed together, each running nproc_per_node "
+    "processes. nnodes > 1 needs the PostgreSQL run queue."
+)
+
+
+class NodeRange(Spec):
+    """An elastic gang's nodes (docs/design/placement.md, "Elastic gangs"): placed on as
+    many as `max` as are idle, on as few as `min` once it has waited `shrink_after_seconds`
+    since it was queued (a lost member requeues it), with the same global batch."""
+
+    min: StrictInt = Field(ge=1, le=MAX_NNODES, description="The fewest nodes it runs on.")
+    max: StrictInt = Field(ge=1, le=MAX_NNODES, description="The nodes it asks for.")
+    shrink_after_seconds: float = Field(
+        SHRINK_AFTER_SECONDS,
+        ge=0,
+        le=7 * 24 * 3600,
+        description="How long it waits for max nodes, from when it was queued, before it "
+        "takes fewer.",
+    )
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> NodeRange:
+        if self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}")
+        return self
 
 
 class TrainOptions(StepOptions):
@@ -172,13 +212,6 @@ class TrainOptions(StepOptions):
         "grad_accum_steps must be a multiple of their number (by default it is rounded up "
         "to one).",
     )
-    nnodes: StrictInt = Field(
-        1,
-        ge=1,
-        le=MAX_NNODES,
-        description="Workers (nodes) the run spans, claimed together, each running "
-        "nproc_per_node processes. nnodes > 1 needs the PostgreSQL run queue.",
-    )
     parallelism: ParallelismSpec = Field(
         default_factory=ParallelismSpec,
         description="How the nnodes x nproc_per_node processes share the model: replicated "
@@ -234,7 +267,25 @@ class TrainOptions(StepOptions):
         return self
 
 
+def _node_form(value: Any) -> str:
+    # One form per input, so a refusal names only what was wrong with the form given.
+    return "range" if isinstance(value, dict | NodeRange) else "count"
+
+
+NodeCount = Annotated[
+    Annotated[Annotated[StrictInt, Field(ge=1, le=MAX_NNODES)], Tag("count")]
+    | Annotated[NodeRange, Tag("range")],
+    Discriminator(_node_form),
+]
+
+
 class TrainRequest(TrainOptions, Request):
+    nnodes: NodeCount = Field(
+        1,
+        description=f"{NNODES_TEXT} An elastic gang gives {{min, max}} instead "
+        '(docs/design/placement.md, "Elastic gangs"); every world size it may take '
+        "must divide batch.grad_accum_steps.",
+    )
     model: ModelSpec = Field(default_factory=ModelSpec, description="Model preset and changes.")
     batch: BatchSpec = Field(default_factory=BatchSpec, description="Batch geometry.")
     data: DataSpec = Field(default_factory=DataSpec, description="Training data.")
@@ -284,6 +335,16 @@ class TrainRequest(TrainOptions, Request):
 
 
 class TrainPlan(TrainOptions, StepPlan):
+    nnodes: StrictInt = Field(1, ge=1, le=MAX_NNODES, description=NNODES_TEXT)
+    # Plans from before elastic gangs run on exactly nnodes.
+    min_nnodes: StrictInt | None = Field(
+        None,
+        ge=1,
+        description="An elastic gang's fewest nodes (nnodes is its most); null: exactly nnodes.",
+    )
+    shrink_after_seconds: float | None = Field(
+        None, description="How long an elastic gang waits for nnodes workers before fewer."
+    )
     # A plan from before trackers existed is mirrored nowhere, as it was then.
     trackers: list[Tracker] = Field(
         default_factory=list, description="The trackers the service mirrors the run to."
@@ -380,6 +441,7 @@ def resolve_train(
         | _trackers(request, default_trackers, mlflow_configured, wandb_project, data_roots),
         device=device,
         model=model,
+        **_node_range(request.nnodes),
         batch=_split_across_ranks(geometry, request.batch, request),
         data=data,
         dataset=dataset,
@@ -456,21 +518,42 @@ def _trackers(
     return {"trackers": trackers, "tensorboard_dir": folder, "wandb_project": project}
 
 
+def _node_range(nnodes: int | NodeRange) -> dict[str, Any]:
+    """The plan's nnodes (the most), and an elastic gang's fewest and grace period."""
+    if isinstance(nnodes, int) or nnodes.min == nnodes.max:
+        return {"nnodes": nnodes if isinstance(nnodes, int) else nnodes.max}
+    return {
+        "nnodes": nnodes.max,
+        "min_nnodes": nnodes.min,
+        "shrink_after_seconds": nnodes.shrink_after_seconds,
+    }
+
+
+def world_sizes(nnodes: int | NodeRange, nproc_per_node: int) -> list[int]:
+    """Every number of ranks the run may train on: one per number of nodes it may take."""
+    low, high = (nnodes, nnodes) if isinstance(nnodes, int) else (nnodes.min, nnodes.max)
+    return [n * nproc_per_node for n in range(low, high + 1)]
+
+
 def _split_across_ranks(
-    resolved: BatchPlan, requested: BatchSpec, ranks: TrainOptions
+    resolved: BatchPlan, requested: BatchSpec, ranks: TrainRequest
 ) -> BatchPlan:
     """Each of the nnodes x nproc_per_node ranks runs an equal share of a step's
-    micro-batches."""
-    accum, world = resolved.grad_accum_steps, ranks.nnodes * ranks.nproc_per_node
-    if accum % world == 0:
+    micro-batches, at every world size an elastic gang may take: the global batch stays the
+    same when it shrinks or grows."""
+    accum, worlds = resolved.grad_accum_steps, world_sizes(ranks.nnodes, ranks.nproc_per_node)
+    uneven = [world for world in worlds if accum % world]
+    if not uneven:
         return resolved
+    every = math.lcm(*worlds)
     if requested.grad_accum_steps is not None:
+        nodes = ranks.nnodes if isinstance(ranks.nnodes, int) else uneven[0] // ranks.nproc_per_node
         raise InvalidRequest(
             f"batch.grad_accum_steps {accum} does not split evenly across nnodes "
-            f"{ranks.nnodes} x nproc_per_node {ranks.nproc_per_node} = {world} processes; "
-            f"use a multiple of {world}"
+            f"{nodes} x nproc_per_node {ranks.nproc_per_node} = {uneven[0]} processes; "
+            f"use a multiple of {every}"
         )
-    return resolved.model_copy(update={"grad_accum_steps": -(-accum // world) * world})
+    return resolved.model_copy(update={"grad_accum_steps": -(-accum // every) * every})
 
 
 def plan_train(request: TrainRequest, ctx: SubmitContext) -> TrainPlan:
@@ -491,8 +574,9 @@ def plan_train(request: TrainRequest, ctx: SubmitContext) -> TrainPlan:
 
 def train_need(plan: TrainPlan, params: int | None = None) -> MemoryNeed:
     """A train run's need under its strategy; a replicated run of several ranks also gets its
-    need under the first sharding strategy, which a refusal suggests."""
-    world = plan.nnodes * plan.nproc_per_node
+    need under the first sharding strategy, which a refusal suggests. An elastic gang is
+    measured at its fewest nodes, where each rank holds the largest shard."""
+    world = (plan.min_nnodes or plan.nnodes) * plan.nproc_per_node
     chosen = PARALLEL_STRATEGIES.get(plan.parallelism.strategy)
 
     def under(shards_state: bool, reshard: bool) -> MemoryEstimate:
@@ -512,12 +596,15 @@ def train_need(plan: TrainPlan, params: int | None = None) -> MemoryNeed:
 
 
 def train_placement(plan: TrainPlan) -> Placement:
-    """nnodes nodes of nproc_per_node GPUs (or CPU processes)."""
+    """nnodes nodes of nproc_per_node GPUs (or CPU processes); as few as min_nnodes for an
+    elastic gang."""
     return Placement(
         nnodes=plan.nnodes,
         gpus_per_node=plan.nproc_per_node if plan.device == "cuda" else 0,
         procs_per_node=plan.nproc_per_node,
         spread=plan.spread,
+        min_nnodes=plan.min_nnodes,
+        shrink_after_seconds=plan.shrink_after_seconds or 0.0,
     )
 
 

@@ -42,6 +42,12 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
     elif plan.fork_from is not None:
         ctx.log(f"forking from checkpoint {plan.fork_from.checkpoint} (step {plan.fork_from.step})")
 
+    if gang is not None and gang.nnodes != plan.nnodes:
+        # An elastic gang placed on fewer nodes (docs/design/placement.md, "Elastic gangs"):
+        # the ranks split the same grad_accum_steps among fewer, so the global batch holds.
+        plan = plan.model_copy(update={"nnodes": gang.nnodes})
+    if gang is not None and gang.resized_from is not None:
+        log_resize(ctx, gang.resized_from, gang.nnodes, previous.step if previous else None)
     if gang is not None:
         ctx.log(
             f"joining the gang as node {gang.node_rank} of {gang.nnodes} with "
@@ -73,6 +79,19 @@ def execute_train(ctx: RunContext, env: WorkerEnv) -> Outcome:
         result["checkpoint"] = latest.tag if latest else None
     ctx.progress(result["step"], plan.steps, force=True)
     return stopped_outcome(ctx, result) if result["stopped"] else Outcome("succeeded", result)
+
+
+def log_resize(ctx: RunContext, before: int, now: int, step: int | None) -> None:
+    """The leader's report of an elastic gang placed on another number of nodes than its
+    last attempt: `resize` is the data (from, to, and the checkpoint step it resumes from;
+    None: from its start)."""
+    how = "shrank" if now < before else "grew"
+    where = f"step {step}" if step is not None else "its start"
+    ctx.log(
+        f"{how} from {before} to {now} nodes, resuming from {where} with the same global batch",
+        level="warning" if now < before else "info",
+        resize={"from": before, "to": now, "step": step},
+    )
 
 
 def maybe_log_drain(ctx: RunContext, drain: dict[str, Any]) -> None:

@@ -30,9 +30,10 @@ from trainctl.worker.checkpoints.state import LocalState, StateAccess
 from trainctl.worker.data.loader import Batch, Sampler
 from trainctl.worker.models.gpt import GPT
 
-STOP_CODES = {"shutdown": 1, "cancel": 2, "lease_lost": 3, "lease_expired": 4}
+STOP_CODES = {"grow": 1, "shutdown": 2, "cancel": 3, "lease_lost": 4, "lease_expired": 5}
 """A rank's reason to stop, as the all-reduce (MAX) agrees on one: a lost lease wins, and
-one that ran out unconfirmed (worker/context.py) most of all."""
+one that ran out unconfirmed (worker/context.py) most of all; an elastic gang growing back
+(docs/design/placement.md, "Elastic gangs") yields to any other."""
 
 
 class DataParallel(StateAccess, Protocol):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -73,9 +74,11 @@ def rank_context(job: dict[str, Any], runs: RunStore) -> RunContext:
     return RunContext(run, runs, settings.worker_id, shutdown, settings.lease_seconds)
 
 
-def rank_stop(ctx: RunContext | None, stop_file: Path) -> Callable[[], str | None]:
-    """A rank's own reason to stop: its worker's stop file, and on rank 0 cancel and the
-    lease too."""
+def rank_stop(
+    ctx: RunContext | None, stop_file: Path, grow: threading.Event | None = None
+) -> Callable[[], str | None]:
+    """A rank's own reason to stop: its worker's stop file, and on rank 0 cancel, the lease
+    and an elastic gang's room to grow too."""
 
     def reason() -> str | None:
         asked = (stop_file.read_text() or "shutdown") if stop_file.exists() else None
@@ -85,9 +88,33 @@ def rank_stop(ctx: RunContext | None, stop_file: Path) -> Callable[[], str | Non
             drain = stop_file.parent / DRAIN_FILE
             since = float(drain.read_text()) if drain.exists() else None
             cast(Shutdown, ctx.shutdown).set(since)
-        return ctx.stop_reason() or asked
+        grown = "grow" if grow is not None and grow.is_set() else None
+        return ctx.stop_reason() or asked or grown
 
     return reason
+
+
+def grow_watch(
+    plan: TrainPlan,
+    ctx: RunContext,
+    grow: threading.Event,
+    evals: Callable[[str, int], None] | None,
+) -> Callable[[str, int], None]:
+    """Rank 0's after-commit of an elastic gang (docs/design/placement.md, "Elastic gangs"):
+    once its missing workers are idle again, set `grow`, so that every rank stops at the
+    next step and the run is requeued to be placed on all its nodes; the checkpoint just
+    committed is what it resumes from, and the last step's is not worth a restart."""
+
+    def after_commit(tag: str, step: int) -> None:
+        if evals is not None:
+            evals(tag, step)
+        if plan.min_nnodes is None or step >= plan.steps or grow.is_set():
+            return
+        if ctx.runs.room_to_grow(ctx.run.id, ctx.lease_seconds):
+            ctx.log(f"elastic gang: its missing workers are idle; growing back after step {step}")
+            grow.set()
+
+    return after_commit
 
 
 def run_rank(job_file: str) -> int:
@@ -145,8 +172,9 @@ def train_rank(
     # Rank 0 of a run watches the own step times; without a run (tests, scripts) nobody hears.
     timed = rank == 0 and ctx is not None and watches.own is not None
     watch = StragglerWatch(plan.stragglers, world, report_stragglers) if timed else None
+    grow = threading.Event()
     stop = AgreedStop(
-        rank_stop(ctx, workdir / STOP_FILE),
+        rank_stop(ctx, workdir / STOP_FILE, grow),
         device or torch.device("cpu"),
         own_seconds=watches.own.seconds if watches.own is not None else None,
         on_times=watch.observe if watch is not None else None,
@@ -158,8 +186,9 @@ def train_rank(
     if rank != 0:  # rank 0 speaks for the run; every rank agrees on when to stop
         hooks = TrainerHooks.silent(stop)
     elif ctx is not None:
+        after_commit = grow_watch(plan, ctx, grow, evals)
         hooks = TrainerHooks.of_run(
-            ctx, store, plan.experiment, should_stop=stop, after_commit=evals
+            ctx, store, plan.experiment, should_stop=stop, after_commit=after_commit
         )
     else:  # no run (tests, scripts), so none depends on a checkpoint: rank 0 returns its
         # metrics with the result

@@ -30,6 +30,7 @@ def test_a_cuda_run_on_a_cpu_only_service_is_queued_and_says_what_it_waits_for(
     run = response.json()
     assert run["placement"] == {
         "nnodes": 1, "gpus_per_node": 2, "procs_per_node": 2, "spread": "any",
+        "min_nnodes": None, "shrink_after_seconds": 0.0,
     }  # fmt: skip
     shown = client.get(f"/runs/{run['id']}").json()
     assert shown["state"] == "queued"
@@ -88,6 +89,16 @@ def test_a_run_across_nodes_on_sqlite_is_422_saying_it_needs_postgresql(
 
     assert response.status_code == 422
     assert "PostgreSQL" in response.json()["detail"]
+
+
+def test_an_elastic_range_that_cannot_work_is_422_naming_nnodes(client: TestClient) -> None:
+    backwards = submit(client, "train", CPU_TRAIN | {"nnodes": {"min": 3, "max": 2}})
+    uneven = {"nnodes": {"min": 2, "max": 3}, "batch": {"grad_accum_steps": 4}}
+
+    assert backwards.status_code == 422 and "nnodes" in str(backwards.json()["detail"])
+    assert "min 3 is above max 2" in str(backwards.json()["detail"])
+    refused = submit(client, "train", CPU_TRAIN | uneven)
+    assert refused.status_code == 422 and "grad_accum_steps 4" in refused.json()["detail"]
 
 
 def test_priority_and_max_attempts_are_kept_per_run(client: TestClient, settings: Settings) -> None:

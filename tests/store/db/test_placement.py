@@ -17,7 +17,7 @@ from tests.support.databases import fresh_database
 from trainctl.store.db.placement import ONE_NODE, Capacity, Placement, choose_gang, why_waiting
 from trainctl.store.db.records import Run
 from trainctl.store.db.runs import RunStore
-from trainctl.store.db.schema import read_transaction, run_slots, workers
+from trainctl.store.db.schema import read_transaction, run_slots, runs, workers
 from trainctl.store.exceptions import InvalidRequest, LeaseLost, WorkerNotFound
 
 GPU1 = Placement(gpus_per_node=1)
@@ -101,6 +101,25 @@ def test_a_gang_is_gathered_by_the_spread_it_asks_for() -> None:
     assert ids(choose_gang(me, peers, distinct)) == ["a", "c", "d"]
     assert choose_gang(me, [cap("b", "n1"), cap("c", "n1")], distinct) is None
     assert choose_gang(cap("a", "n1"), peers, Placement(nnodes=2, gpus_per_node=1)) is None
+
+
+def test_an_elastic_gang_takes_fewer_nodes_only_after_its_grace_period() -> None:
+    me, peers = cap("a", "n1"), [cap("b", "n2")]
+    elastic = Placement(nnodes=3, min_nnodes=2, shrink_after_seconds=60.0)
+    ids = lambda members: [m.worker_id for m in members or []]  # noqa: E731
+    assert elastic.fewest(59.0) == 3 and elastic.fewest(60.0) == 2
+    assert Placement(nnodes=3).fewest(1e9) == 3  # a fixed gang never shrinks
+    assert choose_gang(me, peers, elastic, elastic.fewest(10.0)) is None
+    assert ids(choose_gang(me, peers, elastic, elastic.fewest(60.0))) == ["a", "b"]
+    # With enough idle workers it takes them all, grace period or not.
+    more = [*peers, cap("c", "n3"), cap("d", "n4")]
+    assert ids(choose_gang(me, more, elastic, elastic.fewest(60.0))) == ["a", "b", "c"]
+    assert choose_gang(me, [], elastic, elastic.fewest(60.0)) is None
+    # Two live workers will do once it has waited: it lacks nothing.
+    assert why_waiting(elastic, [me, *peers]) is None
+    assert why_waiting(elastic, [me]) == (
+        "waiting: needs 2 to 3 nodes of 1 CPU process; 1 live worker on 1 node can serve it"
+    )
 
 
 # ---- claims on both databases ---------------------------------------------------------------
@@ -244,6 +263,44 @@ def test_every_member_is_fenced_and_a_silent_member_requeues_the_gang(pg: RunSto
     again = claim(pg, "c")
     assert again is not None and again.attempt == 2
     assert {s[2] for s in slots(pg)} == {"a", "c"}
+
+
+def test_an_elastic_gang_shrinks_after_its_grace_period_and_grows_back(pg: RunStore) -> None:
+    elastic = Placement(nnodes=3, min_nnodes=2, shrink_after_seconds=30.0)
+    gang = enqueue(pg, elastic, max_attempts=3)
+    for worker_id in ("a", "b", "c"):
+        register(pg, worker_id)
+    assert claim(pg, "a") is not None  # all three idle: it takes all three at once
+    assert pg.get(gang.id).gang_nnodes == 3
+    pg.give_up(gang.id, "b", 1, "a gang member's processes exited")  # c is gone for good
+    with pg.engine.begin() as conn:
+        conn.execute(workers.delete().where(workers.c.id == "c"))
+    pg.workers.release("a")
+    pg.workers.release("b")
+    assert claim(pg, "a") is None  # two of three, within the grace period: it waits
+    # Once it has waited long enough, two will do.
+    requeued = datetime.now(UTC) - timedelta(seconds=31)
+    with pg.engine.begin() as conn:
+        conn.execute(runs.update().where(runs.c.id == gang.id).values(queued_at=requeued))
+    leader = claim(pg, "a")
+    assert leader is not None and leader.gang is not None
+    assert (leader.gang.nnodes, leader.gang.resized_from) == (2, 3)  # its worker reports it
+    run = pg.get(gang.id)
+    assert (run.state, run.attempt, run.gang_nnodes) == ("running", 2, 2)
+    place = claim(pg, "b")
+    assert place is not None and place.gang is not None
+    assert (place.gang.nnodes, place.gang.resized_from) == (2, None)
+    # A third worker again: the shrunk gang has room to grow (rank 0 asks after a save).
+    assert not pg.room_to_grow(gang.id, LEASE)
+    register(pg, "d")
+    assert pg.room_to_grow(gang.id, LEASE)
+    pg.requeue(gang.id, "a", 2, "elastic gang growing back")
+    pg.workers.release("a")
+    pg.workers.release("b")
+    grown = claim(pg, "d")  # within the grace period, but all three are idle
+    assert grown is not None and grown.gang is not None
+    assert (grown.gang.nnodes, grown.gang.resized_from) == (3, 2)
+    assert not pg.room_to_grow(gang.id, LEASE)  # at its most
 
 
 def test_a_member_that_loses_its_peers_requeues_the_gang_once(pg: RunStore) -> None:

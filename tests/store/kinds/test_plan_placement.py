@@ -102,6 +102,29 @@ def test_grad_accum_steps_split_across_every_process_of_every_node() -> None:
     assert train_plan(steps=1, nnodes=3, batch={"grad_accum_steps": 6}).batch.grad_accum_steps == 6
 
 
+def test_an_elastic_gang_splits_grad_accum_steps_at_every_size_it_may_take() -> None:
+    elastic = {"min": 2, "max": 3, "shrink_after_seconds": 1.0}
+    plan = train_plan(steps=1, nnodes=elastic, batch={"grad_accum_steps": 6})
+    assert (plan.nnodes, plan.min_nnodes, plan.shrink_after_seconds) == (3, 2, 1.0)
+    assert placement_of(plan) == Placement(nnodes=3, min_nnodes=2, shrink_after_seconds=1.0)
+    # 4 splits across 2 nodes but not across 3: refused, naming the multiple that would.
+    with pytest.raises(InvalidRequest, match=r"grad_accum_steps 4 .* nnodes 3 .* multiple of 6"):
+        train_plan(steps=1, nnodes=elastic, batch={"grad_accum_steps": 4})
+    with pytest.raises(InvalidRequest, match=r"= 6 processes; use a multiple of 12"):
+        train_plan(steps=1, nnodes=elastic, nproc_per_node=2, batch={"grad_accum_steps": 8})
+    # By default it is rounded up to one that splits at every size.
+    assert train_plan(steps=1, nnodes=elastic).batch.grad_accum_steps == 6
+    # min == max is the plain form; a range the wrong way round or of no nodes is refused.
+    fixed = train_plan(steps=1, nnodes={"min": 2, "max": 2})
+    assert (fixed.nnodes, fixed.min_nnodes) == (2, None)
+    with pytest.raises(ValidationError, match="min 3 is above max 2"):
+        TrainRequest(steps=1, nnodes={"min": 3, "max": 2})
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        TrainRequest(steps=1, nnodes={"min": 0, "max": 2})
+    default = TrainRequest(steps=1, nnodes={"min": 1, "max": 2}).nnodes
+    assert not isinstance(default, int) and default.shrink_after_seconds == 300.0
+
+
 def test_nnodes_and_spread_are_in_the_plan_and_priority_and_attempts_are_not() -> None:
     plan = train_plan(steps=1, nnodes=2, spread="same_node", priority=7, max_attempts=2)
 
@@ -133,7 +156,8 @@ def test_queueing_and_placement_fields_are_bounded_and_strict(field: str, value:
     with pytest.raises(ValidationError) as caught:
         TrainRequest.model_validate({"steps": 1, field: value})
 
-    assert [e["loc"] for e in caught.value.errors()] == [(field,)]
+    # nnodes names its form too: ("nnodes", "count") or ("nnodes", "range").
+    assert [e["loc"][0] for e in caught.value.errors()] == [field]
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,10 @@ carries such differences into the following steps.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import torch
@@ -21,11 +23,14 @@ from tests.support.stores import folder, posix_store
 from trainctl.store.db.runs import RunStore
 from trainctl.store.exceptions import InvalidRequest
 from trainctl.store.worker_settings import WorkerSettings
+from trainctl.worker.context import RunContext
+from trainctl.worker.executor import stopped_outcome
 from trainctl.worker.launch import check_world, launch_train
 from trainctl.worker.runner import Worker
 from trainctl.worker.training.hooks import TrainerHooks
 from trainctl.worker.training.loop import Trainer
-from trainctl.worker.training.parallel import RankSampler
+from trainctl.worker.training.parallel import STOP_CODES, RankSampler
+from trainctl.worker.training.ranks import grow_watch
 
 
 def test_the_ranks_together_read_exactly_the_batches_of_one_process() -> None:
@@ -121,3 +126,39 @@ def test_rank_0_of_a_two_process_run_queues_the_evaluate_runs_of_its_checkpoints
     # max_keep 1: step_3 is kept for its evaluation.
     tags = {c.tag for c in posix_store(tmp_path / "checkpoints").list_checkpoints("ddp")}
     assert tags == {"step_3", "step_6", "best"}
+
+
+def test_rank_0_of_a_shrunk_gang_grows_back_after_a_commit_and_the_run_is_requeued() -> None:
+    """The worker half of growing back (docs/design/placement.md, "Elastic gangs"); the
+    store's rule is tests/store/db/test_placement.py's, the whole tests/e2e/test_elastic.py's."""
+    asked: list[str] = []
+    logged: list[str] = []
+    room = [False]
+
+    class Runs:
+        def room_to_grow(self, run_id: str, lease_seconds: float) -> bool:
+            asked.append(run_id)
+            return room[0]
+
+    ctx = SimpleNamespace(
+        runs=Runs(), run=SimpleNamespace(id="r1"), lease_seconds=5.0, log=logged.append
+    )
+    elastic = train_plan(steps=10, nnodes={"min": 2, "max": 3})
+    grow = threading.Event()
+    after_commit = grow_watch(elastic, cast(RunContext, ctx), grow, None)
+    after_commit("step_2", 2)
+    assert asked == ["r1"] and not grow.is_set()
+    room[0] = True
+    after_commit("step_10", 10)  # the last step's checkpoint: not worth a restart
+    assert not grow.is_set()
+    after_commit("step_4", 4)
+    assert grow.is_set() and "growing back after step 4" in logged[-1]
+    fixed = grow_watch(
+        train_plan(steps=10, nnodes=3), cast(RunContext, ctx), threading.Event(), None
+    )
+    fixed("step_4", 4)
+    assert len(asked) == 2  # a gang of fixed size never asks
+    # Grow yields to any other reason; alone, it hands the run back without failing it.
+    assert STOP_CODES["grow"] < min(c for r, c in STOP_CODES.items() if r != "grow")
+    outcome = stopped_outcome(cast(RunContext, ctx), {"stop_reason": "grow"})
+    assert outcome.state == "requeue" and "growing back" in outcome.reason
