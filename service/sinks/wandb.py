@@ -38,7 +38,7 @@ from trainctl.store.exceptions import NotFound, RunNotFound
 
 log = logging.getLogger("trainctl.sinks")
 
-ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """What W&B accepts as a run id (and in its URLs)."""
 EVAL_STEP = "eval/step"
 """The x-axis of eval scores: the step of the checkpoint they score."""
@@ -79,7 +79,7 @@ def wandb_config(settings: Settings) -> WandbConfig | None:
 def wandb_id(run_id: str) -> str:
     """The W&B run id of trainctl run `run_id`: the same for every attempt and every service,
     the run id itself where W&B accepts it (a trainctl id is 32 hex digits)."""
-    if ID_PATTERN.match(run_id):
+    if ID_PATTERN.fullmatch(run_id):  # never `$`: it matches before a final newline
         return run_id
     return hashlib.sha256(run_id.encode()).hexdigest()[:32]
 
