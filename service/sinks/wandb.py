@@ -5,7 +5,9 @@ W&B's own client (`wandb`, imported only when a run is mirrored: a service witho
 setting never loads it) logs from the sink's thread in the service, never in the worker. Every
 attempt of a trainctl run, and every service that mirrors it, logs to the one W&B run whose id
 is derived from the trainctl run's (`wandb_id`, opened with `resume="allow"`); a fork opens its
-W&B run with `fork_from` its parent's at the fork step.
+W&B run with `fork_from` its parent's at the fork step, and a loss-health rewind
+(docs/design/health.md) reopens it with `resume_from` the step it rewound to, so that the
+steps trained again replace those W&B had after it.
 
 W&B takes a run's steps in increasing order only, and trainctl's log may hold a step twice (an
 attempt resumed from its checkpoint repeats the steps after it). So the sink keeps, in the
@@ -163,8 +165,6 @@ class WandbSink:
         service logs to it."""
         if run.id in self._open:
             return self._open[run.id]
-        import wandb  # here, not above: a service without TRAINCTL_WANDB_PROJECT never loads it
-
         fork = run.parent
         kwargs: dict[str, Any] = {"resume": "allow"}
         project = project_of(self.config, run)
@@ -173,6 +173,34 @@ class WandbSink:
             assert fork is not None and fork.run_id is not None
             # fork_from makes a new run; once it exists, later opens resume it.
             kwargs = {"fork_from": f"{wandb_id(fork.run_id)}?_step={fork.step}"}
+        handle = self._init(run, project, kwargs)
+        # Steps logged already, by this sink before (memo) or, online, as the server knows:
+        # W&B resumes a run at the step after its last one.
+        last = max(memo.get("step", -1), getattr(handle, "starting_step", 0) - 1)
+        if forked:
+            assert fork is not None
+            last = max(last, fork.step)
+        wb = _Open(handle, last, keys=None)  # a step before this open is closed to new names
+        self._open[run.id] = wb
+        return wb
+
+    def _rewind(self, run: Run, wb: _Open, step: int) -> None:
+        """Reopen the W&B run at `step` (`resume_from`): the run went back to its checkpoint
+        there and trains the steps after it again, which W&B then takes in place of those it
+        had. In place, so the batch being written goes on with it."""
+        # Out of the open runs until reopened: if that fails, the batch is offered again,
+        # from before this rewind, to a run opened afresh.
+        self._open.pop(run.id, None)
+        wb.run.finish()
+        wb.run = self._init(run, project_of(self.config, run), {
+            "resume_from": f"{wandb_id(run.id)}?_step={step}"
+        })  # fmt: skip
+        wb.step, wb.keys = step, None  # the step it rewound to stays as it was
+        self._open[run.id] = wb
+
+    def _init(self, run: Run, project: str, kwargs: dict[str, Any]) -> Any:
+        import wandb  # here, not above: a service without TRAINCTL_WANDB_PROJECT never loads it
+
         try:
             handle = wandb.init(
                 project=project,
@@ -198,15 +226,7 @@ class WandbSink:
             raise SinkRefused(f"W&B refused the run: {exc}") from exc
         except Exception as exc:  # unreachable, timed out, no key: the next try may do
             raise SinkUnavailable(f"W&B client could not open the run: {exc}") from exc
-        # Steps logged already, by this sink before (memo) or, online, as the server knows:
-        # W&B resumes a run at the step after its last one.
-        last = max(memo.get("step", -1), getattr(handle, "starting_step", 0) - 1)
-        if forked:
-            assert fork is not None
-            last = max(last, fork.step)
-        wb = _Open(handle, last, keys=None)  # a step before this open is closed to new names
-        self._open[run.id] = wb
-        return wb
+        return handle
 
     def _parent_in(self, run: Run, project: str) -> bool:
         """Whether `run` is a fork whose parent W&B has in `project`: mirrored there by this
@@ -271,6 +291,8 @@ class WandbSink:
             _log_at(wb, data["step"], {SAMPLES: table})
         elif event.type == "log" and isinstance(data.get("checkpoint"), dict):
             self._log_checkpoint(run, wb, data["checkpoint"], memo)
+        elif (step := _rewound_to(event)) is not None and step < wb.step:
+            self._rewind(run, wb, step)
 
     def _log_eval(self, wb: _Open, data: dict[str, Any]) -> None:
         values = dict(scalars(data))
@@ -344,7 +366,19 @@ def _log_at(wb: _Open, step: object, values: dict[str, Any]) -> None:
 def _mirrored(event: Event) -> bool:
     if event.type in ("metrics", "sample"):
         return True
-    return event.type == "log" and isinstance(event.data.get("checkpoint"), dict)
+    checkpoint = event.type == "log" and isinstance(event.data.get("checkpoint"), dict)
+    return checkpoint or _rewound_to(event) is not None
+
+
+def _rewound_to(event: Event) -> int | None:
+    """The step a loss-health rewind went back to (its `log` event's `health` record,
+    worker.training.health); None for any other event, or a rewind that found no checkpoint
+    to go back to (it stayed where it was: no step is trained twice)."""
+    health = event.data.get("health") if event.type == "log" else None
+    if not isinstance(health, dict) or health.get("action") != "rewind":
+        return None
+    step = health.get("rewound_to")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _notes(run: Run) -> str:

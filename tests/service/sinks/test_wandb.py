@@ -5,6 +5,7 @@ across two services without a repeated step (tests/e2e/test_wandb_e2e.py trains 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -226,3 +227,29 @@ def test_without_a_key_wandb_waits_saying_so_once_and_gets_everything_once_after
     assert "mirroring again" in recovered
     (read,) = wandb_files(tmp_path, wandb_id(run.id))
     assert [row["_step"] for row in read.history] == list(range(1, 11))
+
+
+def test_a_loss_health_rewind_reopens_the_wandb_run_from_the_step_it_went_back_to(
+    store: RunStore, tmp_path: Path, mirror: MirrorFactory
+) -> None:
+    run = start_run(store, ["wandb"])
+    write_steps(store, run, range(1, 15))  # a spike at step 15: back to step_10's checkpoint
+    rewind = {"step": 15, "loss": 9.5, "reason": "spike", "action": "rewind", "statistic": 7.0,
+              "window": [28, 30], "rewound_to": 10}  # fmt: skip
+    store.append_event(run.id, "log", {"level": "warning", "message": "health: rewound",
+                                       "health": rewind})  # fmt: skip
+    for step in range(11, 17):  # steps 11 to 16 trained again, without the window
+        again = {"kind": "train", "step": step, "total_steps": 20, "loss": 3.0 - step / 100}
+        store.append_event(run.id, "metrics", again)
+    finish(store, run)
+    sink_mirror = mirror(offline_sink(tmp_path, store))
+    run_until_idle(sink_mirror)
+    sink_mirror.stop()
+
+    before, after = wandb_files(tmp_path, wandb_id(run.id))
+    assert [row["_step"] for row in before.history] == list(range(1, 15))
+    (branch,) = {json.dumps(r.get("branch_point"), sort_keys=True) for r in after.runs}
+    assert json.loads(branch) == {"metric": "_step", "run": wandb_id(run.id), "value": 10}
+    assert [(row["_step"], row["train/loss"]) for row in after.history] == [
+        (step, pytest.approx(3.0 - step / 100)) for step in range(11, 17)
+    ]
