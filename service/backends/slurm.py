@@ -33,6 +33,8 @@ from trainctl.store.backends.slurm import (
     Partition,
     SlurmOptions,
     batch_script,
+    chosen_partition,
+    elastic_nodes,
     job_name,
     parse_partitions,
     parse_squeue,
@@ -40,7 +42,7 @@ from trainctl.store.backends.slurm import (
 )
 from trainctl.store.db.launches import Launch
 from trainctl.store.db.outages import UNAVAILABLE
-from trainctl.store.db.records import Run
+from trainctl.store.db.records import Run, utcnow
 from trainctl.store.db.runs import RunStore
 from trainctl.store.vocabulary import TERMINAL_STATES
 from trainctl.store.worker_settings import variable
@@ -151,10 +153,13 @@ class SlurmBackend:
 
     def submit(self, run: Run) -> None:
         options = SlurmOptions.model_validate((run.launch or {}).get(BACKEND) or {})
+        nnodes = self.elastic_size(run, options)
+        if nnodes is None:
+            return  # an elastic gang within its grace, its nodes not all up: next tick
         output = str(self.settings.log_dir / f"slurm-{run.id}-%j.out")
         args = sbatch_command(
             run.id, run.attempt, run.placement, options, self.settings.slurm_defaults,
-            drain_seconds=self.settings.drain_seconds, output=output,
+            drain_seconds=self.settings.drain_seconds, output=output, nnodes=nnodes,
         )  # fmt: skip
         script = batch_script(run.id, WORKER_COMMAND, options)
         try:
@@ -167,6 +172,18 @@ class SlurmBackend:
         job_id = out.strip().split(";")[0]
         self.runs.launches.submitted(run, BACKEND, job_id)
         log.info("run %s attempt %d: submitted as slurm job %s", run.id, run.attempt, job_id)
+
+    def elastic_size(self, run: Run, options: SlurmOptions) -> int | None:
+        """The nodes this attempt asks for: an elastic gang's from the nodes of its partition
+        that are up now (store.backends.slurm.elastic_nodes); any other run's `nnodes`."""
+        placement = run.placement
+        if placement.min_nnodes is None:
+            return placement.nnodes
+        partitions = cluster_partitions(fresh=True)  # a node lost a moment ago is down now
+        chosen = chosen_partition(partitions or {}, options, self.settings.slurm_defaults)
+        since = run.queued_at or run.created_at
+        waited = (utcnow() - since).total_seconds()
+        return elastic_nodes(placement, chosen.up if chosen else None, waited)
 
     def job_environment(self) -> dict[str, str]:
         """What the job's tasks start with: the service's environment as a local worker's
@@ -217,14 +234,14 @@ _partitions: tuple[float, dict[str, Partition]] | None = None
 _partitions_lock = threading.Lock()
 
 
-def cluster_partitions() -> dict[str, Partition] | None:
+def cluster_partitions(fresh: bool = False) -> dict[str, Partition] | None:
     """The cluster's partitions and their node counts (`sinfo -s`), for submit's checks
     (store.backends.slurm.check_partition); None when sinfo does not answer: submit then
     queues the run, and sbatch says what it refuses."""
     global _partitions
     with _partitions_lock:
         now = time.monotonic()
-        if _partitions is not None and now - _partitions[0] < PARTITIONS_SECONDS:
+        if not fresh and _partitions is not None and now - _partitions[0] < PARTITIONS_SECONDS:
             return _partitions[1]
         try:
             done = subprocess.run(

@@ -158,6 +158,8 @@ class Partition:
     name: str
     nodes: int
     default: bool
+    up: int | None = None
+    """Its nodes a job may be given now (allocated or idle; not down, drained or failing)."""
 
 
 def parse_partitions(sinfo: str) -> dict[str, Partition]:
@@ -169,7 +171,9 @@ def parse_partitions(sinfo: str) -> dict[str, Partition]:
         if len(parts) != 2 or not parts[1].rsplit("/", 1)[-1].isdigit():
             continue
         name, default = parts[0].rstrip("*"), parts[0].endswith("*")
-        found[name] = Partition(name, int(parts[1].rsplit("/", 1)[-1]), default)
+        counts = parts[1].split("/")
+        up = int(counts[0]) + int(counts[1]) if len(counts) == 4 and counts[1].isdigit() else None
+        found[name] = Partition(name, int(counts[-1]), default, up)
     return found
 
 
@@ -189,16 +193,38 @@ def check_partition(
             f"{where} {named!r}: no such partition on this cluster "
             f"(it has {', '.join(sorted(partitions)) or 'none'})"
         )
-    chosen = (
-        partitions.get(named)
-        if named
-        else next((p for p in partitions.values() if p.default), None)
-    )
-    if chosen is not None and placement.nnodes > chosen.nodes:
+    chosen = chosen_partition(partitions, options, defaults)
+    fewest = placement.min_nnodes if placement.min_nnodes is not None else placement.nnodes
+    if chosen is not None and fewest > chosen.nodes:  # an elastic gang runs on its fewest
         raise ValueError(
-            f"nnodes {placement.nnodes}: partition {chosen.name!r} has {chosen.nodes} "
+            f"nnodes {fewest}: partition {chosen.name!r} has {chosen.nodes} "
             f"node{'s' if chosen.nodes != 1 else ''}; the job would wait for ever"
         )
+
+
+def chosen_partition(
+    partitions: dict[str, Partition], options: SlurmOptions | None, defaults: SlurmDefaults
+) -> Partition | None:
+    """The partition a run's job goes to: its own, the service's, else the cluster's default."""
+    named = (options.partition if options else None) or defaults.partition
+    if named:
+        return partitions.get(named)
+    return next((p for p in partitions.values() if p.default), None)
+
+
+def elastic_nodes(placement: Placement, up: int | None, waited: float) -> int | None:
+    """How many nodes to ask Slurm for, for an attempt of an elastic gang (docs/design/
+    placement.md, "Elastic gangs") whose partition has `up` nodes a job may be given (None:
+    not known). All its `nnodes` where that many are up; after `shrink_after_seconds` in
+    the queue, as many as are up down to `min_nnodes` (and `min_nnodes`, for Slurm to wait
+    for, where fewer are up); None: not yet, the grace is still running. Slurm's own range
+    (`--nodes=min-max`) is no help here: with cons_tres it gives the minimum at once."""
+    if up is None or up >= placement.nnodes or placement.min_nnodes is None:
+        return placement.nnodes
+    fewest = placement.fewest(waited)
+    if up >= fewest:
+        return up
+    return placement.min_nnodes if fewest < placement.nnodes else None
 
 
 def job_name(run_id: str) -> str:
@@ -214,6 +240,7 @@ def sbatch_command(
     *,
     drain_seconds: float,
     output: str,
+    nnodes: int | None = None,
 ) -> list[str]:
     """`sbatch`'s arguments for one attempt of a run; the script comes on its stdin."""
     options = options or SlurmOptions()
@@ -222,7 +249,7 @@ def sbatch_command(
         "--parsable",
         f"--job-name={job_name(run_id)}",
         f"--comment=trainctl run {run_id} attempt {attempt}",
-        f"--nodes={placement.nnodes}",
+        f"--nodes={nnodes or placement.nnodes}",
         "--ntasks-per-node=1",
         "--no-requeue",  # trainctl decides what is retried, and from which checkpoint
         f"--signal=TERM@{signal_lead_seconds(drain_seconds)}",

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Row, insert, select, update
 
-from trainctl.store.db.queue import place_gang
-from trainctl.store.db.records import GangPlace, Run, run_from_row, utcnow
+from trainctl.store.db.queue import place_gang, sizes_allow
+from trainctl.store.db.records import Run, leader_place, run_from_row, utcnow
 from trainctl.store.db.schema import launches, read_transaction, runs, write_transaction
 from trainctl.store.text import column_text
 
@@ -203,7 +203,7 @@ class Launches:
             row = conn.execute(
                 select(runs).where(runs.c.id == run_id, runs.c.state == "queued").with_for_update()
             ).one_or_none()
-            if row is None or row.nnodes != len(members):
+            if row is None or not sizes_allow(row, len(members)):
                 return None
             conn.execute(
                 update(launches)
@@ -218,7 +218,7 @@ class Launches:
             place_gang(conn, row, members, rendezvous, lease_until)
             reason = f"claimed by a gang of {len(members)} ({', '.join(members)}; {where})"
             started = self.runs._start(conn, row, members[0], now, lease_until, reason)
-            return dataclasses.replace(started, gang=GangPlace(0, row.nnodes, rendezvous))
+            return dataclasses.replace(started, gang=leader_place(row, len(members), rendezvous))
 
     def place(self, worker_id: str) -> Run | None:
         """A gang member's place, once the job's first task has claimed the run."""

@@ -201,6 +201,13 @@ def place_gang(
     conn.execute(update(runs).where(runs.c.id == gang.id).values(gang_nnodes=len(members)))
 
 
+def sizes_allow(gang: Row[Any], size: int) -> bool:
+    """Whether a gang may run on `size` nodes: its `nnodes`, or down to `min_nnodes` for an
+    elastic one (docs/design/placement.md, "Elastic gangs")."""
+    low = gang.min_nnodes if gang.min_nnodes is not None else gang.nnodes
+    return low <= size <= gang.nnodes
+
+
 def members_of(conn: Connection, run_id: str) -> list[str]:
     query = select(run_slots.c.worker_id).where(run_slots.c.run_id == run_id)
     return list(conn.execute(query.order_by(run_slots.c.node_rank)).scalars())

@@ -51,6 +51,14 @@ class GangPlace:
     number (an elastic gang that shrank or grew); its worker reports the resize."""
 
 
+def leader_place(gang: Row[Any], size: int, rendezvous: str) -> GangPlace:
+    """The leader's place in a gang just placed on `size` nodes, with the size the last
+    attempt ran on where it differs: an elastic gang that shrank or grew (its worker reports
+    the resize)."""
+    before = gang.gang_nnodes
+    return GangPlace(0, size, rendezvous, before if before not in (None, size) else None)
+
+
 @dataclass(frozen=True)
 class RunParent:
     """Where a fork started (docs/design/forks.md, "Forks"): the run that saved the checkpoint

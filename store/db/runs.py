@@ -61,6 +61,7 @@ from trainctl.store.db.records import (
     RunToQueue,
     checkpoint_pairs,
     event_from_row,
+    leader_place,
     run_from_row,
     utcnow,
 )
@@ -462,9 +463,7 @@ class RunStore:
                         f"claimed by a gang of {len(members)} workers ({names}); leader {worker_id}"
                     )
                     started = self._start(conn, row, worker_id, now, lease_until, reason)
-                    before = row.gang_nnodes
-                    resized = before if before not in (None, len(members)) else None
-                    gang = GangPlace(0, len(members), endpoint, resized)
+                    gang = leader_place(row, len(members), endpoint)
                     return dataclasses.replace(started, gang=gang)
                 if reserved_for(conn, row, now, lease_seconds, reserve_after):
                     return None  # keep this worker free for the gang (store/db/queue.py)

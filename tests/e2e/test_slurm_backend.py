@@ -231,6 +231,7 @@ def test_a_run_pending_for_resources_shows_slurms_reason_and_starts_when_a_node_
     assert run["state"] == "succeeded" and run["attempt"] == 1, run["error"]
 
 
+@pytest.mark.soak  # ~40 s; the elastic test below loses a node's slurmd under a run in make test
 def test_kill_9_of_a_nodes_slurmd_mid_run_resumes_in_a_new_job_and_attempt(
     slurm: SlurmService,
 ) -> None:
@@ -273,6 +274,51 @@ def test_kill_9_of_a_nodes_slurmd_mid_run_resumes_in_a_new_job_and_attempt(
         lambda: "idle" in slurm.cluster.node_state(node).lower(),
         timeout=60,
         what=f"{node} back in service",
+    )
+
+
+def test_an_elastic_gang_that_loses_a_node_goes_on_in_a_job_on_fewer_nodes(
+    slurm: SlurmService,
+) -> None:
+    # The first job has all three nodes; once one is lost (down in sinfo) and the gang's
+    # grace has passed, the next job asks for the two that are up, where the run resumes
+    # resharded with the same global batch (docs/design/placement.md, "Elastic gangs").
+    elastic = {"min": 2, "max": 3, "shrink_after_seconds": 1}
+    body = {**TINY, "experiment": "slurm-elastic", "steps": 100_000, "checkpoint_every": 5,
+            "val_every": 100_000, "nnodes": elastic}  # fmt: skip
+    body["batch"] = {**TINY["batch"], "grad_accum_steps": 6}
+    run_id = slurm.submit(**body)["id"]
+    run = slurm.wait(run_id, "to train past a checkpoint", running_past(6), timeout=180)
+    first = slurm.cluster.job(job_of(run)["job_id"])
+    assert first["NumNodes"] == "3" and run["gang_nnodes"] == 3, first
+    lost = slurm.cluster.run("scontrol", "show", "hostnames", first["NodeList"]).split()[-1]
+    slurm.cluster.kill_slurmd(lost)
+    try:
+        again = slurm.wait(
+            run_id,
+            "to go on in a job on two nodes",
+            lambda r: r["attempt"] == 2 and len(r["jobs"]) == 2 and running_past(1)(r),
+            timeout=180,
+        )
+        second = slurm.cluster.job(job_of(again)["job_id"])
+        assert second["NumNodes"] == "2" and again["gang_nnodes"] == 2, second
+        assert lost not in slurm.cluster.run("scontrol", "show", "hostnames", second["NodeList"])
+        assert again["spec"]["batch"]["grad_accum_steps"] == 6  # the same global batch
+        resizes = [e.data["resize"] for e in slurm.runs.events(run_id, type="log")
+                   if "resize" in e.data]  # fmt: skip
+        assert [(r["from"], r["to"]) for r in resizes] == [(3, 2)], resizes
+        # From a whole checkpoint of the first job (a periodic one, or the drain's when
+        # Slurm signalled the nodes left as it ended the job).
+        listed = httpx.get(f"{slurm.url}/checkpoints?experiment=slurm-elastic", timeout=30)
+        assert resizes[0]["step"] in {c["step"] for c in listed.json()["items"]}, resizes
+    finally:
+        httpx.post(f"{slurm.url}/runs/{run_id}/cancel", timeout=30)
+        slurm.cluster.start_slurmd(lost)
+    assert slurm.finished(run_id)["state"] == "cancelled"
+    poll(
+        lambda: "idle" in slurm.cluster.node_state(lost).lower(),
+        timeout=60,
+        what=f"{lost} back in service",
     )
 
 

@@ -16,6 +16,7 @@ from trainctl.store.backends.slurm import (
     batch_script,
     check_partition,
     check_time_limit,
+    elastic_nodes,
     parse_partitions,
     parse_squeue,
     sbatch_command,
@@ -148,3 +149,19 @@ def test_a_partition_slurm_lacks_or_too_few_nodes_is_refused_before_sbatch() -> 
         check_partition(partitions, CPU, None, SlurmDefaults(partition="a100"))
     with pytest.raises(ValueError, match="nnodes 4: partition 'debug' has 3 nodes"):
         check_partition(partitions, Placement(nnodes=4), None, SlurmDefaults())
+
+
+def test_an_elastic_gang_asks_for_the_nodes_that_are_up_once_its_grace_has_passed() -> None:
+    partitions = parse_partitions("debug* 1/1/1/3\n")  # one of three down or drained
+    assert partitions["debug"].up == 2
+    elastic = Placement(nnodes=3, min_nnodes=2, shrink_after_seconds=60)
+    assert elastic_nodes(elastic, up=3, waited=0) == 3  # all up: all of them
+    assert elastic_nodes(elastic, up=2, waited=10) is None  # the grace is still running
+    assert elastic_nodes(elastic, up=2, waited=61) == 2  # then the nodes that are up
+    assert elastic_nodes(elastic, up=1, waited=61) == 2  # never below min: Slurm waits
+    assert elastic_nodes(elastic, up=None, waited=0) == 3  # sinfo silent: as asked
+    assert elastic_nodes(Placement(nnodes=3), up=1, waited=600) == 3  # not elastic
+    # A partition that holds its fewest, not its most, takes it.
+    check_partition(partitions, elastic, None, SlurmDefaults())
+    with pytest.raises(ValueError, match="nnodes 4: partition 'debug' has 3 nodes"):
+        check_partition(partitions, Placement(nnodes=5, min_nnodes=4), None, SlurmDefaults())
