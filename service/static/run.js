@@ -338,7 +338,15 @@ const byName = (folder) => {
 };
 
 export function resumeRequest(spec) {
-  const { model, dataset, datasets: ___, resume_from: _, fork_from: __, ...rest } = spec;
+  const {
+    model, dataset, datasets: ___, resume_from: _, fork_from: __,
+    min_nnodes: minNodes, shrink_after_seconds: shrinkAfter, ...rest
+  } = spec;
+  // An elastic gang's plan spells its range as nnodes (its most) and min_nnodes; a request,
+  // as nnodes {min, max, shrink_after_seconds} (docs/scaling.md, "Elastic gangs").
+  if (minNodes != null) {
+    rest.nnodes = { min: minNodes, max: spec.nnodes, shrink_after_seconds: shrinkAfter };
+  }
   let data = spec.data;
   if (data.source === "dataset" && dataset) data = { ...data, dataset: byName(data.dataset) };
   if (data.source === "mixture" && data.mixture) {

@@ -196,6 +196,8 @@ def test_a_plan_leaves_the_worker_nothing_to_default(plan: type[BaseModel]) -> N
             *EVALS_ABSENCES,
             "tensorboard_dir",
             "wandb_project",
+            "min_nnodes",  # a gang of exactly nnodes, not an elastic one
+            "shrink_after_seconds",
         ],
         BenchmarkPlan: [*named_model, *SCHEDULE_ABSENCES],
         ValidatePlan: ["data.dataset", "data.mixture", *DATASET_ABSENCES],

@@ -54,7 +54,7 @@ def test_a_run_has_exactly_the_design_fields_with_iso_times(client: TestClient) 
         "id", "kind", "experiment", "state", "spec", "progress", "result", "error",
         "worker_id", "attempt", "created_at", "started_at", "finished_at", "submitted_by",
         "priority", "max_attempts", "placement", "waiting_reason", "parent", "short_id",
-        "jobs", "wandb_url",
+        "jobs", "wandb_url", "gang_nnodes",
     }  # fmt: skip
     assert run["short_id"] == run["id"][:8]
     assert datetime.fromisoformat(run["created_at"]).utcoffset() == timedelta(0)
