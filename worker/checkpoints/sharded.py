@@ -52,7 +52,7 @@ from trainctl.store.checkpoints.storage import Files
 from trainctl.store.checkpoints.store import CheckpointStore, Protection
 from trainctl.store.checkpoints.writer import CheckpointWriter
 from trainctl.worker.checkpoints.dcp_storage import SafeLoadPlanner, StoreReader, StoreWriter
-from trainctl.worker.checkpoints.state import check_model_fits, write_failure
+from trainctl.worker.checkpoints.state import check_model_fits, retain_after, write_failure
 from trainctl.worker.checkpoints.training_state import (
     TrainingState,
     capture_rng_state,
@@ -201,7 +201,7 @@ def finish_save(
     if rank == 0 and after_commit is not None:
         after_commit()
     if rank == 0 and max_keep is not None:
-        store.retain(state.experiment, max_keep, protected=protected)
+        retain_after(store, state.experiment, state.tag, max_keep, protected)
     return store.describe(state.experiment, state.tag)
 
 

@@ -48,7 +48,12 @@ from trainctl.store.models.presets import ModelConfig
 from trainctl.worker.checkpoints.hashed_file import HashedFile
 from trainctl.worker.checkpoints.safetensors_stream import write_safetensors
 from trainctl.worker.checkpoints.training_state import TrainingState, checkpoint_metadata
-from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch, CheckpointWriteFailed
+from trainctl.worker.exceptions import (
+    CheckpointCorrupt,
+    CheckpointMismatch,
+    CheckpointWriteFailed,
+    LeaseExpired,
+)
 from trainctl.worker.training.optim import Optimizers
 from trainctl.worker.training.schedule import WSDScheduler
 
@@ -194,12 +199,7 @@ def write_checkpoint(
     if after_commit is not None:
         after_commit()
     if max_keep is not None:
-        try:
-            store.retain(experiment, max_keep, protected=protected)
-        except UNAVAILABLE as exc:
-            # What is protected lives in the run database: without it nothing is deleted,
-            # and the next save's retention deletes what this one would have.
-            log.warning("retention after %s/%s waits: no run database (%s)", experiment, tag, exc)
+        retain_after(store, experiment, tag, max_keep, protected)
     return store.describe(experiment, tag)
 
 
@@ -333,3 +333,20 @@ def load_optimizer_state(checkpoint: Files, device: torch.device | str) -> dict[
             f"checkpoint {where}: {OPTIMIZER_FILE} holds no optimizer state by name"
         )
     return state
+
+
+RETENTION_WAITS: tuple[type[Exception], ...] = (*UNAVAILABLE, LeaseExpired)
+
+
+def retain_after(
+    store: CheckpointStore, experiment: str, tag: str, max_keep: int, protected: Protection
+) -> None:
+    """The retention after a committed save. What is protected lives in the run database and
+    is asked only with the lease confirmed: without the database, or with the lease run out
+    while it did not answer, nothing is deleted, and the save stands (it was committed under
+    the lease); the next save's retention deletes what this one would have. A worker that
+    lost its lease to another attempt still stops (LeaseLost)."""
+    try:
+        store.retain(experiment, max_keep, protected=protected)
+    except RETENTION_WAITS as exc:
+        log.warning("retention after %s/%s waits: %s", experiment, tag, exc)

@@ -25,7 +25,12 @@ from trainctl.store.checkpoints.manifests import (
 )
 from trainctl.worker.checkpoints.state import capture_checkpoint, load_checkpoint
 from trainctl.worker.checkpoints.training_state import Progress, TrainingState
-from trainctl.worker.exceptions import CheckpointCorrupt, CheckpointMismatch
+from trainctl.worker.exceptions import (
+    CheckpointCorrupt,
+    CheckpointMismatch,
+    LeaseExpired,
+    LeaseLost,
+)
 
 
 def train_a_little(parts: Parts, steps: int = 3) -> None:
@@ -130,6 +135,30 @@ def test_retention_keeps_max_keep_and_never_deletes_best_or_newest(tmp_path: Pat
     tags = sorted(p.name for p in (tmp_path / "exp").iterdir())
     assert tags == ["best", "step_4", "step_5"]
     assert find_latest_checkpoint(tmp_path / "exp") == tmp_path / "exp" / "step_5"
+
+
+def test_a_retention_whose_lease_ran_out_in_an_outage_deletes_nothing_and_the_save_stands(
+    tmp_path: Path,
+) -> None:
+    # The retention asks the run database what is protected, with its lease confirmed; a
+    # lease that ran out while the database did not answer leaves every checkpoint, and the
+    # committed save stands rather than ending the run (a run whose last save committed
+    # keeps its success: tests/reliability/test_db_outage.py).
+    def lease_ran_out() -> frozenset[tuple[str, str]]:
+        raise LeaseExpired("the lease ran out while the run database did not answer")
+
+    parts = make_parts()
+    for step in (1, 2):
+        save(parts, tmp_path, step, max_keep=1)
+    assert sorted(p.name for p in (tmp_path / "exp").iterdir()) == ["step_2"]
+    save(parts, tmp_path, 3, max_keep=1, protected=lease_ran_out)
+    assert sorted(p.name for p in (tmp_path / "exp").iterdir()) == ["step_2", "step_3"]
+
+    def lease_lost() -> frozenset[tuple[str, str]]:
+        raise LeaseLost("another attempt has the run")
+
+    with pytest.raises(LeaseLost):  # fenced out for good: the run stops
+        save(parts, tmp_path, 4, max_keep=1, protected=lease_lost)
 
 
 def test_a_flipped_byte_is_caught_by_the_manifest(tmp_path: Path) -> None:
