@@ -31,6 +31,9 @@ _BOOT = (
     "root in sys.path or sys.path.insert(0, root); "
     "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
 )
+OUTERMOST_FRAME = 'File "<string>", line 1 in <module>'
+"""The outermost frame of the main thread of every process `python_command` starts (the `-c`
+boot above), as faulthandler writes it."""
 
 
 def trainctl_root() -> str:

@@ -28,6 +28,7 @@ these mechanisms only (`RankFault`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import faulthandler
 import mmap
 import os
@@ -42,6 +43,7 @@ from typing import IO, Any
 
 import torch
 
+from trainctl.store.processes import OUTERMOST_FRAME
 from trainctl.store.training.hangs import HangOptions, StragglerOptions, step_timeout, stragglers
 
 BOARD_FILE = "progress"
@@ -123,19 +125,41 @@ def dump_stacks(hang: Hang, folder: Path) -> dict[int, str]:
     return them by rank. A rank stopped (SIGSTOP) gets SIGCONT too: a pending signal is
     handled only once it runs again, and it is about to be killed anyway."""
     for pid in hang.pids.values():
-        for sig in (STACK_SIGNAL, signal.SIGCONT):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+        with contextlib.suppress(ProcessLookupError):
+            signal_main_thread(pid, STACK_SIGNAL)
+            os.kill(pid, signal.SIGCONT)
     files = {rank: folder / STACKS_FILE.format(rank=rank) for rank in hang.pids}
     until = time.monotonic() + DUMP_WAIT_SECONDS
-    sizes: dict[int, int] = {}
-    while time.monotonic() < until:
-        now = {r: f.stat().st_size if f.exists() else 0 for r, f in files.items()}
-        if all(now.values()) and now == sizes:  # all written, and no longer growing
-            break
-        sizes = now
-        time.sleep(0.1)
-    return {r: f.read_text(errors="replace") if f.exists() else "" for r, f in files.items()}
+    while True:
+        stacks = {r: f.read_text(errors="replace") if f.exists() else "" for r, f in files.items()}
+        if all(map(dump_complete, stacks.values())) or time.monotonic() >= until:
+            return stacks
+        time.sleep(0.05)
+
+
+def signal_main_thread(pid: int, sig: int) -> None:
+    """Send `sig` to the main thread of process `pid` (tgkill; its thread id is its pid). A
+    signal sent to the process goes to whichever of its threads the kernel picks: to a rank
+    that was stopped, the first to run again, while its main thread, the one whose stack
+    says where the rank was, goes on running Python (a CI run dumped a stopped rank already
+    a step further on). Sent to the main thread, it is handled before that thread runs on."""
+    try:
+        tgkill = ctypes.CDLL(None, use_errno=True).tgkill
+    except AttributeError:  # a C library without tgkill (glibc < 2.30): the process, then
+        os.kill(pid, sig)
+        return
+    if tgkill(pid, pid, sig) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error))  # ESRCH: a ProcessLookupError
+
+
+def dump_complete(stacks: str) -> bool:
+    """Whether a rank has written all of its dump. faulthandler writes it in many small
+    writes, threads newest first, so the main thread comes last and its outermost frame is
+    the dump's last line: a rank paused by the scheduler midway leaves a file that merely
+    stops growing for a while (an earlier wait for "no longer growing" cut rank 1's stack
+    off above the frame where it stopped, on a loaded CI machine)."""
+    return stacks.rstrip("\n").endswith(OUTERMOST_FRAME)
 
 
 def kill_ranks(hang: Hang) -> None:

@@ -6,6 +6,8 @@ TRAINCTL_TEST_RANK_FAULT (`RankFault`), which only these tests set."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from trainctl.worker.training.hangs import (
     RankFault,
     RankPulse,
     StragglerWatch,
+    dump_complete,
     overdue,
 )
 
@@ -95,6 +98,21 @@ def test_a_rank_past_its_deadline_on_the_board_is_overdue(tmp_path: Path) -> Non
     assert set(hang.pids) == {4, 5}
     pulses[1].done()
     assert overdue(board, now + 2) is None  # done: no longer watched
+
+
+def test_a_dump_is_complete_only_once_the_main_threads_outermost_frame_is_written() -> None:
+    # As a rank writes it: started by the `-c` boot, a second thread alive, all threads.
+    boot = (
+        "import faulthandler, threading, time; "
+        "threading.Thread(target=time.sleep, args=(2,), daemon=True).start(); "
+        "faulthandler.dump_traceback(all_threads=True)"
+    )
+    dump = subprocess.run([sys.executable, "-I", "-c", boot], capture_output=True, text=True)
+    assert dump.stderr.count("hread 0x") == 2, dump.stderr  # "Current thread", "Thread"
+    assert dump_complete(dump.stderr)
+    lines = dump.stderr.splitlines(keepends=True)
+    for cut in range(len(lines) - 1):  # every dump cut short, as a paused rank leaves it
+        assert not dump_complete("".join(lines[: cut + 1])), cut
 
 
 def test_the_straggler_watch_reports_when_the_stragglers_change() -> None:
