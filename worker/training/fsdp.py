@@ -135,7 +135,7 @@ class FSDPShards:
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         return mean_across_ranks(value, self.world_size)
 
-    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
         """The global norm over the shards: each rank's norm of its shards is a partial
         DTensor, made whole (an all-reduce) before the clip scales every shard by it."""
         params = [p for p in model.parameters() if p.grad is not None]
@@ -143,7 +143,7 @@ class FSDPShards:
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-        return float(norm.item())
+        return norm
 
     # ---- StateAccess: full checkpoints, from and to the shards ----------------------------
 

@@ -2,11 +2,11 @@
 gradient norm judged before the optimizers apply it; the options are
 `store.training.health.HealthSpec`.
 
-The judgement costs no host-device sync of its own. The loop already brings the step's loss
-and gradient norm to the host every step (`train_step`: the rank-averaged loss, which the
-metrics and the stop check read, and `clip_grad_norm`'s norm); whether a rank's norm is
-finite travels in the same all-reduce as the loss, so every rank reads the same two numbers
-and reaches the same verdict without another collective.
+The judgement costs no host-device sync of its own. The loop brings the step's loss and
+gradient norm to the host every step in its one read (`train_step`'s `.tolist()`, which the
+metrics read too); whether a rank's norm is finite travels in the same all-reduce as the
+loss, so every rank reads the same numbers and reaches the same verdict without another
+collective (tests/worker/training/test_host_syncs.py counts the reads).
 """
 
 from __future__ import annotations

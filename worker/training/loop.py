@@ -268,15 +268,18 @@ def train_step(
         total += main.detach()
     maybe_plant_nan(model, rank_and_world()[0], step + 1)
     max_norm = parts.grad_clip if parts.grad_clip > 0 else math.inf
-    grad_norm = parallel.clip_grad_norm(model, max_norm)
-    # One all-reduce carries the loss and whether this rank's norm is finite, as the loss
-    # alone did before: every rank reads the same two numbers, so every rank applies or
-    # skips the step alike (a NaN in one rank's gradient after DDP's average reaches no
-    # other rank's norm). The .tolist() is the step's one read of the loss, as .item() was.
-    bad = torch.tensor(0.0 if math.isfinite(grad_norm) else 1.0, device=parts.device)
-    loss_value, bad_ranks = parallel.mean(torch.stack([total / local_accum, bad])).tolist()
-    # The model's own metrics of the step (an MoE's aux loss), averaged across ranks too.
-    extra = {name: parallel.mean(v).item() for name, v in take_step_metrics(model).items()}
+    norm = parallel.clip_grad_norm(model, max_norm).float()
+    # One all-reduce carries the loss, whether this rank's norm is finite and the model's own
+    # metrics of the step (an MoE's aux loss): every rank reads the same numbers, so every
+    # rank applies or skips the step alike (a NaN in one rank's gradient after DDP's average
+    # reaches no other rank's norm). The .tolist() is the step's one host-device sync: the
+    # verdict on the update needs it before the optimizers run (docs/performance.md, "Host
+    # syncs"); the norm comes with it, this rank's own (the same on every rank).
+    extras = take_step_metrics(model)
+    shared = [total / local_accum, (~torch.isfinite(norm)).float(), *extras.values()]
+    agreed = parallel.mean(torch.stack([v.detach().float() for v in shared]))
+    loss_value, bad_ranks, *extra_values, grad_norm = torch.cat([agreed, norm[None]]).tolist()
+    extra = dict(zip(extras, extra_values, strict=True))
     finite = math.isfinite(loss_value) and bad_ranks == 0
     verdict = judge(loss_value, grad_norm, finite) if judge is not None else None
     if judge is None and not finite:

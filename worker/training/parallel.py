@@ -46,14 +46,15 @@ class DataParallel(StateAccess, Protocol):
     def loss(self, model: GPT, tokens: torch.Tensor, targets: torch.Tensor) -> Any: ...
     def sync_gradients(self, last: bool) -> AbstractContextManager[Any]: ...
     def mean(self, value: torch.Tensor) -> torch.Tensor: ...
-    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
-        """Clip the gradients to a global norm of `max_norm`; return their norm before."""
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        """Clip the gradients to a global norm of `max_norm`; return their norm before, on
+        the device (the step reads it with its loss: one sync)."""
         ...
 
 
-def clip_local_grad_norm(model: nn.Module, max_norm: float) -> float:
+def clip_local_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     """`clip_grad_norm` of a process that holds whole gradients."""
-    return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item())
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
 
 def rank_and_world(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
@@ -82,7 +83,7 @@ class SingleProcess(LocalState):
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         return value
 
-    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
         return clip_local_grad_norm(model, max_norm)
 
 
@@ -149,7 +150,7 @@ class DDPReplica(LocalState):
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         return mean_across_ranks(value, self.world_size)
 
-    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
         return clip_local_grad_norm(model, max_norm)  # every rank holds the averaged whole
 
 

@@ -53,7 +53,9 @@ def compute_validation_loss(
     was_training = model.training
     model.eval()
     device = torch.device(device)
-    total, n_tokens = 0.0, 0
+    # Summed on the device in float64, which is what adding each batch's float32 loss to a
+    # Python float did, without a host-device sync per batch: one read at the end.
+    total, n_tokens = torch.zeros((), dtype=torch.float64, device=device), 0
     try:
         for tokens, targets in batches:
             maybe_stop()  # a run's validation of many batches stops at a cancel (worker.stops)
@@ -66,13 +68,13 @@ def compute_validation_loss(
                 logits = model(tokens)
             total += F.cross_entropy(
                 logits.float().flatten(0, 1), targets.flatten(), reduction="sum"
-            ).item()
+            ).double()
             n_tokens += targets.numel()
     finally:
         model.train(was_training)
     if n_tokens == 0:
         raise ValueError("validation got no batches")
-    loss = total / n_tokens
+    loss = total.item() / n_tokens
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "n_tokens": n_tokens}
 
 
