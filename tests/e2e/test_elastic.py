@@ -23,8 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.reliability.workers import Workers, wait_finished
-from tests.support.databases import fresh_database
+from tests.reliability.workers import Workers, gang_nodes, wait_finished
 from tests.support.plans import enqueue, train_plan
 from tests.support.polling import poll
 from tests.support.stores import posix_store
@@ -48,23 +47,8 @@ REQUEST: dict[str, Any] = {
 
 @pytest.fixture
 def nodes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Workers, RunStore]]:
-    with fresh_database(request, "postgresql", tmp_path) as url, RunStore(url) as runs:
-        runs.create_all()
-        pool = Workers(tmp_path, url)
-        try:
-            names = ("a", "b", "c")
-            for name in names:  # started together: each takes seconds to import torch
-                args = ["--node-name", f"node-{name}", "--address", "127.0.0.1"]
-                pool.start(f"worker-{name}", extra_args=[*args, "--lease-seconds", "5"])
-            want = {f"worker-{name}" for name in names}
-            poll(
-                lambda: want <= {w.id for w in runs.workers.list_workers()},
-                timeout=120,
-                what="three workers to register",
-            )
-            yield pool, runs
-        finally:
-            pool.close()
+    with gang_nodes(request, tmp_path) as nodes:
+        yield nodes
 
 
 def losses_after(runs: RunStore, run_id: str, after_event: int = 0) -> dict[int, float]:

@@ -30,8 +30,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.reliability.workers import Workers, wait_finished
-from tests.support.databases import fresh_database
+from tests.reliability.workers import Workers, gang_nodes, wait_finished
 from tests.support.plans import enqueue, train_plan
 from tests.support.polling import poll
 from tests.support.soak import rounds
@@ -69,15 +68,8 @@ def final_parameters(store: CheckpointStore, experiment: str) -> dict[str, torch
 
 @pytest.fixture
 def nodes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Workers, RunStore]]:
-    with fresh_database(request, "postgresql", tmp_path) as url, RunStore(url) as runs:
-        runs.create_all()
-        pool = Workers(tmp_path, url)
-        try:
-            for name in ("a", "b", "c"):
-                pool.start_node(f"worker-{name}", f"node-{name}", runs)
-            yield pool, runs
-        finally:
-            pool.close()
+    with gang_nodes(request, tmp_path) as nodes:
+        yield nodes
 
 
 def test_a_gang_survives_every_member_fault_with_unchanged_parameters(

@@ -3,6 +3,7 @@ tests."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -10,9 +11,12 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+import pytest
+
+from tests.support.databases import fresh_database
 from tests.support.plans import enqueue, train_plan
 from tests.support.polling import poll
 from tests.support.stores import folder, posix_store
@@ -62,14 +66,20 @@ class Workers:
         return proc
 
     def start_node(self, worker_id: str, node: str, runs: RunStore) -> None:
-        """A worker on "node" `node` (a gang member: loopback address, 5 s lease), once it
-        has registered."""
-        args = ["--node-name", node, "--address", "127.0.0.1", "--lease-seconds", "5"]
-        self.start(worker_id, extra_args=args)
+        """A worker on "node" `node`, once it has registered (`start_nodes`)."""
+        self.start_nodes(runs, {worker_id: node})
+
+    def start_nodes(self, runs: RunStore, nodes: Mapping[str, str]) -> None:
+        """Workers on "nodes" (worker id -> node name; gang members: loopback address, 5 s
+        lease), started together since each takes seconds to import torch, once all have
+        registered."""
+        for worker_id, node in nodes.items():
+            args = ["--node-name", node, "--address", "127.0.0.1", "--lease-seconds", "5"]
+            self.start(worker_id, extra_args=args)
         poll(
-            lambda: any(w.id == worker_id for w in runs.workers.list_workers()),
+            lambda: set(nodes) <= {w.id for w in runs.workers.list_workers()},
             timeout=120,
-            what=f"{worker_id} to register",
+            what=f"{', '.join(nodes)} to register",
         )
 
     def logs(self) -> str:
@@ -143,6 +153,22 @@ class Workers:
                 os.kill(proc.pid, signal.SIGCONT)
                 proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def gang_nodes(
+    request: pytest.FixtureRequest, data_dir: Path, names: Sequence[str] = ("a", "b", "c")
+) -> Iterator[tuple[Workers, RunStore]]:
+    """Workers `worker-<name>` on nodes `node-<name>`, registered in a fresh PostgreSQL
+    database (a gang's members share one as hosts do), and closed afterwards."""
+    with fresh_database(request, "postgresql", data_dir) as url, RunStore(url) as runs:
+        runs.create_all()
+        pool = Workers(data_dir, url)
+        try:
+            pool.start_nodes(runs, {f"worker-{n}": f"node-{n}" for n in names})
+            yield pool, runs
+        finally:
+            pool.close()
 
 
 def _stopped(pid: int) -> bool:
