@@ -91,6 +91,12 @@ class PlacementPublic(Public):
     shrink_after_seconds: float = Field(
         0.0, description="How long an elastic gang waits for all its nnodes workers."
     )
+    avoid_nodes: list[str] = Field(
+        default_factory=list,
+        description="Nodes the run's next attempt keeps clear of where enough others can take "
+        "it: the nodes of its stragglers as last reported, for a run that asked for that "
+        "(stragglers.avoid); empty otherwise.",
+    )
 
 
 class ParentPublic(Public):
@@ -259,6 +265,14 @@ class StragglerPublic(BaseModel):
     slowdowns: dict[str, float] = Field(
         description="By rank: its median own step time over the other ranks', minus 1 "
         "(0.25: 25 % slower); {} once no rank is a straggler any more."
+    )
+    nodes: dict[str, str] = Field(
+        default_factory=dict, description="By rank: the node each straggler runs on."
+    )
+    avoid_nodes: list[str] | None = Field(
+        None,
+        description="For a run that avoids its stragglers' nodes (stragglers.avoid): the "
+        "nodes its next attempt keeps clear of from now on; null for other runs.",
     )
     threshold: float
     window: int

@@ -243,13 +243,18 @@ class WorkerSettings(NodeSettings):
         update = {"data_dir": self.data_dir.resolve(), "cache_dir": cache}
         return self.model_copy(update={**update, "database_url": self.db_url})
 
+    @property
+    def node(self) -> str:
+        """The node this worker is on, as it registers it: `node_name`, else the host name."""
+        return self.node_name or socket.gethostname()
+
     def named(self) -> WorkerSettings:
         """This process's own name, node and address where the settings leave them to it."""
         host = socket.gethostname()
         return self.model_copy(
             update={
                 "worker_id": self.worker_id or f"{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
-                "node_name": self.node_name or host,
+                "node_name": self.node,
                 "worker_address": self.worker_address or socket.getfqdn(),
             }
         )

@@ -120,7 +120,7 @@ class Worker:
             pid=os.getpid(),
             device=device,
             info=info,
-            node_name=self.config.node_name or socket.gethostname(),
+            node_name=self.config.node,
             gpus=torch.cuda.device_count() if device == "cuda" else 0,
             cpus=cpu_count(),
             address=self.config.worker_address,

@@ -36,6 +36,8 @@ from trainctl.store.backends.slurm import (
     chosen_partition,
     elastic_nodes,
     job_name,
+    nodes_to_exclude,
+    parse_node_states,
     parse_partitions,
     parse_squeue,
     sbatch_command,
@@ -157,9 +159,11 @@ class SlurmBackend:
         if nnodes is None:
             return  # an elastic gang within its grace, its nodes not all up: next tick
         output = str(self.settings.log_dir / f"slurm-{run.id}-%j.out")
+        exclude = self.excluded(run, options, nnodes)
         args = sbatch_command(
             run.id, run.attempt, run.placement, options, self.settings.slurm_defaults,
             drain_seconds=self.settings.drain_seconds, output=output, nnodes=nnodes,
+            exclude=exclude,
         )  # fmt: skip
         script = batch_script(run.id, WORKER_COMMAND, options)
         try:
@@ -184,6 +188,17 @@ class SlurmBackend:
         since = run.queued_at or run.created_at
         waited = (utcnow() - since).total_seconds()
         return elastic_nodes(placement, chosen.up if chosen else None, waited)
+
+    def excluded(self, run: Run, options: SlurmOptions, nnodes: int) -> list[str]:
+        """The nodes this attempt's job is kept off: the run's stragglers' (docs/design/
+        hangs.md, "Stragglers"), where its partition has `nnodes` others up now."""
+        avoid = run.placement.avoid_nodes
+        if not avoid:
+            return []
+        partitions = cluster_partitions()
+        chosen = chosen_partition(partitions or {}, options, self.settings.slurm_defaults)
+        up = cluster_nodes_up(chosen.name) if chosen is not None else None
+        return nodes_to_exclude(avoid, up, nnodes)
 
     def job_environment(self) -> dict[str, str]:
         """What the job's tasks start with: the service's environment as a local worker's
@@ -232,6 +247,21 @@ PARTITIONS_SECONDS = 10.0
 """How long submit trusts what sinfo said of the partitions: a burst of submits asks once."""
 _partitions: tuple[float, dict[str, Partition]] | None = None
 _partitions_lock = threading.Lock()
+
+
+def cluster_nodes_up(partition: str) -> list[str] | None:
+    """The nodes of `partition` a job may be given now (`sinfo -N`, asked afresh: it is asked
+    only for a run with nodes to avoid); None when sinfo does not answer."""
+    try:
+        done = subprocess.run(
+            ["sinfo", "-h", "-N", "-p", partition, "-o", "%N %P %t"], capture_output=True,
+            text=True, timeout=COMMAND_SECONDS,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return parse_node_states(done.stdout).get(partition, [])
 
 
 def cluster_partitions(fresh: bool = False) -> dict[str, Partition] | None:

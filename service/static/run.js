@@ -269,11 +269,14 @@ function summary(run, bpb, watch = {}) {
 function watchItems(watch, item) {
   const items = [];
   if (watch.straggler) {
-    const slow = Object.entries(watch.straggler.slowdowns);
+    const { slowdowns, nodes = {}, avoid_nodes: avoid = [], step } = watch.straggler;
+    const slow = Object.entries(slowdowns);
+    const on = (rank) => (nodes[rank] ? ` on ${nodes[rank]}` : "");
     const text = slow.length
-      ? slow.map(([rank, x]) => `rank ${rank} +${Math.round(x * 100)} %`).join(", ")
+      ? slow.map(([rank, x]) => `rank ${rank}${on(rank)} +${Math.round(x * 100)} %`).join(", ")
       : "none";
-    items.push(item("stragglers", `${text} (step ${fmt.int(watch.straggler.step)})`,
+    const avoids = avoid?.length ? `; the next attempt avoids ${avoid.join(", ")}` : "";
+    items.push(item("stragglers", `${text} (step ${fmt.int(step)}${avoids})`,
       { id: "run-stragglers", class: slow.length ? "waiting" : "" }));
   }
   if (watch.hangs?.length) {

@@ -227,6 +227,37 @@ def elastic_nodes(placement: Placement, up: int | None, waited: float) -> int | 
     return placement.min_nnodes if fewest < placement.nnodes else None
 
 
+UP_STATES = ("idle", "alloc", "mix", "comp")
+"""sinfo's short node states (%t) of a node a job may be given now, as `%F` counts it up
+(allocated or idle); a suffix `*` (not responding) or a drain makes it down."""
+
+
+def parse_node_states(sinfo: str) -> dict[str, list[str]]:
+    """`sinfo -h -N -o "%N %P %t"`: by partition (its default's `*` dropped), the nodes a
+    job may be given now."""
+    up: dict[str, list[str]] = {}
+    for line in sinfo.splitlines():
+        parts = line.split()
+        if len(parts) != 3:
+            continue
+        node, partition, state = parts[0], parts[1].rstrip("*"), parts[2]
+        nodes = up.setdefault(partition, [])
+        if state.rstrip("~#!%$@^-") in UP_STATES:
+            nodes.append(node)
+    return up
+
+
+def nodes_to_exclude(avoid: Sequence[str], up: Sequence[str] | None, nnodes: int) -> list[str]:
+    """The nodes of `avoid` (a run's stragglers': docs/design/hangs.md, "Stragglers") that an
+    attempt's job is kept off (sbatch --exclude): all of them where the partition has
+    `nnodes` up nodes besides them; else none, as where the nodes up are not known (`up`
+    None): a job that excluded them would wait for nodes that are not there."""
+    avoid = sorted(set(avoid))
+    if not avoid or up is None or len(set(up) - set(avoid)) < nnodes:
+        return []
+    return avoid
+
+
 def job_name(run_id: str) -> str:
     return f"{JOB_NAME_PREFIX}{run_id}"
 
@@ -241,8 +272,10 @@ def sbatch_command(
     drain_seconds: float,
     output: str,
     nnodes: int | None = None,
+    exclude: Sequence[str] = (),
 ) -> list[str]:
-    """`sbatch`'s arguments for one attempt of a run; the script comes on its stdin."""
+    """`sbatch`'s arguments for one attempt of a run; the script comes on its stdin.
+    `exclude`: nodes to keep it off (`nodes_to_exclude`)."""
     options = options or SlurmOptions()
     args = [
         "sbatch",
@@ -271,6 +304,8 @@ def sbatch_command(
     args += [f"--{name}={value}" for name, value in chosen.items() if value]
     if options.exclusive:
         args.append("--exclusive")
+    if exclude:
+        args.append(f"--exclude={','.join(exclude)}")
     for name, value in options.extra.items():
         if name in SBATCH_EXTRAS:
             if name == "cpus-per-task":

@@ -39,6 +39,9 @@ class Placement:
     """The fewest nodes an elastic gang runs on; None: exactly `nnodes`."""
     shrink_after_seconds: float = 0.0
     """Seconds an elastic gang waits for `nnodes` workers before it takes fewer."""
+    avoid_nodes: tuple[str, ...] = ()
+    """Nodes (sorted) to keep clear of where enough others can take the run: a run's stragglers'
+    (docs/design/hangs.md, "Stragglers")."""
 
     def fewest(self, waited: float) -> int:
         """The fewest nodes the run may be placed on after `waited` seconds in the queue."""
@@ -96,6 +99,9 @@ def choose_gang(
     spreads its load unless told to stay together."""
     if not me.serves(need):
         return None
+    avoid = need.avoid_nodes
+    if me.node_name in avoid and clear_gang_exists(peers, need, fewest):
+        return None  # an idle worker elsewhere can lead it, away from the nodes to avoid
     able = [p for p in peers if p.worker_id != me.worker_id and p.serves(need)]
     if need.spread == "same_node":
         able = [p for p in able if p.node_name == me.node_name]
@@ -109,8 +115,15 @@ def choose_gang(
         able = distinct
     else:
         able.sort(key=lambda p: p.node_name == me.node_name)  # stable: other nodes first
+    able.sort(key=lambda p: p.node_name in avoid)  # stable: the nodes to avoid last of all
     members = [me, *able[: need.nnodes - 1]]
     return members if len(members) >= (fewest or need.nnodes) else None
+
+
+def clear_gang_exists(peers: Sequence[Capacity], need: Placement, fewest: int | None) -> bool:
+    """Whether `peers` alone, off the nodes `need` avoids, could take the run."""
+    clear = [p for p in peers if p.node_name not in need.avoid_nodes]
+    return any(choose_gang(p, clear, need, fewest) is not None for p in clear)
 
 
 def could_serve(workers: Sequence[Capacity], need: Placement, fewest: int | None = None) -> bool:

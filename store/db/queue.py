@@ -31,7 +31,13 @@ from typing import Any
 from sqlalchemy import ColumnElement, Row, and_, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
-from trainctl.store.db.placement import Capacity, Placement, choose_gang, could_serve
+from trainctl.store.db.placement import (
+    Capacity,
+    Placement,
+    choose_gang,
+    clear_gang_exists,
+    could_serve,
+)
 from trainctl.store.db.schema import run_slots, runs, workers
 
 CANDIDATES = 32
@@ -62,6 +68,7 @@ def placement_of_row(row: Row[Any]) -> Placement:
         row.model_plugin,
         row.min_nnodes,
         row.shrink_after_seconds or 0.0,
+        tuple(sorted({n for n in row.avoid_nodes or () if isinstance(n, str)})),
     )
 
 
@@ -156,6 +163,31 @@ def choose_gang_members(
     need = placement_of_row(gang)
     peers = idle_peers(conn, me.worker_id, need, now, lease_seconds)
     return choose_gang(me, peers, need, waited_fewest(gang, now))
+
+
+def avoided_nodes(type: str, data: dict[str, Any]) -> list[str] | None:
+    """The nodes a straggler report of a run that avoids its stragglers' nodes names (its
+    `straggler.avoid_nodes`: worker.training.hangs.straggler_report; [] once none is slow),
+    None for any other event: the run's next placement keeps clear of them."""
+    straggler = data.get("straggler") if type == "log" else None
+    avoid = straggler.get("avoid_nodes") if isinstance(straggler, dict) else None
+    if not isinstance(avoid, list):
+        return None
+    return [n for n in avoid if isinstance(n, str)]
+
+
+def leave_to_others(
+    conn: Connection, me: Capacity | None, row: Row[Any], now: datetime, lease_seconds: float
+) -> bool:
+    """Whether `me`, on a node the run avoids, should leave a one-node run to an idle live
+    worker elsewhere that can take it (docs/design/hangs.md, "Stragglers"; `choose_gang`
+    does the same for a gang)."""
+    need = placement_of_row(row)
+    if me is None or me.node_name not in need.avoid_nodes:
+        return False
+    query = select(workers).where(workers.c.id != me.worker_id, _idle(need, now, lease_seconds))
+    peers = [capacity_of(r) for r in conn.execute(query)]
+    return clear_gang_exists(peers, need, None)
 
 
 def reserved_for(

@@ -41,11 +41,13 @@ from trainctl.store.db.migrations import upgrade_to_head
 from trainctl.store.db.placement import ONE_NODE, Placement
 from trainctl.store.db.queue import (
     GANG_RESERVE_SECONDS,
+    avoided_nodes,
     candidates,
     capacity_of,
     choose_gang_members,
     expired_member,
     leave_gang,
+    leave_to_others,
     lock_queued,
     members_of,
     my_place,
@@ -450,6 +452,8 @@ class RunStore:
                 if row is None:
                     continue  # another claimer holds it
                 if row.nnodes == 1:
+                    if leave_to_others(conn, cap, row, now, lease_seconds):
+                        continue  # its stragglers were on this node, and another is free
                     return self._start(
                         conn, row, worker_id, now, lease_until, f"claimed by {worker_id}"
                     )
@@ -554,6 +558,11 @@ class RunStore:
             if type == "metrics" and row.state in TERMINAL_STATES:
                 # Scores recorded on a run that has ended (docs/evals.md): its sinks mirror them.
                 reopen_finished(conn, run_id)
+            avoid = avoided_nodes(type, data)
+            if avoid is not None:  # for its next placement, with the report that names them
+                conn.execute(
+                    update(runs).where(runs.c.id == run_id).values(avoid_nodes=avoid or None)
+                )
             return event_id
 
     def events(

@@ -136,6 +136,9 @@ runs = Table(
     Column("min_nnodes", Integer, nullable=True),
     Column("shrink_after_seconds", Float, nullable=True),
     Column("gang_nnodes", Integer, nullable=True),
+    # The nodes the run's next attempt keeps clear of where it can: its stragglers' last
+    # reported, when it asked for that (docs/design/hangs.md, "Stragglers"); None: none.
+    Column("avoid_nodes", JSON, nullable=True),
     # When the run last became queued: a gang waiting longer than the reservation time
     # keeps the workers that could join it from taking smaller runs.
     Column("queued_at", UTCDateTime, nullable=True),

@@ -99,6 +99,13 @@ class StragglerOptions(BaseModel):
         description="Steps each rank's median own step time is taken over; a rank is reported "
         "no sooner than this many steps into an attempt.",
     )
+    avoid: StrictBool = Field(
+        False,
+        description="Place the run's next attempt (after a hang, a lost node, a preemption or "
+        "a drain) away from the nodes of the ranks last reported as stragglers, where enough "
+        "other nodes can take it; else on them as usual. GET /runs/{id} shows them as "
+        "`avoid_nodes`. Off by default: a node slow for a while is not always slow.",
+    )
 
 
 def percentile(values: Sequence[float], q: float) -> float:

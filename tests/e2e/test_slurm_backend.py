@@ -10,13 +10,15 @@ commands (squeue, scontrol, scancel) to check what it did.
   a new attempt in a new job on the other nodes, resuming from its last checkpoint.
 - A time limit shorter than the run: the run chains jobs, drained before each limit, and
   costs no attempt; its losses are bit-exact those of a run in one job.
-- scancel from outside drains the run and requeues it without costing an attempt; a cancel
-  through the API ends the run and its job.
+- scancel from outside drains the run and requeues it without costing an attempt, in a job
+  kept off the node its stragglers were reported on (sbatch --exclude); a cancel through the
+  API ends the run and its job.
 - Options outside the allow-list, or shell metacharacters in a name, are a 422.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,6 +93,23 @@ class SlurmService:
 
     def finished(self, run_id: str, timeout: float = 300) -> dict[str, Any]:
         return self.wait(run_id, "to end", lambda r: r["state"] in TERMINAL_STATES, timeout)
+
+    @contextlib.contextmanager
+    def node_lost(self, node: str, run_id: str) -> Iterator[None]:
+        """Kill `node`'s slurmd under the open-ended run `run_id`; afterwards cancel the run
+        and bring the node back into service, for the tests after this one."""
+        self.cluster.kill_slurmd(node)
+        try:
+            yield
+        finally:
+            httpx.post(f"{self.url}/runs/{run_id}/cancel", timeout=30)
+            self.cluster.start_slurmd(node)
+        assert self.finished(run_id)["state"] == "cancelled"
+        poll(
+            lambda: "idle" in self.cluster.node_state(node).lower(),
+            timeout=60,
+            what=f"{node} back in service",
+        )
 
     def logs(self) -> str:
         jobs = "\n".join(
@@ -246,8 +265,7 @@ def test_kill_9_of_a_nodes_slurmd_mid_run_resumes_in_a_new_job_and_attempt(
     run = slurm.wait(run_id, "to train past a checkpoint", running_past(6), timeout=120)
     node = job_of(run)["nodes"]
     assert node in slurm.cluster.nodes, run["jobs"]
-    slurm.cluster.kill_slurmd(node)
-    try:
+    with slurm.node_lost(node, run_id):
         again = slurm.wait(
             run_id,
             "a new attempt in a new job",
@@ -266,15 +284,6 @@ def test_kill_9_of_a_nodes_slurmd_mid_run_resumes_in_a_new_job_and_attempt(
         assert all(c["step"] % 5 == 0 for c in listed["items"])
         logs = "\n".join(e.data.get("message", "") for e in slurm.runs.events(run_id, type="log"))
         assert "resum" in logs.lower()
-    finally:
-        httpx.post(f"{slurm.url}/runs/{run_id}/cancel", timeout=30)
-        slurm.cluster.start_slurmd(node)
-    assert slurm.finished(run_id)["state"] == "cancelled"
-    poll(
-        lambda: "idle" in slurm.cluster.node_state(node).lower(),
-        timeout=60,
-        what=f"{node} back in service",
-    )
 
 
 def test_an_elastic_gang_that_loses_a_node_goes_on_in_a_job_on_fewer_nodes(
@@ -292,8 +301,7 @@ def test_an_elastic_gang_that_loses_a_node_goes_on_in_a_job_on_fewer_nodes(
     first = slurm.cluster.job(job_of(run)["job_id"])
     assert first["NumNodes"] == "3" and run["gang_nnodes"] == 3, first
     lost = slurm.cluster.run("scontrol", "show", "hostnames", first["NodeList"]).split()[-1]
-    slurm.cluster.kill_slurmd(lost)
-    try:
+    with slurm.node_lost(lost, run_id):
         again = slurm.wait(
             run_id,
             "to go on in a job on two nodes",
@@ -311,15 +319,6 @@ def test_an_elastic_gang_that_loses_a_node_goes_on_in_a_job_on_fewer_nodes(
         # Slurm signalled the nodes left as it ended the job).
         listed = httpx.get(f"{slurm.url}/checkpoints?experiment=slurm-elastic", timeout=30)
         assert resizes[0]["step"] in {c["step"] for c in listed.json()["items"]}, resizes
-    finally:
-        httpx.post(f"{slurm.url}/runs/{run_id}/cancel", timeout=30)
-        slurm.cluster.start_slurmd(lost)
-    assert slurm.finished(run_id)["state"] == "cancelled"
-    poll(
-        lambda: "idle" in slurm.cluster.node_state(lost).lower(),
-        timeout=60,
-        what=f"{lost} back in service",
-    )
 
 
 def test_a_time_limit_chains_jobs_without_costing_an_attempt_and_loses_no_bits(
@@ -375,10 +374,17 @@ def test_scancel_drains_and_requeues_and_a_cancel_ends_the_run_and_its_job(
         "steps": 100_000,
         "checkpoint_every": 1000,
         "val_every": 100_000,
+        "stragglers": {"avoid": True},
     }
     run_id = slurm.submit(**body)["id"]
     run = slurm.wait(run_id, "to train", running_past(3), timeout=120)
-    first = job_of(run)["job_id"]
+    first, node = job_of(run)["job_id"], job_of(run)["nodes"]
+    # A straggler report naming the job's node, as rank 0 of a multi-process run writes it
+    # (tests/worker/training/test_hangs.py makes one with real ranks): the next job keeps off.
+    report = {"step": 3, "slowdowns": {"1": 0.5}, "nodes": {"1": node}, "avoid_nodes": [node]}
+    slurm.runs.append_event(run_id, "log", {"level": "warning", "message": "slow",
+                                            "straggler": report})  # fmt: skip
+    assert slurm.get(run_id)["placement"]["avoid_nodes"] == [node]
     slurm.cluster.run("scancel", first)
     again = slurm.wait(
         run_id,
@@ -394,6 +400,8 @@ def test_scancel_drains_and_requeues_and_a_cancel_ends_the_run_and_its_job(
     assert ckpts, "the drain saved no checkpoint"
 
     second = job_of(again)["job_id"]
+    job = slurm.cluster.job(second)
+    assert job["ExcNodeList"] == node and job["NodeList"] != node, job
     r = httpx.post(f"{slurm.url}/runs/{run_id}/cancel", timeout=30)
     assert r.status_code == 200, r.text
     assert slurm.finished(run_id)["state"] == "cancelled"

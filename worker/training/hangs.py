@@ -36,15 +36,17 @@ import signal
 import struct
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import torch
+import torch.distributed as dist
 
 from trainctl.store.processes import OUTERMOST_FRAME
 from trainctl.store.training.hangs import HangOptions, StragglerOptions, step_timeout, stragglers
+from trainctl.worker.training.parallel import rank_and_world
 
 BOARD_FILE = "progress"
 STACKS_FILE = "stacks-{rank}.txt"
@@ -223,7 +225,7 @@ class RankPulse(NoPulse):
 class OwnClock:
     """A rank's own work in a step: from `begin` to `end` (before the last backward, where
     the gradients' all-reduce starts). On a GPU, CUDA events, read after the step's own
-    sync (the loss's `.item()`), so timing it adds none."""
+    sync (the `.tolist()` of its loss), so timing it adds none."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -278,24 +280,44 @@ class StragglerWatch:
 
 
 def straggler_report(
-    slow: dict[int, float], step: int, options: StragglerOptions
+    slow: dict[int, float], step: int, options: StragglerOptions, nodes: Sequence[str]
 ) -> tuple[str, dict[str, Any]]:
     """A change of the stragglers, in words and as the log event's `straggler` field (the
-    service's /metrics and the dashboard read it): `slowdowns` by rank, {} once none is."""
-    data = {
+    service's /metrics and the dashboard read it): `slowdowns` by rank, {} once none is, and
+    the node of each (`nodes`: every rank's). A run that avoids its stragglers' nodes
+    (`options.avoid`) names them in `avoid_nodes`, which the run store records on the run for
+    its next placement ([] once none is slow)."""
+    data: dict[str, Any] = {
         "step": step,
         "slowdowns": {str(r): round(x, 4) for r, x in sorted(slow.items())},
+        "nodes": {str(r): nodes[r] for r in sorted(slow)},
         "threshold": options.threshold,
         "window": options.window,
     }
+    if options.avoid:
+        data["avoid_nodes"] = sorted({nodes[r] for r in slow})
     if not slow:
         return f"no straggler any more at step {step}", data
-    ranks = ", ".join(f"rank {r} ({x:+.0%})" for r, x in sorted(slow.items()))
+    ranks = ", ".join(f"rank {r} on {nodes[r]} ({x:+.0%})" for r, x in sorted(slow.items()))
+    avoid = "; the next attempt avoids its nodes where it can" if options.avoid else ""
     return (
         f"straggler at step {step}: {ranks} slower than the other ranks over the last "
-        f"{options.window} steps (own work before the gradient all-reduce)",
+        f"{options.window} steps (own work before the gradient all-reduce){avoid}",
         data,
     )
+
+
+def rank_nodes(node: str) -> list[str]:
+    """Every rank's node, by rank (an all-gather, once per launch, that every rank calls):
+    torchrun's rendezvous numbers the nodes in the order they joined, so only the ranks
+    know which node each rank is on."""
+    rank, world = rank_and_world()
+    if world == 1:
+        return [node]
+    nodes: list[Any] = [None] * world
+    dist.all_gather_object(nodes, node)
+    assert nodes[rank] == node
+    return [str(n) for n in nodes]
 
 
 @dataclass

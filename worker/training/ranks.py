@@ -41,6 +41,7 @@ from trainctl.worker.training.hangs import (
     RankPulse,
     RankWatches,
     StragglerWatch,
+    rank_nodes,
     register_stack_dump,
     straggler_report,
 )
@@ -163,9 +164,12 @@ def train_rank(
     metrics: list[dict[str, Any]] = []
     ctx = rank_context(job, runs) if runs is not None else None
     watches = rank_watches(plan, workdir, rank, device)
+    settings = WorkerSettings.from_job(job["settings"], os.environ)
+    # Every rank gathers, where every rank times its steps: the reports name the nodes.
+    nodes = rank_nodes(settings.node) if watches.own is not None else []
 
     def report_stragglers(slow: dict[int, float]) -> None:
-        message, data = straggler_report(slow, trainer.progress.step, plan.stragglers)
+        message, data = straggler_report(slow, trainer.progress.step, plan.stragglers, nodes)
         assert ctx is not None
         ctx.log(message, level="warning" if slow else "info", straggler=data)
 
@@ -179,7 +183,6 @@ def train_rank(
         own_seconds=watches.own.seconds if watches.own is not None else None,
         on_times=watch.observe if watch is not None else None,
     )
-    settings = WorkerSettings.from_job(job["settings"], os.environ)
     stores = open_stores(settings.layout, runs)
     store = stores.checkpoints
     evals = CheckpointEvals(plan, ctx, stores, side_run_limits(settings)) if ctx else None

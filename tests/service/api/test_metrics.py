@@ -87,14 +87,15 @@ def test_stragglers_are_a_gauge_by_rank_until_they_catch_up_and_hangs_are_counte
 ) -> None:
     run_id = client.post("/runs/train", json=CPU_TRAIN).json()["id"]
     assert runs.claim("w1", lease_seconds=60) is not None
-    report = {"step": 20, "slowdowns": {"1": 0.5}, "threshold": 0.2, "window": 20}
+    report = {"step": 20, "slowdowns": {"1": 0.5}, "nodes": {"1": "n1"}, "threshold": 0.2,
+              "window": 20}  # fmt: skip
     runs.append_event(run_id, "log", {"level": "warning", "message": "slow", "straggler": report})
     hang = {"ranks": [1, 0], "step": 30, "phase": "a training step", "late_seconds": 0.1}
     runs.append_event(run_id, "log", {"level": "error", "message": "hang", "hang": hang})
     rank_1 = {"run_id": run_id, "experiment": "exp", "kind": "train", "rank": "1"}
 
     slow = samples(client)
-    caught_up = {**report, "step": 40, "slowdowns": {}}
+    caught_up = {**report, "step": 40, "slowdowns": {}, "nodes": {}}
     runs.append_event(run_id, "log", {"level": "info", "message": "none", "straggler": caught_up})
     fast = samples(client)
 
@@ -102,7 +103,8 @@ def test_stragglers_are_a_gauge_by_rank_until_they_catch_up_and_hangs_are_counte
     assert value(slow, "trainctl_run_hangs_total") == 1
     assert ("trainctl_run_straggler_slowdown", frozenset(rank_1.items())) not in fast
     logs = client.get(f"/runs/{run_id}/logs").json()["items"]
-    assert [line.get("straggler") for line in logs][-1] == caught_up
+    # avoid_nodes: null, for a run that does not avoid its stragglers' nodes
+    assert [line.get("straggler") for line in logs][-1] == {**caught_up, "avoid_nodes": None}
     assert [line["hang"] for line in logs if line.get("hang")] == [hang]
 
 

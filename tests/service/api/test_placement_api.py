@@ -30,7 +30,7 @@ def test_a_cuda_run_on_a_cpu_only_service_is_queued_and_says_what_it_waits_for(
     run = response.json()
     assert run["placement"] == {
         "nnodes": 1, "gpus_per_node": 2, "procs_per_node": 2, "spread": "any",
-        "min_nnodes": None, "shrink_after_seconds": 0.0,
+        "min_nnodes": None, "shrink_after_seconds": 0.0, "avoid_nodes": [],
     }  # fmt: skip
     shown = client.get(f"/runs/{run['id']}").json()
     assert shown["state"] == "queued"

@@ -374,15 +374,18 @@ def test_the_run_page_shows_a_runs_stragglers_and_hangs_as_they_are_reported(
     gpu_run = {**SMALL_RUN, "device": "cuda", "nproc_per_node": 2}
     run = api.submit("train", {**gpu_run, "experiment": "watched", "data": {"source": "synthetic"}})
     stop_runs.track(run.id)
-    slow = {"step": 20, "slowdowns": {"1": 0.35}, "threshold": 0.2, "window": 20}
+    slow = {"step": 20, "slowdowns": {"1": 0.35}, "nodes": {"1": "node-b"},
+            "avoid_nodes": ["node-b"], "threshold": 0.2, "window": 20}  # fmt: skip
     with RunStore(settings.db_url) as runs:
         runs.append_event(run.id, "log", {"level": "warning", "message": "slow", "straggler": slow})
         page = open_page(f"#/runs/{run.id}")
         page.wait_for_selector("#run-stragglers")
-        assert page.text_content("#run-stragglers") == "stragglersrank 1 +35 % (step 20)"
+        assert page.text_content("#run-stragglers") == (
+            "stragglersrank 1 on node-b +35 % (step 20; the next attempt avoids node-b)"
+        )
         hang = {"ranks": [1, 0], "step": 30, "phase": "a training step", "late_seconds": 0.2}
         runs.append_event(run.id, "log", {"level": "error", "message": "hung", "hang": hang})
-        caught_up = {**slow, "step": 40, "slowdowns": {}}
+        caught_up = {**slow, "step": 40, "slowdowns": {}, "nodes": {}, "avoid_nodes": []}
         runs.append_event(run.id, "log", {"level": "info", "message": "ok", "straggler": caught_up})
     # the page follows the run's event stream
     page.wait_for_selector("#run-hangs")

@@ -17,6 +17,8 @@ from trainctl.store.backends.slurm import (
     check_partition,
     check_time_limit,
     elastic_nodes,
+    nodes_to_exclude,
+    parse_node_states,
     parse_partitions,
     parse_squeue,
     sbatch_command,
@@ -165,3 +167,22 @@ def test_an_elastic_gang_asks_for_the_nodes_that_are_up_once_its_grace_has_passe
     check_partition(partitions, elastic, None, SlurmDefaults())
     with pytest.raises(ValueError, match="nnodes 4: partition 'debug' has 3 nodes"):
         check_partition(partitions, Placement(nnodes=5, min_nnodes=4), None, SlurmDefaults())
+
+
+def test_an_attempt_keeps_off_its_stragglers_nodes_only_where_enough_others_are_up() -> None:
+    # `sinfo -h -N -o "%N %P %t"` as slurmctld 22.05 prints it: a node per partition it is in.
+    sinfo = (
+        "node1 debug* idle\nnode2 debug* alloc\nnode3 debug* mix\nnode4 debug* down*\n"
+        "node5 debug* drain\nnode6 debug* idle~\nnode1 gpu comp\n"
+    )
+    up = parse_node_states(sinfo)
+    assert up == {"debug": ["node1", "node2", "node3", "node6"], "gpu": ["node1"]}
+    assert nodes_to_exclude(["node2"], up["debug"], 3) == ["node2"]
+    assert nodes_to_exclude(["node2", "node3"], up["debug"], 3) == []  # two up besides
+    assert nodes_to_exclude(["node2"], None, 1) == []  # not known: the job could wait for ever
+    assert nodes_to_exclude([], up["debug"], 1) == []
+    args = sbatch_command("r1", 2, GANG, None, SlurmDefaults(), drain_seconds=60, output="o",
+                          exclude=["node2", "node7"])  # fmt: skip
+    assert "--exclude=node2,node7" in args
+    assert not any(a.startswith("--exclude") for a in sbatch_command(
+        "r1", 2, GANG, None, SlurmDefaults(), drain_seconds=60, output="o"))  # fmt: skip

@@ -122,6 +122,53 @@ def test_an_elastic_gang_takes_fewer_nodes_only_after_its_grace_period() -> None
     )
 
 
+def test_a_gang_keeps_clear_of_the_nodes_it_avoids_where_others_can_take_it() -> None:
+    ids = lambda members: [m.worker_id for m in members or []]  # noqa: E731
+    avoid = Placement(nnodes=2, avoid_nodes=("n2",))
+    peers = [cap("b", "n2"), cap("c", "n3")]
+    assert ids(choose_gang(cap("a", "n1"), peers, avoid)) == ["a", "c"]  # n2 was first
+    # Its worker leaves the lead to an idle one elsewhere: c and d can take it without n2.
+    assert choose_gang(cap("b", "n2"), [cap("c", "n3"), cap("d", "n4")], avoid) is None
+    # Where the gang needs the node, it takes it: avoiding is never waiting.
+    assert ids(choose_gang(cap("a", "n1"), [cap("b", "n2")], avoid)) == ["a", "b"]
+    assert ids(choose_gang(cap("b", "n2"), [cap("a", "n1")], avoid)) == ["b", "a"]
+    assert why_waiting(avoid, [cap("a", "n1"), cap("b", "n2")]) is None
+    # An elastic gang past its grace goes on the nodes it need not avoid, as few as it may.
+    elastic = Placement(nnodes=3, min_nnodes=2, shrink_after_seconds=0.0, avoid_nodes=("n2",))
+    assert choose_gang(cap("b", "n2"), [cap("a", "n1"), cap("c", "n3")], elastic, 2) is None
+    assert ids(choose_gang(cap("a", "n1"), peers, elastic, 2)) == ["a", "c", "b"]
+
+
+def test_a_run_is_claimed_off_the_nodes_it_avoids_where_another_worker_is_free(
+    store: RunStore,
+) -> None:
+    register(store, "slow", node="n1")
+    register(store, "other", node="n2")
+    run = enqueue(store)
+    trainer = store.enqueue("train", "avoid", {}, placement=ONE_NODE)
+    # A straggler report of a run that avoids its stragglers' nodes records them on the run.
+    report = {"slowdowns": {"1": 0.5}, "nodes": {"1": "n1"}, "avoid_nodes": ["n1"]}
+    store.append_event(trainer.id, "log", {"message": "slow", "straggler": report})
+    store.append_event(run.id, "log", {"message": "slow", "straggler": {"slowdowns": {}}})
+    assert store.get(trainer.id).placement.avoid_nodes == ("n1",)
+    assert store.get(run.id).placement.avoid_nodes == ()  # a report naming none to avoid
+
+    first = claim(store, "slow")
+    assert first is not None and first.id == run.id  # passed over the one it is avoided by
+    assert claim(store, "slow") is None  # "other" is free: the run is left to it
+    taken = claim(store, "other")
+    assert taken is not None and taken.id == trainer.id
+
+    # Once no rank is slow any more, it avoids nothing; and where no other worker is free,
+    # the avoided node takes it.
+    store.append_event(trainer.id, "log", {"message": "ok", "straggler": {"avoid_nodes": []}})
+    assert store.get(trainer.id).placement.avoid_nodes == ()
+    again = store.enqueue("train", "alone", {}, placement=ONE_NODE)
+    store.append_event(again.id, "log", {"message": "slow", "straggler": report})
+    got = claim(store, "slow")
+    assert got is not None and got.id == again.id  # "other" is busy
+
+
 # ---- claims on both databases ---------------------------------------------------------------
 
 

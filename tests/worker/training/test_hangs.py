@@ -47,7 +47,7 @@ def test_a_slow_rank_is_a_straggler_and_a_stopped_rank_is_hung_and_the_run_resum
     )
     worker = Worker(settings, runs)
     worker.register()
-    plan = tiny_plan(nproc_per_node=2, hang=HANG, stragglers={"window": 3})
+    plan = tiny_plan(nproc_per_node=2, hang=HANG, stragglers={"window": 3, "avoid": True})
     run = enqueue(runs, plan)
     started = time.monotonic()
 
@@ -61,6 +61,11 @@ def test_a_slow_rank_is_a_straggler_and_a_stopped_rank_is_hung_and_the_run_resum
     slow = next(d["straggler"] for d in logs if "straggler" in d)
     assert slow["step"] <= 3, slow  # as soon as the window holds three steps
     assert list(slow["slowdowns"]) == ["1"] and slow["slowdowns"]["1"] > 0.2, slow
+    # Its node is named, and recorded on the run for the next placement, which takes it
+    # anyway: this worker is the only one (avoiding a node never leaves a run waiting).
+    node = settings.node
+    assert slow["nodes"] == {"1": node} and slow["avoid_nodes"] == [node], slow
+    assert requeued.placement.avoid_nodes == (node,)
     hang = next(d["hang"] for d in logs if "hang" in d)
     assert hang["step"] == 3 and 1 in hang["ranks"], hang
     assert hang["late_seconds"] < 2.0, hang  # declared one poll after the deadline
