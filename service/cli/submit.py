@@ -160,6 +160,20 @@ def parse_yaml(spec_file: Path, text: str) -> Any:
         raise BadInput(f"{spec_file} is not valid YAML: {where}{problem or exc}") from exc
 
 
+def node_count(value: str | None) -> int | dict[str, int] | None:
+    """`--nnodes`: a count (N), or an elastic gang's range (MIN:MAX), as the request takes
+    them; the request's own rules (min above max, too many) are the service's to refuse."""
+    if value is None:
+        return None
+    low, colon, high = value.partition(":")
+    try:
+        return {"min": int(low), "max": int(high)} if colon else int(value)
+    except ValueError:
+        raise BadInput(
+            f"--nnodes {value!r}: give a node count (2) or an elastic gang's range MIN:MAX (2:4)"
+        ) from None
+
+
 @app.command("train")
 def submit_train(
     ctx: typer.Context,
@@ -175,7 +189,15 @@ def submit_train(
     grad_accum_steps: GradAccum = None,
     seq_len: SeqLen = None,
     nproc_per_node: Annotated[int | None, opt(TrainRequest, "nproc_per_node")] = None,
-    nnodes: Annotated[int | None, opt(TrainRequest, "nnodes")] = None,
+    nnodes: Annotated[
+        str | None,
+        typer.Option(
+            metavar="N|MIN:MAX",
+            help=f"{doc(TrainRequest, 'nnodes')} On the command line: MIN:MAX (2:4) for an "
+            "elastic gang; its grace period with --set nnodes.shrink_after_seconds=S.",
+            show_default=False,
+        ),
+    ] = None,
     spread: Annotated[str | None, opt(TrainRequest, "spread")] = None,
     checkpoint_every: Annotated[int | None, opt(TrainRequest, "checkpoint_every")] = None,
     val_every: Annotated[int | None, opt(TrainRequest, "val_every")] = None,
@@ -209,7 +231,7 @@ def submit_train(
         "batch.grad_accum_steps": grad_accum_steps,
         "batch.seq_len": seq_len,
         "nproc_per_node": nproc_per_node,
-        "nnodes": nnodes,
+        "nnodes": node_count(nnodes),
         "spread": spread,
         "checkpoint_every": checkpoint_every,
         "val_every": val_every,

@@ -51,6 +51,20 @@ def test_train_flags_reach_the_request_and_the_run_says_what_it_waits_for(
     assert f"run {run['id']} is queued, {reason}" in " ".join(err.split())
 
 
+def test_nnodes_takes_an_elastic_range_and_refuses_what_is_neither(service: Service) -> None:
+    # This service keeps its runs in SQLite, which refuses any gang: its answer names the
+    # range's max, as the request got it.
+    code, _, err = trainctl(service, "submit", "train", "--nnodes", "2:3", "--steps", "3")
+    assert code == 2 and "nnodes 3: a run across several nodes needs PostgreSQL" in " ".join(
+        err.split()
+    ), err
+    code, _, err = trainctl(service, "submit", "train", "--nnodes", "3:2", "--steps", "3")
+    assert code == 2 and "min 3 is above max 2" in err, err  # refused: exit 2, as a 422 is
+    for bad in ("two", "2:", "2-4"):
+        code, _, err = trainctl(service, "submit", "train", "--nnodes", bad, "--steps", "3")
+        assert code == 2 and f"--nnodes {bad!r}: give a node count (2)" in " ".join(err.split())
+
+
 @pytest.mark.slow
 def test_a_plain_submit_line_says_why_the_run_waits(service: Service) -> None:
     code, out, err = trainctl(service, "submit", "benchmark", "--steps", "5", "--device", "cuda")
