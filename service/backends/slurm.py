@@ -36,7 +36,9 @@ from trainctl.store.backends.slurm import (
     chosen_partition,
     elastic_nodes,
     job_name,
+    nodes_idle,
     nodes_to_exclude,
+    nodes_up,
     parse_node_states,
     parse_partitions,
     parse_squeue,
@@ -69,6 +71,8 @@ class SlurmBackend:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="trainctl-slurm", daemon=True)
         self.last_error: str | None = None
+        self._growing: set[str] = set()
+        """Jobs told to hand their elastic gang back to grow: told once."""
 
     # ---- the backend protocol ------------------------------------------------------------
 
@@ -128,6 +132,33 @@ class SlurmBackend:
                 run.cancel_requested or (run.state in TERMINAL_STATES and not launch.claimed_at)
             ):
                 self.scancel(launch, run)
+            elif run is not None and job.state == "RUNNING":
+                self.maybe_grow(launch, run)
+
+    def maybe_grow(self, launch: Launch, run: Run) -> None:
+        """An elastic gang whose job runs on fewer nodes than it asks for, once its partition
+        has the missing ones idle again: its job's steps get SIGTERM (the drain saves a
+        checkpoint at the next step and requeues the run, no attempt used), and its next job
+        asks for them all (docs/design/placement.md, "Elastic gangs"). Under the local
+        backend its rank 0 asks the run store for idle workers instead (`room_to_grow`)."""
+        placement, size = run.placement, run.gang_nnodes
+        if placement.min_nnodes is None or size is None or size >= placement.nnodes:
+            return
+        if launch.job_id in self._growing or not launch.claimed_at or run.state != "running":
+            return
+        options = SlurmOptions.model_validate((run.launch or {}).get(BACKEND) or {})
+        states = self.node_states(options)
+        idle = nodes_idle(states) if states is not None else []
+        if len(idle) < placement.nnodes - size:
+            return
+        self.command(["scancel", "--signal=TERM", launch.job_id])
+        self._growing.add(launch.job_id)
+        message = (
+            f"elastic gang: {', '.join(idle)} idle again; slurm job {launch.job_id} hands the "
+            f"run back at its next step to grow from {size} to {placement.nnodes} nodes"
+        )
+        log.info("run %s: %s", run.id, message)
+        self.runs.append_event(run.id, "log", {"level": "info", "message": message})
 
     def runs_of(self, launches: list[Launch]) -> list[Run]:
         return [self.runs.get(run_id) for run_id in dict.fromkeys(j.run_id for j in launches)]
@@ -195,10 +226,14 @@ class SlurmBackend:
         avoid = run.placement.avoid_nodes
         if not avoid:
             return []
+        states = self.node_states(options)
+        return nodes_to_exclude(avoid, nodes_up(states) if states is not None else None, nnodes)
+
+    def node_states(self, options: SlurmOptions) -> dict[str, str] | None:
+        """The states of the nodes of the partition a run's jobs go to; None: not known."""
         partitions = cluster_partitions()
         chosen = chosen_partition(partitions or {}, options, self.settings.slurm_defaults)
-        up = cluster_nodes_up(chosen.name) if chosen is not None else None
-        return nodes_to_exclude(avoid, up, nnodes)
+        return cluster_node_states(chosen.name) if chosen is not None else None
 
     def job_environment(self) -> dict[str, str]:
         """What the job's tasks start with: the service's environment as a local worker's
@@ -249,9 +284,10 @@ _partitions: tuple[float, dict[str, Partition]] | None = None
 _partitions_lock = threading.Lock()
 
 
-def cluster_nodes_up(partition: str) -> list[str] | None:
-    """The nodes of `partition` a job may be given now (`sinfo -N`, asked afresh: it is asked
-    only for a run with nodes to avoid); None when sinfo does not answer."""
+def cluster_node_states(partition: str) -> dict[str, str] | None:
+    """The state of each node of `partition` (`sinfo -N`, asked afresh: it is asked only for
+    a run with nodes to avoid, or an elastic gang that may grow); None when sinfo does not
+    answer."""
     try:
         done = subprocess.run(
             ["sinfo", "-h", "-N", "-p", partition, "-o", "%N %P %t"], capture_output=True,
@@ -261,7 +297,7 @@ def cluster_nodes_up(partition: str) -> list[str] | None:
         return None
     if done.returncode != 0:
         return None
-    return parse_node_states(done.stdout).get(partition, [])
+    return parse_node_states(done.stdout).get(partition, {})
 
 
 def cluster_partitions(fresh: bool = False) -> dict[str, Partition] | None:

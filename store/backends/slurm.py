@@ -230,21 +230,30 @@ def elastic_nodes(placement: Placement, up: int | None, waited: float) -> int | 
 UP_STATES = ("idle", "alloc", "mix", "comp")
 """sinfo's short node states (%t) of a node a job may be given now, as `%F` counts it up
 (allocated or idle); a suffix `*` (not responding) or a drain makes it down."""
+STATE_FLAGS = "~#!%$@^-"
+"""Suffixes of a short state that leave the node usable (powered down, rebooting soon ...)."""
 
 
-def parse_node_states(sinfo: str) -> dict[str, list[str]]:
-    """`sinfo -h -N -o "%N %P %t"`: by partition (its default's `*` dropped), the nodes a
-    job may be given now."""
-    up: dict[str, list[str]] = {}
+def parse_node_states(sinfo: str) -> dict[str, dict[str, str]]:
+    """`sinfo -h -N -o "%N %P %t"`: by partition (its default's `*` dropped), each node's
+    state, its harmless suffixes dropped (`down*` stays as it is: not up)."""
+    states: dict[str, dict[str, str]] = {}
     for line in sinfo.splitlines():
         parts = line.split()
-        if len(parts) != 3:
-            continue
-        node, partition, state = parts[0], parts[1].rstrip("*"), parts[2]
-        nodes = up.setdefault(partition, [])
-        if state.rstrip("~#!%$@^-") in UP_STATES:
-            nodes.append(node)
-    return up
+        if len(parts) == 3:
+            node, partition, state = parts
+            states.setdefault(partition.rstrip("*"), {})[node] = state.rstrip(STATE_FLAGS)
+    return states
+
+
+def nodes_up(states: Mapping[str, str]) -> list[str]:
+    """The nodes a job may be given now: allocated, mixed, completing or idle."""
+    return [node for node, state in states.items() if state in UP_STATES]
+
+
+def nodes_idle(states: Mapping[str, str]) -> list[str]:
+    """The nodes no job holds, which a job may have at once."""
+    return [node for node, state in states.items() if state == "idle"]
 
 
 def nodes_to_exclude(avoid: Sequence[str], up: Sequence[str] | None, nnodes: int) -> list[str]:

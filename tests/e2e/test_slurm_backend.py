@@ -286,12 +286,14 @@ def test_kill_9_of_a_nodes_slurmd_mid_run_resumes_in_a_new_job_and_attempt(
         assert "resum" in logs.lower()
 
 
-def test_an_elastic_gang_that_loses_a_node_goes_on_in_a_job_on_fewer_nodes(
+def test_an_elastic_gang_goes_on_in_a_job_on_fewer_nodes_and_grows_back_when_one_returns(
     slurm: SlurmService,
 ) -> None:
     # The first job has all three nodes; once one is lost (down in sinfo) and the gang's
     # grace has passed, the next job asks for the two that are up, where the run resumes
     # resharded with the same global batch (docs/design/placement.md, "Elastic gangs").
+    # Once the node is back (idle), the service has that job hand the run back at a step,
+    # and the third job has all three nodes again.
     elastic = {"min": 2, "max": 3, "shrink_after_seconds": 1}
     body = {**TINY, "experiment": "slurm-elastic", "steps": 100_000, "checkpoint_every": 5,
             "val_every": 100_000, "nnodes": elastic}  # fmt: skip
@@ -319,6 +321,24 @@ def test_an_elastic_gang_that_loses_a_node_goes_on_in_a_job_on_fewer_nodes(
         # Slurm signalled the nodes left as it ended the job).
         listed = httpx.get(f"{slurm.url}/checkpoints?experiment=slurm-elastic", timeout=30)
         assert resizes[0]["step"] in {c["step"] for c in listed.json()["items"]}, resizes
+
+        slurm.cluster.start_slurmd(lost)
+        grown = slurm.wait(
+            run_id,
+            "to grow back in a job on three nodes",
+            lambda r: len(r["jobs"]) == 3 and r["gang_nnodes"] == 3 and running_past(1)(r),
+            timeout=180,
+        )
+        third = slurm.cluster.job(job_of(grown)["job_id"])
+        assert third["NumNodes"] == "3", third
+        # A gang's handing back is a new attempt (it fences the old members out) that uses
+        # none of the run's: max_attempts grows with it.
+        assert (grown["attempt"], grown["max_attempts"]) == (3, 4), grown
+        logs = [e.data for e in slurm.runs.events(run_id, type="log")]
+        assert any("idle again" in d["message"] and "grow from 2 to 3" in d["message"]
+                   for d in logs), logs  # fmt: skip
+        resizes = [d["resize"] for d in logs if "resize" in d]
+        assert [(r["from"], r["to"]) for r in resizes] == [(3, 2), (2, 3)], resizes
 
 
 def test_a_time_limit_chains_jobs_without_costing_an_attempt_and_loses_no_bits(

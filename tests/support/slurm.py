@@ -198,8 +198,11 @@ class SlurmCluster:
                                     stdout=out, stderr=out)  # fmt: skip
 
     def start_slurmd(self, node: str) -> None:
-        """Start (or start again, after `kill_slurmd`) the slurmd of `node`."""
-        self.slurmds[node] = self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node])
+        """Start (or start again, after `kill_slurmd`) the slurmd of `node`; a no-op while
+        it runs (a node has one slurmd)."""
+        running = self.slurmds.get(node)
+        if running is None or running.poll() is not None:
+            self.slurmds[node] = self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node])
 
     def kill_slurmd(self, node: str) -> None:
         """SIGKILL `node`'s slurmd, as a node that dies does: its jobs' slurmstepds live on."""

@@ -17,7 +17,9 @@ from trainctl.store.backends.slurm import (
     check_partition,
     check_time_limit,
     elastic_nodes,
+    nodes_idle,
     nodes_to_exclude,
+    nodes_up,
     parse_node_states,
     parse_partitions,
     parse_squeue,
@@ -169,14 +171,16 @@ def test_an_elastic_gang_asks_for_the_nodes_that_are_up_once_its_grace_has_passe
         check_partition(partitions, Placement(nnodes=5, min_nnodes=4), None, SlurmDefaults())
 
 
-def test_an_attempt_keeps_off_its_stragglers_nodes_only_where_enough_others_are_up() -> None:
+def test_node_states_say_which_are_up_and_idle_and_an_attempt_keeps_off_stragglers() -> None:
     # `sinfo -h -N -o "%N %P %t"` as slurmctld 22.05 prints it: a node per partition it is in.
     sinfo = (
         "node1 debug* idle\nnode2 debug* alloc\nnode3 debug* mix\nnode4 debug* down*\n"
         "node5 debug* drain\nnode6 debug* idle~\nnode1 gpu comp\n"
     )
-    up = parse_node_states(sinfo)
+    states = parse_node_states(sinfo)
+    up = {partition: nodes_up(nodes) for partition, nodes in states.items()}
     assert up == {"debug": ["node1", "node2", "node3", "node6"], "gpu": ["node1"]}
+    assert nodes_idle(states["debug"]) == ["node1", "node6"]  # what an elastic gang grows on
     assert nodes_to_exclude(["node2"], up["debug"], 3) == ["node2"]
     assert nodes_to_exclude(["node2", "node3"], up["debug"], 3) == []  # two up besides
     assert nodes_to_exclude(["node2"], None, 1) == []  # not known: the job could wait for ever
