@@ -274,7 +274,8 @@ def train_step(
     # rank applies or skips the step alike (a NaN in one rank's gradient after DDP's average
     # reaches no other rank's norm). The .tolist() is the step's one host-device sync: the
     # verdict on the update needs it before the optimizers run (docs/performance.md, "Host
-    # syncs"); the norm comes with it, this rank's own (the same on every rank).
+    # syncs"); the norm comes with it, this rank's own (DDP averaged the gradients first, so
+    # every rank's is the same unless one is not finite).
     extras = take_step_metrics(model)
     shared = [total / local_accum, (~torch.isfinite(norm)).float(), *extras.values()]
     agreed = parallel.mean(torch.stack([v.detach().float() for v in shared]))
