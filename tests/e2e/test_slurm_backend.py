@@ -332,8 +332,10 @@ def test_an_elastic_gang_goes_on_in_a_job_on_fewer_nodes_and_grows_back_when_one
         third = slurm.cluster.job(job_of(grown)["job_id"])
         assert third["NumNodes"] == "3", third
         # A gang's handing back is a new attempt (it fences the old members out) that uses
-        # none of the run's: max_attempts grows with it.
-        assert (grown["attempt"], grown["max_attempts"]) == (3, 4), grown
+        # none of the run's: max_attempts grows with it. (Whether losing the node used one
+        # is a race between Slurm's NODE_FAIL and the drain it signals to the nodes left.)
+        grew = (grown["attempt"] - again["attempt"], grown["max_attempts"] - again["max_attempts"])
+        assert grew == (1, 1), (again, grown)
         logs = [e.data for e in slurm.runs.events(run_id, type="log")]
         assert any("idle again" in d["message"] and "grow from 2 to 3" in d["message"]
                    for d in logs), logs  # fmt: skip
