@@ -54,6 +54,10 @@ class Reporter:
         return self._thread is not None
 
     def start(self) -> None:
+        # The flag is read once before the run's first unit of work: a cancel that came
+        # between the claim and the start stops the run at once, even one that ends sooner
+        # than this thread's first turn (an export under load).
+        self._check_cancel()
         self._thread = threading.Thread(target=self._work, name="trainctl-reporter", daemon=True)
         self._thread.start()
 

@@ -23,7 +23,7 @@ from trainctl.worker.kinds.prepare import execute_prepare
 from trainctl.worker.kinds.sample import execute_sample
 from trainctl.worker.kinds.train import execute_train
 from trainctl.worker.kinds.validate import execute_validate
-from trainctl.worker.stops import stoppable
+from trainctl.worker.stops import maybe_stop, stoppable
 from trainctl.worker.training.memory import admit_at_claim
 
 EXECUTORS: Registry[Executor] = Registry("executor", group="trainctl.executors")
@@ -57,6 +57,7 @@ def execute(ctx: RunContext, env: WorkerEnv) -> Outcome:
     kind = RUN_KINDS.get(ctx.run.kind)
     try:
         with stoppable(ctx.should_stop):
+            maybe_stop()  # asked to stop before it began: none of its work is done
             if kind.memory is not None:
                 plan = cast(
                     Plan, read_plan(ctx, kind.plan)

@@ -115,12 +115,10 @@ def data_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("kind", list(PLANS))
-def test_a_cancelled_run_of_every_kind_ends_cancelled_within_the_bound(
-    kind: str, runs: RunStore, data_dir: Path
-) -> None:
-    build, work = PLANS[kind]
-    plan = build(data_dir / "checkpoints")
+def cancel(runs: RunStore, data_dir: Path, kind: str, work: float | None) -> tuple[Outcome, float]:
+    """Run a `kind` run through `execute`, cancelled after `work` seconds (None: between its
+    claim and its start); its outcome, and the seconds from the cancel to it."""
+    plan = PLANS[kind][0](data_dir / "checkpoints")
     assert kind_of_plan(plan).name == kind
     runs.workers.register(WORKER, host="test", pid=1, device="cpu", info={})
     queued = runs.enqueue(
@@ -153,5 +151,24 @@ def test_a_cancelled_run_of_every_kind_ends_cancelled_within_the_bound(
 
     assert not thread.is_alive(), f"the {kind} run still works {BOUND:.0f} s after its cancel"
     assert not failure, failure
-    assert outcome[0].state == "cancelled", outcome
+    return outcome[0], took
+
+
+@pytest.mark.parametrize("kind", list(PLANS))
+def test_a_cancelled_run_of_every_kind_ends_cancelled_within_the_bound(
+    kind: str, runs: RunStore, data_dir: Path
+) -> None:
+    outcome, took = cancel(runs, data_dir, kind, PLANS[kind][1])
+    assert outcome.state == "cancelled", outcome
     assert took < BOUND
+
+
+@pytest.mark.parametrize("kind", list(PLANS))
+def test_a_run_cancelled_between_its_claim_and_its_start_ends_cancelled_with_no_result(
+    kind: str, runs: RunStore, data_dir: Path
+) -> None:
+    """The cancel is read before the first unit of work, not at the reporter thread's first
+    turn: an export, which ends in well under a second, once ran to the end under load."""
+    outcome, _ = cancel(runs, data_dir, kind, None)
+    assert outcome.state == "cancelled", outcome
+    assert outcome.result == {"stopped": True}, outcome
