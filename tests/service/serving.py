@@ -16,7 +16,10 @@ from tests.support.polling import poll
 @contextmanager
 def serve(app: FastAPI, stop_timeout: float = 30) -> Iterator[str]:
     """Serve `app` (its lifespan included) until the block ends; yields its URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP, and
+    # without it every response after a connection's first waited 40 ms for a delayed ACK
+    # (uvicorn.run's own sockets say it; so `make serve` never had the wait).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
