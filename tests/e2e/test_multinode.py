@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from safetensors.torch import load_file
 from tests.reliability.workers import Workers
 from tests.support.databases import fresh_database
 from tests.support.plans import train_plan
-from tests.support.polling import poll
+from tests.support.polling import holds_throughout, poll
 from tests.support.service_process import Service
 from tests.support.stores import folder, posix_store
 from trainctl.store.db.runs import RunStore
@@ -259,7 +258,7 @@ def test_a_run_needing_two_gpus_waits_saying_why_while_only_cpu_workers_live(
     run = cluster.get(run_id)
     assert run["state"] == "queued"
     assert run["waiting_reason"] == "waiting: needs 2 GPUs per node; no live worker has a GPU"
-    time.sleep(2)  # twenty polls of each worker: none takes it, and it does not fail
-    assert cluster.get(run_id)["state"] == "queued"
+    # Twenty polls of each worker: none takes it, and it does not fail.
+    holds_throughout(lambda: cluster.get(run_id)["state"] == "queued", 2, "the run stays queued")
     cancelled = httpx.post(f"{cluster.service.url}/runs/{run_id}/cancel", timeout=30)
     assert cancelled.json()["state"] == "cancelled"

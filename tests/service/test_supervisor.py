@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import pairwise
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 
 import trainctl.service.supervisor as supervisor_module
-from tests.support.polling import poll
+from tests.support.polling import holds_throughout, poll
 from tests.support.supervisor import spawned_envs
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.settings import Settings
@@ -165,15 +164,6 @@ def given_up(supervisor: Supervisor) -> dict[str, Any] | None:
     """The status of the one slot once it is given up."""
     status = supervisor.status()[0]
     return status if status["given_up"] else None
-
-
-def holds_throughout(predicate: Callable[[], bool], seconds: float, what: str) -> None:
-    """Assert `predicate` over a whole window: a claim that something does NOT happen can only
-    be watched for a while, never waited for."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert predicate(), what
-        time.sleep(0.05)
 
 
 @pytest.mark.slow

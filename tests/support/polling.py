@@ -21,3 +21,12 @@ def poll(
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def holds_throughout(predicate: Callable[[], bool], seconds: float, what: str) -> None:
+    """Assert `predicate` over a whole window: a claim that something does NOT happen can only
+    be watched for a while, never waited for."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert predicate(), what
+        time.sleep(0.05)
