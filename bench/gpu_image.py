@@ -96,37 +96,82 @@ def blocked_modules() -> list[str]:
     )
 
 
-BLOCKER = '''"""Made by bench/gpu_image.py for bench/gpu.sh --dry-run: the modules below
-are not on the GPU machine's image, nor among the wheels bench/gpu.sh brings, so they do not
-import here."""
-import importlib.abc
+def blocked_distributions() -> list[str]:
+    """The distributions installed here that are none of `there()`, as `normalize` spells
+    them: on the device `importlib.metadata` finds none of them."""
+    allowed = there()
+    names = {normalize(d.metadata["Name"] or "") for d in metadata.distributions()}
+    return sorted(names - allowed - {""})
+
+
+BLOCKER = '''"""Made by bench/gpu_image.py for bench/gpu.sh --dry-run: the modules and
+distributions below are not on the GPU machine's image, nor among the wheels bench/gpu.sh
+brings, so here they are absent as they are there.
+
+Absent, not broken: a probe (`importlib.util.find_spec`, `importlib.metadata.version`, as
+transformers makes for every optional dependency at its import) finds nothing, and an import
+raises ModuleNotFoundError. So every finder already on sys.meta_path is wrapped: none of them
+can find a blocked name, whichever of them would have."""
+import re
 import sys
 
 BLOCKED = frozenset({blocked!r})
+BLOCKED_DISTRIBUTIONS = frozenset({blocked_distributions!r})
 
 
-class NotOnTheGpuImage(importlib.abc.MetaPathFinder):
+def _normal(name):
+    return re.sub(r"[-_.]+", "-", name or "").lower()
+
+
+class NotOnTheGpuImage:
+    def __init__(self, inner):
+        self._inner = inner
+
     def find_spec(self, name, path=None, target=None):
-        if path is None and name in BLOCKED:
-            raise ModuleNotFoundError(
-                f"No module named {{name!r}} on the GPU machine (bench/gpu_image.py: not on "
-                "its image, and not among the wheels that bench/gpu.sh brings)",
-                name=name,
-            )
-        return None
+        if name.partition(".")[0] in BLOCKED:
+            return None
+        return self._inner.find_spec(name, path, target)
+
+    def find_distributions(self, *args, **kwargs):
+        inner = getattr(self._inner, "find_distributions", None)
+        for dist in inner(*args, **kwargs) if inner else ():
+            if _normal(dist.metadata["Name"]) not in BLOCKED_DISTRIBUTIONS:
+                yield dist
+
+    def __getattr__(self, attr):
+        return getattr(self._inner, attr)
 
 
-sys.meta_path.insert(0, NotOnTheGpuImage())
+sys.meta_path[:] = [NotOnTheGpuImage(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
+_excepthook = sys.excepthook
+
+
+def _say_where(kind, error, tb):
+    """A process that dies of a blocked import says why, as the device would not."""
+    _excepthook(kind, error, tb)
+    if isinstance(error, ModuleNotFoundError) and (error.name or "").partition(".")[0] in BLOCKED:
+        print(
+            f"({{error.name!r}} is not on the GPU machine: bench/gpu_image.py lists its image "
+            "and the wheels that bench/gpu.sh brings)",
+            file=sys.stderr,
+        )
+
+
+sys.excepthook = _say_where
 '''
 
 
 def write_blocker(folder: Path) -> Path:
-    """A sitecustomize.py in `folder` that makes every `blocked_modules()` module fail to
-    import, as on the device: with `folder` first on PYTHONPATH, each Python process of the
+    """A sitecustomize.py in `folder` that makes every `blocked_modules()` module and
+    `blocked_distributions()` distribution absent, as on the device: with `folder` first on PYTHONPATH, each Python process of the
     dry run (the service, the worker, torchrun's ranks) imports only what the device has."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "sitecustomize.py"
-    path.write_text(BLOCKER.format(blocked=blocked_modules()))
+    path.write_text(
+        BLOCKER.format(
+            blocked=blocked_modules(), blocked_distributions=blocked_distributions()
+        )
+    )
     return path
 
 

@@ -137,12 +137,18 @@ def test_a_step_that_left_nothing_is_not_measured_and_the_summary_still_runs(
 def test_what_the_service_and_the_worker_import_is_on_the_gpu_machine(tmp_path: Path) -> None:
     """With only the image's distributions and the wheels importable (as on the device),
     every entry point that bench/gpu.sh runs imports: a new dependency must join
-    bench/gpu_image.py's WHEELS, or the GPU session would fail on it."""
+    bench/gpu_image.py's WHEELS, or the GPU session would fail on it.
+
+    transformers is among them (the peer and the llama step build its models): at its import
+    it probes for every optional dependency, and one that is installed here but not there
+    (datasets, since lm-eval came) must look absent to the probe, as on the device, not
+    break it."""
     write_blocker(tmp_path)
     modules = [
         *("trainctl.service.app", "trainctl.service.__main__", "trainctl.service.cli"),
         *("trainctl.worker.runner", "trainctl.worker.launch", "trainctl.worker.kinds.benchmark"),
         *("bench.gpu_train", "bench.gpu_peer", "bench.checkpoint_io", "tests.conftest"),
+        *("transformers.models.llama.modeling_llama", "trainctl.worker.models.hf"),
     ]
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)"
     out = subprocess.run(
@@ -154,15 +160,23 @@ def test_what_the_service_and_the_worker_import_is_on_the_gpu_machine(tmp_path: 
         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"},
     )
     assert out.returncode == 0, out.stderr[-2000:]
+    probe = (
+        "import importlib.util, importlib.metadata as m\n"
+        "assert importlib.util.find_spec('psycopg') is None\n"
+        "assert 'psycopg' not in {d.metadata['Name'] for d in m.distributions()}\n"
+        "import psycopg"
+    )
     blocked = subprocess.run(
-        [sys.executable, "-c", "import psycopg"],
+        [sys.executable, "-c", probe],
         capture_output=True,
         text=True,
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
         timeout=60,
     )
-    assert "on the GPU machine" in blocked.stderr  # the blocker works: psycopg is not there
+    # the blocker works: psycopg is absent to a probe and fails to import, saying why
+    assert "ModuleNotFoundError" in blocked.stderr and "AssertionError" not in blocked.stderr
+    assert "not on the GPU machine" in blocked.stderr
     assert "pydantic" in WHEELS and "sqlalchemy" in WHEELS
 
 
