@@ -163,14 +163,13 @@ sys.excepthook = _say_where
 
 def write_blocker(folder: Path) -> Path:
     """A sitecustomize.py in `folder` that makes every `blocked_modules()` module and
-    `blocked_distributions()` distribution absent, as on the device: with `folder` first on PYTHONPATH, each Python process of the
-    dry run (the service, the worker, torchrun's ranks) imports only what the device has."""
+    `blocked_distributions()` distribution absent, as on the device: with `folder` first on
+    PYTHONPATH, each Python process of the dry run (the service, the worker, torchrun's
+    ranks) imports only what the device has."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "sitecustomize.py"
     path.write_text(
-        BLOCKER.format(
-            blocked=blocked_modules(), blocked_distributions=blocked_distributions()
-        )
+        BLOCKER.format(blocked=blocked_modules(), blocked_distributions=blocked_distributions())
     )
     return path
 

@@ -287,7 +287,11 @@ def maybe_write_drain(workdir: Path, ctx: RunContext) -> None:
     """Before the stop file: the moment the worker's stop began, for the ranks' deadline."""
     shutdown = as_shutdown(ctx.shutdown)
     if shutdown is not None and shutdown.since is not None:
-        (workdir / DRAIN_FILE).write_text(repr(shutdown.since))
+        # Whole or absent (a rank reads it once the ranks agree on a stop, which may be
+        # before this node's stop file is written: another rank asked).
+        partial = workdir / f"{DRAIN_FILE}.part"
+        partial.write_text(repr(shutdown.since))
+        os.replace(partial, workdir / DRAIN_FILE)
 
 
 def read_result(workdir: Path, code: int, *, gang: bool = False) -> dict[str, Any] | None:

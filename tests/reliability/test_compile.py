@@ -21,7 +21,7 @@ import torch
 
 from tests.support.plans import train_plan
 from tests.support.stores import posix_store
-from trainctl.worker.training.hooks import TrainerHooks
+from trainctl.worker.training.hooks import TrainerHooks, never
 from trainctl.worker.training.loop import train
 
 STEPS, CHECKPOINT_AT = 20, 10
@@ -70,7 +70,7 @@ def losses(root: Path, stop_after: int | None = None, **req: Any) -> dict[int, f
         if m["kind"] == "train":
             seen[m["step"]] = m["loss"]
 
-    stop = (lambda: len(seen) >= stop_after) if stop_after else None
+    stop = (lambda: len(seen) >= stop_after) if stop_after else never
     train(
         train_plan(root, **req),
         posix_store(root),

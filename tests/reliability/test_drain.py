@@ -10,12 +10,11 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.e2e.plugin_env import ECHO, install_plugin
-from tests.reliability.workers import Workers, enqueue_tiny_train, wait_finished
+from tests.reliability.workers import Workers, drain_reports, enqueue_tiny_train, wait_finished
 from tests.support.plans import enqueue, validate_plan
 from tests.support.polling import poll
 from tests.support.s3server import S3Server, running_s3_server
@@ -30,11 +29,6 @@ the second worker finishes it in seconds."""
 
 def wait_step(runs: RunStore, run: Run, step: int) -> None:
     poll(lambda: (runs.get(run.id).progress["step"] or 0) >= step, what=f"step {step}")
-
-
-def drain_reports(runs: RunStore, run: Run) -> list[dict[str, Any]]:
-    """What each drain's log event says of its save (worker.kinds.train `maybe_log_drain`)."""
-    return [e.data["drain"] for e in runs.events(run.id, type="log") if "drain" in e.data]
 
 
 def resumed_from(runs: RunStore, run: Run, tag: str) -> bool:

@@ -30,7 +30,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.reliability.workers import Workers, gang_nodes, wait_finished
+from tests.reliability.workers import Workers, drain_reports, gang_nodes, wait_finished
 from tests.support.plans import enqueue, train_plan
 from tests.support.polling import poll
 from tests.support.soak import rounds
@@ -89,6 +89,10 @@ def test_a_gang_survives_every_member_fault_with_unchanged_parameters(
             assert torch.equal(got[name], tensor), f"{fault}: {name} differs after the fault"
         if fault == "drain":
             assert run.max_attempts == 3  # a graceful stop uses up no attempt
+            # The leader's run drains whichever member was signalled: the stop's save within
+            # the deadline, and its report (worker.training.ranks.drain_when_agreed).
+            (report,) = drain_reports(runs, run)
+            assert report["abandoned"] is None and report["committed_seconds"] is not None
 
 
 def fault_round(

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,6 +212,11 @@ def wait_finished(runs: RunStore, run: Run) -> Run:
     return poll(
         lambda: (r := runs.get(run.id)).state in TERMINAL_STATES and r, what=f"run {run.id}"
     )
+
+
+def drain_reports(runs: RunStore, run: Run) -> list[dict[str, Any]]:
+    """What each drain's log event says of its save (worker.kinds.train `maybe_log_drain`)."""
+    return [e.data["drain"] for e in runs.events(run.id, type="log") if "drain" in e.data]
 
 
 def checkpoint_manifests(root: Path, experiment: str) -> dict[str, str]:

@@ -157,7 +157,8 @@ class DDPReplica(LocalState):
 class AgreedStop:
     """A stop predicate every rank calls at the same step: any rank's reason stops them all
     (a worker of a gang member shutting down, or losing its lease, reaches only its own
-    node's ranks). `reason` is the one agreed on, for rank 0's report."""
+    node's ranks). `reason` is the one agreed on, for rank 0's report; `on_agreed` hears it
+    when they stop, on every rank, whichever rank asked."""
 
     def __init__(
         self,
@@ -165,9 +166,10 @@ class AgreedStop:
         device: torch.device,
         own_seconds: Callable[[], float] | None = None,
         on_times: Callable[[list[float]], None] | None = None,
+        on_agreed: Callable[[str], None] | None = None,
     ) -> None:
         self.local, self.device = local, device
-        self.own_seconds, self.on_times = own_seconds, on_times
+        self.own_seconds, self.on_times, self.on_agreed = own_seconds, on_times, on_agreed
         self.reason: str | None = None
 
     def __call__(self) -> bool:
@@ -188,4 +190,6 @@ class AgreedStop:
         if self.on_times is not None and len(got) > 1:
             self.on_times(got[1:])
         self.reason = next((r for r, c in STOP_CODES.items() if c == agreed), None)
+        if self.reason is not None and self.on_agreed is not None:
+            self.on_agreed(self.reason)
         return agreed > 0

@@ -85,14 +85,27 @@ def rank_stop(
         asked = (stop_file.read_text() or "shutdown") if stop_file.exists() else None
         if ctx is None:
             return asked
-        if asked == "shutdown":
-            drain = stop_file.parent / DRAIN_FILE
-            since = float(drain.read_text()) if drain.exists() else None
-            cast(Shutdown, ctx.shutdown).set(since)
         grown = "grow" if grow is not None and grow.is_set() else None
         return ctx.stop_reason() or asked or grown
 
     return reason
+
+
+def drain_when_agreed(shutdown: Shutdown, workdir: Path) -> Callable[[str], None]:
+    """Rank 0's run (its context's `shutdown`) starts its drain (the stop's save on the async
+    path, with the deadline, and the drain's report) when the ranks agree on a shutdown, not
+    when rank 0 reads its own stop file: another rank may be the one that asked, one of this
+    node that read the file a moment after rank 0, or one of a gang member whose worker alone
+    was signalled. The deadline counts from the moment this node's worker was told
+    (DRAIN_FILE), else from now."""
+
+    def agreed(reason: str) -> None:
+        if reason == "shutdown":
+            drain = workdir / DRAIN_FILE
+            since = float(drain.read_text()) if drain.exists() else None
+            shutdown.set(since)
+
+    return agreed
 
 
 def grow_watch(
@@ -182,6 +195,7 @@ def train_rank(
         device or torch.device("cpu"),
         own_seconds=watches.own.seconds if watches.own is not None else None,
         on_times=watch.observe if watch is not None else None,
+        on_agreed=drain_when_agreed(cast(Shutdown, ctx.shutdown), workdir) if ctx else None,
     )
     stores = open_stores(settings.layout, runs)
     store = stores.checkpoints
