@@ -130,7 +130,7 @@ def refusals(client: TrainctlClient, datasets: Path, tag: str) -> None:
     unfinished.mkdir()
     write_shard(unfinished / "train_000000.bin", list(range(100)))  # no dataset.json (yet)
     on = {"experiment": "other", "steps": 5, "device": "cpu"}
-    cases = [
+    cases: list[tuple[str, dict[str, Any], list[str]]] = [
         (
             "train",
             {**on, "data": {"source": "dataset", "dataset": "unfinished"}},

@@ -107,7 +107,7 @@ def item_pages(service: Service, run_id: str, task: str, limit: int) -> list[dic
     """Every page of GET /runs/{id}/evals/items for the task, following next_offset."""
     pages, offset = [], 0
     while offset is not None:
-        params = {"task": task, "offset": offset, "limit": limit}
+        params: dict[str, Any] = {"task": task, "offset": offset, "limit": limit}
         r = httpx.get(f"{service.url}/runs/{run_id}/evals/items", params=params, timeout=60)
         assert r.status_code == 200, r.text
         pages.append(r.json())

@@ -43,7 +43,7 @@ def test_a_gang_listens_at_its_workers_address_alone(
             ]
             run = enqueue(runs, plan)
             poll(
-                lambda: runs.get(run.id).progress["step"] >= 2,
+                lambda: (runs.get(run.id).progress["step"] or 0) >= 2,
                 timeout=300,
                 what=f"the gang to train; worker logs:\n{workers.logs()}",
             )

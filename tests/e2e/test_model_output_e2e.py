@@ -20,6 +20,7 @@ from tests.support.hf_archs import hf
 from tests.support.service_process import Service, finished, submit
 from tests.support.stores import posix_store
 from trainctl.store.models.generation import GenerationSettings
+from trainctl.store.models.presets import ModelConfig
 from trainctl.worker.models.generation import generate_tokens, load_for_generation
 
 # What these tests check is the plumbing (samples at their steps, a sample run, an export
@@ -134,6 +135,7 @@ def test_the_export_loads_in_transformers_and_computes_the_same_function(
     assert (
         tokenizer(tokenizer.decode(ids[0]), add_special_tokens=False).input_ids == ids[0].tolist()
     )
+    assert isinstance(ours.config, ModelConfig)
     cap = ours.config.logit_softcap
     with torch.no_grad():
         theirs = cap * torch.tanh(hf(ids).logits / cap)

@@ -152,7 +152,7 @@ def test_restarting_the_service_loses_no_queued_or_running_run(service: Service)
     assert service.stop()
     with RunStore(f"sqlite:///{service.data_dir / 'trainctl.db'}") as runs:
         stopped = runs.get(long.id)  # the worker checkpointed it and gave it back
-    assert stopped.state == "queued" and 5 <= stopped.progress["step"] < STEPS_ACROSS_RESTART
+    assert stopped.state == "queued" and 5 <= (stopped.progress["step"] or 0) < STEPS_ACROSS_RESTART
 
     service.start(workers=1)
     with TrainctlClient(service.url) as client:

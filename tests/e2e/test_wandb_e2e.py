@@ -74,12 +74,16 @@ def kill_between_checkpoints(client: TrainctlClient, run_id: str) -> None:
         worker = next(w for w in client.workers() if w.id == running.worker_id)
         os.kill(worker.pid, signal.SIGSTOP)
         logged = max(int((m.model_extra or {})["step"]) for m in client.metrics(run_id, "train"))
-        saved = max((c.step for c in client.list_checkpoints("wb")), default=0)
+        saved = max((c.step or 0 for c in client.list_checkpoints("wb")), default=0)
         if logged > saved:
             os.kill(worker.pid, signal.SIGKILL)
             return
         os.kill(worker.pid, signal.SIGCONT)  # stopped just as it saved: one step more
-        poll(lambda seen=logged: (client.get_run(run_id).progress.step or 0) > seen, timeout=60)
+
+        def past(seen: int = logged) -> bool:
+            return (client.get_run(run_id).progress.step or 0) > seen
+
+        poll(past, timeout=60)
 
 
 def test_a_killed_workers_run_and_its_fork_land_in_wandb_once_each(service: Service) -> None:

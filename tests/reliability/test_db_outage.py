@@ -155,7 +155,7 @@ def test_the_pause_the_docs_name_with_checkpoints_due_and_a_reaper_costs_nothing
     finally:
         server.resume()
     try:
-        after = wait_step(runs, run, past=runs.get(run.id).progress["step"] + 25)
+        after = wait_step(runs, run, past=(runs.get(run.id).progress["step"] or 0) + 25)
         assert time.monotonic() - paused_at > DOCS_PAUSE
     finally:
         stop.set()
@@ -280,7 +280,11 @@ def test_attempts_never_reset_a_run_failing_every_time_stops_at_max_attempts(
     for worker in ("a", "b"):
         if worker not in workers.procs:
             workers.start(worker, extra_args=LEASE)
-        poll(lambda w=worker: runs.get(run.id).worker_id == w, what=f"{worker} to claim")
+
+        def claimed(by: str = worker) -> bool:
+            return runs.get(run.id).worker_id == by
+
+        poll(claimed, what=f"{worker} to claim")
         workers.procs[worker].kill()
         workers.procs[worker].wait()
         runs.reap_expired(now=datetime.now(UTC) + PAST_THE_LEASE)

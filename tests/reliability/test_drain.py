@@ -55,7 +55,8 @@ def test_sigterm_saves_at_the_step_reached_and_a_second_worker_finishes_the_run(
     requeued = runs.get(run.id)
     assert (requeued.state, requeued.attempt) == ("queued", 1)  # no attempt used up
     saved = posix_store(tmp_path / "checkpoints").latest("sigterm")
-    assert saved.run_id == run.id and saved.step == requeued.progress["step"] < STEPS
+    assert saved.run_id == run.id and saved.step == requeued.progress["step"]
+    assert saved.step is not None and saved.step < STEPS
     (report,) = drain_reports(runs, run)
     assert report["abandoned"] is None
     assert 0 < report["stopped_seconds"] <= report["committed_seconds"]

@@ -110,7 +110,11 @@ def fault_round(
         proc.wait()
     elif fault == "stall":
         os.kill(proc.pid, signal.SIGSTOP)
-        poll(lambda: runs.get(run.id).attempt == 2, timeout=60, what="the gang reaped")
+        try:
+            poll(lambda: runs.get(run.id).attempt == 2, timeout=60, what="the gang reaped")
+        except AssertionError as exc:
+            states = [e.data for e in runs.events(run.id, type="state")]
+            raise AssertionError(f"{exc}: {runs.get(run.id)}\n{states}\n{pool.logs()}") from None
         os.kill(proc.pid, signal.SIGCONT)
     else:
         proc.send_signal(signal.SIGTERM)

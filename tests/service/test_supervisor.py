@@ -323,7 +323,11 @@ def test_local_workers_open_the_stores_the_service_opens(
     environment it inherits)."""
     for name in ("STORAGE_URL", "CACHE_DIR", "CACHE_BYTES", "WORKER_MEMORY_BYTES"):
         monkeypatch.delenv(f"TRAINCTL_{name}", raising=False)
-    stores = {"storage_url": "s3://b/team", "cache_dir": tmp_path / "c", "cache_bytes": 12345}
+    stores: dict[str, Any] = {
+        "storage_url": "s3://b/team",
+        "cache_dir": tmp_path / "c",
+        "cache_bytes": 12345,
+    }
     [env] = spawned_envs(tmp_path, monkeypatch, gpus=0, **stores)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

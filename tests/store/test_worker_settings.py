@@ -12,7 +12,7 @@ from types import NoneType, UnionType
 from typing import Any, Union, get_args, get_origin
 
 import pytest
-from annotated_types import Ge, Gt, Le, Lt
+from annotated_types import Ge, Gt
 from pydantic.fields import FieldInfo
 
 from tests.support.ranks import tiny_plan
@@ -29,8 +29,9 @@ def example(name: str, tmp_path: Path) -> Any:
     """A value of setting `name` that is neither its worker's nor its service's default."""
     field = WorkerSettings.model_fields[name]
     kind = value_type(field)
-    limits = {type(m): m for m in field.metadata if isinstance(m, Ge | Gt | Le | Lt)}
-    low = limits[Ge].ge if Ge in limits else limits[Gt].gt if Gt in limits else 0
+    at_least = [m.ge for m in field.metadata if isinstance(m, Ge)]
+    above = [m.gt for m in field.metadata if isinstance(m, Gt)]
+    low = at_least[0] if at_least else above[0] if above else 0
     if field.examples:
         value = field.examples[0]
     elif kind is Path:

@@ -78,7 +78,7 @@ def find_latest_checkpoint(save_dir: str | Path) -> Path | None:
     return folder(store, info.experiment, info.tag) if info is not None else None
 
 
-def make_parts(kind: str = "muon_adamw", **overrides: object) -> Parts:
+def make_parts(kind: str = "muon_adamw", **overrides: Any) -> Parts:
     model = build_model("tiny", seed=0, **overrides)
     optimizers = build_optimizers(model, OptimizerSpec(kind=kind))
     return model, optimizers, build_scheduler(optimizers, 100)

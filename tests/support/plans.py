@@ -60,7 +60,7 @@ def enqueue_vanished_resume(runs: RunStore) -> Run:
     )
 
 
-def until_cancelled(experiment: str, **placement: int) -> TrainPlan:
+def until_cancelled(experiment: str, **placement: Any) -> TrainPlan:
     """Tiny CPU ranks that train until the run is cancelled."""
     return train_plan(
         experiment=experiment,

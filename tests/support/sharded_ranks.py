@@ -110,9 +110,9 @@ def save_program(rank: int, world: int, port: int, root: str, out: str) -> None:
         if rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    state = capture_sharded(TrainingState(model, optimizers, None, EXPERIMENT, Progress(3, 300)))
+    staged = capture_sharded(TrainingState(model, optimizers, None, EXPERIMENT, Progress(3, 300)))
     try:
-        write_sharded(state, store, after_write=die)
+        write_sharded(staged, store, after_write=die)
         outcome = "committed"
     except Exception:
         outcome = traceback.format_exc()

@@ -8,6 +8,11 @@ too. One alone: `TRAINCTL_SOAK_ROUNDS=1 pytest tests/worker/training/test_fsdp.p
 A test goes under `soak` when `make test` would not hold it within its 20 minutes on 2 cores
 and another test of `make test` covers the same behaviour more cheaply: a second database, a
 second architecture, a longer round of the same fault, a compile that takes minutes.
+
+What `make test` still checks of them: mypy reads every test (pyproject's `packages`), so a
+soak or gpu test that calls an API the way it no longer takes fails there, not weeks later in
+`make soak` or on the first GPU (2026-12-07: `make soak` found three of its 26 tests broken,
+one of them by a changed signature that mypy over tests/ names).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ def test_a_two_process_run_listens_on_loopback_alone(tmp_path: Path, runs: RunSt
         worker = workers.start("worker")
         run = enqueue(runs, until_cancelled("exposure", nproc_per_node=2))
         poll(
-            lambda: runs.get(run.id).progress["step"] >= 2,
+            lambda: (runs.get(run.id).progress["step"] or 0) >= 2,
             timeout=300,
             what=f"the ranks to train; worker log:\n{workers.logs()}",
         )

@@ -344,4 +344,4 @@ def test_empty_environment_variables_leave_the_worker_defaults(
     config = WorkerSettings.from_args([])
 
     assert (config.lease_seconds, config.heartbeat_seconds, config.worker_nice) == (30.0, 5.0, 0)
-    assert config.database_url.startswith("sqlite:///")
+    assert config.database_url is not None and config.database_url.startswith("sqlite:///")

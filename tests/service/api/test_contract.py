@@ -67,7 +67,7 @@ def test_bearer_auth_is_a_security_scheme_on_every_operation_but_healthz() -> No
     (name,) = schemes
 
     for path, method, operation in OPERATIONS:
-        expected = None if path == "/healthz" else [{name: []}]
+        expected: list[dict[str, list[str]]] | None = None if path == "/healthz" else [{name: []}]
         assert operation.get("security") == expected, f"{method.upper()} {path}"
 
 

@@ -346,7 +346,7 @@ def test_sequences_of_calls_get_documented_answers(
     schema.config.update(request_timeout=10)
     schema.config.generation.update(deterministic=True)
 
-    class Workflow(schema.as_state_machine()):
+    class Workflow(schema.as_state_machine()):  # type: ignore[misc]  # made at run time
         def setup(self) -> None:
             self.serving = live_service(tmp_path_factory.mktemp("sequence"), TOKEN)
             self.service = self.serving.__enter__()

@@ -63,7 +63,8 @@ def test_a_run_has_exactly_the_design_fields_with_iso_times(client: TestClient) 
 
 @pytest.mark.parametrize("field", ["model_config_resolved", "warnings"])
 def test_a_field_the_server_fills_in_is_refused_by_name(client: TestClient, field: str) -> None:
-    for kind, body in [("train", CPU_TRAIN), ("benchmark", {"steps": 5})]:
+    bodies: list[tuple[str, dict[str, Any]]] = [("train", CPU_TRAIN), ("benchmark", {"steps": 5})]
+    for kind, body in bodies:
         response = submit(client, kind, body | {field: [] if field == "warnings" else {}})
 
         assert response.status_code == 422

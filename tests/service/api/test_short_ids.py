@@ -43,7 +43,7 @@ def run_routes(app: FastAPI) -> list[tuple[str, str]]:
     """(method, path) of every route of one run: those with `{run_id}` in their path (the
     routes of included routers, with their prefixes: `app.routes` holds the routers)."""
     found = [
-        (method, route.path)
+        (method, route.path or "")
         for route in iter_route_contexts(app.routes)
         if isinstance(route.original_route, APIRoute) and "{run_id}" in (route.path or "")
         for method in sorted(route.methods or ())

@@ -69,7 +69,7 @@ def get_in_thread(url: str, results: list[int]) -> threading.Thread:
 @pytest.fixture
 def stuck(tmp_path: Path) -> Iterator[tuple[FastAPI, StuckStorage]]:
     storage = StuckStorage()
-    store = CheckpointStore(storage)  # type: ignore[arg-type]  # a Storage by its methods
+    store = CheckpointStore(storage)  # a Storage by its methods
     for experiment in ("e", "f", "g"):
         save_checkpoint(store, experiment, step=10)
     settings = Settings(data_dir=tmp_path, workers=0, store_concurrency=2, store_wait_seconds=1)

@@ -20,7 +20,7 @@ def cooldown(name: str, steps: int) -> dict[str, Any]:
     return {"experiment": name, "steps": 10 + steps, "device": "cpu", "schedule": schedule}
 
 
-SWEEP = {
+SWEEP: dict[str, Any] = {
     "from": "stable/step_10",
     "variants": [
         cooldown("stable.cool10", 10),

@@ -37,7 +37,7 @@ def test_a_fifo_among_the_inputs_is_an_error_naming_it(
 ) -> None:
     plant(corpus / "sub" / "pipe.jsonl", "fifo")
     inputs = [corpus / "sub" / "pipe.jsonl"] if where == "named" else [corpus]
-    args = (
+    args: list[str | Path] = (
         ["data", "prepare", *inputs, "--out", tmp_path / "ds", "--workers", "1"]
         if command == "prepare"
         else ["data", "tokenizer", "train", *inputs, "--vocab-size", "300", "--out", tmp_path]

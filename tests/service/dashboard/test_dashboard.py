@@ -448,7 +448,11 @@ def test_the_run_page_shows_eval_scores_per_checkpoint_as_a_table_and_charts_at_
     assert charts == [f"eval: {c}" for c in EVAL_COLUMNS]
     for metric in ("acc", "acc_norm", "bits_per_byte"):
         chart = f"chart-eval-{EVAL_TASK}-{metric}"
-        poll(lambda chart=chart: points(page, chart) == 2, what=f"{chart}'s points")
+
+        def plotted(chart: str = chart) -> bool:
+            return points(page, chart) == 2
+
+        poll(plotted, what=f"{chart}'s points")
     for width in WIDTHS:
         fits(page, width)
         page.screenshot(path=artifact(f"run-evals-{width}.png"), full_page=True)

@@ -149,6 +149,7 @@ def test_a_sample_runs_page_shows_its_completions_as_text(
     page = open_page(f"#/runs/{run.id}")
     done = api.wait(run.id, timeout=300)
     assert done.state == "succeeded", done.error
+    assert done.result is not None
     completions = done.result["completions"]
     expected = [(p, c["text"]) for p, c in zip(prompts, completions, strict=True)]
 
@@ -163,6 +164,7 @@ def test_a_sample_runs_page_shows_its_completions_as_text(
         for li in page.locator(items).all()
     ]
     assert shown == expected
+    assert done.result is not None
     tokens = done.result["generated_tokens"]
     assert page.text_content("#run-result dd[data-key='generated_tokens']") == f"{tokens} tokens"
     assert "[object Object]" not in (page.text_content("#run-result") or "")

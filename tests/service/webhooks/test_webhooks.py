@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -136,7 +137,7 @@ def test_a_loss_health_intervention_is_posted_to_the_webhooks_that_ask_for_healt
     webhook = service.add_webhook(receiver.url, events=["health", "succeeded"])
     health = {"step": 13, "loss": 6.3, "reason": "spike", "action": "rewind", "statistic": 5.4,
               "window": [24, 26], "rewound_to": 8}  # fmt: skip
-    lines = [
+    lines: list[dict[str, Any]] = [
         {"level": "info", "message": "saved checkpoint e/step_8 at step 8"},  # not notified
         {"level": "warning", "message": "health: step 13: rewound", "health": health},
     ]

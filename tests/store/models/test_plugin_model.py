@@ -17,7 +17,10 @@ from trainctl.store.kinds.train import TrainPlan, TrainRequest, resolve_train, t
 from trainctl.store.models.plugin import PluginModelConfig
 from trainctl.store.specs import ModelSpec
 
-TINY = {"name": "tiny_mlp", "config": {"vocab_size": 256, "max_seq_len": 64, "d_model": 32}}
+TINY: dict[str, Any] = {
+    "name": "tiny_mlp",
+    "config": {"vocab_size": 256, "max_seq_len": 64, "d_model": 32},
+}
 
 
 def refusal(plugin: Any) -> str:

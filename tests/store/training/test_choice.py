@@ -15,6 +15,7 @@ from tests.plugins.trainctl_rmsprop.kind import RMSPROP, RMSpropSettings
 from tests.support.plans import train_plan
 from tests.support.registries import registered
 from trainctl.store.kinds.train import TrainRequest, train_need
+from trainctl.store.models.presets import ModelConfig
 from trainctl.store.training.choice import KindChoice, KindSettings
 from trainctl.store.training.optim import BUILT_IN_KINDS, OPTIMIZER_KINDS, OptimizerSpec
 from trainctl.store.training.parallelism import (
@@ -86,6 +87,7 @@ def test_a_plugin_kind_takes_its_own_settings_and_its_plan_holds_them(rmsprop: s
     assert type(plan).model_validate_json(plan.model_dump_json()) == plan  # as a worker reads it
     again = TrainRequest(steps=4, optimizer=held)  # a plan sent back as a request
     assert again.optimizer == plan.optimizer
+    assert isinstance(plan.model.config, ModelConfig)
     params = plan.model.config.param_counts()["total"]
     assert train_need(plan).estimate.weights_and_optimizer == params * 4 * 3
 

@@ -9,6 +9,7 @@ import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -39,7 +40,7 @@ def test_a_sink_never_overwrites_an_existing_file(tmp_path: Path) -> None:
 
 
 def test_torch_save_through_it_loads_back(tmp_path: Path) -> None:
-    state = {"m": torch.randn(1500, 1000), "step": 3, "nested": [torch.arange(5)]}
+    state: dict[str, Any] = {"m": torch.randn(1500, 1000), "step": 3, "nested": [torch.arange(5)]}
     with ThreadPoolExecutor(1) as pool, HashedFile(PosixSink(tmp_path / "opt.pt"), pool) as f:
         torch.save(state, f)  # type: ignore[arg-type]
     loaded = torch.load(tmp_path / "opt.pt", weights_only=True)

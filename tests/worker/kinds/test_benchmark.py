@@ -10,7 +10,8 @@ import pytest
 
 from tests.support.plans import benchmark_plan
 from trainctl.store.kinds.benchmark import BenchmarkRequest, resolve_benchmark
-from trainctl.store.models.presets import get_preset
+from trainctl.store.models.hf_config import HfModelConfig
+from trainctl.store.models.presets import ModelConfig, get_preset
 from trainctl.store.resolve import BENCHMARK_PROFILES
 from trainctl.store.specs import ScheduleSpec
 from trainctl.store.training.optim import OptimizerSpec
@@ -39,6 +40,7 @@ def test_cuda_profile_is_the_seed_a100_configuration() -> None:
     b = plan.batch
     assert (b.micro_batch_size, b.grad_accum_steps, b.seq_len) == (4, 8, 4096)
     cfg = plan.model.config
+    assert isinstance(cfg, ModelConfig)
     assert cfg.use_compile and cfg.compile_mode == "reduce-overhead"
     assert cfg.use_checkpoint_per_layer
     assert cfg.mtp_depth == 0
@@ -183,6 +185,7 @@ def test_the_cli_benchmarks_a_transformers_architecture_named_by_its_config() ->
     plan = resolve_args(parse_args(["--device", "cpu", "--hf", json.dumps(llama)]))
 
     assert plan.model.hf == llama and plan.model.preset is None
+    assert isinstance(plan.model.config, HfModelConfig)
     assert plan.model.config.model_type == "llama"
     with pytest.raises(SystemExit):
         parse_args(["--preset", "tiny", "--hf", json.dumps(llama)])  # one model or the other

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,7 +107,8 @@ def test_every_built_in_kind_is_covered_here_or_by_its_own_cancel_test() -> None
 def data_dir(tmp_path: Path) -> Path:
     """A data dir with byte-level tiny checkpoints: lm/step_8, and long/step_8 of a context of
     4,096 tokens."""
-    for experiment, overrides in (("lm", {}), ("long", {"max_seq_len": 4096})):
+    sizes: tuple[tuple[str, dict[str, Any]], ...] = (("lm", {}), ("long", {"max_seq_len": 4096}))
+    for experiment, overrides in sizes:
         model = build_model("tiny", seed=0, **overrides)
         optimizers = build_optimizers(model)
         scheduler = build_scheduler(optimizers, 100)

@@ -21,7 +21,7 @@ from trainctl.store.models.generation import (
     MAX_TOP_K,
     GenerationSettings,
 )
-from trainctl.store.models.presets import get_preset
+from trainctl.store.models.presets import ModelConfig, get_preset
 from trainctl.worker.exceptions import CheckpointCorrupt
 from trainctl.worker.models.generation import (
     TextCodec,
@@ -456,6 +456,7 @@ def test_a_bpe_checkpoint_loads_with_its_tokenizer_and_generates_the_same(
     store = posix_store(tmp_path)
     loaded, codec = load_for_generation(store, (folder.parent.name, folder.name))
     assert codec is not None and codec.kind == "bpe" and codec.eot_id == bpe.eot_id
+    assert isinstance(loaded.config, ModelConfig)
     assert not loaded.training and loaded.config.mtp_depth == 1
     expected = generate_text(model, bpe, ["for i in"], SAMPLED)
     assert generate_text(loaded, codec, ["for i in"], SAMPLED) == expected

@@ -59,6 +59,7 @@ def test_the_listing_names_the_types_tested_here() -> None:
 @pytest.mark.parametrize("model_type", LISTED)
 def test_every_listed_type_trains_a_step(model_type: str) -> None:
     plan = train_plan(steps=1, model={"hf": hf(model_type)})
+    assert isinstance(plan.model.config, HfModelConfig)
     assert math.isfinite(one_step(plan.model.config))
 
 

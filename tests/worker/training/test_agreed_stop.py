@@ -15,6 +15,7 @@ import multiprocessing
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -49,13 +50,14 @@ def agree_program(rank: int, port: int, asker: int, workdir: str) -> None:
     if rank == asker:
         asked[0] = "shutdown"
     stopped = stop()
-    seen = {"quiet": quiet, "stopped": stopped, "reason": stop.reason, "heard": heard}
+    seen: dict[str, Any] = {"quiet": quiet, "stopped": stopped, "reason": stop.reason}
+    seen["heard"] = heard
     seen |= {"drain_set": shutdown.is_set(), "since": shutdown.since, "now": time.monotonic()}
     (Path(workdir) / f"rank{rank}.json").write_text(json.dumps(seen))
     dist.destroy_process_group()
 
 
-def agree(workdir: Path, asker: int) -> list[dict[str, object]]:
+def agree(workdir: Path, asker: int) -> list[dict[str, Any]]:
     port, context = free_port(), multiprocessing.get_context("spawn")
     ranks = [
         context.Process(target=agree_program, args=(rank, port, asker, str(workdir)))

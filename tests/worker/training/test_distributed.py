@@ -38,7 +38,7 @@ def test_the_ranks_together_read_exactly_the_batches_of_one_process() -> None:
         def batch(self, position: int) -> Any:
             return position
 
-    def first(sampler: RankSampler, n: int) -> list[int]:
+    def first(sampler: RankSampler, n: int) -> list[Any]:
         it = sampler.iterate(start=8)
         return [next(it) for _ in range(n)]
 
@@ -65,6 +65,7 @@ def test_two_gloo_ranks_train_like_one_process_on_the_same_global_batch(tmp_path
         tiny_plan(nproc_per_node=2), WorkerSettings(data_dir=tmp_path / "ddp"), ctx=None
     )
 
+    assert result is not None
     expected, got = train_losses(single), train_losses(result["metrics"])
     print(f"single: {expected}\n2 ranks: {got}")
     assert len(got) == STEPS
@@ -94,6 +95,7 @@ def test_a_two_process_run_reports_once_saves_from_rank_0_and_resumes_exactly(
     )
 
     assert resumed.state == "succeeded", resumed.error
+    assert resumed.result is not None and straight.result is not None
     assert resumed.result["final_loss"] == straight.result["final_loss"]
     assert weights.read_bytes() == straight_weights  # bit-identical with the same world size
 

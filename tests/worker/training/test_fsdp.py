@@ -120,6 +120,7 @@ def train_sharded_like_one_process(root: Path, ranks: int, **changes: Any) -> No
     Trainer(plan, posix_store(root / "single"), hooks=TrainerHooks(on_metrics=single.append)).run()
     sharded = fsdp_plan(steps=3, nproc_per_node=ranks, **changes)
     result = launch_train(sharded, WorkerSettings(data_dir=root), ctx=None)
+    assert result is not None
     assert train_losses(result["metrics"]) == pytest.approx(train_losses(single), rel=LOSS_RTOL)
 
 
@@ -147,6 +148,7 @@ def test_an_fsdp_run_resumes_at_the_same_world_size_exactly(trained: dict[str, A
         WorkerSettings(data_dir=root),
         ctx=None,
     )
+    assert resumed is not None
 
     steps = train_losses(resumed["metrics"])
     assert steps == train_losses(trained["sharded"]["metrics"])[3:]
@@ -211,7 +213,7 @@ def test_a_tied_transformers_checkpoint_loads_state_exact_between_one_process_an
     """A tied head is one tensor under two names: one process's model file holds it once (the
     embedding's), and the sharded run must load it into both; its shards, read back by one
     process (`saved_state`), are the state it loaded."""
-    tied = {"model": {"hf": hf("llama", tie_word_embeddings=True)}}
+    tied: dict[str, Any] = {"model": {"hf": hf("llama", tie_word_embeddings=True)}}
     Trainer(tiny_plan(steps=3, **tied), posix_store(tmp_path / "checkpoints")).run()
     resume_without_steps(tmp_path, "sharded", "ddp", parallelism=FSDP, nproc_per_node=2, **tied)
     store = posix_store(tmp_path / "checkpoints")
@@ -242,6 +244,7 @@ def test_compiled_checkpointed_blocks_train_sharded_like_one_eager_process(
     compiled = {**per_layer, "use_compile": True, "compile_mode": "default"}
     sharded = fsdp_plan(steps=3, nproc_per_node=2, model={"preset": "tiny", "overrides": compiled})
     result = launch_train(sharded, WorkerSettings(data_dir=tmp_path), ctx=None)
+    assert result is not None
     got, expected = train_losses(result["metrics"]), train_losses(eager)
     print(f"eager: {expected}\ncompiled fsdp x2: {got}")
     assert len(got) == 3 and got == pytest.approx(expected, rel=1e-3)

@@ -186,6 +186,7 @@ def test_a_rewind_skips_the_poisoned_window_and_ends_as_if_the_data_never_held_i
     assert (health["step"], health["action"], health["reason"]) == (8, "rewind", "spike")
     assert (health["window"], health["rewound_to"]) == (WINDOW, 6)
     assert health["statistic"] > HEALTH["spike"]["z_threshold"]  # type: ignore[index]
+    assert run.result is not None
     assert run.result["health"] == {"interventions": {"rewind": 1}, "rewinds_from": [8]}
     assert [m["step"] for m in metrics if m["kind"] == "train"] == [*range(1, 8), *range(7, 11)]
     assert last_per_step(metrics) == train_losses(clean)  # bit for bit
@@ -215,6 +216,7 @@ def test_a_nan_in_one_ranks_gradients_is_skipped_on_every_rank(
     plant({"nan_grad": [1, 4]})  # rank 1, step 4: after DDP's average, so rank 0's is finite
 
     result = launch_train(tiny_plan(nproc_per_node=2), WorkerSettings(data_dir=tmp_path), ctx=None)
+    assert result is not None
 
     # Had rank 1 applied it, its weights would be NaN and so every later step's averaged
     # loss: one skip, and finite losses after it, say that no rank stepped on it.
@@ -233,7 +235,7 @@ def test_two_ranks_rewind_together_and_end_as_two_ranks_on_data_without_the_wind
     tmp_path: Path, plant: Callable[[dict[str, Any]], None]
 ) -> None:
     data = tmp_path / "data"
-    ends = {}
+    ends: dict[str, Any] = {}
     for name, faults in (("rewound", {"poison": POISONED}), ("clean", {"drop": WINDOW})):
         plant(faults)
         plan = pattern_plan(data, nproc_per_node=2)

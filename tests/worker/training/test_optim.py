@@ -69,8 +69,8 @@ def test_muon_gets_only_hidden_matrices_and_adamw_the_rest() -> None:
             assert p.dim() == 2 and "tok_emb" not in name, name
     assert id(model.tok_emb.weight) in adamw_ids  # embedding, and so the tied head
     assert id(model.final_norm.weight) in adamw_ids
-    assert id(model.blocks[0].attn.q_norm.weight) in adamw_ids
-    assert id(model.blocks[0].mlp.w_gate.weight) in muon_ids
+    assert id(model.get_parameter("blocks.0.attn.q_norm.weight")) in adamw_ids
+    assert id(model.get_parameter("blocks.0.mlp.w_gate.weight")) in muon_ids
 
 
 def test_kind_adamw_trains_every_parameter_with_adamw_and_decays_only_matrices() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -30,7 +31,8 @@ MISLABELED = "mislabeled_for_the_test"
 def test_every_strategy_has_a_builder_whose_saves_write_the_layout_its_record_names() -> None:
     assert set(PARALLEL_STRATEGIES.names()) == set(STRATEGY_BUILDERS.names())
     for record in PARALLEL_STRATEGIES:
-        assert STRATEGY_BUILDERS.get(record.name).saves.layout == record.checkpoint_layout
+        saves = cast(Any, STRATEGY_BUILDERS.get(record.name).saves)  # a RunSaves class
+        assert saves.layout == record.checkpoint_layout
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -95,13 +95,13 @@ def count_newton_schulz() -> list[int]:
 
 
 def snapshot(model: nn.Module) -> list[torch.Tensor]:
-    return [p.to_local().clone() for p in model.parameters()]
+    return [cast(DTensor, p).to_local().clone() for p in model.parameters()]
 
 
 def restore(model: nn.Module, saved: list[torch.Tensor]) -> None:
     with torch.no_grad():
         for p, s in zip(model.parameters(), saved, strict=True):
-            p.to_local().copy_(s)
+            cast(DTensor, p).to_local().copy_(s)
 
 
 def rank_main(rank: int, world: int, folder: Path) -> None:
@@ -136,7 +136,7 @@ def rank_main(rank: int, world: int, folder: Path) -> None:
     ns_calls = torch.tensor(out["ns_calls"])
     dist.all_reduce(ns_calls)  # every rank's orthogonalisations, each step
     out["ns_calls"] = ns_calls.tolist()
-    out["sharded"] = {n: p.full_tensor() for n, p in model.named_parameters()}
+    out["sharded"] = {n: cast(DTensor, p).full_tensor() for n, p in model.named_parameters()}
     out["momentum_is_dtensor"] = all(
         isinstance(s["momentum_buffer"], DTensor) for s in muon.state.values()
     )
@@ -145,12 +145,12 @@ def rank_main(rank: int, world: int, folder: Path) -> None:
     # bit for bit; torch.optim.Muon loaded from it the same within PARAM_ATOL.
     saved_state = copy.deepcopy(muon.state_dict())
     model(batches(STEPS)[rank * share : (rank + 1) * share]).backward()
-    before = snapshot(model)
+    params_before = snapshot(model)
     muon.step()
     after = snapshot(model)
     fresh = ShardedMuon(muon.param_groups[0]["params"], **muon_settings(OptimizerSpec()))
     fresh.load_state_dict(copy.deepcopy(saved_state))
-    restore(model, before)
+    restore(model, params_before)
     fresh.step()
     out["round_trip_equal"] = all(map(torch.equal, snapshot(model), after))
     plain = torch.optim.Muon(muon.param_groups[0]["params"], **muon_settings(OptimizerSpec()))
@@ -159,7 +159,7 @@ def rank_main(rank: int, world: int, folder: Path) -> None:
         torch.equal(plain.state[p]["momentum_buffer"].to_local(), s["momentum_buffer"].to_local())
         for p, s in zip(plain.param_groups[0]["params"], saved_state["state"].values(), strict=True)
     )
-    restore(model, before)
+    restore(model, params_before)
     try:
         with CommDebugMode() as comm:
             plain.step()

@@ -106,7 +106,7 @@ def test_a_non_finite_loss_stops_the_run_and_never_saves_nan(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_resume_in_a_fresh_process_is_bit_identical(tmp_path: Path) -> None:
-    common = dict(
+    common: dict[str, Any] = dict(
         steps=24,
         checkpoint_every=8,
         val_batches=2,
