@@ -254,13 +254,23 @@ def rank_watches(
     return watches
 
 
+PEER_SIGNS = (
+    "gloo/transport/",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+)
+"""What a peer's loss reads as where torch raises a plain RuntimeError (gloo's errors): any
+error of gloo's transport (its source path leads the message) is about a connection to a
+peer, whichever way it broke (closed, reset, a read or write error, a recv that timed out
+waiting for a peer that hung, a pair closed after one of those)."""
+
+
 def peer_lost(exc: BaseException) -> bool:
     """Whether a rank failed because another process of the run went away (a collective or
-    the rendezvous store lost its peer), rather than for a fault of its own."""
+    the rendezvous store lost its peer), rather than for a fault of its own: NCCL's and the
+    store's errors are DistErrors, gloo's are RuntimeErrors known by PEER_SIGNS."""
     if isinstance(exc, dist.DistError):
         return True
     text = str(exc)
-    return any(
-        sign in text
-        for sign in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
-    )
+    return any(sign in text for sign in PEER_SIGNS)
