@@ -10,8 +10,6 @@ at 1 rank (this process, an unsharded model), and in `make soak` at 3.
 
 from __future__ import annotations
 
-import multiprocessing
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ from safetensors.torch import load as load_safetensors
 
 from tests.support import sharded_ranks
 from tests.support.checkpoints import tensors
-from tests.support.ports import free_port
+from tests.support.ranks import spawn_ranks
 from tests.support.stores import folder, posix_store
 from trainctl.service.archive import checkpoint_tar
 from trainctl.store.checkpoints.manifests import DCP_LAYOUT, MODEL_FILE
@@ -42,28 +40,12 @@ ACROSS_WORLDS_ATOL = 1e-3  # a step after resuming 2 -> 1 rank; measured here: 0
 # before the 2-rank step used ShardedMuon)
 
 
-def run_ranks(program: Callable[..., None], world: int, root: Path, out: Path) -> list[int]:
-    """Run `program` on `world` spawned ranks; their exit codes."""
-    port, context = free_port(), multiprocessing.get_context("spawn")
-    ranks = [
-        context.Process(target=program, args=(rank, world, port, str(root), str(out)))
-        for rank in range(world)
-    ]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(180)
-        if process.exitcode is None:
-            process.kill()
-    return [p.exitcode if p.exitcode is not None else -9 for p in ranks]
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[int]]:
     base = tmp_path_factory.mktemp("sharded")
     root, out = base / "checkpoints", base / "out"
     out.mkdir()
-    return root, out, run_ranks(sharded_ranks.save_program, 2, root, out)
+    return root, out, spawn_ranks(sharded_ranks.save_program, 2, str(root), str(out))
 
 
 def assert_same_state(got: dict[str, Any], expected: dict[str, Any]) -> None:
@@ -126,7 +108,7 @@ def test_at_three_ranks_uneven_shards_restore_the_same_state(
     saved: tuple[Path, Path, list[int]], tmp_path: Path
 ) -> None:
     root, out, _ = saved
-    assert run_ranks(sharded_ranks.load_program, 3, root, tmp_path) == [0, 0, 0]
+    assert spawn_ranks(sharded_ranks.load_program, 3, str(root), str(tmp_path)) == [0, 0, 0]
     assert_same_state(torch.load(tmp_path / "loaded-3.pt"), torch.load(out / "saved.pt"))
 
 

@@ -11,7 +11,6 @@ only from its own read of the stop file; `make soak`'s two-rank drain test caugh
 from __future__ import annotations
 
 import json
-import multiprocessing
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.support.ports import free_port
+from tests.support.ranks import spawn_ranks
 from trainctl.worker.drain import Shutdown
 from trainctl.worker.launch import DRAIN_FILE
 from trainctl.worker.training.parallel import AgreedStop
@@ -30,11 +29,11 @@ from trainctl.worker.training.ranks import drain_when_agreed
 WORLD = 2
 
 
-def agree_program(rank: int, port: int, asker: int, workdir: str) -> None:
+def agree_program(rank: int, world: int, port: int, asker: int, workdir: str) -> None:
     """Two agreements: nobody asks, then only rank `asker` asks for a shutdown. Each rank
     writes what it saw, rank 0 its run's shutdown too."""
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
         timeout=timedelta(seconds=60),
     )  # fmt: skip
     asked: list[str | None] = [None]
@@ -58,18 +57,7 @@ def agree_program(rank: int, port: int, asker: int, workdir: str) -> None:
 
 
 def agree(workdir: Path, asker: int) -> list[dict[str, Any]]:
-    port, context = free_port(), multiprocessing.get_context("spawn")
-    ranks = [
-        context.Process(target=agree_program, args=(rank, port, asker, str(workdir)))
-        for rank in range(WORLD)
-    ]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(120)
-        if process.exitcode is None:
-            process.kill()
-    assert [p.exitcode for p in ranks] == [0] * WORLD
+    assert spawn_ranks(agree_program, WORLD, asker, str(workdir), timeout=120) == [0] * WORLD
     return [json.loads((workdir / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

@@ -10,7 +10,6 @@ about a connection to a peer."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import time
 from datetime import timedelta
@@ -21,17 +20,17 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.support.ports import free_port
+from tests.support.ranks import spawn_ranks
 from trainctl.worker.training.ranks import peer_lost
 
 TIMEOUT_SECONDS = 3
 
 
-def peer_program(rank: int, port: int, fault: str, out: str) -> None:
+def peer_program(rank: int, world: int, port: int, fault: str, out: str) -> None:
     """Rank 0 goes away (`exit`) or stops answering (`hang`) after a few all-reduces; rank 1
     writes what its next one raised, and whether `peer_lost` calls it a peer's loss."""
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
         timeout=timedelta(seconds=TIMEOUT_SECONDS),
     )  # fmt: skip
     values = torch.zeros(8)
@@ -41,8 +40,7 @@ def peer_program(rank: int, port: int, fault: str, out: str) -> None:
         if fault == "hang":
             time.sleep(TIMEOUT_SECONDS * 4)
         os._exit(0)
-    time.sleep(0.2)
-    try:
+    try:  # waits on the peer until it is gone, or until the group's timeout
         dist.all_reduce(values)
         seen: dict[str, Any] = {"raised": None}
     except Exception as exc:
@@ -53,18 +51,8 @@ def peer_program(rank: int, port: int, fault: str, out: str) -> None:
 
 @pytest.mark.parametrize("fault", ["exit", "hang"])
 def test_a_gloo_error_for_a_peer_gone_or_hung_is_a_peer_lost(tmp_path: Path, fault: str) -> None:
-    out, port = tmp_path / "seen.json", free_port()
-    context = multiprocessing.get_context("spawn")
-    ranks = [
-        context.Process(target=peer_program, args=(rank, port, fault, str(out)))
-        for rank in range(2)
-    ]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(60)
-        if process.exitcode is None:
-            process.kill()
+    out = tmp_path / "seen.json"
+    spawn_ranks(peer_program, 2, fault, str(out), timeout=60)
     seen = json.loads(out.read_text())
     assert seen["raised"] is not None, "the peer's loss went unnoticed"
     assert seen["peer_lost"], seen["raised"]
